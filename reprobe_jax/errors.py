@@ -1,0 +1,21 @@
+"""Typed errors that name what is wrong, so the CLI can print them in one line."""
+
+
+class ReprobeError(Exception):
+  """Base class of every error reprobe-jax raises on bad input."""
+
+
+class UnsupportedModelError(ReprobeError):
+  """The checkpoint's architecture or one of its options is not implemented."""
+
+
+class CheckpointError(ReprobeError):
+  """A checkpoint is missing tensors, has extra ones, or a tensor has the wrong shape."""
+
+
+class CacheFullError(ReprobeError):
+  """A prompt plus the requested new tokens do not fit the KV cache or the model's context."""
+
+
+class ConfigError(ReprobeError):
+  """A configuration value is missing or out of range."""

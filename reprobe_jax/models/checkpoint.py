@@ -1,0 +1,315 @@
+"""Checkpoint tables (HF tensor name <-> module path + transform), safetensors I/O, and the streaming loader.
+
+One table per family (tunix style). Each rule maps one Hugging Face tensor to one or more of our parameters with a
+transform, and runs backwards for export. The loader builds an abstract model with `nnx.eval_shape`, then reads
+one tensor at a time (memory-mapped, in its stored dtype), transforms and casts it, and puts it straight onto its
+final sharding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import struct
+import tempfile
+from typing import Callable, Iterable, Iterator
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from reprobe_jax.errors import CheckpointError
+from reprobe_jax.models.config import ModelConfig
+from reprobe_jax.models.sharding import ShardingCtx
+from reprobe_jax.models.transformer import Decoder
+
+# ------------------------------------------------------------------------------------------------ tables
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """HF tensor `hf` (with {i} for the layer) <-> our parameter paths `ours`; `load` splits, `save` joins."""
+
+  hf: str
+  ours: tuple[str, ...]
+  load: Callable[[np.ndarray, ModelConfig], tuple[np.ndarray, ...]]
+  save: Callable[[tuple[np.ndarray, ...], ModelConfig], np.ndarray]
+
+
+def _same(x, cfg):
+  return (x,)
+
+
+def _unsame(xs, cfg):
+  return xs[0]
+
+
+def _t(x, cfg):  # torch Linear [out, in] -> kernel [in, out]
+  return (np.ascontiguousarray(x.T),)
+
+
+def _untranspose(xs, cfg):
+  return np.ascontiguousarray(xs[0].T)
+
+
+def _split_qkv(x, cfg):  # Phi-3 qkv_proj [(H + 2 KV) * Dh, D]
+  q = cfg.num_heads * cfg.head_dim
+  kv = cfg.num_kv_heads * cfg.head_dim
+  if x.shape[0] != q + 2 * kv:
+    raise CheckpointError(f"qkv_proj has {x.shape[0]} rows, expected {q + 2 * kv}")
+  return tuple(np.ascontiguousarray(p.T) for p in (x[:q], x[q:q + kv], x[q + kv:]))
+
+
+def _join_rows(xs, cfg):
+  return np.concatenate([np.ascontiguousarray(p.T) for p in xs], axis=0)
+
+
+def _split_gate_up(x, cfg):  # Phi-3 gate_up_proj [2 F, D], gate first
+  f = cfg.intermediate_size
+  if x.shape[0] != 2 * f:
+    raise CheckpointError(f"gate_up_proj has {x.shape[0]} rows, expected {2 * f}")
+  return (np.ascontiguousarray(x[:f].T), np.ascontiguousarray(x[f:].T))
+
+
+L = "layers.{i}."
+M = "model.layers.{i}."
+_COMMON = [
+    Rule("model.embed_tokens.weight", ("embed_tokens",), _same, _unsame),
+    Rule("model.norm.weight", ("norm.scale",), _same, _unsame),
+    Rule("lm_head.weight", ("lm_head",), _t, _untranspose),
+    Rule(M + "input_layernorm.weight", (L + "input_layernorm.scale",), _same, _unsame),
+    Rule(M + "post_attention_layernorm.weight", (L + "post_attention_layernorm.scale",), _same, _unsame),
+    Rule(M + "self_attn.o_proj.weight", (L + "self_attn.o_proj.kernel",), _t, _untranspose),
+    Rule(M + "mlp.down_proj.weight", (L + "mlp.down_proj.kernel",), _t, _untranspose),
+]
+_SEPARATE_QKV = [Rule(M + f"self_attn.{p}_proj.weight", (L + f"self_attn.{p}_proj.kernel",), _t, _untranspose)
+                 for p in "qkv"]
+_QKV_BIAS = [Rule(M + f"self_attn.{p}_proj.bias", (L + f"self_attn.{p}_proj.bias",), _same, _unsame) for p in "qkv"]
+_SEPARATE_MLP = [Rule(M + f"mlp.{p}_proj.weight", (L + f"mlp.{p}_proj.kernel",), _t, _untranspose)
+                 for p in ("gate", "up")]
+_QK_NORM = [Rule(M + f"self_attn.{p}_norm.weight", (L + f"self_attn.{p}_norm.scale",), _same, _unsame)
+            for p in "qk"]
+_PHI3 = [
+    Rule(M + "self_attn.qkv_proj.weight", tuple(L + f"self_attn.{p}_proj.kernel" for p in "qkv"), _split_qkv,
+         _join_rows),
+    Rule(M + "mlp.gate_up_proj.weight", (L + "mlp.gate_proj.kernel", L + "mlp.up_proj.kernel"), _split_gate_up,
+         _join_rows),
+]
+
+
+def family_rules(cfg: ModelConfig) -> list[Rule]:
+  """The table for this config's family (and options such as biases and tied embeddings)."""
+  rules = [r for r in _COMMON if not (cfg.tie_word_embeddings and r.hf == "lm_head.weight")]
+  if cfg.family == "phi3":
+    return rules + _PHI3
+  rules += _SEPARATE_QKV + _SEPARATE_MLP
+  if cfg.attention_bias:
+    rules += _QKV_BIAS
+  if cfg.qk_norm:
+    rules += _QK_NORM
+  return rules
+
+
+def _compile(rules: list[Rule]):
+  """[(regex over HF names, rule)], with {i} matching the layer number."""
+  return [(re.compile("^" + re.escape(r.hf).replace(re.escape("{i}"), r"(\d+)") + "$"), r) for r in rules]
+
+
+# Tensors that HF checkpoints may carry but that hold no parameters.
+_IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$|\.masked_bias$|\.attn\.bias$")
+
+# ------------------------------------------------------------------------------------------------ safetensors
+
+_ST_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
+    "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+    "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+}
+_ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
+
+
+class SafetensorsFile:
+  """A memory-mapped safetensors file: names, shapes and one tensor at a time, in its stored dtype."""
+
+  def __init__(self, path: str):
+    self.path = path
+    try:
+      with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > os.path.getsize(path):
+          raise ValueError(f"header length {n} exceeds the file size")
+        self.header = json.loads(f.read(n))
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+      raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from e
+    self.header.pop("__metadata__", None)
+    self._offset = 8 + n
+    self._mm = None
+
+  def keys(self) -> list[str]:
+    return list(self.header)
+
+  def shape(self, key: str) -> tuple[int, ...]:
+    return tuple(self.header[key]["shape"])
+
+  def get(self, key: str) -> np.ndarray:
+    info = self.header[key]
+    dtype = _ST_DTYPES.get(info["dtype"])
+    if dtype is None:
+      raise CheckpointError(f"{self.path}: tensor {key!r} has unsupported dtype {info['dtype']}")
+    if self._mm is None:
+      self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+    b, e = info["data_offsets"]
+    raw = self._mm[self._offset + b:self._offset + e]
+    return raw.view(dtype).reshape(info["shape"])
+
+
+def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+  """Writes tensors atomically (temp file, then rename)."""
+  header, offset = {}, 0
+  if metadata:
+    header["__metadata__"] = metadata
+  arrays = {}
+  for k, v in tensors.items():
+    v = np.ascontiguousarray(v)
+    header[k] = {"dtype": _ST_NAMES[v.dtype], "shape": list(v.shape), "data_offsets": [offset, offset + v.nbytes]}
+    arrays[k] = v
+    offset += v.nbytes
+  blob = json.dumps(header, separators=(",", ":")).encode()
+  blob += b" " * (-len(blob) % 8)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(struct.pack("<Q", len(blob)))
+      f.write(blob)
+      for v in arrays.values():
+        f.write(v.tobytes())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def iter_hf_tensors(directory: str) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple[int, ...]]]:
+  """(name, lazy loader, shape) for every tensor of a HF directory, sharded (with index) or not."""
+  index = os.path.join(directory, "model.safetensors.index.json")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not weight_map:
+      raise CheckpointError(f"{index}: no weight_map")
+    files = sorted(set(weight_map.values()))
+  else:
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+    if not files:
+      raise CheckpointError(f"{directory}: no *.safetensors files (and no model.safetensors.index.json)")
+  for name in files:
+    path = os.path.join(directory, name)
+    if not os.path.exists(path):
+      raise CheckpointError(f"{path}: listed in the index but missing")
+    st = SafetensorsFile(path)
+    for key in st.keys():
+      yield key, (lambda st=st, key=key: st.get(key)), st.shape(key)
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def abstract_model(cfg: ModelConfig, dtype) -> tuple[nnx.GraphDef, dict]:
+  """GraphDef and {path: abstract Param} without allocating any weights."""
+  model = nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(model)
+  flat = {".".join(str(p) for p in path): var for path, var in nnx.to_flat_state(state)}
+  return graphdef, flat
+
+
+def _placement(var, ctx: ShardingCtx | None, shape):
+  if ctx is None:
+    return None
+  return ctx.sharding(var.get_metadata().get("logical_axes", (None,) * len(shape)), shape)
+
+
+def load_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, Callable[[], np.ndarray], tuple[int, ...]]], *,
+                 dtype=jnp.float32, shard: ShardingCtx | None = None, source: str = "checkpoint"):
+  """Streams HF-named tensors into a Decoder. Returns (graphdef, state). Errors name the offending tensor."""
+  graphdef, abstract = abstract_model(cfg, dtype)
+  compiled = _compile(family_rules(cfg))
+  values: dict[str, jax.Array] = {}
+  tied_head = None
+  for name, get, shape in tensors:
+    rule, layer = None, None
+    for rx, r in compiled:
+      m = rx.match(name)
+      if m:
+        rule, layer = r, (m.group(1) if m.groups() else None)
+        break
+    if rule is None:
+      if _IGNORED.search(name):
+        continue
+      if cfg.tie_word_embeddings and name == "lm_head.weight":
+        tied_head = get  # some tied checkpoints store the head anyway; it must equal the embedding
+        continue
+      raise CheckpointError(f"{source}: unexpected tensor {name!r} {list(shape)} for a {cfg.family} model "
+                            f"(mismatched checkpoint or config?)")
+    if layer is not None and int(layer) >= cfg.num_layers:
+      raise CheckpointError(f"{source}: tensor {name!r} belongs to layer {layer}, but the config has "
+                            f"{cfg.num_layers} layers")
+    parts = rule.load(np.asarray(get()), cfg)
+    for template, arr in zip(rule.ours, parts):
+      path = template.format(i=layer)
+      var = abstract[path]
+      want = tuple(var.get_value().shape)
+      if tuple(arr.shape) != want:
+        raise CheckpointError(f"{source}: tensor {name!r} has shape {list(shape)}, which maps to {list(arr.shape)} "
+                              f"for {path}; the config expects {list(want)}")
+      host = np.asarray(arr).astype(dtype) if np.dtype(arr.dtype) != np.dtype(dtype) else arr
+      placement = _placement(var, shard, want)
+      values[path] = jax.device_put(host, placement) if placement is not None else jnp.asarray(host)
+  missing = sorted(set(abstract) - set(values))
+  if missing:
+    names = [_hf_name_for(cfg, p) for p in missing]
+    raise CheckpointError(f"{source}: missing tensors {names[:8]}{' ...' if len(names) > 8 else ''} "
+                          f"({len(names)} in all)")
+  if tied_head is not None:
+    head = np.asarray(tied_head()).astype(np.float32)
+    if not np.allclose(head, np.asarray(values["embed_tokens"], np.float32)):
+      raise CheckpointError(f"{source}: tie_word_embeddings=True but lm_head.weight differs from the embedding")
+  return graphdef, _fill(graphdef, abstract, values)
+
+
+def _path_key(p: str):
+  return int(p) if p.isdigit() else p
+
+
+def _fill(graphdef, abstract, values):
+  flat = []
+  for path, var in abstract.items():
+    flat.append((tuple(_path_key(p) for p in path.split(".")), var.replace(values[path])))
+  return nnx.from_flat_state(flat)
+
+
+def _hf_name_for(cfg: ModelConfig, path: str) -> str:
+  m = re.match(r"layers\.(\d+)\.(.*)", path)
+  layer, rest = (m.group(1), "layers.{i}." + m.group(2)) if m else (None, path)
+  for r in family_rules(cfg):
+    if rest in r.ours:
+      return r.hf.format(i=layer)
+  return path
+
+
+def export_tensors(cfg: ModelConfig, state, dtype=np.float32) -> dict[str, np.ndarray]:
+  """Our state -> {HF name: array}, the tables run backwards."""
+  flat = {".".join(str(p) for p in path): np.asarray(jax.device_get(v.get_value() if hasattr(v, "get_value")
+                                                                   else v))
+          for path, v in nnx.to_flat_state(state)}
+  out = {}
+  for rule in family_rules(cfg):
+    layers = range(cfg.num_layers) if "{i}" in rule.hf else [None]
+    for i in layers:
+      parts = tuple(flat[t.format(i=i)].astype(np.float32) for t in rule.ours)
+      out[rule.hf.format(i=i)] = np.ascontiguousarray(rule.save(parts, cfg)).astype(dtype)
+  return out

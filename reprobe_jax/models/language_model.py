@@ -1,0 +1,268 @@
+"""`LanguageModel`: the NNX shell around the pure forward / sampling functions, plus load and save."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from reprobe_jax.errors import CacheFullError, ConfigError
+from reprobe_jax.models import sampling
+from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
+from reprobe_jax.models.checkpoint import export_tensors, write_safetensors
+from reprobe_jax.models.config import ModelConfig
+from reprobe_jax.models.forward import forward as _forward, positions_from_mask
+from reprobe_jax.models.kv_cache import KVCache
+from reprobe_jax.models.sharding import ShardingCtx
+from reprobe_jax.models.transformer import Decoder
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def resolve_dtype(dtype) -> Any:
+  if isinstance(dtype, str):
+    if dtype not in _DTYPES:
+      raise ConfigError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+  return dtype
+
+
+@dataclasses.dataclass
+class Generation:
+  """Result of `LanguageModel.generate`; rows are prompt-major (row = prompt * n + sample).
+
+  tokens [R, N] int32 (pad after each row's end); logprobs [R, N] (log p of each token at temperature 1);
+  lengths [R]; finish_reason per row ('eos', 'stop' or 'length'); prompt_index [R]; texts; features: for each
+  generated token, what the state that predicted it captured ({'hidden_<i>': [R, N, D], 'attn_window':
+  [R, N, L, H, W], 'top_probs': [R, N, K], 'token_entropy': [R, N]}), zero past each row's end.
+  """
+
+  tokens: np.ndarray
+  logprobs: np.ndarray
+  lengths: np.ndarray
+  finish_reason: list[str]
+  prompt_index: np.ndarray
+  prompt_ids: list[list[int]]
+  texts: list[str]
+  features: dict[str, np.ndarray]
+
+  def token_ids(self, row: int) -> list[int]:
+    return self.tokens[row, :self.lengths[row]].tolist()
+
+
+class LanguageModel:
+  """A frozen decoder: `forward` with capture, `generate`, `save_pretrained`; params split once for jit."""
+
+  def __init__(self, config: ModelConfig, graphdef, params, tokenizer=None, *, shard: ShardingCtx | None = None,
+               dtype=jnp.float32):
+    self.config = config
+    self.graphdef = graphdef
+    self.params = params
+    self.tokenizer = tokenizer
+    self.shard = shard
+    self.dtype = resolve_dtype(dtype)
+    self._stop_cache: dict[tuple[str, ...], np.ndarray] = {}
+
+  @classmethod
+  def random(cls, config: ModelConfig, *, seed: int = 0, dtype="float32", tokenizer=None) -> "LanguageModel":
+    """A randomly initialised model (for training from scratch and tests)."""
+    dt = resolve_dtype(dtype)
+    graphdef, params = nnx.split(Decoder(config, dtype=dt, rngs=nnx.Rngs(seed)))
+    return cls(config, graphdef, params, tokenizer, dtype=dt)
+
+  def module(self) -> Decoder:
+    return nnx.merge(self.graphdef, self.params)
+
+  # ------------------------------------------------------------------------------------------ forward
+
+  def forward(self, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec(),
+              position_ids=None) -> ForwardOutput:
+    """Full forward of [B, T] tokens. Positions default to HF generate's cumsum(mask) - 1 (padding-invariant)."""
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    if input_ids.ndim != 2:
+      raise ConfigError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
+    self._check_length(input_ids.shape[1])
+    self._check_ids(input_ids)
+    mask = jnp.ones_like(input_ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
+    if mask.shape != input_ids.shape:
+      raise ConfigError(f"attention_mask shape {mask.shape} differs from input_ids shape {input_ids.shape}")
+    pos = positions_from_mask(mask) if position_ids is None else jnp.asarray(position_ids, jnp.int32)
+    capture.resolve_layers(self.config.num_layers)
+    out = _forward(self.graphdef, self.params, input_ids, mask, pos, capture=capture, shard=self.shard)
+    return ForwardOutput(logits=out["logits"], hidden_states=out["hidden_states"],
+                         attn_window=out.get("attn_window"), top_probs=out.get("top_probs"),
+                         token_logprobs=out.get("token_logprobs"), token_entropy=out.get("token_entropy"))
+
+  def _check_length(self, n: int):
+    if n > self.config.max_position_embeddings:
+      raise CacheFullError(f"sequence of {n} tokens exceeds the model's max_position_embeddings="
+                           f"{self.config.max_position_embeddings}")
+
+  def _check_ids(self, ids):
+    lo, hi = int(jnp.min(ids)), int(jnp.max(ids))
+    if lo < 0 or hi >= self.config.vocab_size:
+      raise ConfigError(f"token id {hi if hi >= self.config.vocab_size else lo} is outside the vocabulary "
+                        f"[0, {self.config.vocab_size})")
+
+  # ------------------------------------------------------------------------------------------ caches
+
+  def new_cache(self, batch: int, size: int) -> KVCache:
+    self._check_length(size)
+    return KVCache.zeros(self.config, batch, size, self.dtype)
+
+  def extend(self, cache: KVCache, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec()):
+    """Appends left-padded tokens [B, T] to `cache` (donated). Returns (logits [B, T, V], captured, cache)."""
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    mask = jnp.ones_like(input_ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
+    if int(cache.index) + input_ids.shape[1] > cache.size:
+      raise CacheFullError(f"cache of {cache.size} slots holds {int(cache.index)}; cannot append "
+                           f"{input_ids.shape[1]} more")
+    return sampling.extend(self.graphdef, self.params, cache, input_ids, mask, capture=capture, shard=self.shard)
+
+  # ------------------------------------------------------------------------------------------ generate
+
+  def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+    if not prompts:
+      raise ConfigError("generate: no prompts given")
+    if isinstance(prompts[0], str):
+      if self.tokenizer is None:
+        raise ConfigError("generate: text prompts need a tokenizer; pass token ids instead")
+      return [list(self.tokenizer(p)["input_ids"]) for p in prompts]
+    return [list(map(int, p)) for p in prompts]
+
+  def stop_token_mask(self, stop_strings: Sequence[str]) -> np.ndarray:
+    """[V] bool: tokens whose decoded text ends with one of the delimiters (resolved once per set)."""
+    key = tuple(sorted(stop_strings))
+    if key not in self._stop_cache:
+      mask = np.zeros(self.config.vocab_size, bool)
+      if key:
+        if self.tokenizer is None:
+          raise ConfigError("stop_strings need a tokenizer")
+        n = min(len(self.tokenizer), self.config.vocab_size)
+        texts = self.tokenizer.batch_decode([[i] for i in range(n)])
+        for i, t in enumerate(texts):
+          mask[i] = any(t.endswith(s) for s in key)
+      self._stop_cache[key] = mask
+    return self._stop_cache[key]
+
+  def eos_mask(self) -> np.ndarray:
+    mask = np.zeros(self.config.vocab_size, bool)
+    ids = set(self.config.eos_token_ids)
+    if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+      ids.add(self.tokenizer.eos_token_id)
+    for i in ids:
+      if 0 <= i < self.config.vocab_size:
+        mask[i] = True
+    return mask
+
+  def pad_id(self) -> int:
+    for cand in (self.config.pad_token_id, getattr(self.tokenizer, "pad_token_id", None),
+                 *self.config.eos_token_ids):
+      if cand is not None:
+        return int(cand)
+    return 0
+
+  def generate(self, prompts, sampling_params: sampling.SamplingParams = sampling.SamplingParams(), *,
+               max_new_tokens: int, stop_strings: Sequence[str] = (), seed: int = 0, n: int = 1,
+               capture: CaptureSpec = CaptureSpec()) -> Generation:
+    """Samples `n` continuations of each prompt (text or token ids), prefilling each prompt once.
+
+    Prompts are left-padded to a power-of-two bucket and the batch to a power of two, so a new prompt in the same
+    bucket compiles nothing. Stops per row on EOS or on a token whose text ends with a stop string.
+    """
+    if max_new_tokens < 1:
+      raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if n < 1:
+      raise ConfigError(f"n must be >= 1, got {n}")
+    capture.resolve_layers(self.config.num_layers)
+    ids = self.encode(prompts)
+    for j, p in enumerate(ids):
+      if not p:
+        raise ConfigError(f"generate: prompt {j} is empty")
+    plen = sampling.bucket(max(map(len, ids)))
+    new_len = sampling.bucket(max_new_tokens)
+    size = plen + new_len
+    longest = max(map(len, ids)) + max_new_tokens
+    if longest > self.config.max_position_embeddings:
+      raise CacheFullError(f"prompt of {max(map(len, ids))} tokens + max_new_tokens={max_new_tokens} exceeds "
+                           f"max_position_embeddings={self.config.max_position_embeddings}")
+    if size > self.config.max_position_embeddings:
+      size = plen + max_new_tokens  # still fits the model: drop the bucket rounding rather than refuse
+    n_prompts = len(ids)
+    b = sampling.bucket(n_prompts, minimum=1)
+    pad = self.pad_id()
+    arr = np.full((b, plen), pad, np.int32)
+    mask = np.zeros((b, plen), np.int32)
+    for j, p in enumerate(ids):
+      arr[j, plen - len(p):] = p
+      mask[j, plen - len(p):] = 1
+    self._check_ids(jnp.asarray(arr))
+    cache = self.new_cache(b, size)
+    logits, captured, cache = self.extend(cache, arr, mask, capture=capture)
+    last_logits = logits[:, -1]
+    last_captured = {"hidden_states": {i: h[:, -1:] for i, h in captured["hidden_states"].items()}}
+    if "attn_window" in captured:
+      last_captured["attn_window"] = captured["attn_window"][:, -1:]
+    rows_b = sampling.bucket(n_prompts * n, minimum=1)
+    rows = np.zeros(rows_b, np.int32)
+    rows[:n_prompts * n] = np.repeat(np.arange(n_prompts), n)
+    active = np.zeros(rows_b, bool)
+    active[:n_prompts * n] = True
+    rows_j = jnp.asarray(rows)
+    if rows_b != b or n > 1:  # branch the shared prefix: no prompt is recomputed
+      cache = cache.take(rows_j)
+      last_logits = jnp.take(last_logits, rows_j, axis=0)
+      last_captured = jax.tree.map(lambda x: jnp.take(x, rows_j, axis=0), last_captured)
+    out = sampling.decode(
+        self.graphdef, self.params, cache, last_logits, last_captured, jax.random.key(seed),
+        jnp.int32(max_new_tokens), jnp.asarray(active), jnp.asarray(self.eos_mask()),
+        jnp.asarray(self.stop_token_mask(stop_strings)), jnp.float32(sampling_params.temperature),
+        jnp.float32(sampling_params.top_p), jnp.int32(pad), buffer_len=new_len, greedy=sampling_params.greedy,
+        top_k=sampling_params.top_k, capture=capture, shard=self.shard)
+    r = n_prompts * n
+    tokens = np.asarray(out["tokens"])[:r, :max_new_tokens]
+    lengths = np.asarray(out["lengths"])[:r]
+    finish = [sampling.FINISH_NAMES[int(c)] for c in np.asarray(out["finish"])[:r]]
+    texts = ([self.tokenizer.decode(tokens[i, :lengths[i]]) for i in range(r)] if self.tokenizer is not None
+             else [""] * r)
+    feats = {k: np.asarray(v)[:r, :max_new_tokens] for k, v in out["features"].items()}
+    return Generation(tokens=tokens, logprobs=np.asarray(out["logprobs"])[:r, :max_new_tokens], lengths=lengths,
+                      finish_reason=finish, prompt_index=rows[:r], prompt_ids=ids, texts=texts, features=feats)
+
+  # ------------------------------------------------------------------------------------------ export
+
+  def save_pretrained(self, directory: str, *, dtype: str = "float32") -> None:
+    """config.json + model.safetensors (+ tokenizer files) that PyTorch `transformers` loads; written into a
+    temporary folder, then moved into place, so a crash leaves nothing half-written."""
+    np_dtype = {"float32": np.float32, "bfloat16": jnp.bfloat16, "float16": np.float16}[dtype]
+    directory = os.path.abspath(directory)
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-save-")
+    try:
+      cfg = self.config.to_hf_dict()
+      cfg["torch_dtype"] = dtype
+      with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+      write_safetensors(os.path.join(tmp, "model.safetensors"),
+                        export_tensors(self.config, self.params, np.dtype(np_dtype)), {"format": "pt"})
+      gen = {"bos_token_id": self.config.bos_token_id, "eos_token_id": cfg["eos_token_id"],
+             "pad_token_id": self.config.pad_token_id}
+      with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+        json.dump({k: v for k, v in gen.items() if v is not None}, f, indent=2)
+      if self.tokenizer is not None:
+        self.tokenizer.save_pretrained(tmp)
+      if os.path.exists(directory):
+        shutil.rmtree(directory)
+      os.replace(tmp, directory)
+    except BaseException:
+      shutil.rmtree(tmp, ignore_errors=True)
+      raise

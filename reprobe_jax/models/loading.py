@@ -1,0 +1,72 @@
+"""`load_pretrained`: a Hugging Face directory, a hub id (through the local HF cache), or a `.gguf` file."""
+
+from __future__ import annotations
+
+import os
+
+from absl import logging
+from jax.sharding import Mesh
+
+from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.models.checkpoint import iter_hf_tensors, load_tensors
+from reprobe_jax.models.config import ModelConfig
+from reprobe_jax.models.language_model import LanguageModel, resolve_dtype
+from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
+
+_HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+
+
+def resolve_path(path: str) -> str:
+  """A local directory or file as is; otherwise a hub id `org/name`, resolved through `huggingface_hub`
+  (which honours HF_HUB_OFFLINE and HF_HUB_CACHE, so a populated local cache works with no network)."""
+  if os.path.exists(path):
+    return path
+  if path.count("/") != 1 or path.startswith((".", "/")):
+    raise ConfigError(f"{path}: no such file or directory, and not a hub id of the form 'org/name'")
+  try:
+    from huggingface_hub import snapshot_download
+    return snapshot_download(repo_id=path, allow_patterns=_HUB_PATTERNS)
+  except Exception as e:  # the hub client raises many types; name the id and the cause in one line
+    raise ConfigError(f"{path}: not a local path, and the hub could not provide it ({type(e).__name__}: {e})") from e
+
+
+def load_tokenizer(directory: str, gguf_file: str | None = None):
+  """`transformers.AutoTokenizer` for the directory (chat template included); None if it has no tokenizer."""
+  from transformers import AutoTokenizer
+  try:
+    if gguf_file is not None:
+      return AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    if not any(os.path.exists(os.path.join(directory, f))
+               for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+      return None
+    return AutoTokenizer.from_pretrained(directory)
+  except Exception as e:
+    logging.warning("no tokenizer loaded from %s: %s", directory, e)
+    return None
+
+
+def load_pretrained(path: str, *, dtype="float32", mesh: Mesh | None = None, rules=DEFAULT_RULES,
+                    tokenizer: bool = True) -> LanguageModel:
+  """Loads a Flax `LanguageModel` from a HF directory (safetensors, sharded or not), a hub id, or a GGUF file.
+
+  Tensors stream one at a time in their stored dtype, are cast to `dtype`, and go straight onto their sharding on
+  `mesh` (by the logical-axis rules). Errors name the tensor that is missing, extra or of the wrong shape.
+  """
+  dt = resolve_dtype(dtype)
+  shard = ShardingCtx(mesh, tuple(rules)) if mesh is not None else None
+  path = resolve_path(str(path))
+  if os.path.isfile(path):
+    if not path.endswith(".gguf"):
+      raise ConfigError(f"{path}: a file must be a .gguf checkpoint; for safetensors pass the directory")
+    from reprobe_jax.models import gguf_io
+    cfg, tensors = gguf_io.read_gguf(path)
+    graphdef, params = load_tensors(cfg, tensors, dtype=dt, shard=shard, source=path)
+    tok = load_tokenizer(os.path.dirname(path), os.path.basename(path)) if tokenizer else None
+    return LanguageModel(cfg, graphdef, params, tok, shard=shard, dtype=dt)
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.exists(cfg_path):
+    raise CheckpointError(f"{path}: no config.json")
+  cfg = ModelConfig.from_json_file(cfg_path)
+  graphdef, params = load_tensors(cfg, iter_hf_tensors(path), dtype=dt, shard=shard, source=path)
+  tok = load_tokenizer(path) if tokenizer else None
+  return LanguageModel(cfg, graphdef, params, tok, shard=shard, dtype=dt)
