@@ -1,0 +1,45 @@
+"""Shared fixtures: a tiny word-level tokenizer and a tiny random Llama-family model saved in HF format."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+VOCAB_WORDS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(90)] + [".\n", "a.\n", "\n\n", "=", "+", "-",
+                                                                        "Step", ":"]
+
+
+def make_word_tokenizer():
+  """A WordLevel tokenizer (101 tokens) that `transformers` wraps; some tokens end with '.\\n'."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+  vocab = {w: i for i, w in enumerate(VOCAB_WORDS)}
+  tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer():
+  return make_word_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+  """A random Llama (vocab 101, 3 layers) saved by PyTorch transformers, with the word tokenizer."""
+  import torch
+  import transformers
+  torch.manual_seed(0)
+  cfg = transformers.LlamaConfig(vocab_size=len(VOCAB_WORDS), hidden_size=64, intermediate_size=96,
+                                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=512, initializer_range=0.25, bos_token_id=1,
+                                 eos_token_id=2, pad_token_id=0)
+  cfg._attn_implementation = "eager"
+  model = transformers.LlamaForCausalLM(cfg).eval()
+  d = tmp_path_factory.mktemp("tiny_llama")
+  model.save_pretrained(d)
+  make_word_tokenizer().save_pretrained(d)
+  return str(d)
