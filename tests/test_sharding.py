@@ -94,8 +94,6 @@ def test_make_mesh_fills_the_minus_one_axis():
   assert make_mesh().shape["data"] == jax.device_count()
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: jax>=0.7 make_mesh defaults to AxisType.Explicit, under which "
-                   "the embedding gather needs out_sharding; make_mesh must pass axis_types=(AxisType.Auto,)*3")
 def test_make_mesh_axes_are_auto_with_and_without_devices():
   """The library shards by `with_sharding_constraint` (GSPMD style), which needs Auto axes; jax.make_mesh
   defaults to Explicit axes, while a Mesh built from a device list defaults to Auto."""
@@ -151,9 +149,7 @@ _PARITY_SCRIPT = textwrap.dedent('''
     transformers.LlamaForCausalLM(hf_cfg).eval().save_pretrained(directory)
 
     plain = load_pretrained(directory, tokenizer=False)
-    # devices= gives Auto axes; the default path gives Explicit ones until make_mesh passes axis_types
-    # (see test_make_mesh_axes_are_auto_with_and_without_devices).
-    mesh = make_mesh(data=2, fsdp=2, tensor=2, devices=jax.devices())
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
     sharded = load_pretrained(directory, mesh=mesh, tokenizer=False)
 
     # ---- parameters really live on their shardings

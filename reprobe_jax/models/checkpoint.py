@@ -145,8 +145,17 @@ class SafetensorsFile:
         self.header = json.loads(f.read(n))
     except (struct.error, ValueError, UnicodeDecodeError) as e:
       raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from e
+    if not isinstance(self.header, dict):
+      raise CheckpointError(f"{path}: not a valid safetensors file (header is not a JSON object)")
     self.header.pop("__metadata__", None)
     self._offset = 8 + n
+    try:
+      end = max((int(v["data_offsets"][1]) for v in self.header.values()), default=0)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+      raise CheckpointError(f"{path}: not a valid safetensors file (bad tensor entry: {e!r})") from e
+    size = os.path.getsize(path)
+    if self._offset + end > size:
+      raise CheckpointError(f"{path}: truncated: its tensors need {self._offset + end} bytes, the file has {size}")
     self._mm = None
 
   def keys(self) -> list[str]:

@@ -194,8 +194,6 @@ class LanguageModel:
     if longest > self.config.max_position_embeddings:
       raise CacheFullError(f"prompt of {max(map(len, ids))} tokens + max_new_tokens={max_new_tokens} exceeds "
                            f"max_position_embeddings={self.config.max_position_embeddings}")
-    if size > self.config.max_position_embeddings:
-      size = plen + max_new_tokens  # still fits the model: drop the bucket rounding rather than refuse
     n_prompts = len(ids)
     b = sampling.bucket(n_prompts, minimum=1)
     pad = self.pad_id()
@@ -205,7 +203,9 @@ class LanguageModel:
       arr[j, plen - len(p):] = p
       mask[j, plen - len(p):] = 1
     self._check_ids(jnp.asarray(arr))
-    cache = self.new_cache(b, size)
+    # Left padding takes cache slots but no positions (checked against the context above), so the bucketed cache
+    # may hold more slots than max_position_embeddings.
+    cache = KVCache.zeros(self.config, b, size, self.dtype)
     logits, captured, cache = self.extend(cache, arr, mask, capture=capture)
     last_logits = logits[:, -1]
     last_captured = {"hidden_states": {i: h[:, -1:] for i, h in captured["hidden_states"].items()}}

@@ -77,9 +77,11 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> M
     sizes[sizes.index(-1)] = n // known
   if int(np.prod(sizes)) != n:
     raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} devices, have {n}")
+  # Auto axes: sharding follows with_sharding_constraint (GSPMD); jax.make_mesh defaults to Explicit axes.
+  axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   if devices is not None:
-    return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
-  return jax.make_mesh(tuple(sizes), MESH_AXES)
+    return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES, axis_types=axis_types)
+  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types)
 
 
 def constrain(x, names: Sequence[str | None], ctx: ShardingCtx | None):
