@@ -8,6 +8,7 @@ left-padded batch.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -166,3 +167,34 @@ def test_greedy_generate_matches_hf(pair):
       assert ref[row, n - 1] == 2 and np.all(ref[row, n:] == 0), (name, row)
     else:
       assert n == 32, (name, row)
+
+
+def test_save_pretrained_loads_in_transformers_with_same_logits(pair, tmp_path):
+  """Export runs the checkpoint table backwards (fused Phi-3 tensors, tied heads, biases, q/k norms)."""
+  name, hf, lm = pair
+  lm.save_pretrained(str(tmp_path / "export"))
+  back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
+  ids = np.random.RandomState(4).randint(3, VOCAB, (2, 10))
+  with torch.no_grad():
+    theirs = back(torch.tensor(ids)).logits.numpy()
+    original = hf(torch.tensor(ids)).logits.numpy()
+  assert _rel(theirs, original) < 1e-5  # same weights; only HF's attention kernel (sdpa vs eager) differs
+  assert _rel(lm.forward(ids).logits, theirs) < TOL
+  assert _rel(load_pretrained(str(tmp_path / "export")).forward(ids).logits, theirs) < TOL
+
+
+def test_sharded_checkpoint_and_bfloat16(tmp_path):
+  """Several safetensors files with an index load like one; bfloat16 stays close to float32."""
+  torch.manual_seed(1)
+  cfg = transformers.Qwen3Config(**_common(head_dim=16))
+  hf = transformers.Qwen3ForCausalLM(cfg).eval()
+  hf.save_pretrained(tmp_path, max_shard_size="40KB")
+  assert len(list(tmp_path.glob("*.safetensors"))) > 2 and (tmp_path / "model.safetensors.index.json").exists()
+  ids = np.random.RandomState(5).randint(3, VOCAB, (2, 9))
+  with torch.no_grad():
+    ref = hf(torch.tensor(ids)).logits.numpy()
+  assert _rel(load_pretrained(str(tmp_path)).forward(ids).logits, ref) < TOL
+  bf16 = load_pretrained(str(tmp_path), dtype="bfloat16")
+  leaves = jax.tree.leaves(bf16.params)
+  assert all(str(x.dtype) == "bfloat16" for x in leaves)
+  assert _rel(bf16.forward(ids).logits, ref) < 5e-2
