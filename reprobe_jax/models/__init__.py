@@ -4,12 +4,12 @@ from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
 from reprobe_jax.models.config import ModelConfig, RopeConfig
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.language_model import Generation, LanguageModel
-from reprobe_jax.models.loading import load_pretrained, load_tokenizer, resolve_path
+from reprobe_jax.models.loading import load_pretrained, load_tokenizer, resolve_path, smollm2_gguf_path
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx, make_mesh, maybe_initialize_distributed
 
 __all__ = [
     "CaptureSpec", "ForwardOutput", "ModelConfig", "RopeConfig", "KVCache", "Generation", "LanguageModel",
-    "load_pretrained", "load_tokenizer", "resolve_path", "SamplingParams", "DEFAULT_RULES", "ShardingCtx",
+    "load_pretrained", "load_tokenizer", "resolve_path", "smollm2_gguf_path", "SamplingParams", "DEFAULT_RULES", "ShardingCtx",
     "make_mesh", "maybe_initialize_distributed",
 ]

