@@ -19,3 +19,7 @@ class CacheFullError(ReprobeError):
 
 class ConfigError(ReprobeError):
   """A configuration value is missing or out of range."""
+
+
+class DataFormatError(ReprobeError):
+  """A data file or record is malformed; the message names the file and line (or the record) and the field."""

@@ -1,0 +1,183 @@
+"""Arithmetic chains (the in-domain 'math' family): a start value and 3-6 operations on small integers.
+
+A step applies one operation to the previous written result: "12 * 3 = 36". Every number of a generated chain
+stays in 0..99; only +, - and * are used, so a wrong value propagated through later steps still gives integers.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, family_rng
+
+_OPS = ("+", "-", "*")
+_WORDS = {"+": "Add {b}.", "-": "Subtract {b}.", "*": "Multiply by {b}."}
+_N_OPS = {1: (3, 3), 2: (4, 5), 3: (5, 6)}  # inclusive range of operations per difficulty
+_MAX_VALUE = 99
+_MAX_ADD = 20  # operands of + and -; keeps the numbers a small model can read in one or two tokens
+_MAX_MUL = 9
+_STEP = re.compile(r"^\s*(-?\d+)\s*([-+*x×−])\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
+_CANON = {"x": "*", "×": "*", "−": "-"}
+
+
+def apply(op: str, a: int, b: int) -> int:
+  """The result of `a op b`."""
+  if op == "+":
+    return a + b
+  if op == "-":
+    return a - b
+  return a * b
+
+
+def _feasible(v: int) -> list[tuple[str, int, int]]:
+  """(op, lowest operand, highest operand) that keep the result in 0..99 from value v."""
+  out = []
+  if v < _MAX_VALUE:
+    out.append(("+", 1, min(_MAX_ADD, _MAX_VALUE - v)))
+  if v >= 1:
+    out.append(("-", 1, min(_MAX_ADD, v)))
+  if 1 <= v <= _MAX_VALUE // 2:
+    out.append(("*", 2, min(_MAX_MUL, _MAX_VALUE // v)))
+  return out
+
+
+class Arithmetic(TaskFamily):
+  """Start value plus operations; state = (index of the next operation, previous written result)."""
+  name = "arithmetic"
+  step_hint = "Each step applies one operation to the previous result, written like '12 * 3 = 36'."
+  flip_kinds = ("result",)
+
+  def generate(self, seed: int, difficulty: int) -> Problem:
+    """A chain of 3 (difficulty 1), 4-5 (2) or 5-6 (3) operations whose values all stay in 0..99."""
+    rng = family_rng(self.name, seed, difficulty)
+    lo, hi = _N_OPS[difficulty]
+    n_ops = int(rng.integers(lo, hi + 1))
+    start = int(rng.integers(1, 31))
+    ops: list[list[Any]] = []
+    v = start
+    while len(ops) < n_ops:
+      op, b_lo, b_hi = _feasible(v)[int(rng.integers(len(_feasible(v))))]
+      b = int(rng.integers(b_lo, b_hi + 1))
+      # Two identical operations in a row would make a skipped one indistinguishable from a done one.
+      if ops and ops[-1] == [op, b]:
+        continue
+      ops.append([op, b])
+      v = apply(op, v, b)
+    text = " ".join([f"Start with {start}."] + [_WORDS[op].format(b=b) for op, b in ops])
+    return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name,
+                   question=f"{text} What is the final result?", answer=str(v),
+                   data={"start": start, "ops": ops, "difficulty": difficulty})
+
+  def validate(self, problem: Problem, where: str) -> None:
+    data = problem.data
+    if not isinstance(data.get("start"), int) or isinstance(data.get("start"), bool):
+      raise self.data_error(where, f"'start' must be an integer, found {data.get('start')!r}")
+    ops = data.get("ops")
+    if not isinstance(ops, list) or not ops:
+      raise self.data_error(where, f"'ops' must be a non-empty list of [op, number] pairs, found {ops!r}")
+    for i, item in enumerate(ops):
+      if (not isinstance(item, list) or len(item) != 2 or item[0] not in _OPS or not isinstance(item[1], int)
+          or isinstance(item[1], bool)):
+        raise self.data_error(where, f"ops[{i}] must be [op, integer] with op one of + - *, found {item!r}")
+    v = data["start"]
+    for op, b in ops:
+      v = apply(op, v, b)
+    if self.normalize_answer(problem.answer) != str(v):
+      raise self.data_error(where, f"answer {problem.answer!r} does not match the chain's result {v}")
+
+  def max_steps(self, problem: Problem) -> int:
+    return len(problem.data["ops"])
+
+  def keys(self, problem: Problem) -> list[tuple[str, int]]:
+    return [(op, b) for op, b in problem.data["ops"]]
+
+  def initial_state(self, problem: Problem) -> State:
+    return (0, problem.data["start"])
+
+  def parse_step(self, body: str) -> tuple[int, str, int, int] | None:
+    m = _STEP.match(body or "")
+    if m is None:
+      return None
+    op = _CANON.get(m.group(2), m.group(2))
+    return int(m.group(1)), op, int(m.group(3)), int(m.group(4))
+
+  def step_key(self, parsed: Any) -> tuple[str, int] | None:
+    return None if parsed is None else (parsed[1], parsed[2])
+
+  def judge_step(self, problem: Problem, state: State, parsed: Any, next_parsed: Any | None) -> tuple[bool, State]:
+    """Correct iff it is the next operation, applied to the previous written result, computed right."""
+    p, v = state
+    a, op, b, r = parsed
+    matched, p_next = advance_pointer(self.keys(problem), p, (op, b), self.step_key(next_parsed))
+    return matched and a == v and r == apply(op, a, b), (p_next, r)
+
+  def is_done(self, problem: Problem, state: State) -> bool:
+    return state[0] >= len(problem.data["ops"])
+
+  def state_answer(self, problem: Problem, state: State) -> str:
+    return str(state[1])
+
+  def match_score(self, problem: Problem, state: State, parsed: Any) -> int:
+    p, v = state
+    keys = self.keys(problem)
+    same_op = p < len(keys) and (parsed[1], parsed[2]) == keys[p]
+    return 2 if same_op and parsed[0] == v else int(same_op or parsed[0] == v)
+
+  def normalize_answer(self, answer: str) -> str | None:
+    text = answer.strip().rstrip(".").replace(",", "").strip()
+    return str(int(text)) if re.fullmatch(r"-?\d+", text) else None
+
+  @staticmethod
+  def _body(a: int, op: str, b: int, r: int) -> str:
+    return f"{a} {op} {b} = {r}"
+
+  def honest_step(self, problem: Problem, state: State, rng: np.random.Generator | None) -> tuple[str, State]:
+    p, v = state
+    op, b = problem.data["ops"][p]
+    r = apply(op, v, b)
+    return self._body(v, op, b, r), (p + 1, r)
+
+  def error_step(self, problem: Problem, state: State, kind: str,
+                 rng: np.random.Generator) -> tuple[str, State] | None:
+    """'result': off by 1-3; 'operand': the problem's number misread by 1-3; 'operation': wrong operator with the
+    right number; 'skip': the operation after the next one is applied instead."""
+    p, v = state
+    keys = self.keys(problem)
+    op, b = keys[p]
+    # A wrong key equal to a later operation would read as a skip, not as the error meant here.
+    later = set(keys[p:])
+    if kind == "result":
+      right = apply(op, v, b)
+      deltas = [d for d in (-3, -2, -1, 1, 2, 3) if right + d >= 0] or [1, 2, 3]
+      r = right + int(rng.choice(deltas))
+      return self._body(v, op, b, r), (p + 1, r)
+    if kind == "operand":
+      low = 2 if op == "*" else 1
+      choices = [b + d for d in (-3, -2, -1, 1, 2, 3) if b + d >= low and (op, b + d) not in later]
+      if not choices:
+        return None
+      wrong = int(rng.choice(choices))
+      r = apply(op, v, wrong)
+      return self._body(v, op, wrong, r), (p + 1, r)
+    if kind == "operation":
+      # 2 + 2 == 2 * 2: an error that leaves the value right would not propagate, which is what it is for.
+      choices = [o for o in _OPS if o != op and (o, b) not in later and apply(o, v, b) != apply(op, v, b)]
+      if not choices:
+        return None
+      wrong = str(rng.choice(choices))
+      r = apply(wrong, v, b)
+      return self._body(v, wrong, b, r), (p + 1, r)
+    if kind == "skip":
+      if p + 1 >= len(keys) or keys[p + 1] == keys[p]:
+        return None
+      op2, b2 = keys[p + 1]
+      r = apply(op2, v, b2)
+      return self._body(v, op2, b2, r), (p + 2, r)
+    return None
+
+  def error_rates(self, noise: Any) -> list[tuple[str, float]]:
+    return [("result", noise.p_wrong_result), ("operand", noise.p_wrong_operand),
+            ("operation", noise.p_wrong_operation), ("skip", noise.p_skip)]

@@ -1,0 +1,224 @@
+"""Problem records and the interface every task family implements (the rule-based annotator of METHOD A2(a)).
+
+A family is a small state machine over the steps of a solution. `judge_step` takes the state left by the steps
+*as written* and one parsed step, and says whether that step follows validly; the state it returns is built from
+what the step wrote, right or wrong, so an error is counted where it happens and later steps that build correctly
+on a wrong value are correct.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import zlib
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from reprobe_jax.errors import ConfigError, DataFormatError
+
+DOMAINS = ("arithmetic", "planning", "qa")
+DIFFICULTIES = (1, 2, 3)
+_FIELDS = (("id", str), ("domain", str), ("question", str), ("answer", str), ("data", dict))
+
+State = Hashable  # a family's checker state: a small tuple, compared with ==
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One task instance: the question states it fully; `data` holds what the checker needs (JSON-serialisable)."""
+  id: str
+  domain: str
+  question: str
+  answer: str
+  # A dict cannot be hashed; the id already identifies the problem.
+  data: dict = dataclasses.field(default_factory=dict, hash=False)
+
+  def to_json(self) -> dict:
+    """The JSONL record of this problem (docs/tasks.md gives the schema)."""
+    return {"id": self.id, "domain": self.domain, "question": self.question, "answer": self.answer,
+            "data": copy.deepcopy(self.data)}
+
+  @classmethod
+  def from_json(cls, record: Any, where: str = "<record>") -> Problem:
+    """Builds a Problem from a JSON record, raising DataFormatError that starts with `where` on any defect.
+
+    Unknown top-level keys are ignored, so records may carry extra fields (split, source, ...).
+    """
+    if not isinstance(record, dict):
+      raise DataFormatError(f"{where}: expected a JSON object, found {type(record).__name__}")
+    values = {}
+    for name, kind in _FIELDS:
+      if name not in record:
+        raise DataFormatError(f"{where}: missing field {name!r} (a problem needs id, domain, question, answer, data)")
+      value = record[name]
+      if not isinstance(value, kind):
+        raise DataFormatError(f"{where}: field {name!r} must be {kind.__name__}, found {type(value).__name__}")
+      values[name] = value
+    if not values["id"]:
+      raise DataFormatError(f"{where}: field 'id' is empty")
+    if values["domain"] not in DOMAINS:
+      raise DataFormatError(f"{where}: field 'domain' must be one of {', '.join(DOMAINS)}, found {values['domain']!r}")
+    problem = cls(**values)
+    # Imported here because the family modules import this one.
+    from reprobe_jax.tasks import get_family
+    get_family(problem.domain).validate(problem, where)
+    return problem
+
+
+def advance_pointer(keys: Sequence[Hashable], p: int, key: Hashable, next_key: Hashable | None) -> tuple[bool, int]:
+  """Matches a written step's key (operation, relation) against the expected sequence `keys` at position `p`.
+
+  Returns (matched, new p). A key from later in the sequence is a skip: the pointer jumps past it, so the steps
+  after a skip are judged against the operations that really follow. A key from nowhere is either an invented
+  step (the next written step is the expected one, so the pointer stays) or a wrong version of the expected step
+  (the pointer moves on). When keys[p] == keys[p+1] the two readings coincide, and the pointer moves on.
+  """
+  n = len(keys)
+  if p < n and key == keys[p]:
+    return True, p + 1
+  for q in range(p + 1, n):
+    if keys[q] == key:
+      return False, q + 1
+  if p < n and next_key == keys[p] and (p + 1 >= n or next_key != keys[p + 1]):
+    return False, p
+  return False, min(p + 1, n)
+
+
+def first_error(labels: Sequence[float]) -> int | None:
+  """Index of the first incorrect step (label 1), ProcessBench style; None when no step is labelled incorrect.
+
+  NaN (unknown) labels are passed over: they are neither an error nor evidence of correctness.
+  """
+  for i, label in enumerate(labels):
+    if not math.isnan(label) and label >= 0.5:
+      return i
+  return None
+
+
+def family_rng(name: str, seed: int, difficulty: int) -> np.random.Generator:
+  """The generator for one (family, seed, difficulty): the same triple always gives the same stream."""
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    raise ConfigError(f"seed must be a non-negative integer, found {seed!r}")
+  if difficulty not in DIFFICULTIES:
+    raise ConfigError(f"difficulty must be one of {DIFFICULTIES}, found {difficulty!r}")
+  # crc32, not hash(): Python salts str hashes per process, which would break determinism across runs.
+  return np.random.default_rng([int(seed), int(difficulty), zlib.crc32(name.encode())])
+
+
+class TaskFamily:
+  """Base class of a task family: generator, scripted solver and exact step checker (METHOD A2(a)).
+
+  Subclasses implement the state machine (`initial_state`, `parse_step`, `step_key`, `judge_step`, `is_done`,
+  `state_answer`, `match_score`), the solver moves (`honest_step`, `error_step`, `error_rates`), `generate`,
+  `validate` and `normalize_answer`; checking and reference solutions are shared here.
+  """
+  name: str = ""
+  step_hint: str = ""  # one sentence for the prompt: how a step is written
+  flip_kinds: tuple[str, ...] = ()  # error kinds a right-to-wrong re-check may use, in order of preference
+
+  # --- generation -------------------------------------------------------------------------------------------
+
+  def generate(self, seed: int, difficulty: int) -> Problem:
+    """A problem that depends only on (seed, difficulty); difficulty in 1..3."""
+    raise NotImplementedError
+
+  def validate(self, problem: Problem, where: str) -> None:
+    """Raises DataFormatError naming `where` and the field when `problem.data` is not what the checker needs."""
+    raise NotImplementedError
+
+  def max_steps(self, problem: Problem) -> int:
+    """An upper bound on the length of a (possibly erroneous) scripted solution, so solving always ends."""
+    raise NotImplementedError
+
+  # --- checker state machine --------------------------------------------------------------------------------
+
+  def initial_state(self, problem: Problem) -> State:
+    raise NotImplementedError
+
+  def parse_step(self, body: str) -> Any | None:
+    """The parsed step, or None when the text is not a step of this family."""
+    raise NotImplementedError
+
+  def step_key(self, parsed: Any) -> Hashable | None:
+    """What identifies which operation a parsed step performs (for `advance_pointer`'s look-ahead)."""
+    return None
+
+  def judge_step(self, problem: Problem, state: State, parsed: Any, next_parsed: Any | None) -> tuple[bool, State]:
+    """(step is correct, state after the step as written); `next_parsed` is the next parsed step, if any."""
+    raise NotImplementedError
+
+  def is_done(self, problem: Problem, state: State) -> bool:
+    raise NotImplementedError
+
+  def state_answer(self, problem: Problem, state: State) -> str:
+    """The answer the steps written so far imply (meaningful once `is_done`)."""
+    raise NotImplementedError
+
+  def match_score(self, problem: Problem, state: State, parsed: Any) -> int:
+    """How well a re-check step fits an earlier step taken from `state`: 2 exactly, 1 partly, 0 not at all."""
+    raise NotImplementedError
+
+  def normalize_answer(self, answer: str) -> str | None:
+    """The canonical form of an answer string, or None when it is not an answer of this family."""
+    raise NotImplementedError
+
+  # --- scripted solver moves ---------------------------------------------------------------------------------
+
+  def honest_step(self, problem: Problem, state: State, rng: np.random.Generator | None) -> tuple[str, State]:
+    """The correct next step from `state` (ties broken by `rng`, or deterministically when it is None)."""
+    raise NotImplementedError
+
+  def error_step(self, problem: Problem, state: State, kind: str,
+                 rng: np.random.Generator) -> tuple[str, State] | None:
+    """A wrong next step of the given kind from `state`, or None when that kind is impossible here."""
+    raise NotImplementedError
+
+  def error_rates(self, noise: Any) -> list[tuple[str, float]]:
+    """(error kind, per-step probability) pairs this family reads from a TraceNoise."""
+    raise NotImplementedError
+
+  # --- shared -------------------------------------------------------------------------------------------------
+
+  def reference_steps(self, problem: Problem) -> list[str]:
+    """The scripted solver's correct step bodies (no '- Step k:' prefix)."""
+    state = self.initial_state(problem)
+    steps = []
+    while not self.is_done(problem, state):
+      if len(steps) >= self.max_steps(problem):
+        raise DataFormatError(f"problem {problem.id}: the reference solution does not reach the goal")
+      body, state = self.honest_step(problem, state, None)
+      steps.append(body)
+    return steps
+
+  def check_steps(self, problem: Problem, steps: Sequence[str]) -> list[float]:
+    """Per-step labels (METHOD A2(a)): 1.0 incorrect, 0.0 correct, NaN when the step is empty or unparseable.
+
+    A step is correct when it follows validly from the problem and the previous steps as written. An unparseable
+    step leaves the state unchanged.
+    """
+    parsed = [self.parse_step(s) for s in steps]
+    state = self.initial_state(problem)
+    labels = []
+    for i, step in enumerate(parsed):
+      if step is None:
+        labels.append(math.nan)
+        continue
+      following = next((q for q in parsed[i + 1:] if q is not None), None)
+      ok, state = self.judge_step(problem, state, step, following)
+      labels.append(0.0 if ok else 1.0)
+    return labels
+
+  def check_answer(self, problem: Problem, answer: str | None) -> bool:
+    """Whether `answer` equals the problem's true answer (not the answer the written steps imply)."""
+    if answer is None:
+      return False
+    given = self.normalize_answer(answer)
+    return given is not None and given == self.normalize_answer(problem.answer)
+
+  first_error = staticmethod(first_error)
+
+  def data_error(self, where: str, message: str) -> DataFormatError:
+    """A DataFormatError that names the record and this family."""
+    return DataFormatError(f"{where}: {self.name} data: {message}")

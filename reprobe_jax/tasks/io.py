@@ -1,0 +1,70 @@
+"""JSONL files of problems (schema in docs/tasks.md): atomic writes, and reads that name the bad line."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Iterable
+
+from reprobe_jax.errors import DataFormatError
+from reprobe_jax.tasks.base import Problem
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> None:
+  """Writes one JSON object per line; records are dicts or objects with `to_json()` (Problem, Trace).
+
+  The file appears complete or not at all: lines go to a temporary file in the same folder, which replaces `path`
+  only after every record was written (os.replace is atomic on one file system).
+  """
+  path = os.fspath(path)
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      for record in records:
+        obj = record.to_json() if hasattr(record, "to_json") else record
+        # allow_nan=False: NaN is not JSON, and other readers would reject the file later.
+        f.write(json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def read_jsonl(path: str | os.PathLike) -> list[tuple[int, Any]]:
+  """(line number, parsed object) for every non-blank line; DataFormatError 'path:line: ...' on bad JSON."""
+  path = os.fspath(path)
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        out.append((number, json.loads(line)))
+      except json.JSONDecodeError as e:
+        raise DataFormatError(f"{path}:{number}: invalid JSON ({e.msg} at column {e.colno})") from None
+  return out
+
+
+def read_problems(path: str | os.PathLike) -> list[Problem]:
+  """The problems of a JSONL file, validated; DataFormatError naming 'path:line' and the field on any defect."""
+  path = os.fspath(path)
+  problems, seen = [], {}
+  for number, record in read_jsonl(path):
+    where = f"{path}:{number}"
+    problem = Problem.from_json(record, where=where)
+    if problem.id in seen:
+      raise DataFormatError(f"{where}: duplicate id {problem.id!r} (first on line {seen[problem.id]})")
+    seen[problem.id] = number
+    problems.append(problem)
+  return problems
+
+
+def write_problems(path: str | os.PathLike, problems: Iterable[Problem]) -> None:
+  """Writes problems as JSONL, atomically."""
+  write_jsonl(path, problems)

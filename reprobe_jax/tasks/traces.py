@@ -1,0 +1,253 @@
+"""Training traces: the scripted solver with realistic imperfection (docs/tasks.md, "Noise model").
+
+A model trained on these traces should make the mistakes METHOD A2 and B3 measure: wrong steps whose errors
+propagate to later steps and to the final answer, redundant re-checking after the answer is established (thinking
+mode), occasional right-to-wrong flips during re-checking, and occasional real fixes of an earlier error.
+
+Every trace is labelled by the checker, and `solve` only returns traces where the checker's labels agree with
+what the noise did: label 1.0 exactly where `injected` names an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from typing import Sequence
+
+import numpy as np
+
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.tasks import formats
+from reprobe_jax.tasks.base import Problem, State, TaskFamily
+
+_RETRIES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceNoise:
+  """Per-step error rates of the scripted solver and the thinking-mode re-check behaviour.
+
+  Per-step rates are the chance that one step is written wrong in that way; a family reads only its own
+  (arithmetic: result/operand/operation/skip, about 8% per step in all; planning: illegal/detour, 8%; qa:
+  entity/relation/skip, 8%). A kind that is impossible at a step (no later hop to skip to) leaves the step right.
+  """
+  p_wrong_result: float = 0.04     # arithmetic: result off by 1-3
+  p_wrong_operand: float = 0.02    # arithmetic: the problem's number misread by 1-3
+  p_wrong_operation: float = 0.01  # arithmetic: another operator with the right number
+  p_skip: float = 0.01             # arithmetic, qa: the next operation / hop is skipped
+  p_illegal_move: float = 0.03     # planning: a move through a door that does not exist
+  p_detour: float = 0.05           # planning: a real door that does not get closer to the goal
+  p_wrong_entity: float = 0.05     # qa: a lookup names the wrong person
+  p_wrong_relation: float = 0.02   # qa: another relation is followed
+  # Thinking mode: after the answer is established, re-check 1..max_recheck earlier steps with this chance;
+  # common on purpose, so a model trained on these traces re-checks in well over 30% of correct trajectories.
+  p_recheck: float = 0.6
+  max_recheck: int = 3
+  p_r2w: float = 0.1  # given a re-check of a right answer: 'find' a non-existent error and switch to a wrong answer
+  p_w2r: float = 0.3  # given a re-check of a trace with an error: find the first error and fix it
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if f.name.startswith("p_") and not 0.0 <= value <= 1.0:
+        raise ConfigError(f"TraceNoise.{f.name} must be in [0, 1], found {value}")
+    if self.max_recheck < 1:
+      raise ConfigError(f"TraceNoise.max_recheck must be at least 1, found {self.max_recheck}")
+    for family, total in (("arithmetic", self.p_wrong_result + self.p_wrong_operand + self.p_wrong_operation
+                           + self.p_skip), ("planning", self.p_illegal_move + self.p_detour),
+                          ("qa", self.p_wrong_entity + self.p_wrong_relation + self.p_skip)):
+      if total > 1.0:
+        raise ConfigError(f"TraceNoise: the {family} per-step error rates sum to {total:.3f}, more than 1")
+
+  @classmethod
+  def clean(cls) -> TraceNoise:
+    """No errors, no re-checks: the reference solution in either format."""
+    return cls(**{f.name: 0.0 for f in dataclasses.fields(cls) if f.name.startswith("p_")})
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+  """One scripted response and its labels.
+
+  steps: line-mode step bodies, or thinking-mode paragraphs (as `parse_thinking` returns them).
+  labels: the checker's labels per step (1.0 incorrect, 0.0 correct, NaN unknown).
+  kinds: 'step', 'reflect' or 'other' per step ('step' throughout in line mode).
+  injected: the noise behind each label 1.0 (an error kind, 'repeat' for a re-check that repeats a wrong step,
+    'r2w' for a right-to-wrong flip, 'unfinished' for a conclusion of an incomplete walk), else None.
+  answer_paragraph: thinking mode, index of the paragraph that first completes the chain (the answer is established
+    there), None if it never completes; line mode, None.
+  """
+  problem_id: str
+  mode: str
+  text: str
+  steps: list[str]
+  labels: list[float]
+  answer: str | None
+  correct: bool
+  kinds: list[str]
+  injected: list[str | None]
+  answer_paragraph: int | None = None
+  rechecked: bool = False
+  r2w: bool = False
+  w2r: bool = False
+
+  def to_json(self) -> dict:
+    """A JSONL record (NaN labels written as null)."""
+    record = dataclasses.asdict(self)
+    record["labels"] = [None if math.isnan(x) else x for x in self.labels]
+    return record
+
+
+def _draw_kind(rates: Sequence[tuple[str, float]], rng: np.random.Generator) -> str | None:
+  u = rng.random()
+  for kind, p in rates:
+    if u < p:
+      return kind
+    u -= p
+  return None
+
+
+def _walk(family: TaskFamily, problem: Problem, state: State, rng: np.random.Generator, noise: TraceNoise | None,
+          limit: int) -> tuple[list[str], list[str | None], list[tuple[State, State]], State]:
+  """Writes steps from `state` until the chain is complete: (bodies, injected kinds, (before, after) states, state).
+
+  After a wrong step the walk goes on honestly from the wrong written value, so the error propagates.
+  """
+  bodies, injected, snapshots = [], [], []
+  rates = [] if noise is None else family.error_rates(noise)
+  while not family.is_done(problem, state) and len(bodies) < limit:
+    kind = _draw_kind(rates, rng)
+    out = None if kind is None else family.error_step(problem, state, kind, rng)
+    if out is None:
+      kind = None
+      out = family.honest_step(problem, state, rng)
+    body, new = out
+    bodies.append(body)
+    injected.append(kind)
+    snapshots.append((state, new))
+    state = new
+  return bodies, injected, snapshots, state
+
+
+def _draft_line(family: TaskFamily, problem: Problem, rng: np.random.Generator, noise: TraceNoise) -> Trace:
+  bodies, injected, _, state = _walk(family, problem, family.initial_state(problem), rng, noise,
+                                     family.max_steps(problem))
+  answer = family.state_answer(problem, state)
+  text = formats.render_line(bodies, answer)
+  steps, parsed_answer = formats.parse_line(text)
+  labels = family.check_steps(problem, steps)
+  return Trace(problem_id=problem.id, mode="line", text=text, steps=steps, labels=labels, answer=parsed_answer,
+               correct=family.check_answer(problem, parsed_answer), kinds=["step"] * len(steps), injected=injected)
+
+
+def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generator, noise: TraceNoise) -> Trace:
+  paragraphs: list[str] = []
+  injected: list[str | None] = []
+
+  def conclude(state: State) -> None:
+    paragraphs.append(formats.conclude_paragraph(family.state_answer(problem, state)))
+    injected.append(None if family.is_done(problem, state) else "unfinished")
+
+  limit = family.max_steps(problem)
+  bodies, kinds, snapshots, state = _walk(family, problem, family.initial_state(problem), rng, noise, limit)
+  for i, (body, kind) in enumerate(zip(bodies, kinds)):
+    paragraphs.append(formats.work_paragraph(body, first=i == 0))
+    injected.append(kind)
+  answer_paragraph = len(paragraphs) - 1 if bodies and family.is_done(problem, state) else None
+  conclude(state)
+  rechecked = r2w = w2r = False
+  if snapshots and rng.random() < noise.p_recheck:
+    wrong = [j for j, kind in enumerate(kinds) if kind is not None]
+    right_now = family.check_answer(problem, family.state_answer(problem, state))
+    flip = None
+    if wrong and rng.random() < noise.p_w2r:
+      flip = ("fix", wrong[0])
+    elif right_now and not wrong and rng.random() < noise.p_r2w:
+      flip = ("r2w", int(rng.integers(len(snapshots))))
+    n_plain = int(rng.integers(1, noise.max_recheck + 1)) - (flip is not None)
+    targets = [int(j) for j in rng.choice(len(snapshots), size=min(n_plain, len(snapshots)), replace=False)]
+    for j in targets:
+      # A plain re-check repeats the earlier step as written: right if it was right, wrong if it was wrong.
+      parsed = family.parse_step(bodies[j])
+      if formats.match_snapshot(family, problem, snapshots, parsed) != j:
+        continue  # the checker would read it as a re-check of another step; leave it out
+      paragraphs.append(formats.reflect_paragraph(bodies[j], int(rng.integers(len(formats.REFLECT_PREFIXES)))))
+      injected.append(None if kinds[j] is None else "repeat")
+    if flip is not None:
+      how, j = flip
+      before, after = snapshots[j]
+      if how == "fix":
+        out = family.honest_step(problem, before, rng)
+      else:
+        out = next((o for o in (family.error_step(problem, before, k, rng) for k in family.flip_kinds)
+                    if o is not None), None)
+      if out is not None and out[1] != after and \
+          formats.match_snapshot(family, problem, snapshots, family.parse_step(out[0])) == j:
+        body, new = out
+        paragraphs.append(formats.reflect_paragraph(body, int(rng.integers(len(formats.REFLECT_PREFIXES)))))
+        injected.append(None if how == "fix" else "r2w")
+        # The solution changes its mind at step j and redoes the rest from there, honestly.
+        redo, _, _, state = _walk(family, problem, new, rng, None, limit)
+        for body in redo:
+          paragraphs.append(formats.work_paragraph(body))
+          injected.append(None)
+        conclude(state)
+        right_after = family.check_answer(problem, family.state_answer(problem, state))
+        r2w = how == "r2w" and not right_after
+        w2r = how == "fix" and right_after
+  rechecked = any(formats.classify_paragraph(problem, p) == "reflect" for p in paragraphs)
+  answer = family.state_answer(problem, state)
+  text = formats.render_thinking(paragraphs, answer)
+  steps, parsed_answer = formats.parse_thinking(text)
+  labels = formats.check_thinking(problem, steps)
+  return Trace(problem_id=problem.id, mode="thinking", text=text, steps=steps, labels=labels, answer=parsed_answer,
+               correct=family.check_answer(problem, parsed_answer),
+               kinds=[formats.classify_paragraph(problem, p) for p in steps], injected=injected,
+               answer_paragraph=answer_paragraph, rechecked=rechecked, r2w=r2w, w2r=w2r)
+
+
+def agrees(trace: Trace) -> bool:
+  """Whether the checker's labels say exactly what the noise did (1.0 where `injected` names an error)."""
+  pairs = zip(trace.labels, trace.injected)
+  return len(trace.labels) == len(trace.injected) and all(
+      not math.isnan(label) and (label == 1.0) == (kind is not None) for label, kind in pairs)
+
+
+def draft(problem: Problem, family: TaskFamily | str, rng: np.random.Generator, mode: str,
+          noise: TraceNoise = TraceNoise()) -> Trace:
+  """One scripted trace without the agreement guarantee of `solve` (exposed for tests and diagnostics)."""
+  formats._check_mode(mode)
+  if isinstance(family, str):
+    from reprobe_jax.tasks import get_family
+    family = get_family(family)
+  if family.name != problem.domain:
+    raise ConfigError(f"problem {problem.id} is {problem.domain!r}, but the family is {family.name!r}")
+  make = _draft_line if mode == "line" else _draft_thinking
+  return make(family, problem, rng, noise)
+
+
+def solve(problem: Problem, family: TaskFamily | str, rng: np.random.Generator, mode: str,
+          noise: TraceNoise = TraceNoise()) -> Trace:
+  """A scripted response to `problem` in `mode` ('line' or 'thinking') with `noise`, labelled by the checker.
+
+  The rare draft whose labels would disagree with its injected noise (a wrong step that happens to read as another
+  kind of step) is redrawn; after a few tries the clean solution is returned.
+  """
+  for _ in range(_RETRIES):
+    trace = draft(problem, family, rng, mode, noise)
+    if agrees(trace):
+      return trace
+  return draft(problem, family, rng, mode, TraceNoise.clean())
+
+
+def solve_many(problems: Sequence[Problem], mode: str, seed: int, noise: TraceNoise = TraceNoise(),
+               samples: int = 1) -> list[Trace]:
+  """`samples` traces per problem; each problem's traces depend only on its id and `seed`, not on the order."""
+  from reprobe_jax.tasks import get_family
+  out = []
+  for problem in problems:
+    rng = np.random.default_rng([seed, zlib.crc32(problem.id.encode())])
+    for _ in range(samples):
+      out.append(solve(problem, get_family(problem.domain), rng, mode, noise))
+  return out
