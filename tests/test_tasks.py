@@ -506,3 +506,16 @@ def test_malformed_records_name_file_and_line(tmp_path, line3, message):
   with pytest.raises(DataFormatError, match=f"^{path}:3: .*{message}") as info:
     read_problems(path)
   assert isinstance(info.value, ReprobeError)
+
+
+def test_thinking_progress_agrees_with_the_solver():
+  """Replaying a sampled-like trajectory finds where the scripted solver established its answer, and its R2W flips."""
+  from reprobe_jax.tasks.formats import parse_thinking, thinking_progress
+  for family in ("arithmetic", "planning", "qa"):
+    problems = make_problems(family, 60, 3, 2)
+    for problem, trace in zip(problems, solve_many(problems, "thinking", 3)):
+      progress = thinking_progress(problem, parse_thinking(trace.text)[0])
+      assert progress.established == trace.answer_paragraph, (family, trace.text)
+      assert (progress.right_established and not trace.correct) == trace.r2w, (family, trace.text)
+      if trace.rechecked and trace.answer_paragraph is not None:
+        assert progress.rechecks_after > 0

@@ -179,6 +179,43 @@ def answer_claim(paragraph: str) -> str | None:
   return None if m is None else m.group(1)
 
 
+def _replay_thinking(problem: Problem, paragraphs: Sequence[str]):
+  """Yields (kind, label, state after the paragraph) for each paragraph; the logic behind `check_thinking`."""
+  family = _family(problem)
+  items = [split_paragraph(problem, p) for p in paragraphs]
+  state = family.initial_state(problem)
+  snapshots: list[tuple[State, State]] = []  # (before, after) of each work step of the current chain
+  for i, (kind, _, parsed) in enumerate(items):
+    if kind == "step":
+      following = next((q for k, _, q in items[i + 1:] if k == "step"), None)
+      ok, new = family.judge_step(problem, state, parsed, following)
+      snapshots.append((state, new))
+      state = new
+      yield kind, 0.0 if ok else 1.0, state
+    elif kind == "reflect":
+      if parsed is None:
+        yield kind, math.nan, state
+        continue
+      j = match_snapshot(family, problem, snapshots, parsed)
+      if j is None:
+        yield kind, 1.0, state
+        continue
+      before, after = snapshots[j]
+      ok, new = family.judge_step(problem, before, parsed, None)
+      if new != after:
+        snapshots = snapshots[:j] + [(before, new)]
+        state = new
+      yield kind, 0.0 if ok else 1.0, state
+    else:
+      claim = answer_claim(paragraphs[i])
+      if claim is None:
+        yield kind, math.nan, state
+      else:
+        implied = family.normalize_answer(family.state_answer(problem, state))
+        consistent = family.is_done(problem, state) and family.normalize_answer(claim) == implied
+        yield kind, 0.0 if consistent else 1.0, state
+
+
 def check_thinking(problem: Problem, paragraphs: Sequence[str]) -> list[float]:
   """Per-paragraph labels for thinking mode (METHOD A2, thinking variant): 1.0 incorrect, 0.0 correct, NaN unknown.
 
@@ -189,41 +226,33 @@ def check_thinking(problem: Problem, paragraphs: Sequence[str]) -> list[float]:
     solution has changed its mind: the chain continues from the re-check, and later work steps are judged on it.
   - 'So the answer is X.' is correct iff the chain is complete and X is the answer it implies; other text is NaN.
   """
+  return [label for _, label, _ in _replay_thinking(problem, paragraphs)]
+
+
+class Progress(NamedTuple):
+  """Where a thinking trajectory first completes its chain, and what happened after (METHOD B3).
+
+  established: index of the first paragraph after which the chain is complete (None if it never is);
+  established_answer: the answer the chain implied there; right_established: that answer is the true one;
+  rechecks_after: number of re-check paragraphs after `established`.
+  """
+  established: int | None
+  established_answer: str | None
+  right_established: bool
+  rechecks_after: int
+
+
+def thinking_progress(problem: Problem, paragraphs: Sequence[str]) -> Progress:
+  """Replays a thinking trajectory and reports when its answer was first established (for over-checking and R2W)."""
   family = _family(problem)
-  items = [split_paragraph(problem, p) for p in paragraphs]
-  state = family.initial_state(problem)
-  snapshots: list[tuple[State, State]] = []  # (before, after) of each work step of the current chain
-  labels: list[float] = []
-  for i, (kind, _, parsed) in enumerate(items):
-    if kind == "step":
-      following = next((q for k, _, q in items[i + 1:] if k == "step"), None)
-      ok, new = family.judge_step(problem, state, parsed, following)
-      snapshots.append((state, new))
-      state = new
-      labels.append(0.0 if ok else 1.0)
-    elif kind == "reflect":
-      if parsed is None:
-        labels.append(math.nan)
-        continue
-      j = match_snapshot(family, problem, snapshots, parsed)
-      if j is None:
-        labels.append(1.0)
-        continue
-      before, after = snapshots[j]
-      ok, new = family.judge_step(problem, before, parsed, None)
-      if new != after:
-        snapshots = snapshots[:j] + [(before, new)]
-        state = new
-      labels.append(0.0 if ok else 1.0)
-    else:
-      claim = answer_claim(paragraphs[i])
-      if claim is None:
-        labels.append(math.nan)
-      else:
-        implied = family.normalize_answer(family.state_answer(problem, state))
-        consistent = family.is_done(problem, state) and family.normalize_answer(claim) == implied
-        labels.append(0.0 if consistent else 1.0)
-  return labels
+  established, answer, rechecks = None, None, 0
+  for i, (kind, _, state) in enumerate(_replay_thinking(problem, paragraphs)):
+    if established is None and family.is_done(problem, state):
+      established, answer = i, family.state_answer(problem, state)
+    elif established is not None and kind == "reflect":
+      rechecks += 1
+  right = answer is not None and family.check_answer(problem, answer)
+  return Progress(established, answer, right, rechecks)
 
 
 # --- both modes --------------------------------------------------------------------------------------------------
