@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml | $(PY)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m reprobe_jax.demo
+	$(PY) train.py --config=configs/target_synthetic.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

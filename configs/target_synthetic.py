@@ -1,0 +1,31 @@
+"""The built-in default target model: synthetic worlds + a tiny Llama trained on them (issue 3).
+
+    python train.py --config=configs/target_synthetic.py --config.train.steps=800 --config.workdir=/tmp/x
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.job = "target_synthetic"
+  c.workdir = "artifacts/target_synthetic"
+  c.seed = 0
+  c.train_problems_per_difficulty = 600  # per family (arithmetic, planning, qa) and difficulty (1, 2, 3)
+  c.eval_problems_per_family = 64
+  c.difficulties = (1, 2, 3)
+  c.vocab_size = 1024
+  c.buckets = (128, 192, 256, 384)
+  c.eval_temperature = 1.0
+  c.max_new_tokens = ml_collections.ConfigDict({"line": 96, "thinking": 192})
+
+  c.noise = ml_collections.ConfigDict()  # overrides of reprobe_jax.tasks.traces.TraceNoise fields
+
+  c.model = ml_collections.ConfigDict(dict(
+      hidden_size=192, intermediate_size=512, num_layers=4, num_heads=4, num_kv_heads=2,
+      max_position_embeddings=1024))
+
+  c.train = ml_collections.ConfigDict(dict(
+      steps=450, batch_size=24, learning_rate=3e-3, warmup_steps=30, weight_decay=0.01, grad_clip=1.0,
+      checkpoint_every=50))
+  return c

@@ -1,0 +1,232 @@
+"""The built-in default target: synthetic problems -> scripted traces -> tokenizer -> tiny LM -> export -> report.
+
+`build(cfg)` runs every stage into `<workdir>/<config hash>/`; a stage whose output exists is skipped, so a rerun
+reuses the model, an interrupted build resumes (training restarts from its last orbax checkpoint), and a changed
+config builds afresh in a new folder. Outputs:
+  problems_train.jsonl, problems_eval.jsonl   the problems (reprobe_jax.tasks schema)
+  model/                                      config.json + model.safetensors + tokenizer (HF format)
+  samples_eval.jsonl                          the trained model's own samples at T=1.0 with exact labels
+  report.json, report.md                      per family and format: step error rate, accuracy, length, ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Callable
+
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
+from reprobe_jax.synthetic import evaluate
+from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
+from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
+from reprobe_jax.tasks import make_problems
+from reprobe_jax.tasks.formats import MODES, user_prompt
+from reprobe_jax.tasks.io import read_jsonl, read_problems, write_jsonl, write_problems
+from reprobe_jax.tasks.traces import TraceNoise, solve_many
+
+FAMILIES = ("arithmetic", "planning", "qa")
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyLMShape:
+  hidden_size: int = 192
+  intermediate_size: int = 512
+  num_layers: int = 4
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  max_position_embeddings: int = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticBuildConfig:
+  """Everything that decides the built model; its hash names the output folder."""
+
+  seed: int = 0
+  train_problems_per_difficulty: int = 600  # per family and difficulty (1, 2, 3)
+  eval_problems_per_family: int = 64
+  difficulties: tuple[int, ...] = (1, 2, 3)
+  noise: TraceNoise = TraceNoise()
+  vocab_size: int = 1024
+  model: TinyLMShape = TinyLMShape()
+  train: TrainLMConfig = TrainLMConfig()
+  buckets: tuple[int, ...] = (128, 192, 256, 384)
+  eval_temperature: float = 1.0
+  max_new_tokens: tuple[tuple[str, int], ...] = (("line", 96), ("thinking", 192))
+
+  def key(self) -> str:
+    blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def _replace(obj, overrides: dict, where: str):
+  fields = {f.name for f in dataclasses.fields(obj)}
+  unknown = sorted(set(overrides) - fields)
+  if unknown:
+    raise ConfigError(f"config.{where}: unknown field(s) {unknown}; known: {sorted(fields)}")
+  return dataclasses.replace(obj, **overrides)
+
+
+def config_from_dict(c) -> SyntheticBuildConfig:
+  """The CLI's ml_collections ConfigDict -> the frozen build config (library code never sees a ConfigDict)."""
+  d = dict(c.to_dict() if hasattr(c, "to_dict") else c)
+  d.pop("job", None)
+  d.pop("workdir", None)
+  nested = {"noise": d.pop("noise", {}), "model": d.pop("model", {}), "train": d.pop("train", {})}
+  if "difficulties" in d:
+    d["difficulties"] = tuple(d["difficulties"])
+  if "buckets" in d:
+    d["buckets"] = tuple(d["buckets"])
+  if "max_new_tokens" in d:
+    d["max_new_tokens"] = tuple(sorted(dict(d["max_new_tokens"]).items()))
+  cfg = _replace(SyntheticBuildConfig(), d, "")
+  return dataclasses.replace(
+      cfg, noise=_replace(TraceNoise(), dict(nested["noise"]), "noise"),
+      model=_replace(TinyLMShape(), dict(nested["model"]), "model"),
+      train=_replace(TrainLMConfig(seed=cfg.seed), dict(nested["train"]), "train"))
+
+
+def _problems(cfg: SyntheticBuildConfig):
+  train, held = [], []
+  for family in FAMILIES:
+    for d in cfg.difficulties:
+      train += make_problems(family, cfg.train_problems_per_difficulty, cfg.seed, d)
+  seen = {p.question for p in train}
+  per = -(-cfg.eval_problems_per_family // len(cfg.difficulties))
+  for family in FAMILIES:
+    fam = []
+    for d in cfg.difficulties:  # a disjoint seed, and no question that training saw
+      fam += [p for p in make_problems(family, 2 * per, cfg.seed + 1_000_003, d) if p.question not in seen][:per]
+    held += fam[:cfg.eval_problems_per_family]
+  return train, held
+
+
+def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None = None) -> str:
+  """Runs (or resumes) the build; returns the output folder that holds `model/` and `report.json`."""
+  out = os.path.join(os.path.abspath(workdir), cfg.key())
+  os.makedirs(out, exist_ok=True)
+  tick = progress or (lambda stage, done, total: None)
+  timings: dict[str, float] = {}
+  with open(os.path.join(out, "build_config.json"), "w") as f:
+    json.dump(dataclasses.asdict(cfg), f, indent=2, default=str)
+
+  t0 = time.time()
+  p_train, p_eval = os.path.join(out, "problems_train.jsonl"), os.path.join(out, "problems_eval.jsonl")
+  if not (os.path.exists(p_train) and os.path.exists(p_eval)):
+    train, held = _problems(cfg)
+    write_problems(p_train, train)
+    write_problems(p_eval, held)
+  train, held = read_problems(p_train), read_problems(p_eval)
+  timings["problems_s"] = time.time() - t0
+
+  model_dir = os.path.join(out, "model")
+  if not os.path.exists(os.path.join(model_dir, "config.json")):
+    t0 = time.time()
+    pairs = []
+    for mode in MODES:
+      traces = solve_many(train, mode, cfg.seed, cfg.noise)
+      pairs += [(user_prompt(p, mode), t.text) for p, t in zip(train, traces)]
+    tokenizer = build_tokenizer((chat_prompt_text(q) + a for q, a in pairs), cfg.vocab_size)
+    data = encode_examples(tokenizer, [(chat_prompt(tokenizer, q), a) for q, a in pairs], cfg.buckets)
+    timings["data_s"] = time.time() - t0
+    shape = cfg.model
+    model_cfg = ModelConfig(
+        family="llama", vocab_size=len(tokenizer), hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size, num_layers=shape.num_layers, num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads, head_dim=shape.hidden_size // shape.num_heads,
+        max_position_embeddings=shape.max_position_embeddings, tie_word_embeddings=True,
+        rms_norm_eps=1e-5, bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,),
+        pad_token_id=tokenizer.pad_token_id)
+    t0 = time.time()
+    lm, losses = train_lm(model_cfg, data, cfg.train, os.path.join(out, "train"),
+                          on_step=lambda i, loss: tick(f"train (loss {loss:.3f})", i, cfg.train.steps))
+    timings["train_s"] = time.time() - t0
+    with open(os.path.join(out, "train_losses.json"), "w") as f:
+      json.dump(losses, f)
+    lm.tokenizer = tokenizer
+    lm.save_pretrained(model_dir)
+
+  report_path = os.path.join(out, "report.json")
+  if not os.path.exists(report_path):
+    lm = load_pretrained(model_dir)
+    t0 = time.time()
+    samples_path = os.path.join(out, "samples_eval.jsonl")
+    records = _sample_all(lm, held, cfg, tick)
+    write_jsonl(samples_path, records)
+    timings["eval_s"] = time.time() - t0
+    report = make_report(records, cfg, lm)
+    report["timings_s"] = timings
+    write_json(report_path, report)
+    with open(os.path.join(out, "report.md"), "w") as f:
+      f.write(report_markdown(report))
+  return out
+
+
+def chat_prompt_text(user: str) -> str:
+  """Tokenizer-free chat framing for the tokenizer's training corpus (the template's text, not its ids)."""
+  return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _sample_all(lm: LanguageModel, held, cfg: SyntheticBuildConfig, tick: Progress) -> list[dict]:
+  total = len(held) * len(MODES)
+  done = 0
+  records = []
+  limits = dict(cfg.max_new_tokens)
+  for mode in MODES:
+    for family in FAMILIES:
+      problems = [p for p in held if p.domain == family]
+
+      def on_batch(n):
+        nonlocal done
+        done += n
+        tick("sample held-out problems", done, total)
+
+      samples = evaluate.sample_responses(lm, problems, mode, temperature=cfg.eval_temperature,
+                                          max_new_tokens=limits[mode], seed=cfg.seed, on_batch=on_batch)
+      records += evaluate.label_samples(problems, samples)
+  return records
+
+
+def make_report(records: list[dict], cfg: SyntheticBuildConfig, lm: LanguageModel) -> dict:
+  groups = {}
+  for mode in MODES:
+    for family in FAMILIES:
+      rs = [r for r in records if r["mode"] == mode and r["domain"] == family]
+      groups[f"{family}/{mode}"] = evaluate.summarise(rs)
+  return {"config_key": cfg.key(), "model_parameters": lm.config.num_params, "temperature": cfg.eval_temperature,
+          "groups": groups}
+
+
+def report_markdown(report: dict) -> str:
+  cols = ["samples", "step_error_rate", "final_accuracy", "mean_tokens", "recheck_after_answer_share",
+          "right_to_wrong_rate"]
+  lines = ["| family/format | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+  for name, g in report["groups"].items():
+    cells = []
+    for c in cols:
+      v = g.get(c)
+      cells.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)))
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def write_json(path: str, obj) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2)
+  os.replace(tmp, path)
+
+
+def load_report(out: str) -> dict:
+  with open(os.path.join(out, "report.json")) as f:
+    return json.load(f)
+
+
+def read_samples(out: str) -> list[dict]:
+  return read_jsonl(os.path.join(out, "samples_eval.jsonl"))

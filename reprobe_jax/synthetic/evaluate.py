@@ -1,0 +1,81 @@
+"""Measures a target model on held-out synthetic problems from its own samples (issue 3's report).
+
+Per family and format: step error rate, final-answer accuracy, mean response length in tokens; thinking mode adds
+the share of correct trajectories that keep re-checking after the answer is established, and the right-to-wrong
+rate (METHOD B3). Labels come from the exact rule-based checkers, so the numbers are exact for the samples drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from reprobe_jax.models import LanguageModel, SamplingParams
+from reprobe_jax.synthetic.tokenizer import chat_prompt
+from reprobe_jax.tasks import Problem
+from reprobe_jax.tasks.formats import check_response, parse_thinking, thinking_progress, user_prompt
+
+
+def sample_responses(lm: LanguageModel, problems: Sequence[Problem], mode: str, *, temperature: float,
+                     max_new_tokens: int, seed: int, batch_size: int = 64,
+                     on_batch: Callable[[int], None] | None = None) -> list[dict]:
+  """One sample per problem; returns records with the text, token count and finish reason."""
+  out = []
+  for start in range(0, len(problems), batch_size):
+    chunk = problems[start:start + batch_size]
+    prompts = [chat_prompt(lm.tokenizer, user_prompt(p, mode)) for p in chunk]
+    gen = lm.generate(prompts, SamplingParams(temperature=temperature), max_new_tokens=max_new_tokens,
+                      seed=seed + start)
+    for row, problem in enumerate(chunk):
+      ids = gen.token_ids(row)
+      if ids and ids[-1] == lm.tokenizer.eos_token_id:
+        ids = ids[:-1]
+      out.append({"id": problem.id, "domain": problem.domain, "mode": mode, "prompt": prompts[row],
+                  "response": lm.tokenizer.decode(ids), "num_tokens": len(ids),
+                  "finish_reason": gen.finish_reason[row]})
+    if on_batch is not None:
+      on_batch(len(chunk))
+  return out
+
+
+def label_samples(problems: Sequence[Problem], samples: Sequence[dict]) -> list[dict]:
+  """Adds the checker's step labels, the answer and correctness (and thinking-mode progress) to each sample."""
+  by_id = {p.id: p for p in problems}
+  out = []
+  for s in samples:
+    problem = by_id[s["id"]]
+    checked = check_response(problem, s["response"], s["mode"])
+    rec = dict(s, steps=checked.steps, labels=[None if math.isnan(x) else x for x in checked.labels],
+               answer=checked.answer, correct=checked.correct, first_error=checked.first_error)
+    if s["mode"] == "thinking":
+      progress = thinking_progress(problem, parse_thinking(s["response"])[0])
+      rec.update(established=progress.established, right_established=progress.right_established,
+                 rechecks_after=progress.rechecks_after)
+    out.append(rec)
+  return out
+
+
+def summarise(records: Sequence[dict]) -> dict:
+  """The report's numbers for one (family, format) group of labelled samples."""
+  labels = np.array([x for r in records for x in r["labels"] if x is not None], float)
+  correct = np.array([r["correct"] for r in records], bool)
+  out = {
+      "samples": len(records),
+      "steps": int(labels.size),
+      "step_error_rate": float(labels.mean()) if labels.size else float("nan"),
+      "correct_step_share": float(1 - labels.mean()) if labels.size else float("nan"),
+      "final_accuracy": float(correct.mean()),
+      "mean_tokens": float(np.mean([r["num_tokens"] for r in records])),
+      "unparsed_answer_rate": float(np.mean([r["answer"] is None for r in records])),
+      "truncated_rate": float(np.mean([r["finish_reason"] == "length" for r in records])),
+  }
+  if records and records[0]["mode"] == "thinking":
+    ok = [r for r in records if r["correct"] and r["established"] is not None]
+    right = [r for r in records if r["right_established"]]
+    out["recheck_after_answer_share"] = (float(np.mean([r["rechecks_after"] > 0 for r in ok])) if ok
+                                         else float("nan"))
+    out["right_to_wrong_rate"] = (float(np.mean([not r["correct"] for r in right])) if right else float("nan"))
+    out["right_established"] = len(right)
+  return out
