@@ -1,0 +1,118 @@
+"""The ReProbe step verifier (METHOD A4): a small post-LN transformer over a frozen LM's per-token features.
+
+Per trajectory the token projection runs once; every step is then scored in the same batched call: the encoder
+sees the tokens [0, step end) with a learned marker on the step's own tokens, and the classifier reads the masked
+mean over the step's tokens. Output: P(step incorrect).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from reprobe_jax.errors import ConfigError
+
+_XAVIER = nnx.initializers.xavier_uniform()
+_ZEROS = nnx.initializers.zeros_init()
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeConfig:
+  """Static probe shape. Defaults are the paper's (METHOD A4): d=512, 1 layer, 16 heads, dropout 0.1."""
+
+  feature_dim: int
+  d_model: int = 512
+  n_layers: int = 1
+  n_heads: int = 16
+  ff_dim: int = 2048
+  dropout: float = 0.1
+
+  def __post_init__(self):
+    if self.feature_dim < 1 or self.d_model % self.n_heads:
+      raise ConfigError(f"ProbeConfig: need feature_dim >= 1 and d_model divisible by n_heads, got {self}")
+
+
+def _linear(din, dout, rngs):
+  return nnx.Linear(din, dout, kernel_init=_XAVIER, bias_init=_ZEROS, rngs=rngs)
+
+
+class EncoderLayer(nnx.Module):
+  """PyTorch `nn.TransformerEncoderLayer(norm_first=False, activation='gelu')`: post-LN attention and FFN."""
+
+  def __init__(self, cfg: ProbeConfig, rngs: nnx.Rngs):
+    d = cfg.d_model
+    self.attn = nnx.MultiHeadAttention(num_heads=cfg.n_heads, in_features=d, qkv_features=d, out_features=d,
+                                       kernel_init=_XAVIER, bias_init=_ZEROS, dropout_rate=cfg.dropout,
+                                       decode=False, rngs=rngs)
+    self.norm1 = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
+    self.ff1 = _linear(d, cfg.ff_dim, rngs)
+    self.ff2 = _linear(cfg.ff_dim, d, rngs)
+    self.norm2 = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
+    self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+
+  def __call__(self, x, mask, *, deterministic: bool):
+    """x [N, T, d]; mask [N, 1, T, T] bool (True = may attend)."""
+    a = self.attn(x, mask=mask, deterministic=deterministic)
+    x = self.norm1(x + self.drop(a, deterministic=deterministic))
+    h = self.ff2(self.drop(jax.nn.gelu(self.ff1(x), approximate=False), deterministic=deterministic))
+    return self.norm2(x + self.drop(h, deterministic=deterministic))
+
+
+class Probe(nnx.Module):
+
+  def __init__(self, cfg: ProbeConfig, *, rngs: nnx.Rngs):
+    d = cfg.d_model
+    self.config = cfg
+    self.proj1 = _linear(cfg.feature_dim, 2 * d, rngs)
+    self.proj_norm1 = nnx.LayerNorm(2 * d, epsilon=1e-5, rngs=rngs)
+    self.proj2 = _linear(2 * d, d, rngs)
+    self.proj_norm2 = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
+    self.marker = nnx.Embed(2, d, embedding_init=_XAVIER, rngs=rngs)
+    self.layers = nnx.List([EncoderLayer(cfg, rngs) for _ in range(cfg.n_layers)])
+    self.cls1 = _linear(d, d, rngs)
+    self.cls_norm = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
+    self.cls2 = _linear(d, 1, rngs)
+    self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+
+  def project(self, features, *, deterministic: bool):
+    """features [B, T, F] -> [B, T, d] (step 1 of A4, once per trajectory)."""
+    h = jax.nn.gelu(self.proj_norm1(self.proj1(features)), approximate=False)
+    h = self.drop(h, deterministic=deterministic)
+    return jax.nn.gelu(self.proj_norm2(self.proj2(h)), approximate=False)
+
+  def __call__(self, features, token_mask, spans, *, deterministic: bool = True):
+    """Logits of P(incorrect) for every step: features [B, T, F], token_mask [B, T] (valid, non-padding tokens),
+    spans [B, S, 2] half-open [start, end) token spans (end <= start marks a padding step). Returns [B, S]."""
+    b, t, _ = features.shape
+    s = spans.shape[1]
+    h = self.project(features, deterministic=deterministic)  # [B, T, d]
+    pos = jnp.arange(t)
+    start, end = spans[..., 0:1], spans[..., 1:2]  # [B, S, 1]
+    in_step = (pos >= start) & (pos < end) & token_mask[:, None, :]  # [B, S, T]
+    visible = (pos < end) & token_mask[:, None, :]  # [B, S, T]: the window [0, step end)
+    x = h[:, None] + self.marker(in_step.astype(jnp.int32))  # [B, S, T, d]
+    x = x.reshape(b * s, t, -1)
+    vis = visible.reshape(b * s, t)
+    attn_mask = (vis[:, None, :, None] & vis[:, None, None, :]) | jnp.eye(t, dtype=bool)[None, None]
+    for layer in self.layers:
+      x = layer(x, attn_mask, deterministic=deterministic)
+    w = in_step.reshape(b * s, t, 1).astype(x.dtype)
+    pooled = jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)  # [B*S, d]
+    z = jax.nn.gelu(self.cls_norm(self.cls1(pooled)), approximate=False)
+    z = self.cls2(self.drop(z, deterministic=deterministic))
+    return z.reshape(b, s)
+
+
+def count_params(module: nnx.Module) -> int:
+  return sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def score_steps(graphdef, params, features, token_mask, spans):
+  """P(step incorrect) [B, S] for every step of a batch of trajectories, in one jitted call (eval mode)."""
+  probe = nnx.merge(graphdef, params)
+  return jax.nn.sigmoid(probe(features, token_mask, spans, deterministic=True))
