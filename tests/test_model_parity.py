@@ -126,6 +126,8 @@ def test_forward_logits_hidden_attention(pair):
   np.testing.assert_allclose(np.asarray(out.top_probs)[valid], probs.topk(4, -1).values.numpy()[valid], atol=1e-5)
   ent = -(probs * probs.clamp_min(1e-300).log()).sum(-1).numpy()
   np.testing.assert_allclose(np.asarray(out.token_entropy)[valid], ent[valid], atol=1e-4)
+  self_certainty = (-np.log(VOCAB) - torch.log_softmax(ref.logits.double(), -1).mean(-1)).numpy()
+  np.testing.assert_allclose(np.asarray(out.token_self_certainty)[valid], self_certainty[valid], atol=1e-4)
   logp_next = torch.log(probs[:, :-1].gather(-1, torch.tensor(ids[:, 1:, None]))).squeeze(-1).numpy()
   next_valid = valid[:, 1:] & valid[:, :-1]
   np.testing.assert_allclose(np.asarray(out.token_logprobs)[:, :-1][next_valid], logp_next[next_valid], atol=1e-4)

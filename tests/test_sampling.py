@@ -71,6 +71,8 @@ def test_generated_features_equal_full_forward(lm):
                                atol=1e-4)
     np.testing.assert_allclose(g.features["attn_window"][row, :n], np.asarray(ref.attn_window)[0, at], atol=1e-5)
     np.testing.assert_allclose(g.features["top_probs"][row, :n], np.asarray(ref.top_probs)[0, at], atol=1e-5)
+    np.testing.assert_allclose(g.features["token_self_certainty"][row, :n],
+                               np.asarray(ref.token_self_certainty)[0, at], atol=1e-4)
     np.testing.assert_allclose(g.features["token_entropy"][row, :n], np.asarray(ref.token_entropy)[0, at],
                                atol=1e-4)
     # Log-prob of each sampled token = the full forward's log p(next token).

@@ -208,7 +208,8 @@ _PARITY_SCRIPT = textwrap.dedent('''
       np.testing.assert_array_equal(gb.lengths, ga.lengths)
       assert gb.finish_reason == ga.finish_reason
       np.testing.assert_allclose(gb.logprobs, ga.logprobs, atol=1e-5, err_msg=str(params))
-      assert sorted(ga.features) == sorted(gb.features) == sorted(["attn_window", "hidden_2", "top_probs", "token_entropy"])
+      expected = ["attn_window", "hidden_2", "top_probs", "token_entropy", "token_self_certainty"]
+      assert sorted(ga.features) == sorted(gb.features) == sorted(expected)
       for k in ga.features:
         np.testing.assert_allclose(gb.features[k], ga.features[k], atol=1e-5, rtol=1e-5, err_msg=k)
       assert ga.tokens.shape == (len(prompts) * kw["n"], 10)

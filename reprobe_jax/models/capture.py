@@ -16,7 +16,8 @@ class CaptureSpec:
   attn_window: W > 0 captures, for every layer and head, the attention probabilities from query t to keys
     t, t-1, ..., t-W+1 (zero where the key is before the start or masked); W = 0 captures none.
   top_k_probs: K > 0 returns the K largest next-token probabilities (temperature 1), sorted descending.
-  token_stats: returns the log-probability of the actual next token and the full-vocabulary entropy.
+  token_stats: returns the log-probability of the actual next token, the full-vocabulary entropy and the
+    self-certainty of the next-token distribution.
   """
 
   hidden_layers: tuple[int, ...] = ()
@@ -50,7 +51,8 @@ class ForwardOutput:
 
   logits [B, T, V]; hidden_states {HF layer index: [B, T, D]}; attn_window [B, T, L, H, W];
   top_probs [B, T, K]; token_logprobs [B, T] = log p(x_{t+1} | x_<=t) (0 at the last position);
-  token_entropy [B, T] = entropy of the next-token distribution at t.
+  token_entropy [B, T] = entropy of the next-token distribution at t;
+  token_self_certainty [B, T] = KL(uniform || p) = -log V - mean_v log p_v (Kang et al., 2025; higher = surer).
   """
 
   logits: Any
@@ -59,3 +61,4 @@ class ForwardOutput:
   top_probs: Any = None
   token_logprobs: Any = None
   token_entropy: Any = None
+  token_self_certainty: Any = None

@@ -36,6 +36,7 @@ def logit_stats(logits, next_ids, capture: CaptureSpec):
   if capture.token_stats:
     out["token_logprobs"] = jnp.take_along_axis(logp, next_ids[..., None], axis=-1)[..., 0]  # [B, T]
     out["token_entropy"] = -jnp.sum(jnp.exp(logp) * logp, axis=-1)  # [B, T]
+    out["token_self_certainty"] = -jnp.log(logp.shape[-1]) - jnp.mean(logp, axis=-1)  # [B, T]
   return out
 
 

@@ -42,7 +42,8 @@ class Generation:
   tokens [R, N] int32 (pad after each row's end); logprobs [R, N] (log p of each token at temperature 1);
   lengths [R]; finish_reason per row ('eos', 'stop' or 'length'); prompt_index [R]; texts; features: for each
   generated token, what the state that predicted it captured ({'hidden_<i>': [R, N, D], 'attn_window':
-  [R, N, L, H, W], 'top_probs': [R, N, K], 'token_entropy': [R, N]}), zero past each row's end.
+  [R, N, L, H, W], 'top_probs': [R, N, K], 'token_entropy', 'token_self_certainty': [R, N]}),
+  zero past each row's end.
   """
 
   tokens: np.ndarray
@@ -99,7 +100,8 @@ class LanguageModel:
     out = _forward(self.graphdef, self.params, input_ids, mask, pos, capture=capture, shard=self.shard)
     return ForwardOutput(logits=out["logits"], hidden_states=out["hidden_states"],
                          attn_window=out.get("attn_window"), top_probs=out.get("top_probs"),
-                         token_logprobs=out.get("token_logprobs"), token_entropy=out.get("token_entropy"))
+                         token_logprobs=out.get("token_logprobs"), token_entropy=out.get("token_entropy"),
+                         token_self_certainty=out.get("token_self_certainty"))
 
   def _check_length(self, n: int):
     if n > self.config.max_position_embeddings:

@@ -88,12 +88,9 @@ def _step_features(logits, captured, capture: CaptureSpec):
   feats = {f"hidden_{i}": h[:, -1] for i, h in captured["hidden_states"].items()}
   if capture.attn_window:
     feats["attn_window"] = captured["attn_window"][:, -1]
-  stats = logit_stats(logits[:, None], jnp.zeros(logits.shape[:1] + (1,), jnp.int32),
-                      dataclasses.replace(capture, token_stats=capture.token_stats))
-  if "top_probs" in stats:
-    feats["top_probs"] = stats["top_probs"][:, 0]
-  if "token_entropy" in stats:
-    feats["token_entropy"] = stats["token_entropy"][:, 0]
+  stats = logit_stats(logits[:, None], jnp.zeros(logits.shape[:1] + (1,), jnp.int32), capture)
+  stats.pop("token_logprobs", None)  # the sampled token's log-prob is recorded by the loop itself
+  feats.update({k: v[:, 0] for k, v in stats.items()})
   return feats
 
 
