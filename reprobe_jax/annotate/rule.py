@@ -1,0 +1,107 @@
+"""Rule-based step labels for the synthetic task families (METHOD A2(a)), mapped onto aligned steps (METHOD A1).
+
+Line mode: the aligned steps are the non-empty lines, the final '<Answer>: X' line included. The lines before the
+answer line are the steps `formats.parse_line` reads (a '- Step k:' prefix is removed where present), labelled by
+the family's `check_steps` over the whole sequence, so a step that builds correctly on a wrong earlier value is
+correct. The answer line is 0.0 when `check_answer` accepts X (checked against the true answer), else 1.0. Lines the
+checker cannot parse, and lines after the answer line, are NaN. These are exactly the labels of
+`formats.check_response`, plus the answer line.
+
+Thinking mode: the aligned steps are '.\\n\\n' paragraphs. The response's paragraphs (`formats.parse_thinking`) are
+labelled by `formats.check_thinking`, and each aligned step takes the label of the paragraph with the same text,
+matched in order; an aligned step that matches no paragraph (a token that swallowed a boundary) is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from reprobe_jax.annotate import labelled, record_id, record_steps
+from reprobe_jax.errors import DataFormatError
+from reprobe_jax.tasks import formats, get_family
+from reprobe_jax.tasks.base import Problem
+
+ANNOTATOR = "rule"
+
+
+def annotate_rule(records: Sequence[Mapping[str, Any]], problems: Mapping[str, Problem]) -> list[dict]:
+  """New records with rule-based `labels`, `first_error`, `annotator`='rule', `answer` and `correct` (METHOD A2(a)).
+
+  `problems` maps problem id -> Problem; each record's `problem_id` must be among them (DataFormatError naming the
+  record otherwise). `answer` is the final answer parsed from the response (None if there is none) and `correct`
+  whether it equals the true answer.
+  """
+  out = []
+  for index, record in enumerate(records):
+    steps = record_steps(record, index)
+    rid = record_id(record, index)
+    problem = _problem(record, rid, problems)
+    mode = record.get("mode")
+    texts = [str(s["text"]) for s in steps]
+    if mode == "line":
+      labels, answer = line_labels(problem, texts)
+      if answer is None and record.get("response") is not None:
+        answer = formats.parse_line(record["response"])[1]
+    elif mode == "thinking":
+      response = record.get("response")
+      if response is None:
+        response = "".join(t + "\n\n" for t in texts)
+      paragraphs, answer = formats.parse_thinking(response)
+      labels = match_labels(texts, paragraphs, formats.check_thinking(problem, paragraphs))
+    else:
+      raise DataFormatError(f"trajectory {rid}: field 'mode' must be 'line' or 'thinking', found {mode!r}")
+    correct = get_family(problem.domain).check_answer(problem, answer)
+    out.append(labelled(record, labels, ANNOTATOR, answer=answer, correct=bool(correct)))
+  return out
+
+
+def _problem(record: Mapping[str, Any], rid: str, problems: Mapping[str, Problem]) -> Problem:
+  pid = record.get("problem_id")
+  if pid is None:
+    raise DataFormatError(f"trajectory {rid}: no 'problem_id', so its problem cannot be found")
+  try:
+    return problems[pid]
+  except KeyError:
+    raise DataFormatError(f"trajectory {rid}: problem {pid!r} is not among the {len(problems)} problems "
+                          "given") from None
+
+
+def line_labels(problem: Problem, texts: Sequence[str]) -> tuple[list[float], str | None]:
+  """(labels per aligned line, the answer of the first '<Answer>' line or None) for line mode."""
+  family = get_family(problem.domain)
+  labels = [math.nan] * len(texts)
+  bodies, where = [], []
+  answer = None
+  for i, text in enumerate(texts):
+    body, found = formats.parse_line(text)
+    if found is not None and not body:
+      labels[i] = 0.0 if family.check_answer(problem, found) else 1.0
+      answer = found
+      break  # parse_line ignores what follows the answer line: those lines stay NaN
+    if len(body) == 1:
+      bodies.append(body[0])
+      where.append(i)
+  for i, label in zip(where, family.check_steps(problem, bodies)):
+    labels[i] = label
+  return labels, answer
+
+
+def _norm(text: str) -> str:
+  return " ".join(text.split())
+
+
+def match_labels(texts: Sequence[str], paragraphs: Sequence[str], labels: Sequence[float]) -> list[float]:
+  """Labels of `paragraphs` carried to the aligned step `texts`: in order, by equal text (whitespace-normalised);
+  a step with no matching paragraph gets NaN, and later steps are still matched."""
+  keys = [_norm(p) for p in paragraphs]
+  out, p = [], 0
+  for text in texts:
+    key = _norm(text)
+    q = next((q for q in range(p, len(keys)) if keys[q] == key), None)
+    if q is None:
+      out.append(math.nan)
+    else:
+      out.append(labels[q])
+      p = q + 1
+  return out
