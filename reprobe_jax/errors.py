@@ -23,3 +23,7 @@ class ConfigError(ReprobeError):
 
 class DataFormatError(ReprobeError):
   """A data file or record is malformed; the message names the file and line (or the record) and the field."""
+
+
+class JudgeBackendError(ReprobeError):
+  """A judge backend failed (server unreachable, HTTP error, malformed response); the message names the URL."""

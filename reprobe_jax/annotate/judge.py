@@ -31,13 +31,9 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 from absl import logging
 
 from reprobe_jax.annotate import labelled, record_id, record_steps
-from reprobe_jax.errors import ConfigError, DataFormatError, ReprobeError
+from reprobe_jax.errors import ConfigError, DataFormatError, JudgeBackendError, ReprobeError
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.tasks.base import Problem
-
-
-class JudgeBackendError(ReprobeError):
-  """A judge backend failed (server unreachable, HTTP error, malformed response); the message names the URL."""
 
 
 class JudgeBackend(Protocol):

@@ -1,0 +1,7 @@
+"""Per-token features of a frozen LM (METHOD A3), extracted into resumable shards."""
+
+from reprobe_jax.features.extraction import (FeatureMismatchError, FeatureSpec, FeatureStore, extract,
+                                          model_fingerprint, token_features, tokenizer_hash)
+
+__all__ = ["FeatureMismatchError", "FeatureSpec", "FeatureStore", "extract", "model_fingerprint", "token_features",
+           "tokenizer_hash"]

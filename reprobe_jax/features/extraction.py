@@ -1,0 +1,232 @@
+"""Feature extraction (METHOD A3) into resumable array shards with a manifest.
+
+For every response token j the feature vector comes from position j-1 of the full sequence (prompt + response):
+the state that predicted token j. Feature sets concatenate, in this order: hidden states at the chosen layers
+(`hidden`), the attention window of every layer and head (`attn`: W x heads x layers), the top-K next-token
+probabilities (`logit`). Only response tokens are stored (see docs/method.md).
+
+On disk, `<dir>/manifest.json` names the model fingerprint, the tokenizer hash, the spec and the finished shards;
+each shard `shard_XXXXX.npz` holds `features` [tokens, F] (float32 or float16), `offsets` [n + 1] and `ids` [n].
+Shards and the manifest are written atomically, so a killed extraction resumes from its last finished shard; a
+directory made for another model, tokenizer or spec is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import tempfile
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reprobe_jax.errors import ConfigError, ReprobeError
+from reprobe_jax.models import CaptureSpec, LanguageModel
+from reprobe_jax.models.sampling import bucket
+
+MANIFEST = "manifest.json"
+
+
+class FeatureMismatchError(ReprobeError):
+  """Stored features were made by another model, tokenizer or feature spec than the one asked for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+  """Which features, METHOD A3. `parts` in ('hidden', 'attn', 'logit'); e.g. 'hidden' or 'attn+logit'."""
+
+  parts: tuple[str, ...] = ("hidden",)
+  hidden_layers: tuple[int, ...] = (-1,)
+  attn_window: int = 5
+  top_k: int = 4
+
+  def __post_init__(self):
+    unknown = set(self.parts) - {"hidden", "attn", "logit"}
+    if unknown or not self.parts:
+      raise ConfigError(f"feature parts {self.parts} must be a non-empty subset of hidden, attn, logit")
+    object.__setattr__(self, "hidden_layers", tuple(int(i) for i in self.hidden_layers))
+
+  @classmethod
+  def from_name(cls, name: str, **kw) -> "FeatureSpec":
+    """'hidden', 'attn+logit', 'hidden+attn+logit', ..."""
+    return cls(parts=tuple(name.split("+")), **kw)
+
+  @property
+  def name(self) -> str:
+    return "+".join(self.parts)
+
+  def capture(self) -> CaptureSpec:
+    return CaptureSpec(hidden_layers=self.hidden_layers if "hidden" in self.parts else (),
+                       attn_window=self.attn_window if "attn" in self.parts else 0,
+                       top_k_probs=self.top_k if "logit" in self.parts else 0)
+
+  def dim(self, cfg) -> int:
+    d = 0
+    if "hidden" in self.parts:
+      d += cfg.hidden_size * len(self.capture().resolve_layers(cfg.num_layers))
+    if "attn" in self.parts:
+      d += self.attn_window * cfg.num_heads * cfg.num_layers
+    if "logit" in self.parts:
+      d += self.top_k
+    return d
+
+
+def model_fingerprint(lm: LanguageModel) -> str:
+  """sha256 over the config and, for every parameter, its path, shape, dtype and a strided sample of its values
+  (reading every weight of an 8B model just to name it would cost minutes)."""
+  h = hashlib.sha256(json.dumps(lm.config.to_hf_dict(), sort_keys=True).encode())
+  for path, leaf in sorted(jax.tree_util.tree_leaves_with_path(lm.params), key=lambda kv: str(kv[0])):
+    flat = jnp.ravel(leaf)
+    step = max(flat.size // 256, 1)
+    h.update(f"{jax.tree_util.keystr(path)}{leaf.shape}{leaf.dtype}".encode())
+    h.update(np.asarray(flat[::step][:256], np.float32).tobytes())
+  return h.hexdigest()[:16]
+
+
+def tokenizer_hash(tokenizer) -> str:
+  backend = getattr(tokenizer, "backend_tokenizer", None)
+  blob = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _atomic_bytes(path: str, data: bytes) -> None:
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def _assemble(out: dict, spec: FeatureSpec, cfg) -> jnp.ndarray:
+  """Captured arrays -> [B, T, F] in the spec's part order."""
+  parts = []
+  if "hidden" in spec.parts:
+    parts += [out["hidden_states"][i] for i in spec.capture().resolve_layers(cfg.num_layers)]
+  if "attn" in spec.parts:
+    aw = out["attn_window"]  # [B, T, L, H, W]
+    parts.append(aw.reshape(aw.shape[:2] + (-1,)))
+  if "logit" in spec.parts:
+    parts.append(out["top_probs"])
+  return jnp.concatenate([p.astype(jnp.float32) for p in parts], axis=-1)
+
+
+def token_features(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, *,
+                   batch_size: int = 8) -> list[np.ndarray]:
+  """[n_response_tokens, F] per record, next-token aligned (token j from position prompt_len + j - 1)."""
+  from reprobe_jax.models.forward import forward, positions_from_mask
+  capture = spec.capture()
+  out: list[np.ndarray | None] = [None] * len(records)
+  order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["response_ids"]))
+  pad = lm.pad_id()
+  for s in range(0, len(order), batch_size):
+    idx = order[s:s + batch_size]
+    seqs = [list(records[i]["prompt_ids"]) + list(records[i]["response_ids"]) for i in idx]
+    t = bucket(max(map(len, seqs)))
+    if t > lm.config.max_position_embeddings:
+      t = max(map(len, seqs))
+    lm._check_length(t)
+    ids = np.full((batch_size, t), pad, np.int32)  # right-padded; rows past the chunk are padding
+    mask = np.zeros((batch_size, t), np.int32)
+    for r, seq in enumerate(seqs):
+      ids[r, :len(seq)], mask[r, :len(seq)] = seq, 1
+    m = jnp.asarray(mask)
+    res = forward(lm.graphdef, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture,
+                  shard=lm.shard)
+    feats = np.asarray(_assemble(res, spec, lm.config))
+    for r, i in enumerate(idx):
+      p, n = len(records[i]["prompt_ids"]), len(records[i]["response_ids"])
+      out[i] = feats[r, p - 1:p - 1 + n]
+  return out  # type: ignore[return-value]
+
+
+class FeatureStore:
+  """Reads a finished feature directory: `store[id]` -> [n_tokens, F]; `store.ids`."""
+
+  def __init__(self, directory: str, *, expect: dict | None = None):
+    self.directory = directory
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+      raise ConfigError(f"{directory}: no {MANIFEST} (not a feature directory)")
+    with open(path) as f:
+      self.manifest = json.load(f)
+    if expect:
+      for key, want in expect.items():
+        have = self.manifest.get(key)
+        if have != want:
+          raise FeatureMismatchError(f"{directory}: features were made with {key}={have!r}, expected {want!r}")
+    self._index: dict[str, tuple[int, int]] = {}
+    self._cache: dict[int, dict] = {}
+    for k, shard in enumerate(self.manifest["shards"]):
+      for j, tid in enumerate(shard["ids"]):
+        self._index[tid] = (k, j)
+
+  @property
+  def ids(self) -> list[str]:
+    return list(self._index)
+
+  @property
+  def dim(self) -> int:
+    return int(self.manifest["feature_dim"])
+
+  def __contains__(self, tid: str) -> bool:
+    return tid in self._index
+
+  def __getitem__(self, tid: str) -> np.ndarray:
+    k, j = self._index[tid]
+    if k not in self._cache:
+      with np.load(os.path.join(self.directory, self.manifest["shards"][k]["file"])) as z:
+        self._cache = {k: {"features": z["features"], "offsets": z["offsets"]}}
+    sh = self._cache[k]
+    return sh["features"][sh["offsets"][j]:sh["offsets"][j + 1]].astype(np.float32)
+
+
+def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, directory: str, *,
+            shard_size: int = 256, batch_size: int = 8, dtype: str = "float32",
+            on_shard: Callable[[int, int], None] | None = None) -> FeatureStore:
+  """Extracts features of every record into `directory`, resuming finished shards; returns the store."""
+  os.makedirs(directory, exist_ok=True)
+  header = {"model_fingerprint": model_fingerprint(lm), "tokenizer_hash": tokenizer_hash(lm.tokenizer),
+            "spec": dataclasses.asdict(spec), "feature_dim": spec.dim(lm.config), "dtype": dtype,
+            "alignment": "next-token: token j from position j-1; response tokens only"}
+  header = json.loads(json.dumps(header))  # compare as stored (tuples become lists)
+  path = os.path.join(directory, MANIFEST)
+  manifest = {**header, "shards": [], "complete": False}
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    for key in ("model_fingerprint", "tokenizer_hash", "spec", "feature_dim", "dtype"):
+      if old.get(key) != header[key]:
+        raise FeatureMismatchError(f"{directory}: holds features with {key}={old.get(key)!r}, but this run has "
+                                   f"{header[key]!r}; use another directory")
+    manifest["shards"] = [s for s in old["shards"] if os.path.exists(os.path.join(directory, s["file"]))]
+  done = {tid for s in manifest["shards"] for tid in s["ids"]}
+  todo = [r for r in records if r["id"] not in done]
+  total = -(-len(todo) // shard_size)
+  for k in range(total):
+    chunk = todo[k * shard_size:(k + 1) * shard_size]
+    feats = token_features(lm, chunk, spec, batch_size=batch_size)
+    offsets = np.cumsum([0] + [len(f) for f in feats])
+    data = np.concatenate(feats, axis=0) if feats else np.zeros((0, header["feature_dim"]), np.float32)
+    name = f"shard_{len(manifest['shards']):05d}.npz"
+    buf = io.BytesIO()
+    np.savez(buf, features=data.astype(dtype), offsets=offsets, ids=np.asarray([r["id"] for r in chunk]))
+    _atomic_bytes(os.path.join(directory, name), buf.getvalue())
+    manifest["shards"].append({"file": name, "ids": [r["id"] for r in chunk], "tokens": int(offsets[-1])})
+    _atomic_bytes(path, json.dumps(manifest, indent=1).encode())
+    if on_shard is not None:
+      on_shard(k + 1, total)
+  manifest["complete"] = True
+  manifest["counts"] = {"trajectories": sum(len(s["ids"]) for s in manifest["shards"]),
+                        "tokens": sum(s["tokens"] for s in manifest["shards"])}
+  _atomic_bytes(path, json.dumps(manifest, indent=1).encode())
+  return FeatureStore(directory)
+

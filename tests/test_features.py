@@ -1,0 +1,77 @@
+"""Feature extraction (METHOD A3): next-token alignment, sets, resumable shards, refusal of foreign shards."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from reprobe_jax.features import FeatureMismatchError, FeatureSpec, FeatureStore, extract, token_features
+from reprobe_jax.features import extraction as extract_mod
+from reprobe_jax.models import CaptureSpec, LanguageModel, load_pretrained
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_llama_dir):
+  return load_pretrained(tiny_llama_dir)
+
+
+def _records(n=5, seed=0):
+  rng = np.random.RandomState(seed)
+  return [{"id": f"t{i}", "prompt_ids": rng.randint(3, 90, rng.randint(3, 9)).tolist(),
+           "response_ids": rng.randint(3, 90, rng.randint(2, 12)).tolist()} for i in range(n)]
+
+
+def test_next_token_alignment_and_sets(lm):
+  recs = _records()
+  spec = FeatureSpec.from_name("hidden+attn+logit", hidden_layers=(0, -1))
+  feats = token_features(lm, recs, spec, batch_size=4)
+  L, H, D = lm.config.num_layers, lm.config.num_heads, lm.config.hidden_size
+  assert spec.dim(lm.config) == 2 * D + 5 * H * L + 4
+  for rec, f in zip(recs, feats):
+    seq = np.asarray([rec["prompt_ids"] + rec["response_ids"]])
+    ref = lm.forward(seq, capture=CaptureSpec(hidden_layers=(0, L), attn_window=5, top_k_probs=4))
+    p, n = len(rec["prompt_ids"]), len(rec["response_ids"])
+    at = slice(p - 1, p - 1 + n)  # token j's features come from position j - 1
+    assert f.shape == (n, spec.dim(lm.config))
+    np.testing.assert_allclose(f[:, :D], np.asarray(ref.hidden_states[0])[0, at], atol=1e-5)
+    np.testing.assert_allclose(f[:, D:2 * D], np.asarray(ref.hidden_states[L])[0, at], atol=1e-4)
+    np.testing.assert_allclose(f[:, 2 * D:-4], np.asarray(ref.attn_window)[0, at].reshape(n, -1), atol=1e-5)
+    np.testing.assert_allclose(f[:, -4:], np.asarray(ref.top_probs)[0, at], atol=1e-5)
+  # The top-4 probabilities of token j's feature are those of the distribution that sampled it.
+  logp = np.log(np.asarray(ref.top_probs)[0, p - 1, 0])
+  assert logp <= 0
+
+
+def test_extraction_resumes_and_refuses_foreign_shards(lm, tmp_path, monkeypatch):
+  recs = _records(7, seed=1)
+  spec = FeatureSpec.from_name("hidden")
+  whole = extract(lm, recs, spec, str(tmp_path / "a"), shard_size=2, batch_size=2)
+  real = extract_mod.token_features
+  calls = {"n": 0}
+
+  def dies_on_third_shard(*a, **k):
+    calls["n"] += 1
+    if calls["n"] == 3:
+      raise KeyboardInterrupt
+    return real(*a, **k)
+
+  monkeypatch.setattr(extract_mod, "token_features", dies_on_third_shard)
+  with pytest.raises(KeyboardInterrupt):
+    extract(lm, recs, spec, str(tmp_path / "b"), shard_size=2, batch_size=2)
+  assert not [f for f in os.listdir(tmp_path / "b") if f.endswith(".tmp")]
+  assert len(FeatureStore(str(tmp_path / "b")).ids) == 4  # two finished shards survive
+  monkeypatch.setattr(extract_mod, "token_features", real)
+  resumed = extract(lm, recs, spec, str(tmp_path / "b"), shard_size=2, batch_size=2)
+  assert sorted(resumed.ids) == sorted(whole.ids) == sorted(r["id"] for r in recs)
+  for tid in whole.ids:
+    np.testing.assert_array_equal(resumed[tid], whole[tid])
+  assert resumed.manifest["complete"] and resumed.manifest["counts"]["trajectories"] == 7
+  with pytest.raises(FeatureMismatchError, match="spec"):
+    extract(lm, recs, FeatureSpec.from_name("attn+logit"), str(tmp_path / "b"))
+  other = LanguageModel.random(lm.config, seed=3, tokenizer=lm.tokenizer)
+  with pytest.raises(FeatureMismatchError, match="model_fingerprint"):
+    extract(other, recs, spec, str(tmp_path / "b"))
+  with pytest.raises(FeatureMismatchError, match="model_fingerprint"):
+    FeatureStore(str(tmp_path / "b"), expect={"model_fingerprint": "0" * 16})
