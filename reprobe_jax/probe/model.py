@@ -54,12 +54,12 @@ class EncoderLayer(nnx.Module):
     self.norm2 = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
     self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
 
-  def __call__(self, x, mask, *, deterministic: bool):
+  def __call__(self, x, mask, *, deterministic: bool, rngs: nnx.Rngs | None = None):
     """x [N, T, d]; mask [N, 1, T, T] bool (True = may attend)."""
-    a = self.attn(x, mask=mask, deterministic=deterministic)
-    x = self.norm1(x + self.drop(a, deterministic=deterministic))
-    h = self.ff2(self.drop(jax.nn.gelu(self.ff1(x), approximate=False), deterministic=deterministic))
-    return self.norm2(x + self.drop(h, deterministic=deterministic))
+    a = self.attn(x, mask=mask, deterministic=deterministic, rngs=rngs)
+    x = self.norm1(x + self.drop(a, deterministic=deterministic, rngs=rngs))
+    h = self.ff2(self.drop(jax.nn.gelu(self.ff1(x), approximate=False), deterministic=deterministic, rngs=rngs))
+    return self.norm2(x + self.drop(h, deterministic=deterministic, rngs=rngs))
 
 
 class Probe(nnx.Module):
@@ -78,18 +78,19 @@ class Probe(nnx.Module):
     self.cls2 = _linear(d, 1, rngs)
     self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
 
-  def project(self, features, *, deterministic: bool):
+  def project(self, features, *, deterministic: bool, rngs: nnx.Rngs | None = None):
     """features [B, T, F] -> [B, T, d] (step 1 of A4, once per trajectory)."""
     h = jax.nn.gelu(self.proj_norm1(self.proj1(features)), approximate=False)
-    h = self.drop(h, deterministic=deterministic)
+    h = self.drop(h, deterministic=deterministic, rngs=rngs)
     return jax.nn.gelu(self.proj_norm2(self.proj2(h)), approximate=False)
 
-  def __call__(self, features, token_mask, spans, *, deterministic: bool = True):
+  def __call__(self, features, token_mask, spans, *, deterministic: bool = True, rngs: nnx.Rngs | None = None):
     """Logits of P(incorrect) for every step: features [B, T, F], token_mask [B, T] (valid, non-padding tokens),
-    spans [B, S, 2] half-open [start, end) token spans (end <= start marks a padding step). Returns [B, S]."""
+    spans [B, S, 2] half-open [start, end) token spans (end <= start marks a padding step). Returns [B, S].
+    Dropout draws from `rngs` when given (pure training steps), else from the module's own stream."""
     b, t, _ = features.shape
     s = spans.shape[1]
-    h = self.project(features, deterministic=deterministic)  # [B, T, d]
+    h = self.project(features, deterministic=deterministic, rngs=rngs)  # [B, T, d]
     pos = jnp.arange(t)
     start, end = spans[..., 0:1], spans[..., 1:2]  # [B, S, 1]
     in_step = (pos >= start) & (pos < end) & token_mask[:, None, :]  # [B, S, T]
@@ -99,11 +100,11 @@ class Probe(nnx.Module):
     vis = visible.reshape(b * s, t)
     attn_mask = (vis[:, None, :, None] & vis[:, None, None, :]) | jnp.eye(t, dtype=bool)[None, None]
     for layer in self.layers:
-      x = layer(x, attn_mask, deterministic=deterministic)
+      x = layer(x, attn_mask, deterministic=deterministic, rngs=rngs)
     w = in_step.reshape(b * s, t, 1).astype(x.dtype)
     pooled = jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)  # [B*S, d]
     z = jax.nn.gelu(self.cls_norm(self.cls1(pooled)), approximate=False)
-    z = self.cls2(self.drop(z, deterministic=deterministic))
+    z = self.cls2(self.drop(z, deterministic=deterministic, rngs=rngs))
     return z.reshape(b, s)
 
 
