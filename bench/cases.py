@@ -1,0 +1,238 @@
+"""The four measurements, each reprobe-jax against PyTorch `transformers` on one `Pair`; each returns a row dict.
+
+Every side is warmed up first (the warm-up's XLA compile time is reported apart), then timed over `repeats`
+calls; throughput uses the median. Each row also records a parity check, so a fast but wrong side shows.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from bench import prm
+from bench.pair import Pair, step_trajectories
+from bench.timing import time_call
+from reprobe_jax.models import CaptureSpec, SamplingParams
+
+ATTN_WINDOW = 5
+TOP_K = 4
+
+
+def _torch():
+  import torch
+  return torch
+
+
+def _sync(pair: Pair):
+  if pair.device.type == "cuda":
+    _torch().cuda.synchronize()
+
+
+def _side(timing, work: float, unit: str = "tokens") -> dict:
+  return {f"{unit}_per_s": work / timing.median_s, unit: work, **timing.to_json()}
+
+
+def _row(name: str, title: str, shape: dict, ours: dict, hf: dict, unit: str = "tokens", **extra) -> dict:
+  key = f"{unit}_per_s"
+  return {"name": name, "title": title, "shape": shape, "unit": key, "ours": ours, "hf": hf,
+          "ratio": ours[key] / hf[key], **extra}
+
+
+def _rel_diff(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+# ---------------------------------------------------------------------------------------------- prefill
+
+
+def hf_capture(hf, ids, window: int, k: int):
+  """What a PyTorch user runs to get our capture: every hidden state, full attention maps cut to the last
+  `window` keys per query ([B, T, L, H, W], as CaptureSpec.attn_window) and the top-k next-token probabilities."""
+  torch = _torch()
+  out = hf(input_ids=ids, output_hidden_states=True, output_attentions=True)
+  t = ids.shape[1]
+  q = torch.arange(t, device=ids.device)
+  keys = q[:, None] - torch.arange(window, device=ids.device)[None, :]  # [T, W]
+  idx, valid = keys.clamp(min=0), (keys >= 0).float()
+  wins = [a.gather(-1, idx.expand(*a.shape[:2], t, window)) * valid for a in out.attentions]  # [B, H, T, W]
+  win = torch.stack(wins, dim=1).permute(0, 3, 1, 2, 4)  # [B, T, L, H, W]
+  top = torch.softmax(out.logits, dim=-1).topk(k, dim=-1).values  # [B, T, K]
+  return out.hidden_states, win, top
+
+
+def prefill_capture(pair: Pair, ids: np.ndarray, repeats: int) -> dict:
+  """Forward with capture (all hidden states, attention window 5, top-4 probs) vs HF eager with
+  output_hidden_states and output_attentions (the only HF path that returns attention probabilities)."""
+  torch = _torch()
+  lm, cfg = pair.lm, pair.lm.config
+  spec = CaptureSpec(hidden_layers=tuple(range(cfg.num_layers + 1)), attn_window=ATTN_WINDOW, top_k_probs=TOP_K)
+
+  def ours():
+    o = lm.forward(ids, capture=spec)
+    return jax.block_until_ready((o.hidden_states, o.attn_window, o.top_probs, o.logits))
+
+  t_ours, (hs, win, top, _) = time_call(ours, repeats)
+  pair.hf.set_attn_implementation("eager")
+  ids_t = torch.from_numpy(ids).long().to(pair.device)
+
+  def hf():
+    with torch.inference_mode():
+      out = hf_capture(pair.hf, ids_t, ATTN_WINDOW, TOP_K)
+    _sync(pair)
+    return out
+
+  try:
+    t_hf, (hf_hs, hf_win, hf_top) = time_call(hf, repeats)
+  finally:
+    pair.hf.set_attn_implementation("sdpa")
+  n = float(ids.size)
+  parity = {"hidden_last_rel": _rel_diff(hs[cfg.num_layers], hf_hs[-1].cpu().numpy()),
+            "attn_window_max_abs": float(np.max(np.abs(np.asarray(win) - hf_win.cpu().numpy()))),
+            "top_probs_max_abs": float(np.max(np.abs(np.asarray(top) - hf_top.cpu().numpy())))}
+  return _row("prefill_capture", "Prefill with capture (all hidden states, attention window 5, top-4 probs) "
+              "vs HF eager + output_hidden_states + output_attentions", {"batch": ids.shape[0], "seq": ids.shape[1]},
+              _side(t_ours, n), _side(t_hf, n), parity=parity)
+
+
+def prefill_plain(pair: Pair, ids: np.ndarray, repeats: int) -> dict:
+  """Logits-only forward vs HF forward with SDPA attention."""
+  torch = _torch()
+  lm = pair.lm
+
+  def ours():
+    return lm.forward(ids).logits.block_until_ready()
+
+  t_ours, logits = time_call(ours, repeats)
+  pair.hf.set_attn_implementation("sdpa")
+  ids_t = torch.from_numpy(ids).long().to(pair.device)
+
+  def hf():
+    with torch.inference_mode():
+      out = pair.hf(input_ids=ids_t).logits
+    _sync(pair)
+    return out
+
+  t_hf, hf_logits = time_call(hf, repeats)
+  n = float(ids.size)
+  return _row("prefill_plain", "Plain prefill (logits only) vs HF forward (sdpa)",
+              {"batch": ids.shape[0], "seq": ids.shape[1]}, _side(t_ours, n), _side(t_hf, n),
+              parity={"logits_rel": _rel_diff(logits, hf_logits.cpu().numpy())})
+
+
+# ---------------------------------------------------------------------------------------------- decode
+
+
+def _generate_pair(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
+  """Times our greedy generate and HF's (min_new_tokens = max_new_tokens = n_new) on the same prompts [B, P]."""
+  torch = _torch()
+  lm = pair.lm
+  lists = prompts.tolist()
+  greedy = SamplingParams(temperature=0)
+  t_ours, gen = time_call(lambda: lm.generate(lists, greedy, max_new_tokens=n_new), repeats)
+  ids_t = torch.from_numpy(prompts).long().to(pair.device)
+  pair.hf.set_attn_implementation("sdpa")
+
+  def hf():
+    with torch.inference_mode():
+      out = pair.hf.generate(input_ids=ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False,
+                             max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=lm.pad_id(),
+                             temperature=None, top_p=None, top_k=None)
+    _sync(pair)
+    return out
+
+  t_hf, out = time_call(hf, repeats)
+  return t_ours, gen, t_hf, out[:, prompts.shape[1]:].cpu().numpy()
+
+
+def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_time: bool = False) -> dict:
+  """Batched greedy decoding (prefill included, as a user sees it) vs HF generate.
+
+  Our side counts the tokens it actually produced (a row may stop at EOS; HF's min_new_tokens forbids that), so
+  an early stop can only lower our number. With step_time, a second pair of runs with fewer new tokens (same
+  length bucket: no recompile) gives the per-token decode time without the prefill, for the bandwidth roofline.
+  """
+  b, p = prompts.shape
+  t_ours, gen, t_hf, hf_tokens = _generate_pair(pair, prompts, n_new, repeats)
+  produced = float(gen.lengths.sum())
+  same = [np.array_equal(gen.tokens[i, :gen.lengths[i]], hf_tokens[i, :gen.lengths[i]]) for i in range(b)]
+  extra = {"parity": {"greedy_rows_equal": float(np.mean(same)), "ours_tokens_produced": produced,
+                      "hf_tokens_produced": float(hf_tokens.size)}}
+  if step_time:
+    n_short = n_new // 2 + 1
+    t_ours2, gen2, t_hf2, _ = _generate_pair(pair, prompts, n_short, repeats)
+    full_rows = bool(np.all(gen.lengths == n_new) and np.all(gen2.lengths == n_short))
+    extra["decode_step_s"] = {
+        "ours": (t_ours.median_s - t_ours2.median_s) / (n_new - n_short),
+        "hf": (t_hf.median_s - t_hf2.median_s) / (n_new - n_short),
+        "from_new_tokens": [n_short, n_new], "valid": full_rows}
+  return _row(f"decode_b{b}", f"Greedy decode, batch {b} ({p}-token prompts, {n_new} new tokens) vs HF generate",
+              {"batch": b, "prompt": p, "new_tokens": n_new}, _side(t_ours, produced), _side(t_hf, float(b * n_new)),
+              **extra)
+
+
+# ---------------------------------------------------------------------------------------------- step scoring
+
+
+def _probe_side(pair: Pair, ids, mask, spans, repeats: int) -> dict:
+  """The probe (METHOD A4, paper defaults: d=512, 1 layer, 16 heads; random weights: only cost matters) scoring
+  every step from the last layer's hidden states (A3's default feature set).
+
+  The features are what generation already captured (the hidden state that predicted each token), so they are
+  computed once here and not timed: the probe's cost is `score_steps`, one batched call for all steps.
+  """
+  try:
+    from flax import nnx
+
+    from reprobe_jax.probe import Probe, ProbeConfig, count_params, score_steps
+  except ImportError:
+    return {"status": "pending: probe not built"}
+  lm = pair.lm
+  h = lm.forward(ids, mask, capture=CaptureSpec(hidden_layers=(-1,))).hidden_states[lm.config.num_layers]
+  # METHOD A3 alignment: token j's feature is the state at j - 1; the first token has none.
+  feats = jax.numpy.pad(h[:, :-1], ((0, 0), (1, 0), (0, 0)))  # [B, T, D]
+  token_mask = jax.numpy.asarray(mask, bool)
+  spans_j = jax.numpy.asarray(spans)
+  probe = Probe(ProbeConfig(feature_dim=lm.config.hidden_size), rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(probe)
+  t, _ = time_call(lambda: score_steps(graphdef, params, feats, token_mask, spans_j).block_until_ready(), repeats)
+  steps = float(np.sum(spans[..., 1] > spans[..., 0]))
+  cfg = probe.config
+  return {"status": "measured", **_side(t, steps, "steps"), "params": count_params(probe),
+          "config": {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+                     "feature_dim": cfg.feature_dim},
+          "encoder_tokens": int(spans.shape[0] * spans.shape[1] * ids.shape[1]),
+          "features": "last-layer hidden states captured by the generation pass (not timed)"}
+
+
+def step_scoring(pair: Pair, batch: int, length: int, repeats: int) -> dict:
+  """PRM-style scorer (a second full forward of a same-size model + head) in both frameworks, and the probe over
+  captured features. Work unit: steps scored."""
+  torch = _torch()
+  lm = pair.lm
+  ids, mask, ends, valid, spans = step_trajectories(pair, batch, length)
+  head = prm.head_weights(lm.config.hidden_size)
+  head_j = jax.tree.map(jax.numpy.asarray, head)
+  t_ours, r_ours = time_call(
+      lambda: prm.jax_step_rewards(lm.graphdef, lm.params, head_j, ids, mask, ends).block_until_ready(), repeats)
+  head_t = {k: torch.from_numpy(v).to(pair.device) for k, v in head.items()}
+  ids_t, mask_t, ends_t = (torch.from_numpy(x).long().to(pair.device) for x in (ids, mask, ends))
+
+  def hf():
+    with torch.inference_mode():
+      out = prm.torch_step_rewards(pair.hf, head_t, ids_t, mask_t, ends_t)
+    _sync(pair)
+    return out
+
+  t_hf, r_hf = time_call(hf, repeats)
+  steps = float(valid.sum())
+  ours, hf_side = _side(t_ours, steps, "steps"), _side(t_hf, steps, "steps")
+  for side in (ours, hf_side):
+    side["tokens_per_s"] = float(mask.sum()) / side["median_s"]
+  probe = _probe_side(pair, ids, mask, spans, repeats)
+  if "steps_per_s" in probe:
+    probe["vs_best_prm"] = probe["steps_per_s"] / max(ours["steps_per_s"], hf_side["steps_per_s"])
+  return _row("step_scoring", "Step scoring: PRM-style scorer (second full forward + Linear-ReLU-Linear head), "
+              "reprobe-jax vs PyTorch", {"batch": batch, "seq": ids.shape[1], "steps": int(steps)},
+              ours, hf_side, unit="steps", probe=probe,
+              parity={"step_reward_max_abs": float(np.max(np.abs(np.asarray(r_ours) - r_hf.cpu().numpy())[valid]))})

