@@ -62,6 +62,8 @@ def roc_auc(labels, scores) -> float:
 def pr_curve(labels, scores) -> tuple[np.ndarray, np.ndarray]:
   """(recall, precision) points for plotting, from recall 0 up."""
   y, s = _clean(labels, scores)
+  if y.size == 0:
+    return np.zeros(1), np.ones(1)
   tps, fps = _curve(y, s)
   precision = tps / (tps + fps)
   recall = tps / max(tps[-1], 1)

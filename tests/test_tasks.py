@@ -114,11 +114,11 @@ def test_arithmetic_values_stay_small(seed, difficulty):
   ops = problem.data["ops"]
   assert {1: {3}, 2: {4, 5}, 3: {5, 6}}[difficulty] >= {len(ops)}
   v = problem.data["start"]
-  assert 0 <= v <= 99
+  assert 1 <= v <= 20
   for op, b in ops:
-    assert op in "+-*" and 0 <= b <= 99
+    assert op in "+-*" and 1 <= b <= (9 if op in "+-" else 3)
     v = apply(op, v, b)
-    assert 0 <= v <= 99
+    assert 0 <= v <= 50
   assert problem.answer == str(v)
 
 

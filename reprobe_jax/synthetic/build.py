@@ -46,7 +46,10 @@ class SyntheticBuildConfig:
   """Everything that decides the built model; its hash names the output folder."""
 
   seed: int = 0
-  train_problems_per_difficulty: int = 600  # per family and difficulty (1, 2, 3)
+  train_problems_per_difficulty: int = 600  # per difficulty (1, 2, 3), times the family's weight
+  # In-domain arithmetic gets more of the budget than the out-of-domain families (whose prompts are also longer).
+  family_weights: tuple[tuple[str, float], ...] = (("arithmetic", 2.0), ("planning", 1.0), ("qa", 1.0))
+  prompt_loss_weight: float = 0.2
   eval_problems_per_family: int = 64
   difficulties: tuple[int, ...] = (1, 2, 3)
   noise: TraceNoise = TraceNoise()
@@ -83,6 +86,8 @@ def config_from_dict(c) -> SyntheticBuildConfig:
     d["difficulties"] = tuple(d["difficulties"])
   if "buckets" in d:
     d["buckets"] = tuple(d["buckets"])
+  if "family_weights" in d:
+    d["family_weights"] = tuple(sorted(dict(d["family_weights"]).items()))
   if "max_new_tokens" in d:
     d["max_new_tokens"] = tuple(sorted(dict(d["max_new_tokens"]).items()))
   cfg = _replace(SyntheticBuildConfig(), d, "")
@@ -94,9 +99,11 @@ def config_from_dict(c) -> SyntheticBuildConfig:
 
 def _problems(cfg: SyntheticBuildConfig):
   train, held = [], []
+  weights = dict(cfg.family_weights)
   for family in FAMILIES:
     for d in cfg.difficulties:
-      train += make_problems(family, cfg.train_problems_per_difficulty, cfg.seed, d)
+      train += make_problems(family, int(round(cfg.train_problems_per_difficulty * weights.get(family, 1.0))),
+                             cfg.seed, d)
   seen = {p.question for p in train}
   per = -(-cfg.eval_problems_per_family // len(cfg.difficulties))
   for family in FAMILIES:
@@ -133,7 +140,8 @@ def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None 
       traces = solve_many(train, mode, cfg.seed, cfg.noise)
       pairs += [(user_prompt(p, mode), t.text) for p, t in zip(train, traces)]
     tokenizer = build_tokenizer((chat_prompt_text(q) + a for q, a in pairs), cfg.vocab_size)
-    data = encode_examples(tokenizer, [(chat_prompt(tokenizer, q), a) for q, a in pairs], cfg.buckets)
+    data = encode_examples(tokenizer, [(chat_prompt(tokenizer, q), a) for q, a in pairs], cfg.buckets,
+                           prompt_weight=cfg.prompt_loss_weight)
     timings["data_s"] = time.time() - t0
     shape = cfg.model
     model_cfg = ModelConfig(
@@ -229,4 +237,4 @@ def load_report(out: str) -> dict:
 
 
 def read_samples(out: str) -> list[dict]:
-  return read_jsonl(os.path.join(out, "samples_eval.jsonl"))
+  return [rec for _, rec in read_jsonl(os.path.join(out, "samples_eval.jsonl"))]

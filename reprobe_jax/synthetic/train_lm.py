@@ -37,10 +37,13 @@ class TrainLMConfig:
   checkpoint_every: int = 100
 
 
-def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], buckets: Sequence[int]):
+def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], buckets: Sequence[int], *,
+                    prompt_weight: float = 0.0):
   """(prompt, response) texts -> {length bucket T: (tokens [N, T] right-padded, loss mask [N, T])}.
 
-  The loss mask covers the response and the EOS that follows it, so the model learns to stop. Each example goes
+  The loss mask covers the response and the EOS that follows it, so the model learns to stop; prompt tokens get
+  `prompt_weight` (a small weight there is extra signal at no extra compute: the prompt is run anyway). Each
+  example goes
   to the smallest bucket that holds it, which keeps padding (and compute) low; examples longer than every bucket
   get a new one (their length rounded up to a multiple of 64).
   """
@@ -63,6 +66,7 @@ def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], buckets: Sequen
     mask = np.zeros((len(items), b), np.float32)
     for j, (ids, n_prompt) in enumerate(items):
       tokens[j, :len(ids)] = ids
+      mask[j, 1:n_prompt] = prompt_weight
       mask[j, n_prompt:len(ids)] = 1.0
     out[b] = (tokens, mask)
   return out

@@ -1,7 +1,7 @@
 """Arithmetic chains (the in-domain 'math' family): a start value and 3-6 operations on small integers.
 
 A step applies one operation to the previous written result: "12 * 3 = 36". Every number of a generated chain
-stays in 0..99; only +, - and * are used, so a wrong value propagated through later steps still gives integers.
+stays in 0..50; only +, - and * are used, so a wrong value propagated through later steps still gives integers.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ import numpy as np
 from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, family_rng
 
 _OPS = ("+", "-", "*")
-_WORDS = {"+": "Add {b}.", "-": "Subtract {b}.", "*": "Multiply by {b}."}
+_WORDS = {"+": "+ {b}", "-": "- {b}", "*": "* {b}"}
 _N_OPS = {1: (3, 3), 2: (4, 5), 3: (5, 6)}  # inclusive range of operations per difficulty
-_MAX_VALUE = 99
-_MAX_ADD = 20  # operands of + and -; keeps the numbers a small model can read in one or two tokens
-_MAX_MUL = 9
+# Small ranges keep the table of facts (about 950 distinct a op b) within what a tiny model trained for minutes on
+# two CPU cores can learn, while it still makes real mistakes.
+_MAX_VALUE = 50
+_MAX_ADD = 9  # operands of + and -
+_MAX_MUL = 3
 _STEP = re.compile(r"^\s*(-?\d+)\s*([-+*x×−])\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
 _CANON = {"x": "*", "×": "*", "−": "-"}
 
@@ -33,7 +35,7 @@ def apply(op: str, a: int, b: int) -> int:
 
 
 def _feasible(v: int) -> list[tuple[str, int, int]]:
-  """(op, lowest operand, highest operand) that keep the result in 0..99 from value v."""
+  """(op, lowest operand, highest operand) that keep the result in 0.._MAX_VALUE from value v."""
   out = []
   if v < _MAX_VALUE:
     out.append(("+", 1, min(_MAX_ADD, _MAX_VALUE - v)))
@@ -47,15 +49,15 @@ def _feasible(v: int) -> list[tuple[str, int, int]]:
 class Arithmetic(TaskFamily):
   """Start value plus operations; state = (index of the next operation, previous written result)."""
   name = "arithmetic"
-  step_hint = "Each step applies one operation to the previous result, written like '12 * 3 = 36'."
+  step_hint = "like '12 * 3 = 36'"
   flip_kinds = ("result",)
 
   def generate(self, seed: int, difficulty: int) -> Problem:
-    """A chain of 3 (difficulty 1), 4-5 (2) or 5-6 (3) operations whose values all stay in 0..99."""
+    """A chain of 3 (difficulty 1), 4-5 (2) or 5-6 (3) operations whose values all stay in 0..50."""
     rng = family_rng(self.name, seed, difficulty)
     lo, hi = _N_OPS[difficulty]
     n_ops = int(rng.integers(lo, hi + 1))
-    start = int(rng.integers(1, 31))
+    start = int(rng.integers(1, 21))
     ops: list[list[Any]] = []
     v = start
     while len(ops) < n_ops:
@@ -66,7 +68,8 @@ class Arithmetic(TaskFamily):
         continue
       ops.append([op, b])
       v = apply(op, v, b)
-    text = " ".join([f"Start with {start}."] + [_WORDS[op].format(b=b) for op, b in ops])
+    # The operations are written as the steps write them ("+ 6"), so a step copies its operation from the question.
+    text = f"Start with {start}. Apply in order: " + ", ".join(_WORDS[op].format(b=b) for op, b in ops) + "."
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name,
                    question=f"{text} What is the final result?", answer=str(v),
                    data={"start": start, "ops": ops, "difficulty": difficulty})

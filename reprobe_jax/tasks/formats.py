@@ -283,10 +283,9 @@ def user_prompt(problem: Problem, mode: str) -> str:
   """The user message: the question, then how to lay out the steps and the answer in `mode`."""
   _check_mode(mode)
   hint = _family(problem).step_hint
+  # Kept short: the built-in tiny model reads every prompt token on two CPU cores, many thousand times.
   if mode == "line":
-    how = (f"Solve it step by step. Write each step on its own line as '- Step k: ...'. {hint} "
-           "After the last step, write the final answer on its own line as '<Answer>: ...'.")
+    how = f"Solve step by step, one '- Step k:' line each ({hint}), then '<Answer>: ...'."
   else:
-    how = (f"Think step by step inside <think> and </think>, one step per paragraph. {hint} "
-           "Then write '**Final Answer**' and put the final answer in \\boxed{}.")
+    how = f"Think in <think> paragraphs ({hint}), then '**Final Answer**' and \\boxed{{}}."
   return f"{problem.question}\n\n{how}"

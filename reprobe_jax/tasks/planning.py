@@ -52,7 +52,7 @@ def graph(problem: Problem) -> tuple[dict[str, frozenset[str]], dict[str, int]]:
 class Planning(TaskFamily):
   """Shortest-route walking; state = (current room as written, moves written so far)."""
   name = "planning"
-  step_hint = "Each step is one move through one door, written like 'move from kitchen to hall'."
+  step_hint = "one door per step, like 'move from kitchen to hall'"
   flip_kinds = ("detour", "illegal")
 
   def generate(self, seed: int, difficulty: int) -> Problem:

@@ -33,7 +33,7 @@ def facts(problem: Problem) -> dict[tuple[str, str], str]:
 class MultiHopQA(TaskFamily):
   """Composed lookups; state = (index of the next hop, previous written entity)."""
   name = "qa"
-  step_hint = "Each step is one lookup in the facts, written like 'the boss of Alice is Beth'."
+  step_hint = "one fact per step, like 'the boss of Alice is Beth'"
   flip_kinds = ("entity",)
 
   def generate(self, seed: int, difficulty: int) -> Problem:
