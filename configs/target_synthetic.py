@@ -13,7 +13,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.train_problems_per_difficulty = 600  # per difficulty (1, 2, 3), times the family's weight
   c.family_weights = ml_collections.ConfigDict({"arithmetic": 2.0, "planning": 1.0, "qa": 1.0})
-  c.prompt_loss_weight = 0.2
+  c.prompt_loss_weight = 0.1
   c.eval_problems_per_family = 48
   c.difficulties = (1, 2, 3)
   c.vocab_size = 1024
@@ -24,10 +24,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.noise = ml_collections.ConfigDict()  # overrides of reprobe_jax.tasks.traces.TraceNoise fields
 
   c.model = ml_collections.ConfigDict(dict(
-      hidden_size=160, intermediate_size=448, num_layers=4, num_heads=4, num_kv_heads=2,
+      hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
       max_position_embeddings=1024))
 
   c.train = ml_collections.ConfigDict(dict(
-      steps=800, batch_size=12, learning_rate=3e-3, warmup_steps=40, weight_decay=0.01, grad_clip=1.0,
+      steps=1000, batch_size=12, learning_rate=4e-3, warmup_steps=50, weight_decay=0.01, grad_clip=1.0,
       checkpoint_every=50))
   return c
