@@ -15,6 +15,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.job = "reprobe"
   c.workdir = "artifacts/reprobe_synthetic"
   c.target = target_synthetic.get_config()  # built (or reused from its cache) first
+  c.target_path = ""  # or a HF directory / .gguf / hub id to probe another target model
   c.seed = 0
   c.mode = "line"
   c.train_domains = ("arithmetic",)

@@ -61,7 +61,7 @@ def config_from_dict(c) -> ReprobeConfig:
   """The CLI's ConfigDict -> ReprobeConfig (unknown fields are named)."""
   from reprobe_jax.synthetic.build import _replace
   d = dict(c.to_dict() if hasattr(c, "to_dict") else c)
-  for k in ("job", "workdir", "target"):
+  for k in ("job", "workdir", "target", "target_path"):
     d.pop(k, None)
   nested = {k: dict(d.pop(k, {})) for k in ("trajectories", "probe", "train")}
   for k in ("train_domains", "ood_domains", "difficulties", "feature_sets", "hidden_layers"):

@@ -1,0 +1,57 @@
+"""The CLI layer shared by train.py and eval.py: progress bars, the target model, one-line errors."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from absl import logging
+from tqdm.auto import tqdm
+
+from reprobe_jax.errors import ReprobeError
+
+
+class ProgressBars:
+  """Context manager; `update(stage, done, total)` moves the bar of that stage (the label's first word)."""
+
+  def __init__(self):
+    self.bars: dict[str, tqdm] = {}
+
+  def update(self, stage: str, done: int, total: int) -> None:
+    key = stage.split(" ")[0]
+    bar = self.bars.get(key)
+    if bar is None:
+      bar = self.bars[key] = tqdm(total=total, desc=key, dynamic_ncols=True)
+    bar.set_description(stage, refresh=False)
+    bar.update(done - bar.n)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    for bar in self.bars.values():
+      bar.close()
+
+
+def build_target(config):
+  """The target LM of a job: `config.target_path` if set, else the built-in synthetic one (built or reused)."""
+  from reprobe_jax.models import load_pretrained
+  if config.get("target_path"):
+    return load_pretrained(config.target_path)
+  from reprobe_jax.synthetic.build import build, config_from_dict
+  with ProgressBars() as bars:
+    out = build(config_from_dict(config.target), config.target.workdir, progress=bars.update)
+  return load_pretrained(f"{out}/model")
+
+
+def run_job(config, jobs: dict[str, Callable]) -> None:
+  """Runs `jobs[config.job]`; a ReprobeError is printed in one line and exits 1."""
+  logging.set_verbosity(logging.WARNING)  # orbax and grain log every checkpoint at INFO
+  if config.job not in jobs:
+    print(f"error: config.job={config.job!r} is not one of {sorted(jobs)}", file=sys.stderr)
+    sys.exit(2)
+  try:
+    jobs[config.job](config)
+  except ReprobeError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
