@@ -18,7 +18,7 @@ import numpy as np
 from reprobe_jax import baselines
 from reprobe_jax.annotate import annotate_rule
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.features import FeatureSpec, FeatureStore, extract, model_fingerprint
+from reprobe_jax.features import FeatureMismatchError, FeatureSpec, FeatureStore, extract, model_fingerprint
 from reprobe_jax.metrics import pr_auc, pr_curve, roc_auc
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.probe import ProbeConfig
@@ -138,9 +138,18 @@ def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progres
     pcfg = ProbeConfig(feature_dim=store.dim, **dataclasses.asdict(cfg.probe))
     pdir = os.path.join(workdir, "probe", name)
     os.makedirs(pdir, exist_ok=True)
-    with open(os.path.join(pdir, "probe_spec.json"), "w") as f:
-      json.dump({"probe": dataclasses.asdict(pcfg), "features": store.manifest["spec"],
-                 "model_fingerprint": store.manifest["model_fingerprint"]}, f, indent=1)
+    spec = json.loads(json.dumps({"probe": dataclasses.asdict(pcfg), "features": store.manifest["spec"],
+                                  "model_fingerprint": store.manifest["model_fingerprint"]}))
+    spec_path = os.path.join(pdir, "probe_spec.json")
+    if os.path.exists(spec_path):  # a checkpoint there was trained on other features or with another shape
+      with open(spec_path) as f:
+        old = json.load(f)
+      for key in spec:
+        if old.get(key) != spec[key]:
+          raise FeatureMismatchError(f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
+                                     f"data has {spec[key]!r}; use another workdir")
+    with open(spec_path, "w") as f:
+      json.dump(spec, f, indent=1)
     out[name] = train_probe(pcfg, train_ex, val_ex, cfg.train, pdir,
                             on_epoch=lambda e, entry, name=name: tick(
                                 f"probe {name} (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, cfg.train.epochs))
@@ -263,7 +272,8 @@ def plot_pr_curves(scores, labels, path: str) -> None:
         continue
       r, p = pr_curve(labels[d], per[d])
       ax.plot(r, p, label=f"{method} ({pr_auc(labels[d], per[d]):.2f})", lw=2 if method.startswith("probe") else 1)
-    ax.axhline(np.nanmean(labels[d]), color="gray", ls=":", lw=1)
+    if np.any(~np.isnan(labels[d])):  # the base rate: a random scorer's precision
+      ax.axhline(np.nanmean(labels[d]), color="gray", ls=":", lw=1)
     ax.set(title=d, xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02))
     ax.legend(fontsize=7)
   fig.tight_layout()

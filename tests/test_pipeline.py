@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from reprobe_jax import pipeline
+from reprobe_jax.features import FeatureMismatchError
 from reprobe_jax.models import ModelConfig, LanguageModel
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.synthetic.tokenizer import build_tokenizer
@@ -61,6 +62,10 @@ def test_pipeline_end_to_end(lm, tmp_path):
   again = pipeline.evaluate(lm, TINY, str(tmp_path), progress=lambda *e: events.append(e[0].split()[0]))
   assert not events
   assert json.dumps(again, sort_keys=True) == json.dumps(metrics, sort_keys=True)  # NaN-safe equality
+  # A probe checkpoint made with another probe shape (or other features) is refused, not silently mixed.
+  other = dataclasses.replace(TINY, probe=pipeline.ProbeShape(d_model=8, n_heads=2, ff_dim=16))
+  with pytest.raises(FeatureMismatchError, match="probe checkpoint"):
+    pipeline.train_probes(lm, other, str(tmp_path))
 
 
 def test_config_from_dict_names_unknown_fields():
