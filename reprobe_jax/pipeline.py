@@ -17,6 +17,7 @@ import numpy as np
 
 from reprobe_jax import baselines
 from reprobe_jax.annotate import annotate_rule
+from reprobe_jax.atomic import atomic_open
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, FeatureStore, extract, model_fingerprint
 from reprobe_jax.metrics import pr_auc, pr_curve, roc_auc
@@ -148,7 +149,7 @@ def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progres
         if old.get(key) != spec[key]:
           raise FeatureMismatchError(f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
                                      f"data has {spec[key]!r}; use another workdir")
-    with open(spec_path, "w") as f:
+    with atomic_open(spec_path) as f:
       json.dump(spec, f, indent=1)
     out[name] = train_probe(pcfg, train_ex, val_ex, cfg.train, pdir,
                             on_epoch=lambda e, entry, name=name: tick(
@@ -223,9 +224,9 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: P
       pooled[nonempty] = lr(x)
       scores.setdefault(f"logreg[{name}]", {})[d] = np.nan_to_num(pooled, nan=0.5)
   metrics = summarise(scores, labels, cfg)
-  with open(os.path.join(workdir, "metrics.json"), "w") as f:
+  with atomic_open(os.path.join(workdir, "metrics.json")) as f:
     json.dump(metrics, f, indent=1)
-  with open(os.path.join(workdir, "table.md"), "w") as f:
+  with atomic_open(os.path.join(workdir, "table.md")) as f:
     f.write(table_markdown(metrics))
   plot_pr_curves(scores, labels, os.path.join(workdir, "pr_curves.png"))
   return metrics
@@ -277,7 +278,6 @@ def plot_pr_curves(scores, labels, path: str) -> None:
     ax.set(title=d, xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02))
     ax.legend(fontsize=7)
   fig.tight_layout()
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=110)
+  with atomic_open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=110)
   plt.close(fig)
-  os.replace(tmp, path)

@@ -18,13 +18,13 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reprobe_jax.atomic import atomic_open
 from reprobe_jax.errors import ConfigError, ReprobeError
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.sampling import bucket
@@ -95,15 +95,8 @@ def tokenizer_hash(tokenizer) -> str:
 
 
 def _atomic_bytes(path: str, data: bytes) -> None:
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  with atomic_open(path, "wb") as f:
+    f.write(data)
 
 
 def _assemble(out: dict, spec: FeatureSpec, cfg) -> jnp.ndarray:

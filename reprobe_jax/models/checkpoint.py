@@ -13,7 +13,6 @@ import json
 import os
 import re
 import struct
-import tempfile
 from typing import Callable, Iterable, Iterator
 
 import jax
@@ -22,6 +21,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from reprobe_jax.atomic import atomic_open
 from reprobe_jax.errors import CheckpointError
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.sharding import ShardingCtx
@@ -189,18 +189,11 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[
     offset += v.nbytes
   blob = json.dumps(header, separators=(",", ":")).encode()
   blob += b" " * (-len(blob) % 8)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(struct.pack("<Q", len(blob)))
-      f.write(blob)
-      for v in arrays.values():
-        f.write(v.tobytes())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  with atomic_open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(blob)))
+    f.write(blob)
+    for v in arrays.values():
+      f.write(v.tobytes())
 
 
 def iter_hf_tensors(directory: str) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple[int, ...]]]:

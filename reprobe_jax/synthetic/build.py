@@ -18,6 +18,7 @@ import os
 import time
 from typing import Callable
 
+from reprobe_jax.atomic import atomic_open
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
 from reprobe_jax.synthetic import evaluate
@@ -171,7 +172,7 @@ def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None 
     report = make_report(records, cfg, lm)
     report["timings_s"] = timings
     write_json(report_path, report)
-    with open(os.path.join(out, "report.md"), "w") as f:
+    with atomic_open(os.path.join(out, "report.md")) as f:
       f.write(report_markdown(report))
   return out
 
@@ -225,10 +226,8 @@ def report_markdown(report: dict) -> str:
 
 
 def write_json(path: str, obj) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
+  with atomic_open(path) as f:
     json.dump(obj, f, indent=2)
-  os.replace(tmp, path)
 
 
 def load_report(out: str) -> dict:

@@ -8,6 +8,8 @@ on a wrong value are correct.
 
 from __future__ import annotations
 
+import abc
+
 import copy
 import dataclasses
 import math
@@ -107,7 +109,7 @@ def family_rng(name: str, seed: int, difficulty: int) -> np.random.Generator:
   return np.random.default_rng([int(seed), int(difficulty), zlib.crc32(name.encode())])
 
 
-class TaskFamily:
+class TaskFamily(abc.ABC):
   """Base class of a task family: generator, scripted solver and exact step checker (METHOD A2(a)).
 
   Subclasses implement the state machine (`initial_state`, `parse_step`, `step_key`, `judge_step`, `is_done`,
@@ -120,64 +122,77 @@ class TaskFamily:
 
   # --- generation -------------------------------------------------------------------------------------------
 
+  @abc.abstractmethod
   def generate(self, seed: int, difficulty: int) -> Problem:
     """A problem that depends only on (seed, difficulty); difficulty in 1..3."""
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def validate(self, problem: Problem, where: str) -> None:
     """Raises DataFormatError naming `where` and the field when `problem.data` is not what the checker needs."""
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def max_steps(self, problem: Problem) -> int:
     """An upper bound on the length of a (possibly erroneous) scripted solution, so solving always ends."""
-    raise NotImplementedError
+    ...
 
   # --- checker state machine --------------------------------------------------------------------------------
 
+  @abc.abstractmethod
   def initial_state(self, problem: Problem) -> State:
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def parse_step(self, body: str) -> Any | None:
     """The parsed step, or None when the text is not a step of this family."""
-    raise NotImplementedError
+    ...
 
   def step_key(self, parsed: Any) -> Hashable | None:
     """What identifies which operation a parsed step performs (for `advance_pointer`'s look-ahead)."""
     return None
 
+  @abc.abstractmethod
   def judge_step(self, problem: Problem, state: State, parsed: Any, next_parsed: Any | None) -> tuple[bool, State]:
     """(step is correct, state after the step as written); `next_parsed` is the next parsed step, if any."""
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def is_done(self, problem: Problem, state: State) -> bool:
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def state_answer(self, problem: Problem, state: State) -> str:
     """The answer the steps written so far imply (meaningful once `is_done`)."""
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def match_score(self, problem: Problem, state: State, parsed: Any) -> int:
     """How well a re-check step fits an earlier step taken from `state`: 2 exactly, 1 partly, 0 not at all."""
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def normalize_answer(self, answer: str) -> str | None:
     """The canonical form of an answer string, or None when it is not an answer of this family."""
-    raise NotImplementedError
+    ...
 
   # --- scripted solver moves ---------------------------------------------------------------------------------
 
+  @abc.abstractmethod
   def honest_step(self, problem: Problem, state: State, rng: np.random.Generator | None) -> tuple[str, State]:
     """The correct next step from `state` (ties broken by `rng`, or deterministically when it is None)."""
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def error_step(self, problem: Problem, state: State, kind: str,
                  rng: np.random.Generator) -> tuple[str, State] | None:
     """A wrong next step of the given kind from `state`, or None when that kind is impossible here."""
-    raise NotImplementedError
+    ...
 
+  @abc.abstractmethod
   def error_rates(self, noise: Any) -> list[tuple[str, float]]:
     """(error kind, per-step probability) pairs this family reads from a TraceNoise."""
-    raise NotImplementedError
+    ...
 
   # --- shared -------------------------------------------------------------------------------------------------
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any, Iterable
 
+from reprobe_jax.atomic import atomic_open
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.tasks.base import Problem
 
@@ -17,23 +17,11 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> None:
   The file appears complete or not at all: lines go to a temporary file in the same folder, which replaces `path`
   only after every record was written (os.replace is atomic on one file system).
   """
-  path = os.fspath(path)
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for record in records:
-        obj = record.to_json() if hasattr(record, "to_json") else record
-        # allow_nan=False: NaN is not JSON, and other readers would reject the file later.
-        f.write(json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  with atomic_open(path, "w", encoding="utf-8") as f:
+    for record in records:
+      obj = record.to_json() if hasattr(record, "to_json") else record
+      # allow_nan=False: NaN is not JSON, and other readers would reject the file later.
+      f.write(json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[tuple[int, Any]]:
