@@ -6,7 +6,7 @@ the state that predicted token j. Feature sets concatenate, in this order: hidde
 probabilities (`logit`). Only response tokens are stored (see docs/method.md).
 
 On disk, `<dir>/manifest.json` names the model fingerprint, the tokenizer hash, the spec and the finished shards;
-each shard `shard_XXXXX.npz` holds `features` [tokens, F] (float32 or float16), `offsets` [n + 1] and `ids` [n].
+each shard `shard_NNNNN.npz` holds `features` [tokens, F] (float32 or float16), `offsets` [n + 1] and `ids` [n].
 Shards and the manifest are written atomically, so a killed extraction resumes from its last finished shard; a
 directory made for another model, tokenizer or spec is refused.
 """
