@@ -6,13 +6,15 @@ calls; throughput uses the median. Each row also records a parity check, so a fa
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
 from bench import prm
 from bench.pair import Pair, step_trajectories
 from bench.timing import time_call
-from reprobe_jax.models import CaptureSpec, SamplingParams
+from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
 
 ATTN_WINDOW = 5
 TOP_K = 4
@@ -35,7 +37,7 @@ def _side(timing, work: float, unit: str = "tokens") -> dict:
 def _row(name: str, title: str, shape: dict, ours: dict, hf: dict, unit: str = "tokens", **extra) -> dict:
   key = f"{unit}_per_s"
   return {"name": name, "title": title, "shape": shape, "unit": key, "ours": ours, "hf": hf,
-          "ratio": ours[key] / hf[key], **extra}
+          "ratio": ours[key] / hf[key], "ratio_of_min_times": hf["min_s"] / ours["min_s"], **extra}
 
 
 def _rel_diff(a, b) -> float:
@@ -123,10 +125,18 @@ def prefill_plain(pair: Pair, ids: np.ndarray, repeats: int) -> dict:
 # ---------------------------------------------------------------------------------------------- decode
 
 
+def _without_eos(lm: LanguageModel) -> LanguageModel:
+  """The same weights with no EOS token, so every row decodes max_new_tokens: our counterpart of HF's
+  min_new_tokens (an instruct model otherwise ends some rows after a few tokens, and the two sides would
+  time different work). Prompts are token ids, so no tokenizer is needed."""
+  return LanguageModel(dataclasses.replace(lm.config, eos_token_ids=()), lm.graphdef, lm.params, None,
+                       shard=lm.shard, dtype=lm.dtype)
+
+
 def _generate_pair(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
   """Times our greedy generate and HF's (min_new_tokens = max_new_tokens = n_new) on the same prompts [B, P]."""
   torch = _torch()
-  lm = pair.lm
+  lm = _without_eos(pair.lm)
   lists = prompts.tolist()
   greedy = SamplingParams(temperature=0)
   t_ours, gen = time_call(lambda: lm.generate(lists, greedy, max_new_tokens=n_new), repeats)
@@ -148,14 +158,20 @@ def _generate_pair(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
 def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_time: bool = False) -> dict:
   """Batched greedy decoding (prefill included, as a user sees it) vs HF generate.
 
-  Our side counts the tokens it actually produced (a row may stop at EOS; HF's min_new_tokens forbids that), so
-  an early stop can only lower our number. With step_time, a second pair of runs with fewer new tokens (same
-  length bucket: no recompile) gives the per-token decode time without the prefill, for the bandwidth roofline.
+  Both sides decode n_new tokens per row (EOS off on ours, min_new_tokens on HF); throughput counts the tokens
+  actually produced. HF's min_new_tokens masks EOS while ours only ignores it, so the greedy parity check compares
+  each row up to our first EOS token. With step_time, a second pair of runs with fewer new tokens (same length
+  bucket: no recompile) gives the per-token decode time without the prefill, for the bandwidth roofline.
   """
   b, p = prompts.shape
   t_ours, gen, t_hf, hf_tokens = _generate_pair(pair, prompts, n_new, repeats)
   produced = float(gen.lengths.sum())
-  same = [np.array_equal(gen.tokens[i, :gen.lengths[i]], hf_tokens[i, :gen.lengths[i]]) for i in range(b)]
+  eos = np.asarray(pair.lm.eos_mask())
+  same = []
+  for i in range(b):
+    row = gen.tokens[i, :gen.lengths[i]]
+    stop = int(np.argmax(eos[row])) if eos[row].any() else len(row)
+    same.append(np.array_equal(row[:stop], hf_tokens[i, :stop]))
   extra = {"parity": {"greedy_rows_equal": float(np.mean(same)), "ours_tokens_produced": produced,
                       "hf_tokens_produced": float(hf_tokens.size)}}
   if step_time:
