@@ -40,6 +40,7 @@ def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, b
       d[f"{side}_step_s"] = s
       d[f"{side}_bytes_per_s"] = param_bytes / s
       d[f"{side}_of_bound"] = param_bytes / s / bound
+      d[f"{side}_of_numpy_copy"] = param_bytes / s / bw["numpy_copy_bytes_per_s"]
     d["step_time_source"] = "decode-only difference" if step.get("valid") else "end-to-end (prefill included)"
   out["decode_b1"] = d
   return out
@@ -125,7 +126,8 @@ def markdown(result: dict) -> str:
                  f"{1 / d['ours_step_s']:.1f} tokens/s = {d['ours_bytes_per_s'] / 1e9:.1f} GB/s "
                  f"({d['ours_of_bound']:.0%}); PyTorch {1 / d['hf_step_s']:.1f} tokens/s = "
                  f"{d['hf_bytes_per_s'] / 1e9:.1f} GB/s ({d['hf_of_bound']:.0%}); step time from "
-                 f"{d['step_time_source']}.")
+                 f"{d['step_time_source']}. Against NumPy's single-threaded copy instead: reprobe-jax "
+                 f"{d['ours_of_numpy_copy']:.0%}, PyTorch {d['hf_of_numpy_copy']:.0%}.")
   lines += ["", "Parity (same weights, same inputs): " + "; ".join(
       f"{r['name']}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.get("parity", {}).items()) for r in rows), ""]
   return "\n".join(lines)
