@@ -150,9 +150,10 @@ def chart(result: dict, path: str) -> None:
     ax.text(max(ours[i], hf[i]) * 1.05, i, f"{r['ratio']:.2f}x", va="center", fontsize=8)
   ax.set_yticks(list(y), labels, fontsize=8)
   ax.set_xscale("log")
+  ax.set_xlim(right=max(ours + hf) * 2.5)  # room for the ratio labels
   ax.set_xlabel("throughput (higher is better)")
   ax.set_title(f"{result['model']}: reprobe-jax vs transformers ({result['environment']['jax_backend']})")
-  ax.legend(fontsize=8, loc="lower right")
+  ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
