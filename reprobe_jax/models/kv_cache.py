@@ -1,6 +1,6 @@
 """A fixed-size KV cache whose rows can be gathered, so many continuations branch from one shared prefix.
 
-Layout: per layer k, v [B, S, KV, Dh]; `valid` [B, S] marks filled, non-padding slots; `index` is the next slot
+Layout: per layer k, v [B, KV, S, Dh] (the layout attention reads); `valid` [B, S] marks filled, non-padding slots; `index` is the next slot
 to write (shared by all rows: prompts are left-padded to one bucket, so every row writes in lockstep);
 `positions` [B] is each row's next RoPE position (its count of real tokens so far).
 
@@ -19,8 +19,8 @@ from reprobe_jax.models.config import ModelConfig
 
 @struct.dataclass
 class KVCache:
-  k: tuple  # per layer [B, S, KV, Dh]
-  v: tuple  # per layer [B, S, KV, Dh]
+  k: tuple  # per layer [B, KV, S, Dh]
+  v: tuple  # per layer [B, KV, S, Dh]
   valid: jax.Array  # [B, S] bool
   positions: jax.Array  # [B] int32
   index: jax.Array  # [] int32
@@ -35,7 +35,7 @@ class KVCache:
 
   @classmethod
   def zeros(cls, cfg: ModelConfig, batch: int, size: int, dtype=jnp.float32) -> "KVCache":
-    shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
     return cls(
         k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
         v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
