@@ -230,7 +230,7 @@ def step_scoring(pair: Pair, batch: int, length: int, repeats: int) -> dict:
   head = prm.head_weights(lm.config.hidden_size)
   head_j = jax.tree.map(jax.numpy.asarray, head)
   t_ours, r_ours = time_call(
-      lambda: prm.jax_step_rewards(lm.graphdef, lm.params, head_j, ids, mask, ends).block_until_ready(), repeats)
+      lambda: prm.jax_step_rewards(lm.static_graph, lm.params, head_j, ids, mask, ends).block_until_ready(), repeats)
   head_t = {k: torch.from_numpy(v).to(pair.device) for k, v in head.items()}
   ids_t, mask_t, ends_t = (torch.from_numpy(x).long().to(pair.device) for x in (ids, mask, ends))
 

@@ -132,7 +132,7 @@ def token_features(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec
     for r, seq in enumerate(seqs):
       ids[r, :len(seq)], mask[r, :len(seq)] = seq, 1
     m = jnp.asarray(mask)
-    res = forward(lm.graphdef, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture,
+    res = forward(lm.static_graph, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture,
                   shard=lm.shard)
     feats = np.asarray(_assemble(res, spec, lm.config))
     for r, i in enumerate(idx):

@@ -16,6 +16,27 @@ from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.sharding import ShardingCtx
 
 
+class StaticGraph:
+  """A graphdef as a jit static argument whose hash is computed once.
+
+  jit hashes static arguments on every call; hashing a model's graphdef walks the whole module tree (about 3 ms
+  for a 30-layer model, paid on each prefill or generate call). `LanguageModel` wraps its graphdef once; equal
+  graphdefs still compare equal, so two loads of one model share compiled code.
+  """
+
+  __slots__ = ("value", "_hash")
+
+  def __init__(self, value):
+    self.value = value
+    self._hash = hash(value)
+
+  def __hash__(self):
+    return self._hash
+
+  def __eq__(self, other):
+    return isinstance(other, StaticGraph) and (self.value is other.value or self.value == other.value)
+
+
 def positions_from_mask(attention_mask):
   """HF generate's position ids: cumsum(mask) - 1, clipped at 0 for padding. [B, T] -> [B, T] int32."""
   pos = jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1
@@ -30,13 +51,17 @@ def logit_stats(logits, next_ids, capture: CaptureSpec):
   out = {}
   if not (capture.top_k_probs or capture.token_stats):
     return out
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
+  # One logsumexp and reductions over the raw logits: no [B, T, V] log-softmax is materialised (on CPU that
+  # array's writes and re-reads cost more than the statistics themselves).
+  z = logits.astype(jnp.float32)
+  lse = jax.nn.logsumexp(z, axis=-1)  # [B, T]
   if capture.top_k_probs:
-    out["top_probs"] = jnp.exp(jax.lax.top_k(logp, capture.top_k_probs)[0])  # [B, T, K]
+    out["top_probs"] = jnp.exp(jax.lax.top_k(z, capture.top_k_probs)[0] - lse[..., None])  # [B, T, K]
   if capture.token_stats:
-    out["token_logprobs"] = jnp.take_along_axis(logp, next_ids[..., None], axis=-1)[..., 0]  # [B, T]
-    out["token_entropy"] = -jnp.sum(jnp.exp(logp) * logp, axis=-1)  # [B, T]
-    out["token_self_certainty"] = -jnp.log(logp.shape[-1]) - jnp.mean(logp, axis=-1)  # [B, T]
+    out["token_logprobs"] = jnp.take_along_axis(z, next_ids[..., None], axis=-1)[..., 0] - lse  # [B, T]
+    p = jnp.exp(z - lse[..., None])
+    out["token_entropy"] = lse - jnp.sum(p * z, axis=-1)  # -sum p log p with log p = z - lse
+    out["token_self_certainty"] = lse - jnp.log(z.shape[-1]) - jnp.mean(z, axis=-1)  # KL(U || p) = -log V - mean log p
   return out
 
 
@@ -53,7 +78,7 @@ def collect_intermediates(inter: nnx.State, num_layers: int, capture: CaptureSpe
 def run_decoder(graphdef, params, input_ids, positions, key_valid, *, kv_caches=None, write_index=0,
                 capture: CaptureSpec, shard: ShardingCtx | None):
   """Merges the module and runs it, capturing intermediates. Returns logits, new caches, captured dict."""
-  model = nnx.merge(graphdef, params)
+  model = nnx.merge(graphdef.value if isinstance(graphdef, StaticGraph) else graphdef, params)
 
   def call(m, *args):
     return m(*args, kv_caches=kv_caches, write_index=write_index, capture=capture, shard=shard)

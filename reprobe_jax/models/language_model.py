@@ -19,7 +19,7 @@ from reprobe_jax.models import sampling
 from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
 from reprobe_jax.models.checkpoint import export_tensors, write_safetensors
 from reprobe_jax.models.config import ModelConfig
-from reprobe_jax.models.forward import forward as _forward, positions_from_mask
+from reprobe_jax.models.forward import StaticGraph, forward as _forward, positions_from_mask
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sharding import ShardingCtx
 from reprobe_jax.models.transformer import Decoder
@@ -71,6 +71,14 @@ class LanguageModel:
     self.shard = shard
     self.dtype = resolve_dtype(dtype)
     self._stop_cache: dict[tuple[str, ...], np.ndarray] = {}
+    self._static: StaticGraph | None = None
+
+  @property
+  def static_graph(self) -> StaticGraph:
+    """The graphdef wrapped for jit (hashed once; rebuilt if `graphdef` is replaced)."""
+    if self._static is None or self._static.value is not self.graphdef:
+      self._static = StaticGraph(self.graphdef)
+    return self._static
 
   @classmethod
   def random(cls, config: ModelConfig, *, seed: int = 0, dtype="float32", tokenizer=None) -> "LanguageModel":
@@ -97,7 +105,7 @@ class LanguageModel:
       raise ConfigError(f"attention_mask shape {mask.shape} differs from input_ids shape {input_ids.shape}")
     pos = positions_from_mask(mask) if position_ids is None else jnp.asarray(position_ids, jnp.int32)
     capture.resolve_layers(self.config.num_layers)
-    out = _forward(self.graphdef, self.params, input_ids, mask, pos, capture=capture, shard=self.shard)
+    out = _forward(self.static_graph, self.params, input_ids, mask, pos, capture=capture, shard=self.shard)
     return ForwardOutput(logits=out["logits"], hidden_states=out["hidden_states"],
                          attn_window=out.get("attn_window"), top_probs=out.get("top_probs"),
                          token_logprobs=out.get("token_logprobs"), token_entropy=out.get("token_entropy"),
@@ -127,7 +135,7 @@ class LanguageModel:
     if int(cache.index) + input_ids.shape[1] > cache.size:
       raise CacheFullError(f"cache of {cache.size} slots holds {int(cache.index)}; cannot append "
                            f"{input_ids.shape[1]} more")
-    return sampling.extend(self.graphdef, self.params, cache, input_ids, mask, capture=capture, shard=self.shard)
+    return sampling.extend(self.static_graph, self.params, cache, input_ids, mask, capture=capture, shard=self.shard)
 
   # ------------------------------------------------------------------------------------------ generate
 
@@ -224,7 +232,7 @@ class LanguageModel:
       last_logits = jnp.take(last_logits, rows_j, axis=0)
       last_captured = jax.tree.map(lambda x: jnp.take(x, rows_j, axis=0), last_captured)
     out = sampling.decode(
-        self.graphdef, self.params, cache, last_logits, last_captured, jax.random.key(seed),
+        self.static_graph, self.params, cache, last_logits, last_captured, jax.random.key(seed),
         jnp.int32(max_new_tokens), jnp.asarray(active), jnp.asarray(self.eos_mask()),
         jnp.asarray(self.stop_token_mask(stop_strings)), jnp.float32(sampling_params.temperature),
         jnp.float32(sampling_params.top_p), jnp.int32(pad), buffer_len=new_len, greedy=sampling_params.greedy,
