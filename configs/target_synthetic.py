@@ -17,7 +17,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_problems_per_family = 48
   c.difficulties = (1, 2, 3)
   c.vocab_size = 1024
-  c.buckets = (128, 192, 256, 384)
+  c.buckets = (128, 160, 192, 224, 256, 384)
   c.eval_temperature = 1.0
   c.max_new_tokens = ml_collections.ConfigDict({"line": 96, "thinking": 192})
 
@@ -28,6 +28,6 @@ def get_config() -> ml_collections.ConfigDict:
       max_position_embeddings=1024))
 
   c.train = ml_collections.ConfigDict(dict(
-      steps=1000, batch_size=12, learning_rate=4e-3, warmup_steps=50, weight_decay=0.01, grad_clip=1.0,
+      steps=1800, batch_size=12, learning_rate=4e-3, warmup_steps=50, weight_decay=0.01, grad_clip=1.0,
       checkpoint_every=50))
   return c

@@ -118,7 +118,7 @@ def test_arithmetic_values_stay_small(seed, difficulty):
   for op, b in ops:
     assert op in "+-*" and 1 <= b <= (9 if op in "+-" else 3)
     v = apply(op, v, b)
-    assert 0 <= v <= 50
+    assert 0 <= v <= 30
   assert problem.answer == str(v)
 
 
@@ -127,11 +127,11 @@ def test_arithmetic_values_stay_small(seed, difficulty):
 def test_planning_and_qa_sizes(seed, difficulty):
   plan = get_family("planning").generate(seed, difficulty)
   _, dist = graph(plan)
-  assert len(plan.data["rooms"]) == {1: 7, 2: 9, 3: 11}[difficulty]
-  assert dist[plan.data["start"]] == int(plan.answer) and difficulty + 1 <= int(plan.answer) <= difficulty + 2
+  assert len(plan.data["rooms"]) == {1: 5, 2: 6, 3: 7}[difficulty]
+  assert dist[plan.data["start"]] == int(plan.answer) and {1: (2, 2), 2: (2, 3), 3: (3, 4)}[difficulty][0] <= int(plan.answer) <= difficulty + 1
   assert plan.data["start"] in plan.question and plan.data["goal"] in plan.question
   qa = get_family("qa").generate(seed, difficulty)
-  assert len(qa.data["hops"]) == difficulty + 1
+  assert len(qa.data["hops"]) == {1: 2, 2: 3, 3: 3}[difficulty]
   assert all(a != b for a, b in zip(qa.data["hops"], qa.data["hops"][1:]))
   assert all(f"The {r} of {s} is {o}." in qa.question for s, r, o in qa.data["facts"])
 
@@ -436,7 +436,12 @@ def test_clean_noise_gives_reference_solutions():
   for name, family in FAMILIES.items():
     for problem in make_problems(name, 10, seed=1, difficulty=2):
       line = solve(problem, family, rng, "line", TraceNoise.clean())
-      assert line.steps == family.reference_steps(problem) and line.correct and set(line.labels) == {0.0}
+      assert line.correct and set(line.labels) == {0.0}
+      reference = family.reference_steps(problem)
+      if name == "planning":  # the solver picks among equally short routes at random; the reference takes the first
+        assert len(line.steps) == len(reference) and family.check_steps(problem, reference) == line.labels
+      else:
+        assert line.steps == reference
       think = solve(problem, name, rng, "thinking", TraceNoise.clean())
       assert think.correct and set(think.labels) == {0.0} and not think.rechecked
       assert think.answer_paragraph == len(line.steps) - 1

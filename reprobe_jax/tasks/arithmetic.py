@@ -1,7 +1,7 @@
 """Arithmetic chains (the in-domain 'math' family): a start value and 3-6 operations on small integers.
 
 A step applies one operation to the previous written result: "12 * 3 = 36". Every number of a generated chain
-stays in 0..50; only +, - and * are used, so a wrong value propagated through later steps still gives integers.
+stays in 0..30; only +, - and * are used, so a wrong value propagated through later steps still gives integers.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, 
 _OPS = ("+", "-", "*")
 _WORDS = {"+": "+ {b}", "-": "- {b}", "*": "* {b}"}
 _N_OPS = {1: (3, 3), 2: (4, 5), 3: (5, 6)}  # inclusive range of operations per difficulty
-# Small ranges keep the table of facts (about 950 distinct a op b) within what a tiny model trained for minutes on
+# Small ranges keep the table of facts (about 390 distinct a op b) within what a tiny model trained for minutes on
 # two CPU cores can learn, while it still makes real mistakes.
-_MAX_VALUE = 50
-_MAX_ADD = 9  # operands of + and -
+_MAX_VALUE = 30
+_MAX_ADD = 6  # operands of + and -
 _MAX_MUL = 3
 _STEP = re.compile(r"^\s*(-?\d+)\s*([-+*x×−])\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
 _CANON = {"x": "*", "×": "*", "−": "-"}
@@ -53,7 +53,7 @@ class Arithmetic(TaskFamily):
   flip_kinds = ("result",)
 
   def generate(self, seed: int, difficulty: int) -> Problem:
-    """A chain of 3 (difficulty 1), 4-5 (2) or 5-6 (3) operations whose values all stay in 0..50."""
+    """A chain of 3 (difficulty 1), 4-5 (2) or 5-6 (3) operations whose values all stay in 0..30."""
     rng = family_rng(self.name, seed, difficulty)
     lo, hi = _N_OPS[difficulty]
     n_ops = int(rng.integers(lo, hi + 1))
@@ -68,8 +68,11 @@ class Arithmetic(TaskFamily):
         continue
       ops.append([op, b])
       v = apply(op, v, b)
-    # The operations are written as the steps write them ("+ 6"), so a step copies its operation from the question.
-    text = f"Start with {start}. Apply in order: " + ", ".join(_WORDS[op].format(b=b) for op, b in ops) + "."
+    # Operations are numbered as the solution's steps are ("Step 2: + 6"), so the solution's step k finds its
+    # operation by the same words; a tiny model otherwise loses its place in an unnumbered list and repeats an
+    # operation (its errors should be arithmetic and propagation, not counting).
+    text = f"Start with {start}. " + " ".join(f"Step {i}: {_WORDS[op].format(b=b)}." for i, (op, b) in
+                                               enumerate(ops, 1))
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name,
                    question=f"{text} What is the final result?", answer=str(v),
                    data={"start": start, "ops": ops, "difficulty": difficulty})

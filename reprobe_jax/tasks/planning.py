@@ -20,8 +20,8 @@ from reprobe_jax.tasks.base import Problem, State, TaskFamily, family_rng
 ROOMS = ("attic", "balcony", "bathroom", "bedroom", "cellar", "chapel", "den", "foyer", "gallery", "garage",
          "garden", "greenhouse", "hall", "kitchen", "larder", "laundry", "library", "loft", "lounge", "nursery",
          "office", "pantry", "porch", "study", "tower", "workshop")
-_N_ROOMS = {1: 7, 2: 9, 3: 11}
-_DISTANCE = {1: (2, 3), 2: (3, 4), 3: (4, 5)}  # inclusive range of the shortest-route length per difficulty
+_N_ROOMS = {1: 5, 2: 6, 3: 7}
+_DISTANCE = {1: (2, 2), 2: (2, 3), 3: (3, 4)}  # inclusive range of the shortest-route length per difficulty
 _STEP = re.compile(r"^\s*move\s+from\s+(?:the\s+)?([a-z]+)\s+to\s+(?:the\s+)?([a-z]+)\s*\.?\s*$", re.IGNORECASE)
 _INF = 10**9
 
@@ -56,7 +56,7 @@ class Planning(TaskFamily):
   flip_kinds = ("detour", "illegal")
 
   def generate(self, seed: int, difficulty: int) -> Problem:
-    """A connected house of 7/9/11 rooms with start and goal 2-3/3-4/4-5 doors apart."""
+    """A connected house of 5/6/7 rooms (difficulty extra doors) with start and goal 2/2-3/3-4 doors apart."""
     rng = family_rng(self.name, seed, difficulty)
     lo, hi = _DISTANCE[difficulty]
     while True:  # redraw the house until a start/goal pair at the wanted distance exists
@@ -66,7 +66,7 @@ class Planning(TaskFamily):
         j = int(rng.integers(i))
         edges.add(tuple(sorted((rooms[i], rooms[j]))))
       extra = 0
-      while extra < difficulty + 1:  # extra doors make alternative routes and dead ends worth avoiding
+      while extra < difficulty:  # extra doors make alternative routes and dead ends worth avoiding
         a, b = (str(x) for x in rng.choice(rooms, size=2, replace=False))
         edge = tuple(sorted((a, b)))
         if edge not in edges:
@@ -80,10 +80,9 @@ class Planning(TaskFamily):
         break
     start = starts[int(rng.integers(len(starts)))]
     order = [doors[i] for i in rng.permutation(len(doors))]
-    question = (f"A house has these rooms: {', '.join(sorted(rooms))}. Doors connect these pairs of rooms, both ways: "
-                f"{', '.join(f'{a}-{b}' for a, b in order)}. You are in the {start} and want to reach the {goal}, "
-                f"moving through one door at a time along a shortest route. How many moves does a shortest route "
-                f"take?")
+    # The doors name every room (the house is connected), so the question does not list the rooms again.
+    question = (f"Doors join these rooms, both ways: {', '.join(f'{a}-{b}' for a, b in order)}. Go from the {start} "
+                f"to the {goal} by a shortest route, one door per move. How many moves is that?")
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name, question=question,
                    answer=str(dist[start]),
                    data={"rooms": sorted(rooms), "doors": [list(d) for d in doors], "start": start, "goal": goal,

@@ -2,7 +2,7 @@
 
 Every person has exactly one value for every relation of the problem ("The mentor of Alice is Beth."), so any
 person reached by a wrong lookup still has an answer for the next hop and errors can propagate. A question
-composes 2-4 relations ("Who is the boss of the mentor of Alice?"); a step is one lookup, "the mentor of Alice is
+composes 2-3 relations ("Who is the boss of the mentor of Alice?"); a step is one lookup, "the mentor of Alice is
 Beth". It is correct when its relation is the next one of the chain, its subject is the previous written result
 (or the question's start person), and its object is what the fact base says.
 """
@@ -19,9 +19,9 @@ from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, 
 PEOPLE = ("Alice", "Beth", "Carl", "Dana", "Eric", "Fay", "Gus", "Hana", "Ivan", "Jill", "Kurt", "Lena", "Mark",
           "Nora", "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara", "Ugo", "Vera", "Walt", "Xena", "Yuri", "Zoe")
 RELATIONS = ("boss", "coach", "doctor", "friend", "landlord", "mentor", "neighbor", "partner", "rival", "teacher")
-_N_PEOPLE = {1: 5, 2: 6, 3: 7}
-_N_RELATIONS = {1: 2, 2: 3, 3: 3}
-_N_HOPS = {1: 2, 2: 3, 3: 4}
+_N_PEOPLE = {1: 4, 2: 5, 3: 5}
+_N_RELATIONS = {1: 2, 2: 2, 3: 3}
+_N_HOPS = {1: 2, 2: 3, 3: 3}
 _STEP = re.compile(r"^\s*the\s+([a-z]+)\s+of\s+([a-z]+)\s+is\s+([a-z]+)\s*\.?\s*$", re.IGNORECASE)
 
 
@@ -37,7 +37,7 @@ class MultiHopQA(TaskFamily):
   flip_kinds = ("entity",)
 
   def generate(self, seed: int, difficulty: int) -> Problem:
-    """5/6/7 people, 2/3/3 relations, and a 2/3/4-hop question."""
+    """4/5/5 people, 2/2/3 relations (8/10/15 facts), and a 2/3/3-hop question."""
     rng = family_rng(self.name, seed, difficulty)
     people = [str(x) for x in rng.choice(PEOPLE, size=_N_PEOPLE[difficulty], replace=False)]
     relations = sorted(str(x) for x in rng.choice(RELATIONS, size=_N_RELATIONS[difficulty], replace=False))
