@@ -7,6 +7,7 @@ import pytest
 
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.data import Example
+from reprobe_jax.tblog import read_scalars
 from reprobe_jax.probe.train import ProbeTrainConfig, evaluate_examples, predict_examples, train_probe, weighted_bce
 
 F = 8
@@ -48,6 +49,11 @@ def test_probe_learns_and_resumes_exactly(tmp_path):
   m = evaluate_examples(scores, val)
   assert m["pr_auc"] > 0.9 and m["roc_auc"] > 0.9, m
   assert max(h["val_pr_auc"] for h in hist) == pytest.approx(m["pr_auc"])  # the best epoch is kept
+  # TensorBoard scalars, read back through TensorBoard's own event protos: one validation PR-AUC per epoch.
+  logged = read_scalars(str(tmp_path / "a" / "tb"))
+  assert [v for _, v in logged["val/pr_auc"]] == pytest.approx([h["val_pr_auc"] for h in hist])
+  assert [s for s, _ in logged["val/pr_auc"]] == [6 * (e + 1) for e in range(4)]  # 96 / 16 steps per epoch
+  assert len(logged["train/loss"]) == 24 // 10 and all(np.isfinite(v) for _, v in logged["train/loss"])
 
   class Killed(Exception):
     pass

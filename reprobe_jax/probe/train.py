@@ -24,6 +24,7 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.metrics import pr_auc, roc_auc
 from reprobe_jax.probe.data import Example, collate
 from reprobe_jax.probe.model import Probe, ProbeConfig
+from reprobe_jax.tblog import ScalarWriter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,7 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
     history, best_score, bad_epochs, start_epoch = (meta["history"], meta["best_score"], meta["bad_epochs"],
                                                     meta["epoch"] + 1)
   feature_dim = cfg.feature_dim
+  tb = ScalarWriter(os.path.join(workdir, "tb"))
   for epoch in range(start_epoch, tcfg.epochs):
     if bad_epochs >= tcfg.patience:
       break
@@ -141,6 +143,9 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
       key = jax.random.fold_in(jax.random.key(tcfg.seed), epoch * steps_per_epoch + k)
       params, opt_state, loss = train_step(params, opt_state, rest, batch, key)
       losses.append(float(loss))
+      step = epoch * steps_per_epoch + k + 1
+      if step % 10 == 0:
+        tb.write(step, {"train/loss": np.mean(losses[-10:]), "train/learning_rate": schedule(step - 1)})
     val_metrics = evaluate_examples(predict_examples(graphdef, params, rest, val, tcfg.batch_size, feature_dim,
                                                      predict), val)
     score = val_metrics["pr_auc"] if np.isfinite(val_metrics["pr_auc"]) else -np.inf
@@ -158,6 +163,8 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
       best_mgr.wait_until_finished()
     latest.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
     latest.wait_until_finished()
+    tb.write((epoch + 1) * steps_per_epoch, {"epoch/train_loss": entry["train_loss"],
+                                             **{f"val/{k}": v for k, v in val_metrics.items()}})
     if on_epoch is not None:
       on_epoch(epoch, entry)
   best_params = params
@@ -167,6 +174,7 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
     best_params = restored["state"]["params"]
   latest.close()
   best_mgr.close()
+  tb.close()
   with open(os.path.join(workdir, "history.json"), "w") as f:
     json.dump(history, f, indent=1)
   return graphdef, best_params, rest, history

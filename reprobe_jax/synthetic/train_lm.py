@@ -23,6 +23,7 @@ from absl import logging
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import CaptureSpec, LanguageModel, ModelConfig
 from reprobe_jax.models.forward import run_decoder
+from reprobe_jax.tblog import ScalarWriter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +150,7 @@ def train_lm(model_cfg: ModelConfig, data: dict[int, tuple[np.ndarray, np.ndarra
     logging.info("resumed target-LM training at step %d", start)
   batches = BatchSchedule(data, cfg)
   step_fn = _make_step(lm.graphdef, treedef, tx)
+  tb = ScalarWriter(os.path.join(workdir, "tb"))
   for i in range(start, cfg.steps):
     batch = batches[i]
     leaves, opt_state, loss = step_fn(leaves, opt_state, jnp.asarray(batch["tokens"]),
@@ -156,10 +158,13 @@ def train_lm(model_cfg: ModelConfig, data: dict[int, tuple[np.ndarray, np.ndarra
     losses.append(float(loss))
     if on_step is not None:
       on_step(i + 1, losses[-1])
+    if (i + 1) % 10 == 0:
+      tb.write(i + 1, {"train/loss": np.mean(losses[-10:]), "train/learning_rate": schedule(i)})
     if (i + 1) % cfg.checkpoint_every == 0 or i + 1 == cfg.steps:
       mngr.save(i + 1, args=ocp.args.StandardSave(
           {"leaves": leaves, "opt_state": opt_state, "losses": np.asarray(losses, np.float32)}))
   mngr.wait_until_finished()
   mngr.close()
+  tb.close()
   params = jax.tree.unflatten(treedef, leaves)
   return LanguageModel(model_cfg, lm.graphdef, params), losses
