@@ -12,7 +12,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.workdir = "artifacts/target_synthetic"
   c.seed = 0
   c.train_problems_per_difficulty = 600  # per difficulty (1, 2, 3), times the family's weight
-  c.family_weights = ml_collections.ConfigDict({"arithmetic": 2.0, "planning": 1.0, "qa": 1.0})
+  c.family_weights = ml_collections.ConfigDict({"arithmetic": 3.0, "planning": 1.0, "qa": 1.0})
   c.prompt_loss_weight = 0.1
   c.eval_problems_per_family = 48
   c.difficulties = (1, 2, 3)
@@ -28,6 +28,6 @@ def get_config() -> ml_collections.ConfigDict:
       max_position_embeddings=1024))
 
   c.train = ml_collections.ConfigDict(dict(
-      steps=1800, batch_size=12, learning_rate=4e-3, warmup_steps=50, weight_decay=0.01, grad_clip=1.0,
+      steps=1700, batch_size=12, learning_rate=4e-3, warmup_steps=50, weight_decay=0.01, grad_clip=1.0,
       checkpoint_every=50))
   return c

@@ -62,8 +62,23 @@ class SyntheticBuildConfig:
   max_new_tokens: tuple[tuple[str, int], ...] = (("line", 96), ("thinking", 192))
 
   def key(self) -> str:
-    blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+    """Hash of the config and of what the task code makes from it (a changed generator, prompt or solver
+    rebuilds instead of reusing a model trained on other data)."""
+    blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str) + _task_code_fingerprint(self)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _task_code_fingerprint(cfg: "SyntheticBuildConfig") -> str:
+  """A few problems of every family and difficulty, their prompts and noisy traces in both formats, hashed."""
+  h = hashlib.sha256()
+  for family in FAMILIES:
+    for d in cfg.difficulties:
+      problems = make_problems(family, 4, cfg.seed, d)
+      for mode in MODES:
+        for p, t in zip(problems, solve_many(problems, mode, cfg.seed, cfg.noise)):
+          h.update(json.dumps([p.to_json() if hasattr(p, "to_json") else dataclasses.asdict(p),
+                               user_prompt(p, mode), t.text]).encode())
+  return h.hexdigest()
 
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)

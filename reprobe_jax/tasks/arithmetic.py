@@ -63,16 +63,14 @@ class Arithmetic(TaskFamily):
     while len(ops) < n_ops:
       op, b_lo, b_hi = _feasible(v)[int(rng.integers(len(_feasible(v))))]
       b = int(rng.integers(b_lo, b_hi + 1))
-      # Two identical operations in a row would make a skipped one indistinguishable from a done one.
-      if ops and ops[-1] == [op, b]:
+      # An operation used twice would make a skipped one indistinguishable from a done one.
+      if [op, b] in ops:
         continue
       ops.append([op, b])
       v = apply(op, v, b)
-    # Operations are numbered as the solution's steps are ("Step 2: + 6"), so the solution's step k finds its
-    # operation by the same words; a tiny model otherwise loses its place in an unnumbered list and repeats an
-    # operation (its errors should be arithmetic and propagation, not counting).
-    text = f"Start with {start}. " + " ".join(f"Step {i}: {_WORDS[op].format(b=b)}." for i, (op, b) in
-                                               enumerate(ops, 1))
+    # The operations are written as the steps write them ("+ 6"), so a step copies its operation from the question;
+    # no operation occurs twice, so "the one after the operation I just did" names it without counting.
+    text = f"Start with {start}. Apply in order: " + ", ".join(_WORDS[op].format(b=b) for op, b in ops) + "."
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name,
                    question=f"{text} What is the final result?", answer=str(v),
                    data={"start": start, "ops": ops, "difficulty": difficulty})
