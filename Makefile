@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# ReProbe end to end on the built-in default: builds (or reuses) the tiny target, then trajectories, labels,
+# features, probes and the PR-AUC table against the uncertainty baselines.
 demo: $(STAMP)
-	$(PY) train.py --config=configs/target_synthetic.py
+	$(PY) eval.py --config=configs/reprobe_synthetic.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -10,7 +10,7 @@ import os
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.cli import ProgressBars, build_target, run_job
+from reprobe_jax.cli import ProgressBars, build_target, run_dir, run_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.py", "Job configuration.")
 
@@ -18,11 +18,15 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.p
 def run_reprobe(config) -> None:
   from reprobe_jax import pipeline
   lm = build_target(config)
+  workdir = run_dir(config, lm)
   with ProgressBars() as bars:
-    metrics = pipeline.evaluate(lm, pipeline.config_from_dict(config), config.workdir, progress=bars.update)
+    metrics = pipeline.evaluate(lm, pipeline.config_from_dict(config), workdir, progress=bars.update)
   print("\nStep-level PR-AUC (positive = incorrect step):\n")
   print(pipeline.table_markdown(metrics))
-  print(f"Wrote {os.path.join(config.workdir, 'metrics.json')}, table.md and pr_curves.png")
+  timings = metrics.get("timings_s", {})
+  if timings:
+    print("Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+  print(f"Wrote {os.path.join(workdir, 'metrics.json')}, table.md, pr_curves.png; TensorBoard: {workdir}/probe")
 
 
 def main(argv):

@@ -20,8 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.mode = "line"
   c.train_domains = ("arithmetic",)
   c.ood_domains = ("planning", "qa")
-  c.train_problems = 360
-  c.val_problems = 90
+  c.train_problems = 300
+  c.val_problems = 60
   c.test_problems = 120
   c.difficulties = (1, 2, 3)
   c.trajectories = ml_collections.ConfigDict(dict(samples=3, temperature=1.0, top_k=50, top_p=0.95,
@@ -31,5 +31,5 @@ def get_config() -> ml_collections.ConfigDict:
   # METHOD A4's paper shape is d_model=512, 16 heads; a smaller probe suits a 160-wide target on 2 CPU cores.
   c.probe = ml_collections.ConfigDict(dict(d_model=128, n_layers=1, n_heads=4, ff_dim=512, dropout=0.1))
   c.train = ml_collections.ConfigDict(dict(learning_rate=5e-4, warmup_frac=0.05, weight_decay=0.1, grad_clip=1.0,
-                                           batch_size=32, epochs=5, patience=3, pos_weight=3.0, seed=0))
+                                           batch_size=32, epochs=4, patience=3, pos_weight=3.0, seed=0))
   return c

@@ -38,10 +38,27 @@ def build_target(config):
   from reprobe_jax.models import load_pretrained
   if config.get("target_path"):
     return load_pretrained(config.target_path)
-  from reprobe_jax.synthetic.build import build, config_from_dict
+  from reprobe_jax.synthetic.build import build, config_from_dict, load_report, report_markdown
   with ProgressBars() as bars:
     out = build(config_from_dict(config.target), config.target.workdir, progress=bars.update)
+  print(f"\nTarget model {out}/model, its own samples on held-out problems (T=1.0):\n")
+  print(report_markdown(load_report(out)))
   return load_pretrained(f"{out}/model")
+
+
+def run_dir(config, lm) -> str:
+  """`<config.workdir>/<hash>`: one folder per (job config, target model), so a rebuilt target or a changed config
+  starts afresh while a rerun of the same one resumes and reuses its cached stages."""
+  import dataclasses
+  import hashlib
+  import json
+  import os
+
+  from reprobe_jax import pipeline
+  from reprobe_jax.features import model_fingerprint
+  blob = json.dumps(dataclasses.asdict(pipeline.config_from_dict(config)), sort_keys=True, default=str)
+  key = hashlib.sha256((blob + model_fingerprint(lm)).encode()).hexdigest()[:12]
+  return os.path.join(config.workdir, key)
 
 
 def run_job(config, jobs: dict[str, Callable]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -93,6 +94,18 @@ def split_problems(cfg: ReprobeConfig) -> dict[str, list]:
   }
 
 
+def _record_time(workdir: str, stage: str, seconds: float) -> None:
+  """Adds a stage's wall time to timings.json (kept from the run that did the work; cached reruns add nothing)."""
+  path = os.path.join(workdir, "timings.json")
+  times = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      times = json.load(f)
+  times[stage] = round(times.get(stage, 0.0) + seconds, 2)
+  with atomic_open(path) as f:
+    json.dump(times, f, indent=1)
+
+
 def _trajectories(lm, cfg: ReprobeConfig, workdir: str, tick: Progress) -> dict[str, list[dict]]:
   splits = split_problems(cfg)
   out = {}
@@ -106,8 +119,10 @@ def _trajectories(lm, cfg: ReprobeConfig, workdir: str, tick: Progress) -> dict[
         done += n
         tick(f"sample {split}", done, total)
 
+      t0 = time.time()
       recs = sample_trajectories(lm, problems, cfg.mode, cfg.trajectories, on_batch=on_batch)
       write_jsonl(path, annotate_rule(recs, {p.id: p for p in problems}))
+      _record_time(workdir, f"sample_{split}", time.time() - t0)
     out[split] = [rec for _, rec in read_jsonl(path)]
   return out
 
@@ -124,8 +139,12 @@ def prepare(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Pr
   every = [r for recs in trajs.values() for r in recs]
   stores = {}
   for name in cfg.feature_sets:
+    fresh = not os.path.exists(os.path.join(workdir, "features", name, "manifest.json"))
+    t0 = time.time()
     stores[name] = extract(lm, every, _feature_spec(name, cfg), os.path.join(workdir, "features", name),
                            on_shard=lambda k, n, name=name: tick(f"features {name}", k, n))
+    if fresh:
+      _record_time(workdir, f"features_{name}", time.time() - t0)
   return trajs, stores
 
 
@@ -151,9 +170,13 @@ def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progres
                                      f"data has {spec[key]!r}; use another workdir")
     with atomic_open(spec_path) as f:
       json.dump(spec, f, indent=1)
+    fresh = not os.path.exists(os.path.join(pdir, "history.json"))
+    t0 = time.time()
     out[name] = train_probe(pcfg, train_ex, val_ex, cfg.train, pdir,
                             on_epoch=lambda e, entry, name=name: tick(
                                 f"probe {name} (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, cfg.train.epochs))
+    if fresh:
+      _record_time(workdir, f"probe_{name}", time.time() - t0)
   return out
 
 
@@ -224,6 +247,9 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: P
       pooled[nonempty] = lr(x)
       scores.setdefault(f"logreg[{name}]", {})[d] = np.nan_to_num(pooled, nan=0.5)
   metrics = summarise(scores, labels, cfg)
+  if os.path.exists(os.path.join(workdir, "timings.json")):
+    with open(os.path.join(workdir, "timings.json")) as f:
+      metrics["timings_s"] = json.load(f)
   with atomic_open(os.path.join(workdir, "metrics.json")) as f:
     json.dump(metrics, f, indent=1)
   with atomic_open(os.path.join(workdir, "table.md")) as f:

