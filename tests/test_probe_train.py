@@ -79,3 +79,31 @@ def test_early_stopping(tmp_path):
                               str(tmp_path))
   assert len(hist) < 30
   assert not hist[-1]["improved"] and not hist[-2]["improved"]
+
+
+def test_bad_trajectory_records_name_the_trajectory_and_step():
+  from reprobe_jax.errors import DataFormatError
+  from reprobe_jax.probe.data import examples
+
+  class Store(dict):
+    directory = "features/hidden"
+
+  store = Store(t0=np.zeros((5, F), np.float32))
+
+  def rec(**kw):
+    base = {"id": "t0", "domain": "arithmetic", "response_ids": [1, 2, 3, 4, 5], "labels": [0, 1],
+            "steps": [{"text": "12 + 5 = 17", "start": 0, "end": 3}, {"text": "<Answer>: 17", "start": 3, "end": 5}]}
+    return {**base, **kw}
+
+  assert examples([rec()], store)[0].labels.tolist() == [0.0, 1.0]
+  cases = [
+      (rec(labels=[0]), "t0': 1 labels for 2 steps"),
+      (rec(steps=[{"text": " ", "start": 0, "end": 3}, {"text": "x", "start": 3, "end": 5}]), "step 0 is empty"),
+      (rec(steps=[{"text": "a", "start": 0, "end": 3}, {"text": "b", "start": 3, "end": 9}]),
+       r"step 1 spans tokens \[3, 9\), outside the response's 5 tokens"),
+      (rec(id="t9"), "'t9' has no stored features in features/hidden"),
+      (rec(labels=None), "no labels"),
+  ]
+  for bad, match in cases:
+    with pytest.raises(DataFormatError, match=match):
+      examples([bad], store)

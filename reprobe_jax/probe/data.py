@@ -42,6 +42,12 @@ def examples(records: Sequence[dict], store: FeatureStore) -> list[Example]:
     if len(feats) != len(r["response_ids"]):
       raise DataFormatError(f"trajectory {r['id']!r}: features for {len(feats)} tokens, response has "
                             f"{len(r['response_ids'])}")
+    for k, s in enumerate(steps):
+      if not str(s.get("text", "")).strip():
+        raise DataFormatError(f"trajectory {r['id']!r}: step {k} is empty (no text); a step must say something")
+      if not 0 <= s["start"] <= s["end"] <= len(feats):
+        raise DataFormatError(f"trajectory {r['id']!r}: step {k} spans tokens [{s['start']}, {s['end']}), outside "
+                              f"the response's {len(feats)} tokens")
     spans = np.asarray([[s["start"], s["end"]] for s in steps], np.int32).reshape(-1, 2)
     lab = np.asarray([np.nan if x is None else x for x in labels], np.float32)
     lab[spans[:, 1] <= spans[:, 0]] = np.nan  # a step with no tokens has no label
