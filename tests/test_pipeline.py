@@ -62,6 +62,11 @@ def test_pipeline_end_to_end(lm, tmp_path):
   again = pipeline.evaluate(lm, TINY, str(tmp_path), progress=lambda *e: events.append(e[0].split()[0]))
   assert not events
   assert json.dumps(again, sort_keys=True) == json.dumps(metrics, sort_keys=True)  # NaN-safe equality
+  # Same seed, same numbers: a fresh run in another folder recomputes everything and gets the same metrics.
+  fresh = pipeline.evaluate(lm, TINY, str(tmp_path / "fresh"))
+  fresh.pop("timings_s", None)
+  assert json.dumps(fresh, sort_keys=True) == json.dumps({k: v for k, v in metrics.items() if k != "timings_s"},
+                                                         sort_keys=True)
   # A probe checkpoint made with another probe shape (or other features) is refused, not silently mixed.
   other = dataclasses.replace(TINY, probe=pipeline.ProbeShape(d_model=8, n_heads=2, ff_dim=16))
   with pytest.raises(FeatureMismatchError, match="probe checkpoint"):
