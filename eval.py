@@ -10,17 +10,16 @@ import os
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.cli import ProgressBars, build_target, run_dir, run_job
+from reprobe_jax.cli import ProgressBars, reprobe_setup, run_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.py", "Job configuration.")
 
 
 def run_reprobe(config) -> None:
   from reprobe_jax import pipeline
-  lm = build_target(config)
-  workdir = run_dir(config, lm)
+  lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
-    metrics = pipeline.evaluate(lm, pipeline.config_from_dict(config), workdir, progress=bars.update)
+    metrics = pipeline.evaluate(lm, cfg, workdir, progress=bars.update)
   print("\nStep-level PR-AUC (positive = incorrect step):\n")
   print(pipeline.table_markdown(metrics))
   timings = metrics.get("timings_s", {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.cli import ProgressBars, build_target, run_dir, run_job
+from reprobe_jax.cli import ProgressBars, reprobe_setup, run_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/target_synthetic.py", "Job configuration.")
 
@@ -26,10 +26,9 @@ def run_target_synthetic(config) -> None:
 
 def run_reprobe(config) -> None:
   from reprobe_jax import pipeline
-  lm = build_target(config)
-  workdir = run_dir(config, lm)
+  lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
-    probes = pipeline.train_probes(lm, pipeline.config_from_dict(config), workdir, progress=bars.update)
+    probes = pipeline.train_probes(lm, cfg, workdir, progress=bars.update)
   print("\n| feature set | epochs | best val PR-AUC |\n|---|---|---|")
   for name, (_, _, _, history) in probes.items():
     print(f"| {name} | {len(history)} | {max(h['val_pr_auc'] for h in history):.3f} |")

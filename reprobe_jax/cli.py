@@ -61,6 +61,13 @@ def run_dir(config, lm) -> str:
   return os.path.join(config.workdir, key)
 
 
+def reprobe_setup(config):
+  """(target model, ReprobeConfig, run folder) of a reprobe job: the common start of its train and eval runs."""
+  from reprobe_jax import pipeline
+  lm = build_target(config)
+  return lm, pipeline.config_from_dict(config), run_dir(config, lm)
+
+
 def run_job(config, jobs: dict[str, Callable]) -> None:
   """Runs `jobs[config.job]`; a ReprobeError is printed in one line and exits 1."""
   logging.set_verbosity(logging.WARNING)  # orbax and grain log every checkpoint at INFO
