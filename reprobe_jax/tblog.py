@@ -20,13 +20,15 @@ class ScalarWriter:
   """`write(step, {"train/loss": 0.3, ...})` -> one TensorBoard scalar per name; non-finite values are skipped."""
 
   def __init__(self, logdir: str):
-    from tensorboardX import SummaryWriter  # imported here: only training jobs need it
-
-    os.makedirs(logdir, exist_ok=True)
     self.logdir = logdir
-    self._writer = SummaryWriter(logdir, flush_secs=1)
+    self._writer = None  # the event file is opened at the first write: a run with nothing to do leaves none
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    if self._writer is None:
+      from tensorboardX import SummaryWriter  # imported here: only training jobs need it
+
+      os.makedirs(self.logdir, exist_ok=True)
+      self._writer = SummaryWriter(self.logdir, flush_secs=1)
     for name, value in scalars.items():
       value = float(value)
       if np.isfinite(value):
@@ -34,7 +36,8 @@ class ScalarWriter:
     self._writer.flush()
 
   def close(self) -> None:
-    self._writer.close()
+    if self._writer is not None:
+      self._writer.close()
 
   def __enter__(self) -> "ScalarWriter":
     return self
