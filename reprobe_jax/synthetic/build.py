@@ -76,8 +76,7 @@ def _task_code_fingerprint(cfg: "SyntheticBuildConfig") -> str:
       problems = make_problems(family, 4, cfg.seed, d)
       for mode in MODES:
         for p, t in zip(problems, solve_many(problems, mode, cfg.seed, cfg.noise)):
-          h.update(json.dumps([p.to_json() if hasattr(p, "to_json") else dataclasses.asdict(p),
-                               user_prompt(p, mode), t.text]).encode())
+          h.update(json.dumps([p.to_json(), user_prompt(p, mode), t.text]).encode())
   return h.hexdigest()
 
 
