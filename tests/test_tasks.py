@@ -112,7 +112,7 @@ def test_make_problems_unique_ids_distinct_questions_deterministic():
 def test_arithmetic_values_stay_small(seed, difficulty):
   problem = get_family("arithmetic").generate(seed, difficulty)
   ops = problem.data["ops"]
-  assert {1: {3}, 2: {4, 5}, 3: {5, 6}}[difficulty] >= {len(ops)}
+  assert {1: {2, 3}, 2: {3, 4}, 3: {4, 5}}[difficulty] >= {len(ops)}
   v = problem.data["start"]
   assert 1 <= v <= 20
   for op, b in ops:
@@ -163,7 +163,7 @@ def test_checkers_accept_reference_solutions_in_both_formats(name, seed, difficu
   assert steps == ref and answer == problem.answer
   assert family.check_steps(problem, steps) == [0.0] * len(ref)
   assert family.check_answer(problem, answer) and first_error(family.check_steps(problem, steps)) is None
-  paragraphs = [work_paragraph(s, first=i == 0) for i, s in enumerate(ref)] + [conclude_paragraph(problem.answer)]
+  paragraphs = [work_paragraph(s, i + 1) for i, s in enumerate(ref)] + [conclude_paragraph(problem.answer)]
   paragraphs += [reflect_paragraph(s, i) for i, s in enumerate(ref)]
   parsed, answer = parse_thinking(render_thinking(paragraphs, problem.answer))
   assert parsed == paragraphs and answer == problem.answer
@@ -270,6 +270,8 @@ def _think(*paragraphs):
 
 def test_classify_paragraph():
   assert classify_paragraph(ARITH, "Next, 12 * 3 = 36.") == "step"
+  assert classify_paragraph(ARITH, "Step 2: 12 * 3 = 36.") == "step"
+  assert classify_paragraph(ARITH, work_paragraph("12 * 3 = 36", 2)) == "step"
   assert classify_paragraph(ARITH, "12 * 3 = 36.") == "step"
   assert classify_paragraph(ARITH, "Wait, let me check: 12 * 3 = 36.") == "reflect"
   assert classify_paragraph(ARITH, "Hmm, let me verify: 12 * 3 = 36.") == "reflect"
@@ -280,6 +282,7 @@ def test_classify_paragraph():
   assert classify_paragraph(QA, "Wait, let me check: the boss of Alice is Beth.") == "reflect"
   assert step_texts_for_check(QA, ["First, the boss of Alice is Beth.", "Hmm."]) == [
       ("step", "the boss of Alice is Beth"), ("other", None)]
+  assert step_texts_for_check(QA, ["Step 3: the boss of Alice is Beth."]) == [("step", "the boss of Alice is Beth")]
 
 
 def test_thinking_redundant_rechecks_are_correct():
@@ -309,7 +312,8 @@ def test_thinking_fix_and_repeated_error():
 def test_thinking_conclusions_and_stray_rechecks():
   # A conclusion before the chain is complete, or one that disagrees with it, is wrong.
   assert same(_think("First, 12 + 5 = 17.", "So the answer is 17."), [0, 1])
-  assert same(_think(*[work_paragraph(s) for s in ARITH_REF], "So the answer is 58."), [0, 0, 0, 0, 1])
+  assert same(_think(*[work_paragraph(s, k) for k, s in enumerate(ARITH_REF, 1)], "So the answer is 58."),
+              [0, 0, 0, 0, 1])
   # A re-check of a step that was never written, a re-check before any step, an unparseable re-check.
   assert same(_think("Wait, let me check: 12 + 5 = 17.", "First, 12 + 5 = 17.", "Wait, let me check: 3 + 3 = 6.",
                      "Wait, let me check: it is fine."), [1, 0, 1, NAN])

@@ -1,6 +1,7 @@
-"""Arithmetic chains (the in-domain 'math' family): a start value and 3-6 operations on small integers.
+"""Arithmetic chains (the in-domain 'math' family): a start value and 2-5 operations on small integers.
 
-A step applies one operation to the previous written result: "12 * 3 = 36". Every number of a generated chain
+The question labels each operation with the step that applies it ("Start at 12. Step 1: * 3. Step 2: + 4.
+..."); a step applies its operation to the previous written result: "12 * 3 = 36". Every number of a generated chain
 stays in 0..30; only +, - and * are used, so a wrong value propagated through later steps still gives integers.
 """
 
@@ -15,7 +16,7 @@ from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, 
 
 _OPS = ("+", "-", "*")
 _WORDS = {"+": "+ {b}", "-": "- {b}", "*": "* {b}"}
-_N_OPS = {1: (3, 3), 2: (4, 5), 3: (5, 6)}  # inclusive range of operations per difficulty
+_N_OPS = {1: (2, 3), 2: (3, 4), 3: (4, 5)}  # inclusive range of operations per difficulty
 # Small ranges keep the table of facts (about 390 distinct a op b) within what a tiny model trained for minutes on
 # two CPU cores can learn, while it still makes real mistakes.
 _MAX_VALUE = 30
@@ -53,7 +54,7 @@ class Arithmetic(TaskFamily):
   flip_kinds = ("result",)
 
   def generate(self, seed: int, difficulty: int) -> Problem:
-    """A chain of 3 (difficulty 1), 4-5 (2) or 5-6 (3) operations whose values all stay in 0..30."""
+    """A chain of 2-3 (difficulty 1), 3-4 (2) or 4-5 (3) operations whose values all stay in 0..30."""
     rng = family_rng(self.name, seed, difficulty)
     lo, hi = _N_OPS[difficulty]
     n_ops = int(rng.integers(lo, hi + 1))
@@ -68,9 +69,11 @@ class Arithmetic(TaskFamily):
         continue
       ops.append([op, b])
       v = apply(op, v, b)
-    # The operations are written as the steps write them ("+ 6"), so a step copies its operation from the question;
-    # no operation occurs twice, so "the one after the operation I just did" names it without counting.
-    text = f"Start with {start}. Apply in order: " + ", ".join(_WORDS[op].format(b=b) for op, b in ops) + "."
+    # Each operation is labelled with the step that applies it ("Step 2: + 6."), written as the steps write their
+    # own number and operation, so step k finds its operation by its label instead of by counting along a list:
+    # the built-in tiny model learns that lookup several times faster (docs/tasks.md, "arithmetic").
+    text = f"Start at {start}. " + " ".join(f"Step {k}: {_WORDS[op].format(b=b)}." for k, (op, b) in
+                                                enumerate(ops, start=1))
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name,
                    question=f"{text} What is the final result?", answer=str(v),
                    data={"start": start, "ops": ops, "difficulty": difficulty})

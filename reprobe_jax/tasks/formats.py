@@ -1,10 +1,10 @@
 """Answer formats: line mode (METHOD A1) and thinking mode (METHOD B1), their prompts, parsers and checkers.
 
 Line mode:      "- Step 1: 12 + 5 = 17\\n- Step 2: ...\\n<Answer>: 36"
-Thinking mode:  "<think>\\nFirst, 12 + 5 = 17.\\n\\nNext, ...\\n\\n</think>\\n\\n**Final Answer**\\n\\\\boxed{36}"
+Thinking mode:  "<think>\\nStep 1: 12 + 5 = 17.\\n\\nStep 2: ...\\n\\n</think>\\n\\n**Final Answer**\\n\\\\boxed{36}"
 
 In thinking mode every paragraph ends with ".\\n\\n" (the SPAE step boundary). A paragraph is a work step
-("Next, 12 * 3 = 36."), a reflection that re-checks an earlier step ("Wait, let me check: 12 * 3 = 36."), or
+("Step 2: 12 * 3 = 36."), a reflection that re-checks an earlier step ("Wait, let me check: 12 * 3 = 36."), or
 other text (a conclusion "So the answer is 36.", filler).
 """
 
@@ -24,7 +24,7 @@ _LINE_ANSWER = re.compile(r"^\s*<answer>\s*:?\s*(.*?)\s*$", re.IGNORECASE)
 _HEADER = re.compile(r"^\s*(reasoning steps|solution|steps)\s*:?\s*$", re.IGNORECASE)
 _REFLECT = re.compile(r"^\s*(?:wait|hmm|actually|let me)\b[^:]*\b(?:check|verify)\b[^:]*:\s*(.*)$",
                       re.IGNORECASE | re.DOTALL)  # 'check' also covers re-check and double-check
-_WORK_PREFIX = re.compile(r"^\s*(?:first|next|then|now)\s*,\s*", re.IGNORECASE)
+_WORK_PREFIX = re.compile(r"^\s*(?:(?:first|next|then|now)\s*,|step\s*\d+\s*[:.])\s*", re.IGNORECASE)
 _CLAIM = re.compile(r"^\s*so,?\s+the\s+(?:final\s+)?(?:answer|result)\s+is\s*:?\s*(.+?)\s*\.?\s*$", re.IGNORECASE)
 _BOUNDARY = ".\n\n"
 
@@ -120,9 +120,13 @@ def parse_thinking(text: str) -> tuple[list[str], str | None]:
   return paragraphs, _last_boxed(after)
 
 
-def work_paragraph(body: str, first: bool = False) -> str:
-  """A thinking-mode work step: 'First, body.' / 'Next, body.'."""
-  return f"{'First' if first else 'Next'}, {body}."
+def work_paragraph(body: str, number: int) -> str:
+  """The `number`-th thinking-mode work step of a chain: 'Step 2: body.'.
+
+  Numbered like line-mode steps (and like the operations of an arithmetic question), so a model can find what step
+  k works on by its number; the parser also reads the 'First, ...' / 'Next, ...' of real reasoning models.
+  """
+  return f"Step {number}: {body}."
 
 
 def reflect_paragraph(body: str, variant: int = 0) -> str:

@@ -17,9 +17,9 @@ import numpy as np
 
 from reprobe_jax.tasks.base import Problem, State, TaskFamily, family_rng
 
-ROOMS = ("attic", "balcony", "bathroom", "bedroom", "cellar", "chapel", "den", "foyer", "gallery", "garage",
-         "garden", "greenhouse", "hall", "kitchen", "larder", "laundry", "library", "loft", "lounge", "nursery",
-         "office", "pantry", "porch", "study", "tower", "workshop")
+# A small pool (at most 7 rooms per house), for the same reason as qa's: the tiny built-in model learns to copy them.
+ROOMS = ("attic", "bedroom", "cellar", "den", "garden", "hall", "kitchen", "library", "office", "porch", "study",
+         "tower")
 _N_ROOMS = {1: 5, 2: 6, 3: 7}
 _DISTANCE = {1: (2, 2), 2: (2, 3), 3: (3, 4)}  # inclusive range of the shortest-route length per difficulty
 _STEP = re.compile(r"^\s*move\s+from\s+(?:the\s+)?([a-z]+)\s+to\s+(?:the\s+)?([a-z]+)\s*\.?\s*$", re.IGNORECASE)
@@ -80,9 +80,13 @@ class Planning(TaskFamily):
         break
     start = starts[int(rng.integers(len(starts)))]
     order = [doors[i] for i in rng.permutation(len(doors))]
-    # The doors name every room (the house is connected), so the question does not list the rooms again.
-    question = (f"Doors join these rooms, both ways: {', '.join(f'{a}-{b}' for a, b in order)}. Go from the {start} "
-                f"to the {goal} by a shortest route, one door per move. How many moves is that?")
+    # The doors name every room (the house is connected), so the question does not list the rooms again. A room is
+    # written as the steps write it (" kitchen and hall", not "kitchen-hall", which would tokenize differently), so
+    # a step can copy its rooms from the question.
+    # The task comes first and opens like the other families' questions ("Start at X."), so the start room stands
+    # where an arithmetic chain's start value does and a step copies it the same way.
+    question = (f"Start at {start}. Go to {goal} by a shortest route, one door per move. Doors join these rooms, "
+                f"both ways: {', '.join(f'{a} and {b}' for a, b in order)}. How many moves is that?")
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name, question=question,
                    answer=str(dist[start]),
                    data={"rooms": sorted(rooms), "doors": [list(d) for d in doors], "start": start, "goal": goal,

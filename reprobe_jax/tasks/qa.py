@@ -16,9 +16,10 @@ import numpy as np
 
 from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, family_rng
 
-PEOPLE = ("Alice", "Beth", "Carl", "Dana", "Eric", "Fay", "Gus", "Hana", "Ivan", "Jill", "Kurt", "Lena", "Mark",
-          "Nora", "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara", "Ugo", "Vera", "Walt", "Xena", "Yuri", "Zoe")
-RELATIONS = ("boss", "coach", "doctor", "friend", "landlord", "mentor", "neighbor", "partner", "rival", "teacher")
+# Small pools, like arithmetic's small numbers: the built-in tiny model sees every name and relation often enough in
+# a CPU-minutes budget to learn to copy it from the facts (docs/tasks.md, "qa").
+PEOPLE = ("Alice", "Beth", "Carl", "Dana", "Eric", "Gus", "Pia", "Sam", "Tara", "Zoe")
+RELATIONS = ("boss", "coach", "friend", "mentor", "teacher")
 _N_PEOPLE = {1: 4, 2: 5, 3: 5}
 _N_RELATIONS = {1: 2, 2: 2, 3: 3}
 _N_HOPS = {1: 2, 2: 3, 3: 3}
@@ -59,9 +60,12 @@ class MultiHopQA(TaskFamily):
       entity = base[(entity, r)]
     order = [triples[i] for i in rng.permutation(len(triples))]
     text = " ".join(f"The {r} of {s} is {o}." for s, r, o in order)
-    phrase = " of ".join(f"the {r}" for r in reversed(hops))
+    # Laid out like an arithmetic chain: the start, then each hop labelled with the step that follows it, so the
+    # tiny built-in model finds a step's person and relation the way it finds an arithmetic step's value and
+    # operation; only the lookup in the facts is new to it.
+    chain = " ".join(f"Step {k}: {r}." for k, r in enumerate(hops, start=1))
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name,
-                   question=f"Facts: {text} Question: who is {phrase} of {start}?", answer=entity,
+                   question=f"Start at {start}. {chain} Who is that? Facts: {text}", answer=entity,
                    data={"people": sorted(people), "relations": relations, "facts": triples, "start": start,
                          "hops": hops, "difficulty": difficulty})
 

@@ -152,7 +152,7 @@ def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generat
   limit = family.max_steps(problem)
   bodies, kinds, snapshots, state = _walk(family, problem, family.initial_state(problem), rng, noise, limit)
   for i, (body, kind) in enumerate(zip(bodies, kinds)):
-    paragraphs.append(formats.work_paragraph(body, first=i == 0))
+    paragraphs.append(formats.work_paragraph(body, i + 1))
     injected.append(kind)
   answer_paragraph = len(paragraphs) - 1 if bodies and family.is_done(problem, state) else None
   conclude(state)
@@ -189,8 +189,8 @@ def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generat
         injected.append(None if how == "fix" else "r2w")
         # The solution changes its mind at step j and redoes the rest from there, honestly.
         redo, _, _, state = _walk(family, problem, new, rng, None, limit)
-        for body in redo:
-          paragraphs.append(formats.work_paragraph(body))
+        for k, body in enumerate(redo, start=j + 2):  # the chain goes on after its (j+1)-th step
+          paragraphs.append(formats.work_paragraph(body, k))
           injected.append(None)
         conclude(state)
         right_after = family.check_answer(problem, family.state_answer(problem, state))
