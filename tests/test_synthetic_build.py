@@ -111,3 +111,16 @@ def test_config_overrides_are_checked():
   c.train.stepz = 3
   with pytest.raises(ConfigError, match="stepz"):
     config_from_dict(c)
+
+
+def test_thinking_subset_is_a_stable_share_of_the_problems():
+  from reprobe_jax.synthetic.build import thinking_subset
+  from reprobe_jax.tasks import make_problems
+  problems = make_problems("arithmetic", 400, seed=0, difficulty=1)
+  chosen = thinking_subset(problems, 0.4)
+  assert 0.3 < len(chosen) / len(problems) < 0.5
+  # chosen by id, not by position: the same problems whatever the order
+  assert {p.id for p in thinking_subset(problems[::-1], 0.4)} == {p.id for p in chosen}
+  assert thinking_subset(problems, 1.0) == problems
+  with pytest.raises(ConfigError, match="thinking_fraction"):
+    thinking_subset(problems, 0.0)

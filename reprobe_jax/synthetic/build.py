@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import time
+import zlib
 from typing import Callable
 
 from reprobe_jax.atomic import atomic_open
@@ -51,6 +52,10 @@ class SyntheticBuildConfig:
   # In-domain arithmetic gets more of the budget than the out-of-domain families (whose prompts are also longer).
   family_weights: tuple[tuple[str, float], ...] = (("arithmetic", 2.0), ("planning", 1.0), ("qa", 1.0))
   prompt_loss_weight: float = 0.2
+  # Share of the training problems that also get a thinking-mode trace (every problem gets a line-mode one). The
+  # in-domain line-mode skill is what the quality band measures and it needs most of the budget; re-checking is
+  # learned from far fewer thinking traces.
+  thinking_fraction: float = 1.0
   eval_problems_per_family: int = 64
   difficulties: tuple[int, ...] = (1, 2, 3)
   noise: TraceNoise = TraceNoise()
@@ -129,6 +134,14 @@ def _problems(cfg: SyntheticBuildConfig):
   return train, held
 
 
+def thinking_subset(problems, fraction: float):
+  """The problems (a `fraction` of them, chosen by a hash of the id, so the same ones for any order) that get a
+  thinking-mode training trace."""
+  if not 0.0 < fraction <= 1.0:
+    raise ConfigError(f"thinking_fraction must be in (0, 1], found {fraction}")
+  return [p for p in problems if zlib.crc32(p.id.encode()) % 10_000 < fraction * 10_000]
+
+
 def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None = None) -> str:
   """Runs (or resumes) the build; returns the output folder that holds `model/` and `report.json`."""
   out = os.path.join(os.path.abspath(workdir), cfg.key())
@@ -152,8 +165,9 @@ def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None 
     t0 = time.time()
     pairs = []
     for mode in MODES:
-      traces = solve_many(train, mode, cfg.seed, cfg.noise)
-      pairs += [(user_prompt(p, mode), t.text) for p, t in zip(train, traces)]
+      chosen = train if mode == "line" else thinking_subset(train, cfg.thinking_fraction)
+      traces = solve_many(chosen, mode, cfg.seed, cfg.noise)
+      pairs += [(user_prompt(p, mode), t.text) for p, t in zip(chosen, traces)]
     tokenizer = build_tokenizer((chat_prompt_text(q) + a for q, a in pairs), cfg.vocab_size)
     data = encode_examples(tokenizer, [(chat_prompt(tokenizer, q), a) for q, a in pairs], cfg.buckets,
                            prompt_weight=cfg.prompt_loss_weight)
