@@ -2,8 +2,8 @@
 
 Every person has exactly one value for every relation of the problem ("The mentor of Alice is Beth."), so any
 person reached by a wrong lookup still has an answer for the next hop and errors can propagate. A question
-composes 2-3 relations ("Who is the boss of the mentor of Alice?"); a step is one lookup, "the mentor of Alice is
-Beth". It is correct when its relation is the next one of the chain, its subject is the previous written result
+composes 2-3 relations ("Start at Alice. Step 1: mentor. Step 2: boss. Who is that? Facts: ...", the boss of the
+mentor of Alice); a step is one lookup, "the mentor of Alice is Beth". It is correct when its relation is the next one of the chain, its subject is the previous written result
 (or the question's start person), and its object is what the fact base says.
 """
 
