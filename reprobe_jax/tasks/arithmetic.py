@@ -1,4 +1,4 @@
-"""Arithmetic chains (the in-domain 'math' family): a start value and 2-5 operations on small integers.
+"""Arithmetic chains (the in-domain 'math' family): a start value and 2-4 operations on small integers.
 
 The question labels each operation with the step that applies it ("Start at 12. Step 1: * 3. Step 2: + 4.
 ..."); a step applies its operation to the previous written result: "12 * 3 = 36". Every number of a generated chain
@@ -16,7 +16,7 @@ from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, 
 
 _OPS = ("+", "-", "*")
 _WORDS = {"+": "+ {b}", "-": "- {b}", "*": "* {b}"}
-_N_OPS = {1: (2, 3), 2: (3, 4), 3: (4, 5)}  # inclusive range of operations per difficulty
+_N_OPS = {1: (2, 3), 2: (3, 3), 3: (3, 4)}  # inclusive range of operations per difficulty
 # Small ranges keep the table of facts (about 390 distinct a op b) within what a tiny model trained for minutes on
 # two CPU cores can learn, while it still makes real mistakes.
 _MAX_VALUE = 30
@@ -54,7 +54,7 @@ class Arithmetic(TaskFamily):
   flip_kinds = ("result",)
 
   def generate(self, seed: int, difficulty: int) -> Problem:
-    """A chain of 2-3 (difficulty 1), 3-4 (2) or 4-5 (3) operations whose values all stay in 0..30."""
+    """A chain of 2-3 (difficulty 1), 3 (2) or 3-4 (3) operations whose values all stay in 0..30."""
     rng = family_rng(self.name, seed, difficulty)
     lo, hi = _N_OPS[difficulty]
     n_ops = int(rng.integers(lo, hi + 1))

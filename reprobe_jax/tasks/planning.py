@@ -1,6 +1,6 @@
-"""Planning (out of domain): walk a small generated house of named rooms along a shortest route.
+"""Planning (out of domain): walk a small generated house of numbered rooms along a shortest route.
 
-A step is one move, "move from kitchen to hall". It is correct when it starts in the room the previous written
+A step is one move, "move from 4 to 7". It is correct when it starts in the room the previous written
 move ended in (or the start room), goes through a door that exists, and ends one door closer to the goal (a step
 of some shortest route). The answer is the number of moves the walk took; the true answer is the length of a
 shortest route (the goal room itself is stated in the question, so it would be no test).
@@ -17,12 +17,14 @@ import numpy as np
 
 from reprobe_jax.tasks.base import Problem, State, TaskFamily, family_rng
 
-# A small pool (at most 7 rooms per house), for the same reason as qa's: the tiny built-in model learns to copy them.
-ROOMS = ("attic", "bedroom", "cellar", "den", "garden", "hall", "kitchen", "library", "office", "porch", "study",
-         "tower")
+# Rooms are numbered 1..12 (at most 7 per house). The checker takes any lower-case word or number as a room name;
+# the generator numbers them because the tiny built-in model copies number tokens (it does so in every arithmetic
+# step) but, within its CPU-minutes budget, never learned to copy room words (docs/tasks.md, "planning").
+ROOMS = tuple(str(i) for i in range(1, 13))
 _N_ROOMS = {1: 5, 2: 6, 3: 7}
 _DISTANCE = {1: (2, 2), 2: (2, 3), 3: (3, 4)}  # inclusive range of the shortest-route length per difficulty
-_STEP = re.compile(r"^\s*move\s+from\s+(?:the\s+)?([a-z]+)\s+to\s+(?:the\s+)?([a-z]+)\s*\.?\s*$", re.IGNORECASE)
+_ROOM = r"(?:room\s+)?([a-z]+|\d+)"
+_STEP = re.compile(rf"^\s*move\s+from\s+(?:the\s+)?{_ROOM}\s+to\s+(?:the\s+)?{_ROOM}\s*\.?\s*$", re.IGNORECASE)
 _INF = 10**9
 
 
@@ -52,7 +54,7 @@ def graph(problem: Problem) -> tuple[dict[str, frozenset[str]], dict[str, int]]:
 class Planning(TaskFamily):
   """Shortest-route walking; state = (current room as written, moves written so far)."""
   name = "planning"
-  step_hint = "one door per step, like 'move from kitchen to hall'"
+  step_hint = "one door per step, like 'move from 4 to 7'"
   flip_kinds = ("detour", "illegal")
 
   def generate(self, seed: int, difficulty: int) -> Problem:
@@ -81,12 +83,12 @@ class Planning(TaskFamily):
     start = starts[int(rng.integers(len(starts)))]
     order = [doors[i] for i in rng.permutation(len(doors))]
     # The doors name every room (the house is connected), so the question does not list the rooms again. A room is
-    # written as the steps write it (" kitchen and hall", not "kitchen-hall", which would tokenize differently), so
-    # a step can copy its rooms from the question.
+    # written as the steps write it (" 4 and 7", not "4-7", which would tokenize differently), so a step can copy
+    # its rooms from the question.
     # The task comes first and opens like the other families' questions ("Start at X."), so the start room stands
     # where an arithmetic chain's start value does and a step copies it the same way.
-    question = (f"Start at {start}. Go to {goal} by a shortest route, one door per move. Doors join these rooms, "
-                f"both ways: {', '.join(f'{a} and {b}' for a, b in order)}. How many moves is that?")
+    question = (f"Start at {start}. Go to room {goal} by a shortest route, one door per move. Doors join these "
+                f"numbered rooms, both ways: {', '.join(f'{a} and {b}' for a, b in order)}. How many moves is that?")
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name, question=question,
                    answer=str(dist[start]),
                    data={"rooms": sorted(rooms), "doors": [list(d) for d in doors], "start": start, "goal": goal,
@@ -95,9 +97,9 @@ class Planning(TaskFamily):
   def validate(self, problem: Problem, where: str) -> None:
     data = problem.data
     rooms = data.get("rooms")
-    if not isinstance(rooms, list) or not rooms or not all(isinstance(r, str) and re.fullmatch(r"[a-z]+", r)
+    if not isinstance(rooms, list) or not rooms or not all(isinstance(r, str) and re.fullmatch(r"[a-z]+|\d+", r)
                                                            for r in rooms):
-      raise self.data_error(where, f"'rooms' must be a non-empty list of lower-case words, found {rooms!r}")
+      raise self.data_error(where, f"'rooms' must be a non-empty list of lower-case words or numbers, found {rooms!r}")
     doors = data.get("doors")
     if not isinstance(doors, list) or not all(isinstance(d, list) and len(d) == 2 and d[0] in rooms and d[1] in rooms
                                               for d in doors):

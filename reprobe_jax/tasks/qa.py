@@ -1,10 +1,12 @@
 """Multi-hop QA (out of domain): composed questions over a generated base of facts about people.
 
-Every person has exactly one value for every relation of the problem ("The mentor of Alice is Beth."), so any
-person reached by a wrong lookup still has an answer for the next hop and errors can propagate. A question
-composes 2-3 relations ("Start at Alice. Step 1: mentor. Step 2: boss. Who is that? Facts: ...", the boss of the
-mentor of Alice); a step is one lookup, "the mentor of Alice is Beth". It is correct when its relation is the next one of the chain, its subject is the previous written result
-(or the question's start person), and its object is what the fact base says.
+People are numbered. Every person has exactly one value for every relation of the problem ("The mentor of 4 is 9."),
+so any person reached by a wrong lookup still has an answer for the next hop and errors can propagate. A question
+composes 2-3 relations ("Start at 4. Step 1: mentor. Step 2: boss. Who is that? Facts about numbered people: ...",
+the boss of the mentor of 4); a step is one lookup, "the mentor of 4 is 9". It is correct when its relation is the
+next one of the chain, its subject is the previous written result (or the question's start person), and its object
+is what the fact base says. The checker also takes named people ("the mentor of Alice is Beth"), compared without
+case.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import numpy as np
 
 from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, family_rng
 
-# Small pools, like arithmetic's small numbers: the built-in tiny model sees every name and relation often enough in
-# a CPU-minutes budget to learn to copy it from the facts (docs/tasks.md, "qa").
-PEOPLE = ("Alice", "Beth", "Carl", "Dana", "Eric", "Gus", "Pia", "Sam", "Tara", "Zoe")
+# People are numbered 1..10 and relations come from a small pool: the tiny built-in model copies number tokens (it
+# does so in every arithmetic step) but, within its CPU-minutes budget, never learned to copy names (docs/tasks.md,
+# "qa").
+PEOPLE = tuple(str(i) for i in range(1, 11))
 RELATIONS = ("boss", "coach", "friend", "mentor", "teacher")
-_N_PEOPLE = {1: 4, 2: 5, 3: 5}
+_N_PEOPLE = {1: 3, 2: 4, 3: 4}
 _N_RELATIONS = {1: 2, 2: 2, 3: 3}
 _N_HOPS = {1: 2, 2: 3, 3: 3}
-_STEP = re.compile(r"^\s*the\s+([a-z]+)\s+of\s+([a-z]+)\s+is\s+([a-z]+)\s*\.?\s*$", re.IGNORECASE)
+_STEP = re.compile(r"^\s*the\s+([a-z]+)\s+of\s+([a-z]+|\d+)\s+is\s+([a-z]+|\d+)\s*\.?\s*$", re.IGNORECASE)
 
 
 def facts(problem: Problem) -> dict[tuple[str, str], str]:
@@ -34,11 +37,11 @@ def facts(problem: Problem) -> dict[tuple[str, str], str]:
 class MultiHopQA(TaskFamily):
   """Composed lookups; state = (index of the next hop, previous written entity)."""
   name = "qa"
-  step_hint = "one fact per step, like 'the boss of Alice is Beth'"
+  step_hint = "one fact per step, like 'the boss of 4 is 9'"
   flip_kinds = ("entity",)
 
   def generate(self, seed: int, difficulty: int) -> Problem:
-    """4/5/5 people, 2/2/3 relations (8/10/15 facts), and a 2/3/3-hop question."""
+    """3/4/4 people, 2/2/3 relations (6/8/12 facts), and a 2/3/3-hop question."""
     rng = family_rng(self.name, seed, difficulty)
     people = [str(x) for x in rng.choice(PEOPLE, size=_N_PEOPLE[difficulty], replace=False)]
     relations = sorted(str(x) for x in rng.choice(RELATIONS, size=_N_RELATIONS[difficulty], replace=False))
@@ -65,16 +68,19 @@ class MultiHopQA(TaskFamily):
     # operation; only the lookup in the facts is new to it.
     chain = " ".join(f"Step {k}: {r}." for k, r in enumerate(hops, start=1))
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name,
-                   question=f"Start at {start}. {chain} Who is that? Facts: {text}", answer=entity,
+                   question=f"Start at {start}. {chain} Who is that? Facts about numbered people: {text}",
+                   answer=entity,
                    data={"people": sorted(people), "relations": relations, "facts": triples, "start": start,
                          "hops": hops, "difficulty": difficulty})
 
   def validate(self, problem: Problem, where: str) -> None:
     data = problem.data
     people, relations = data.get("people"), data.get("relations")
-    for name, value in (("people", people), ("relations", relations)):
-      if not isinstance(value, list) or not value or not all(isinstance(x, str) and x.isalpha() for x in value):
-        raise self.data_error(where, f"'{name}' must be a non-empty list of words, found {value!r}")
+    for name, value, pattern in (("people", people, r"[A-Za-z]+|\d+"), ("relations", relations, r"[A-Za-z]+")):
+      if not isinstance(value, list) or not value or not all(isinstance(x, str) and re.fullmatch(pattern, x)
+                                                             for x in value):
+        what = "words or numbers" if name == "people" else "words"
+        raise self.data_error(where, f"'{name}' must be a non-empty list of {what}, found {value!r}")
     triples = data.get("facts")
     if not isinstance(triples, list) or not all(
         isinstance(t, list) and len(t) == 3 and t[0] in people and t[1] in relations and t[2] in people
@@ -132,7 +138,7 @@ class MultiHopQA(TaskFamily):
 
   def normalize_answer(self, answer: str) -> str | None:
     text = answer.strip().rstrip(".").strip()
-    return text.capitalize() if re.fullmatch(r"[A-Za-z]+", text) else None
+    return text.capitalize() if re.fullmatch(r"[A-Za-z]+|\d+", text) else None
 
   def honest_step(self, problem: Problem, state: State, rng: np.random.Generator | None) -> tuple[str, State]:
     p, entity = state
