@@ -129,7 +129,8 @@ def _problems(cfg: SyntheticBuildConfig):
   for family in FAMILIES:
     fam = []
     for d in cfg.difficulties:  # a disjoint seed, and no question that training saw
-      fam += [p for p in make_problems(family, 2 * per, cfg.seed + 1_000_003, d) if p.question not in seen][:per]
+      # Short arithmetic chains are a small space that training covers densely, so draw candidates generously.
+      fam += [p for p in make_problems(family, 8 * per, cfg.seed + 1_000_003, d) if p.question not in seen][:per]
     held += fam[:cfg.eval_problems_per_family]
   return train, held
 
