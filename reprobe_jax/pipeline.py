@@ -260,9 +260,12 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: P
 
 def summarise(scores, labels, cfg: ReprobeConfig) -> dict:
   id_d, ood_d = list(cfg.train_domains), list(cfg.ood_domains)
-  out = {"datasets": {d: {"steps": int(np.sum(~np.isnan(labels[d]))),
-                          "incorrect_share": float(np.nanmean(labels[d]))} for d in labels},
-         "methods": {}}
+  def dataset(y):  # a domain whose steps all went unlabelled has no incorrect share (null, not NaN, in JSON)
+    y = np.asarray(y, dtype=float)
+    n = int(np.sum(~np.isnan(y)))
+    return {"steps": n, "incorrect_share": float(np.nanmean(y)) if n else None}
+
+  out = {"datasets": {d: dataset(labels[d]) for d in labels}, "methods": {}}
   for method, per in scores.items():
     m = {}
     for d in labels:
@@ -283,7 +286,8 @@ def table_markdown(metrics: dict) -> str:
     cells = [f"{m[d]['pr_auc']:.3f}" for d in datasets]
     cells += [f"{m['id_mean_pr_auc']:.3f}", f"{m['ood_mean_pr_auc']:.3f}", f"{m['overall_pr_auc']:.3f}"]
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
-  share = ", ".join(f"{d}: {v['steps']} steps, {100 * v['incorrect_share']:.0f}% incorrect"
+  share = ", ".join(f"{d}: {v['steps']} steps, " + ("none labelled" if v["incorrect_share"] is None else
+                                                      f"{100 * v['incorrect_share']:.0f}% incorrect")
                     for d, v in metrics["datasets"].items())
   return "\n".join(lines) + f"\n\nTest steps ({share}).\n"
 

@@ -125,3 +125,15 @@ def test_run_dir_is_keyed_by_config_and_target_model(lm):
   assert run_dir(config, other_model) != here
   config.probe.d_model = 64
   assert run_dir(config, lm) != here
+
+
+def test_summary_of_a_domain_without_labelled_steps():
+  """A test domain whose steps all went unlabelled reports 0 steps and no incorrect share, and the table says so."""
+  cfg = pipeline.ReprobeConfig(train_domains=("arithmetic",), ood_domains=("qa",))
+  labels = {"arithmetic": np.array([0.0, 1.0, np.nan, 1.0]), "qa": np.array([np.nan, np.nan])}
+  scores = {"maxprob": {"arithmetic": np.array([0.1, 0.9, 0.5, 0.8]), "qa": np.array([0.2, 0.3])}}
+  metrics = pipeline.summarise(scores, labels, cfg)
+  assert metrics["datasets"] == {"arithmetic": {"steps": 3, "incorrect_share": pytest.approx(2 / 3)},
+                                 "qa": {"steps": 0, "incorrect_share": None}}
+  assert metrics["methods"]["maxprob"]["arithmetic"]["pr_auc"] == 1.0
+  assert "arithmetic: 3 steps, 67% incorrect, qa: 0 steps, none labelled" in pipeline.table_markdown(metrics)
