@@ -47,8 +47,9 @@ def build_target(config):
 
 
 def run_dir(config, lm) -> str:
-  """`<config.workdir>/<hash>`: one folder per (job config, target model), so a rebuilt target or a changed config
-  starts afresh while a rerun of the same one resumes and reuses its cached stages."""
+  """`<config.workdir>/<hash>`: one folder per (job config, target model, problems and prompts), so a rebuilt
+  target, a changed config or a changed task generator starts afresh while a rerun of the same one resumes and
+  reuses its cached stages."""
   import dataclasses
   import hashlib
   import json
@@ -56,8 +57,9 @@ def run_dir(config, lm) -> str:
 
   from reprobe_jax import pipeline
   from reprobe_jax.features import model_fingerprint
-  blob = json.dumps(dataclasses.asdict(pipeline.config_from_dict(config)), sort_keys=True, default=str)
-  key = hashlib.sha256((blob + model_fingerprint(lm)).encode()).hexdigest()[:12]
+  cfg = pipeline.config_from_dict(config)
+  blob = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
+  key = hashlib.sha256((blob + model_fingerprint(lm) + pipeline.data_fingerprint(lm, cfg)).encode()).hexdigest()[:12]
   return os.path.join(config.workdir, key)
 
 

@@ -9,6 +9,7 @@ and an interrupted run resumes (feature extraction and probe training resume mid
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -28,7 +29,7 @@ from reprobe_jax.probe.data import Example, examples
 from reprobe_jax.probe.train import ProbeTrainConfig, evaluate_examples, predict_examples, train_probe
 from reprobe_jax.tasks import make_problems
 from reprobe_jax.tasks.io import read_jsonl, write_jsonl
-from reprobe_jax.trajectories import TrajectoryConfig, sample_trajectories
+from reprobe_jax.trajectories import TrajectoryConfig, prompt_text, sample_trajectories
 
 Progress = Callable[[str, int, int], None]
 
@@ -92,6 +93,17 @@ def split_problems(cfg: ReprobeConfig) -> dict[str, list]:
       "test": [p for d in cfg.train_domains + cfg.ood_domains
                for p in take(d, cfg.test_problems, SPLIT_SEEDS["test"])],
   }
+
+
+def data_fingerprint(lm: LanguageModel, cfg: ReprobeConfig) -> str:
+  """Hash of the problems of every split and the prompts the target gets for them, so that a changed task
+  generator, question layout, few-shot example or chat template gives a new run folder instead of reusing
+  trajectories sampled from other prompts."""
+  h = hashlib.sha256()
+  for split, problems in split_problems(cfg).items():
+    for p in problems:
+      h.update(json.dumps([split, p.to_json(), prompt_text(lm, p, cfg.mode, cfg.trajectories.few_shot)]).encode())
+  return h.hexdigest()
 
 
 def _record_time(workdir: str, stage: str, seconds: float) -> None:

@@ -127,6 +127,23 @@ def test_run_dir_is_keyed_by_config_and_target_model(lm):
   assert run_dir(config, lm) != here
 
 
+def test_run_dir_changes_with_the_task_generator(lm, monkeypatch):
+  """Trajectories cached for one question layout are not reused after the generator changes."""
+  from configs import reprobe_synthetic
+  from reprobe_jax.cli import run_dir
+  from reprobe_jax.tasks import FAMILIES
+
+  config = reprobe_synthetic.get_config()
+  here = run_dir(config, lm)
+  qa = FAMILIES["qa"]
+  original = qa.generate
+  monkeypatch.setattr(qa, "generate", lambda seed, d: dataclasses.replace(original(seed, d), question=original(
+      seed, d).question.replace("Who is that?", "Which person is that?")))
+  assert run_dir(config, lm) != here
+  monkeypatch.undo()
+  assert run_dir(config, lm) == here
+
+
 def test_summary_of_a_domain_without_labelled_steps():
   """A test domain whose steps all went unlabelled reports 0 steps and no incorrect share, and the table says so."""
   cfg = pipeline.ReprobeConfig(train_domains=("arithmetic",), ood_domains=("qa",))
