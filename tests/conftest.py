@@ -43,3 +43,24 @@ def tiny_llama_dir(tmp_path_factory):
   model.save_pretrained(d)
   make_word_tokenizer().save_pretrained(d)
   return str(d)
+
+
+class CompileCounter:
+  """Counts XLA backend compilations (not time) through jax.monitoring."""
+
+  def __init__(self):
+    import jax
+    from jax._src import dispatch
+    self.count = 0
+    self._event = dispatch.BACKEND_COMPILE_EVENT
+    jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+  def _on_event(self, event, duration, **kwargs):
+    if event == self._event:
+      self.count += 1
+
+
+@pytest.fixture(scope="session")
+def compile_counter():
+  """One listener for the session: `compile_counter.count` grows by one per XLA compilation."""
+  return CompileCounter()

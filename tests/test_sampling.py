@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import dispatch
 
 from reprobe_jax.errors import CacheFullError
 from reprobe_jax.models import CaptureSpec, SamplingParams, load_pretrained
@@ -20,22 +19,8 @@ def lm(tiny_llama_dir):
   return load_pretrained(tiny_llama_dir)
 
 
-class CompileCounter:
-  """Counts XLA backend compilations (not time) through jax.monitoring."""
-
-  def __init__(self):
-    self.count = 0
-    jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-  def _on_event(self, event, duration, **kwargs):
-    if event == dispatch.BACKEND_COMPILE_EVENT:
-      self.count += 1
-
-
-_COUNTER = CompileCounter()
-
-
-def test_second_generate_in_same_bucket_compiles_nothing(lm):
+def test_second_generate_in_same_bucket_compiles_nothing(lm, compile_counter):
+  _COUNTER = compile_counter
   rng = np.random.RandomState(0)
   kwargs = dict(max_new_tokens=12, stop_strings=(".\n",), capture=CAPTURE)
   first = _COUNTER.count

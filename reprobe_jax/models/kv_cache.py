@@ -1,11 +1,17 @@
-"""A fixed-size KV cache whose rows can be gathered, so many continuations branch from one shared prefix.
+"""A fixed-size KV cache whose rows can be gathered, or can share one read-only prefix, so many continuations
+branch from one context.
 
-Layout: per layer k, v [B, KV, S, Dh] (the layout attention reads); `valid` [B, S] marks filled, non-padding slots; `index` is the next slot
-to write (shared by all rows: prompts are left-padded to one bucket, so every row writes in lockstep);
-`positions` [B] is each row's next RoPE position (its count of real tokens so far).
+Layout: per layer k, v [B, KV, S, Dh] (the layout attention reads); `valid` [B, S] marks filled, non-padding slots;
+`index` is the next slot to write (shared by all rows: prompts are left-padded to one bucket, so every row writes in
+lockstep); `positions` [B] is each row's next RoPE position (its count of real tokens so far).
 
-Branching: prefill a prompt once, then `cache.take(rows)` repeats or reorders rows (Best-of-N samples, beam
-search survivors, SPAE's N probe continuations at a step boundary) without recomputing the prefix.
+Two ways to branch a prefilled context into many rows:
+- `take(rows)` copies the rows' buffers (the whole prefix per row);
+- `share(n, size, cut)` keeps the context as a read-only `prefix` of P rows and gives each of its n continuations
+  (rows p * n .. p * n + n - 1) only a suffix cache of `size` slots. Attention reads each prefix row's keys once for
+  all n of its rows (Hydragen / cascade attention). `prefix_cut` [B] lets a row see only the prefix slots before
+  its cut, which is exact for causal attention: SPAE's probes at every step boundary of one trajectory read that
+  trajectory's full cache, each cut at its boundary, with no copy.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ class KVCache:
   valid: jax.Array  # [B, S] bool
   positions: jax.Array  # [B] int32
   index: jax.Array  # [] int32
+  prefix: "KVCache | None" = None  # read-only shared context of P rows (rows b // (B // P) read row b's prefix)
+  prefix_cut: jax.Array | None = None  # [B] int32: row b sees prefix slots [0, cut)
 
   @property
   def size(self) -> int:
@@ -45,10 +53,39 @@ class KVCache:
     )
 
   def take(self, rows) -> "KVCache":
-    """Gathers rows [B'] of every buffer: repeat a prefix for N samples, or keep beam survivors."""
+    """Gathers rows [B'] of every own buffer: repeat a context for N samples, or keep beam survivors. With a shared
+    prefix, rows must stay with their prefix (row b' = rows[b'] reads prefix row b' // (B' // P)), which the caller
+    guarantees (a traced gather cannot check it)."""
     g = lambda x: jnp.take(x, rows, axis=0)
     return self.replace(k=tuple(map(g, self.k)), v=tuple(map(g, self.v)), valid=g(self.valid),
-                        positions=g(self.positions))
+                        positions=g(self.positions),
+                        prefix_cut=None if self.prefix_cut is None else g(self.prefix_cut))
+
+  def share(self, n: int, size: int, cut=None) -> "KVCache":
+    """A cache of P * n rows whose read-only prefix is this cache (P rows) and whose own buffers are `size` empty
+    slots. cut [P * n] int32 (default: every slot) limits the prefix slots row b sees; its positions continue
+    from the prefix's real tokens before the cut."""
+    if self.prefix is not None:
+      raise ValueError("a shared prefix cannot itself have a prefix; `take` the rows first")
+    p = self.batch
+    b = p * n
+    cut = jnp.full((b,), self.size, jnp.int32) if cut is None else jnp.asarray(cut, jnp.int32)
+    seen = jnp.repeat(self.valid, n, axis=0) & (jnp.arange(self.size)[None, :] < cut[:, None])  # [B, Sp]
+    kv, hd = self.k[0].shape[1], self.k[0].shape[3]
+    dtype = self.k[0].dtype
+    return KVCache(k=tuple(jnp.zeros((b, kv, size, hd), dtype) for _ in self.k),
+                   v=tuple(jnp.zeros((b, kv, size, hd), dtype) for _ in self.v),
+                   valid=jnp.zeros((b, size), bool), positions=jnp.sum(seen, axis=1, dtype=jnp.int32),
+                   index=jnp.zeros((), jnp.int32), prefix=self, prefix_cut=cut)
+
+  def prefix_view(self):
+    """(per-layer (k, v) [P, KV, Sp, Dh], valid [B, Sp]) for the decoder, or None without a shared prefix."""
+    if self.prefix is None:
+      return None
+    p = self.prefix
+    seen = jnp.repeat(p.valid, self.batch // p.batch, axis=0)
+    seen = seen & (jnp.arange(p.size)[None, :] < self.prefix_cut[:, None])
+    return p.layers(), seen
 
   def layers(self):
     return tuple(zip(self.k, self.v))

@@ -15,12 +15,14 @@ import numpy as np
 from flax import nnx
 
 from reprobe_jax.errors import CacheFullError, ConfigError
-from reprobe_jax.models import sampling
+from reprobe_jax.models import decoding, sampling
 from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
 from reprobe_jax.models.checkpoint import export_tensors, write_safetensors
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.forward import StaticGraph, forward as _forward, positions_from_mask
+from reprobe_jax.models.decoding import StopRule
 from reprobe_jax.models.kv_cache import KVCache
+from reprobe_jax.models.sampler import Sampler
 from reprobe_jax.models.sharding import ShardingCtx
 from reprobe_jax.models.transformer import Decoder
 
@@ -59,6 +61,15 @@ class Generation:
     return self.tokens[row, :self.lengths[row]].tolist()
 
 
+def _strings(name: str, values) -> tuple[str, ...]:
+  """A sequence of non-empty strings (a bare string is one item, not its characters)."""
+  values = (values,) if isinstance(values, str) else tuple(values)
+  for v in values:
+    if not isinstance(v, str) or not v:
+      raise ConfigError(f"{name} must be non-empty strings, got {v!r}")
+  return values
+
+
 class LanguageModel:
   """A frozen decoder: `forward` with capture, `generate`, `save_pretrained`; params split once for jit."""
 
@@ -95,11 +106,12 @@ class LanguageModel:
   def forward(self, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec(),
               position_ids=None) -> ForwardOutput:
     """Full forward of [B, T] tokens. Positions default to HF generate's cumsum(mask) - 1 (padding-invariant)."""
+    if input_ids.ndim != 2 if hasattr(input_ids, "ndim") else np.ndim(input_ids) != 2:
+      raise ConfigError(f"input_ids must be [batch, seq], got shape {np.shape(input_ids)}")
+    if not isinstance(input_ids, jax.Array):  # host ids are checked where they are; device ids were made by us
+      self.check_ids(input_ids)
     input_ids = jnp.asarray(input_ids, jnp.int32)
-    if input_ids.ndim != 2:
-      raise ConfigError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
     self._check_length(input_ids.shape[1])
-    self._check_ids(input_ids)
     mask = jnp.ones_like(input_ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
     if mask.shape != input_ids.shape:
       raise ConfigError(f"attention_mask shape {mask.shape} differs from input_ids shape {input_ids.shape}")
@@ -116,8 +128,12 @@ class LanguageModel:
       raise CacheFullError(f"sequence of {n} tokens exceeds the model's max_position_embeddings="
                            f"{self.config.max_position_embeddings}")
 
-  def _check_ids(self, ids):
-    lo, hi = int(jnp.min(ids)), int(jnp.max(ids))
+  def check_ids(self, ids):
+    """Refuses token ids outside the vocabulary; checked on the host copy (no device round trip)."""
+    ids = np.asarray(ids)
+    if ids.size == 0:
+      return
+    lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= self.config.vocab_size:
       raise ConfigError(f"token id {hi if hi >= self.config.vocab_size else lo} is outside the vocabulary "
                         f"[0, {self.config.vocab_size})")
@@ -140,13 +156,25 @@ class LanguageModel:
   # ------------------------------------------------------------------------------------------ generate
 
   def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+    """Prompts as token-id lists: a list of texts or of id lists (a bare string is refused, not split into
+    characters; ids must be integers inside the vocabulary)."""
+    if isinstance(prompts, (str, bytes)):
+      raise ConfigError("prompts must be a list of texts or of token-id lists, got a bare string; wrap it: [text]")
+    prompts = list(prompts)
     if not prompts:
       raise ConfigError("generate: no prompts given")
-    if isinstance(prompts[0], str):
-      if self.tokenizer is None:
-        raise ConfigError("generate: text prompts need a tokenizer; pass token ids instead")
-      return [list(self.tokenizer(p)["input_ids"]) for p in prompts]
-    return [list(map(int, p)) for p in prompts]
+    out = []
+    for j, p in enumerate(prompts):
+      if isinstance(p, str):
+        if self.tokenizer is None:
+          raise ConfigError("text prompts need a tokenizer; pass token ids instead")
+        out.append(list(self.tokenizer(p)["input_ids"]))
+      else:
+        ids = np.asarray(p)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+          raise ConfigError(f"prompt {j} must be a text or a flat list of integer token ids, got {p!r:.80}")
+        out.append([int(t) for t in ids])
+    return out
 
   def stop_token_mask(self, stop_strings: Sequence[str]) -> np.ndarray:
     """[V] bool: tokens whose decoded text ends with one of the delimiters (resolved once per set)."""
@@ -180,72 +208,40 @@ class LanguageModel:
         return int(cand)
     return 0
 
+  def sampler(self, sampling_params: sampling.SamplingParams = sampling.SamplingParams(), *,
+              capture: CaptureSpec = CaptureSpec(), stop: StopRule | Sequence[str] | None = None) -> Sampler:
+    """The open sampler (prefill, decode to a boundary, force, take, resume, read); `stop` is a StopRule or stop
+    strings (a token whose text ends with one of them ends a step)."""
+    if stop is not None and not isinstance(stop, StopRule):
+      stop = StopRule.from_mask(self.stop_token_mask(_strings("stop_strings", stop)))
+    return Sampler(self, sampling_params, capture, stop)
+
   def generate(self, prompts, sampling_params: sampling.SamplingParams = sampling.SamplingParams(), *,
                max_new_tokens: int, stop_strings: Sequence[str] = (), seed: int = 0, n: int = 1,
-               capture: CaptureSpec = CaptureSpec()) -> Generation:
-    """Samples `n` continuations of each prompt (text or token ids), prefilling each prompt once.
+               capture: CaptureSpec = CaptureSpec(), stop: StopRule | None = None) -> Generation:
+    """Samples `n` continuations of each prompt (text or token ids), prefilling each prompt once (its n rows read
+    its cache as a shared prefix).
 
     Prompts are left-padded to a power-of-two bucket and the batch to a power of two, so a new prompt in the same
-    bucket compiles nothing. Stops per row on EOS or on a token whose text ends with a stop string.
+    bucket compiles nothing. Stops per row on EOS, on a token whose text ends with a stop string (or on `stop`, a
+    compiled step boundary), or at `max_new_tokens`.
     """
-    if max_new_tokens < 1:
-      raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if n < 1:
-      raise ConfigError(f"n must be >= 1, got {n}")
-    capture.resolve_layers(self.config.num_layers)
+    smp = self.sampler(sampling_params, capture=capture, stop=stop if stop is not None else (stop_strings or None))
     ids = self.encode(prompts)
-    for j, p in enumerate(ids):
-      if not p:
-        raise ConfigError(f"generate: prompt {j} is empty")
-    plen = sampling.bucket(max(map(len, ids)))
-    new_len = sampling.bucket(max_new_tokens)
-    size = plen + new_len
-    longest = max(map(len, ids)) + max_new_tokens
-    if longest > self.config.max_position_embeddings:
-      raise CacheFullError(f"prompt of {max(map(len, ids))} tokens + max_new_tokens={max_new_tokens} exceeds "
-                           f"max_position_embeddings={self.config.max_position_embeddings}")
-    n_prompts = len(ids)
-    b = sampling.bucket(n_prompts, minimum=1)
-    pad = self.pad_id()
-    arr = np.full((b, plen), pad, np.int32)
-    mask = np.zeros((b, plen), np.int32)
-    for j, p in enumerate(ids):
-      arr[j, plen - len(p):] = p
-      mask[j, plen - len(p):] = 1
-    self._check_ids(jnp.asarray(arr))
-    # Left padding takes cache slots but no positions (checked against the context above), so the bucketed cache
-    # may hold more slots than max_position_embeddings.
-    cache = KVCache.zeros(self.config, b, size, self.dtype)
-    logits, captured, cache = self.extend(cache, arr, mask, capture=capture)
-    last_logits = logits[:, -1]
-    last_captured = {"hidden_states": {i: h[:, -1:] for i, h in captured["hidden_states"].items()}}
-    if "attn_window" in captured:
-      last_captured["attn_window"] = captured["attn_window"][:, -1:]
-    rows_b = sampling.bucket(n_prompts * n, minimum=1)
-    rows = np.zeros(rows_b, np.int32)
-    rows[:n_prompts * n] = np.repeat(np.arange(n_prompts), n)
-    active = np.zeros(rows_b, bool)
-    active[:n_prompts * n] = True
-    rows_j = jnp.asarray(rows)
-    if rows_b != b or n > 1:  # branch the shared prefix: no prompt is recomputed
-      cache = cache.take(rows_j)
-      last_logits = jnp.take(last_logits, rows_j, axis=0)
-      last_captured = jax.tree.map(lambda x: jnp.take(x, rows_j, axis=0), last_captured)
-    out = sampling.decode(
-        self.static_graph, self.params, cache, last_logits, last_captured, jax.random.key(seed),
-        jnp.int32(max_new_tokens), jnp.asarray(active), jnp.asarray(self.eos_mask()),
-        jnp.asarray(self.stop_token_mask(stop_strings)), jnp.float32(sampling_params.temperature),
-        jnp.float32(sampling_params.top_p), jnp.int32(pad), buffer_len=new_len, greedy=sampling_params.greedy,
-        top_k=sampling_params.top_k, capture=capture, shard=self.shard)
-    r = n_prompts * n
-    tokens = np.asarray(out["tokens"])[:r, :max_new_tokens]
-    lengths = np.asarray(out["lengths"])[:r]
-    finish = [sampling.FINISH_NAMES[int(c)] for c in np.asarray(out["finish"])[:r]]
+    state = smp.decode(smp.prefill(ids, max_new_tokens=max_new_tokens, n=n, seed=seed))
+    r = len(ids) * n
+    host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
+                           "finish": state.finish, "features": state.features})
+    tokens = host["tokens"][:r, :max_new_tokens]
+    lengths = host["lengths"][:r]
+    tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, self.pad_id())
+    finish = [decoding.FINISH_NAMES[int(c)] for c in host["finish"][:r]]
     texts = ([self.tokenizer.decode(tokens[i, :lengths[i]]) for i in range(r)] if self.tokenizer is not None
              else [""] * r)
-    feats = {k: np.asarray(v)[:r, :max_new_tokens] for k, v in out["features"].items()}
-    return Generation(tokens=tokens, logprobs=np.asarray(out["logprobs"])[:r, :max_new_tokens], lengths=lengths,
-                      finish_reason=finish, prompt_index=rows[:r], prompt_ids=ids, texts=texts, features=feats)
+    feats = {k: v[:r, :max_new_tokens] for k, v in host["features"].items()}
+    return Generation(tokens=tokens, logprobs=host["logprobs"][:r, :max_new_tokens], lengths=lengths,
+                      finish_reason=finish, prompt_index=np.repeat(np.arange(len(ids)), n), prompt_ids=ids,
+                      texts=texts, features=feats)
 
   # ------------------------------------------------------------------------------------------ export
 

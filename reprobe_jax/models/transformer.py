@@ -52,18 +52,35 @@ class RMSNorm(nnx.Module):
     return self.scale[...] * xf.astype(x.dtype)
 
 
-def attention_window(probs, q_slots, width: int):
-  """Reads probabilities [B, H, T, S] at keys q_slot - w for w < width -> [B, T, H, W]; zero before slot 0.
+def attention_window(probs, window_idx, window_ok):
+  """Reads probabilities [B, H, T, K] at key indices window_idx [B, T, W] -> [B, T, H, W]; 0 where not window_ok.
 
-  Only a [B, H, T, W] gather of the layer's map is kept, never the full map past this layer.
+  The window is by position, not by slot: entry w is the w-th most recent *valid* key at or before the query
+  (itself for w = 0), so holes in a cache (padding slots of rows that waited while others decoded, a shared
+  prefix cut at a step boundary) do not shift it. Only a [B, H, T, W] gather of the layer's map is kept.
   """
-  offsets = jnp.arange(width)  # [W]
-  key_slots = q_slots[:, None] - offsets[None, :]  # [T, W]
-  valid = key_slots >= 0
-  idx = jnp.broadcast_to(jnp.clip(key_slots, 0)[None, None], probs.shape[:2] + key_slots.shape)
+  b, h = probs.shape[:2]
+  idx = jnp.broadcast_to(window_idx[:, None], (b, h) + window_idx.shape[1:])  # [B, H, T, W]
   win = jnp.take_along_axis(probs, idx, axis=-1)  # [B, H, T, W]
-  win = jnp.where(valid[None, None], win, 0.0)
+  win = jnp.where(window_ok[:, None], win, 0.0)
   return jnp.transpose(win, (0, 2, 1, 3))  # [B, T, H, W]
+
+
+def key_layout(key_valid, q_slots, width: int):
+  """Ranks of valid keys and the attention-window gather indices over the key axis (prefix slots first).
+
+  key_valid [B, K] bool (K = prefix slots + own slots); q_slots [T] indices of the queries in that axis.
+  Returns key_rank [B, K] (1-based count of valid keys up to each slot), q_rank [B, T], window_idx [B, T, W],
+  window_ok [B, T, W]. Ranks are positions up to a constant, so they also give exact sliding-window distances.
+  """
+  key_rank = jnp.cumsum(key_valid.astype(jnp.int32), axis=1)  # [B, K]
+  q_rank = jnp.take(key_rank, q_slots, axis=1)  # [B, T]
+  if not width:
+    return key_rank, q_rank, None, None
+  want = q_rank[:, :, None] - jnp.arange(width)[None, None, :]  # [B, T, W]: rank of the w-th most recent key
+  idx = jax.vmap(lambda r, w: jnp.searchsorted(r, w.reshape(-1), side="left").reshape(w.shape))(key_rank, want)
+  ok = want >= 1
+  return key_rank, q_rank, jnp.clip(idx, 0, key_valid.shape[1] - 1).astype(jnp.int32), ok
 
 
 class Attention(nnx.Module):
@@ -82,8 +99,14 @@ class Attention(nnx.Module):
     self.num_heads, self.num_kv_heads, self.head_dim = h, kv, hd
     self.window = cfg.sliding_windows[layer]
 
-  def __call__(self, x, cos, sin, mask, q_slots, kv_cache, write_index, capture: CaptureSpec):
+  def __call__(self, x, cos, sin, mask, q_slots, kv_cache, write_index, capture: CaptureSpec, layout):
     """x [B, T, D]; mask [B, T, S] bool; kv_cache (k, v) [B, KV, S, Dh] or None. Returns out, (k, v).
+
+    `layout` (see `Decoder.__call__`) carries key ranks, the attention-window indices and an optional shared
+    prefix: (k, v) [P, KV, Sp, Dh] read by the R = B // P consecutive rows of each prefix (Hydragen-style: the
+    queries of a prefix's rows are stacked, so its keys and values are read once for all of them, not copied per
+    row), with its mask [B, T, Sp]. Prefix and own scores share one softmax, which is exact attention over the
+    concatenated keys.
 
     Head-major layout: the query heads that share a KV head are laid out as one [G*T] block, so both attention
     products are plain batched matmuls over (B, KV) and no score-sized transpose is made, forward or backward
@@ -103,21 +126,67 @@ class Attention(nnx.Module):
       k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), write_index, axis=2)
       v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype), write_index, axis=2)
     s = k.shape[2]
-    if self.window is not None:
-      key_slots = jnp.arange(s)
-      mask = mask & ((q_slots[:, None] - key_slots[None, :]) < self.window)[None]
+    sp = layout.prefix_slots
+    prefix_mask = layout.prefix_mask
+    if self.window is not None:  # sliding window by position (key ranks), so cache holes do not widen it
+      near = (layout.q_rank[:, :, None] - layout.key_rank[:, None, :]) < self.window  # [B, T, Sp + S]
+      mask = mask & near[:, :, sp:]
+      if sp:
+        prefix_mask = prefix_mask & near[:, :, :sp]
     groups = h // kvh
     qg = q.reshape(b, kvh, groups * t, hd)  # heads h = kv * G + g share KV head kv (HF's repeat_kv order)
     scores = jnp.einsum("bkqd,bksd->bkqs", qg, k.astype(q.dtype), preferred_element_type=jnp.float32)
     scores = (scores * (hd**-0.5)).reshape(b, kvh, groups, t, s)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)  # [B, KV, G, T, S]
+    if sp:
+      kp, vp = layout.prefix_kv[0], layout.prefix_kv[1]  # [P, KV, Sp, Dh]
+      p = kp.shape[0]
+      r = b // p
+      qp = jnp.swapaxes(q.reshape(p, r, kvh, groups * t, hd), 1, 2).reshape(p, kvh, r * groups * t, hd)
+      sc_p = jnp.einsum("pkqd,pksd->pkqs", qp, kp.astype(q.dtype), preferred_element_type=jnp.float32)
+      sc_p = jnp.swapaxes((sc_p * (hd**-0.5)).reshape(p, kvh, r, groups, t, sp), 1, 2).reshape(b, kvh, groups, t, sp)
+      sc_p = jnp.where(prefix_mask[:, None, None], sc_p, jnp.finfo(jnp.float32).min)
+      scores = jnp.concatenate([sc_p, scores], axis=-1)  # [B, KV, G, T, Sp + S]
     probs = jax.nn.softmax(scores, axis=-1)
     if capture.attn_window:
-      win = attention_window(probs.reshape(b, h, t, s), q_slots, capture.attn_window)
+      win = attention_window(probs.reshape(b, h, t, sp + s), layout.window_idx, layout.window_ok)
       self.sow(nnx.Intermediate, "attn_window", win)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs.reshape(b, kvh, groups * t, s).astype(x.dtype), v.astype(x.dtype))
+    own = probs[..., sp:] if sp else probs
+    out = jnp.einsum("bkqs,bksd->bkqd", own.reshape(b, kvh, groups * t, s).astype(x.dtype), v.astype(x.dtype))
+    if sp:
+      pp = jnp.swapaxes(probs[..., :sp].reshape(p, r, kvh, groups * t, sp), 1, 2).reshape(p, kvh, r * groups * t, sp)
+      out_p = jnp.einsum("pkqs,pksd->pkqd", pp.astype(x.dtype), vp.astype(x.dtype))  # [P, KV, R*G*T, Dh]
+      out = out + jnp.swapaxes(out_p.reshape(p, kvh, r, groups * t, hd), 1, 2).reshape(b, kvh, groups * t, hd)
     out = jnp.swapaxes(out.reshape(b, h, t, hd), 1, 2).reshape(b, t, h * hd)
     return self.o_proj(out), (k, v)
+
+
+class _Layout:
+  """What every layer's attention reads besides its own keys: key ranks, window indices, the shared prefix."""
+
+  def __init__(self, key_rank, q_rank, window_idx, window_ok, prefix_slots, prefix_mask, prefix_layers):
+    self.key_rank, self.q_rank, self.window_idx, self.window_ok = key_rank, q_rank, window_idx, window_ok
+    self.prefix_slots, self.prefix_mask, self.prefix_layers = prefix_slots, prefix_mask, prefix_layers
+    self.prefix_kv = None
+
+  @classmethod
+  def build(cls, key_valid, q_slots, prefix, width: int, t: int):
+    if prefix is None:
+      rank, q_rank, idx, ok = key_layout(key_valid, q_slots, width)
+      return cls(rank, q_rank, idx, ok, 0, None, None)
+    layers, prefix_valid = prefix  # prefix_valid [B, Sp]
+    sp = prefix_valid.shape[1]
+    rank, q_rank, idx, ok = key_layout(jnp.concatenate([prefix_valid, key_valid], axis=1), q_slots + sp, width)
+    return cls(rank, q_rank, idx, ok, sp, jnp.broadcast_to(prefix_valid[:, None, :], (prefix_valid.shape[0], t, sp)),
+               layers)
+
+  def for_layer(self, i: int) -> "_Layout":
+    if self.prefix_layers is None:
+      return self
+    out = _Layout(self.key_rank, self.q_rank, self.window_idx, self.window_ok, self.prefix_slots, self.prefix_mask,
+                  None)
+    out.prefix_kv = self.prefix_layers[i]
+    return out
 
 
 class MLP(nnx.Module):
@@ -140,8 +209,9 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
     self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x, cos, sin, mask, q_slots, kv_cache, write_index, capture):
-    attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, q_slots, kv_cache, write_index, capture)
+  def __call__(self, x, cos, sin, mask, q_slots, kv_cache, write_index, capture, layout):
+    attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, q_slots, kv_cache, write_index, capture,
+                              layout)
     x = x + attn
     x = x + self.mlp(self.post_attention_layernorm(x))
     return x, kv
@@ -159,9 +229,11 @@ class Decoder(nnx.Module):
                     _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
 
   def __call__(self, input_ids, positions, key_valid, *, kv_caches=None, write_index=0,
-               capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None):
+               capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None, prefix=None):
     """input_ids, positions [B, T] int; key_valid [B, S] bool (S = T without a cache, else the cache size);
-    kv_caches: per-layer (k, v) [B, KV, S, Dh] or None. Queries sit at slots write_index + arange(T)."""
+    kv_caches: per-layer (k, v) [B, KV, S, Dh] or None. Queries sit at slots write_index + arange(T).
+    prefix: optional (per-layer (k, v) [P, KV, Sp, Dh], valid [B, Sp] bool): a context shared by the B // P
+    consecutive rows of each of its P rows, read before the own slots (see `Attention`)."""
     cfg = self.config
     t = input_ids.shape[1]
     layers_wanted = set(capture.resolve_layers(cfg.num_layers))
@@ -173,11 +245,12 @@ class Decoder(nnx.Module):
     q_slots = write_index + jnp.arange(t)  # [T]
     key_slots = jnp.arange(s)
     mask = (key_slots[None, :] <= q_slots[:, None])[None] & key_valid[:, None, :]  # [B, T, S]
+    layout = _Layout.build(key_valid, q_slots, prefix, capture.attn_window, t)
     cos, sin = rope_cos_sin(cfg, positions)
     new_caches = []
     for i, layer in enumerate(self.layers):
       kv = kv_caches[i] if kv_caches is not None else None
-      x, kv = layer(x, cos, sin, mask, q_slots, kv, write_index, capture)
+      x, kv = layer(x, cos, sin, mask, q_slots, kv, write_index, capture, layout.for_layer(i))
       x = constrain(x, ("batch", "seq", "embed"), shard)
       new_caches.append(kv)
       if i + 1 < cfg.num_layers and (i + 1) in layers_wanted:

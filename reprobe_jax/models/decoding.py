@@ -1,0 +1,356 @@
+"""The open sampler: a pytree decode state and pure, jitted operations on it that search and RL compose.
+
+    state = prefill(...)                      # prompts -> pending next-token logits, empty response buffers
+    state = decode(..., state, stop_rule)     # until every live row hits EOS, a step boundary, its budget or the
+                                              # cache end
+    scores = scorer(state.features, newest_step_spans(state))   # on device, no second forward
+    state = take(state, keep_rows)            # branch samples or keep beam survivors
+    state = force(..., state, suffix_ids)     # append forced text (`</think>`, a probe suffix) to chosen rows
+    state = resume(state, rows)               # let paused rows go on; their newest step starts here
+
+Every response token i of row b has, in the state's buffers, its id, its log-probability at temperature 1 under
+the model (sampled or forced alike), and the features of the state that predicted it (METHOD A3: next-token
+aligned), captured inside the compiled loop. Static (compile-time): the graph, the capture spec, the sharding,
+buffer and cache sizes, greedy, top_k and whether top-p filtering is on. Traced: everything else (prompts, budgets,
+temperature, top_p, EOS and stop tables, the step budget), so new prompts and new boundaries in the same buckets
+compile nothing.
+
+Finish reasons: 'length' (the row's token budget), 'eos', 'stop' (a step boundary: the row is paused and may be
+resumed), 'cache_full' (the cache has no slot left for the row's next token: never a silent stop).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from reprobe_jax.models.capture import CaptureSpec
+from reprobe_jax.models.forward import logit_stats
+from reprobe_jax.models.kv_cache import KVCache
+from reprobe_jax.models.sampling import extend, sample_token
+from reprobe_jax.models.sharding import ShardingCtx
+
+FINISH_LENGTH, FINISH_EOS, FINISH_STOP, FINISH_CACHE_FULL = 0, 1, 2, 3
+FINISH_NAMES = {FINISH_LENGTH: "length", FINISH_EOS: "eos", FINISH_STOP: "stop", FINISH_CACHE_FULL: "cache_full"}
+
+
+@struct.dataclass
+class StopRule:
+  """A token-level automaton for step boundaries: after token t in state q the row moves to transitions[q, t] and
+  its step ends if fires[q, t]. Q = 1 with fires[0] = a per-token mask is the plain "token text ends with a
+  delimiter" rule; `reprobe_jax.steps` compiles exact multi-token boundaries into the same two tables."""
+
+  transitions: jax.Array  # [Q, V] int32
+  fires: jax.Array  # [Q, V] bool
+  initial: jax.Array  # [] int32
+
+  @classmethod
+  def from_mask(cls, mask) -> "StopRule":
+    mask = jnp.asarray(mask, bool)[None]  # [1, V]
+    return cls(transitions=jnp.zeros(mask.shape, jnp.int32), fires=mask, initial=jnp.zeros((), jnp.int32))
+
+  def advance(self, state, tok):
+    """state [B] int32, tok [B] int32 -> (new state [B], step ended [B] bool)."""
+    return self.transitions[state, tok], self.fires[state, tok]
+
+
+@struct.dataclass
+class DecodeState:
+  """Rows of a batch being decoded. N = response buffer length; features hold `capture`'s per-token values."""
+
+  cache: KVCache
+  logits: jax.Array  # [B, V] float32: the next-token logits of each row
+  pending: dict  # the captured values of the positions that produced `logits` ({'hidden_i': [B, D], ...})
+  tokens: jax.Array  # [B, N] int32, pad after each row's length
+  logprobs: jax.Array  # [B, N] float32, log p(token) at temperature 1, 0 past the length
+  features: dict  # {'hidden_<i>': [B, N, D], 'attn_window': [B, N, L, H, W], 'top_probs': [B, N, K],
+  #                  'token_entropy', 'token_self_certainty': [B, N]}, zero past the length
+  slots: jax.Array  # [B, N] int32: the cache slot holding response token i's keys (-1 until it is fed)
+  lengths: jax.Array  # [B] int32 response tokens so far
+  step_start: jax.Array  # [B] int32: the newest step is tokens [step_start, lengths)
+  budget: jax.Array  # [B] int32: the most response tokens a row may have
+  done: jax.Array  # [B] bool
+  finish: jax.Array  # [B] int32 finish code (meaningful where done)
+  stop_state: jax.Array  # [B] int32 state of the stop automaton
+  rng: jax.Array  # PRNG key
+
+  @property
+  def batch(self) -> int:
+    return self.lengths.shape[0]
+
+  @property
+  def buffer_len(self) -> int:
+    return self.tokens.shape[1]
+
+
+def _features_of(logits, captured, capture: CaptureSpec):
+  """The per-token values of positions [B, ...] from their logits [B, V] and captured dict: what `features` holds."""
+  feats = {k: v for k, v in captured.items()}
+  stats = logit_stats(logits[:, None], jnp.zeros(logits.shape[:1] + (1,), jnp.int32), capture)
+  stats.pop("token_logprobs", None)  # the token's own log-prob is recorded separately
+  feats.update({k: v[:, 0] for k, v in stats.items()})
+  return feats
+
+
+def _last(captured: dict) -> dict:
+  """{'hidden_i': [B, D], 'attn_window': [B, L, H, W]} of the last position of a decoder's captured output."""
+  out = {f"hidden_{i}": h[:, -1] for i, h in captured["hidden_states"].items()}
+  if "attn_window" in captured:
+    out["attn_window"] = captured["attn_window"][:, -1]
+  return out
+
+
+def _at(captured: dict) -> dict:
+  """Every position: {'hidden_i': [B, T, D], 'attn_window': [B, T, L, H, W]}."""
+  out = {f"hidden_{i}": h for i, h in captured["hidden_states"].items()}
+  if "attn_window" in captured:
+    out["attn_window"] = captured["attn_window"]
+  return out
+
+
+def _feature_buffers(feats0: dict, b: int, n: int) -> dict:
+  return {k: jnp.zeros((b, n) + v.shape[1:], v.dtype) for k, v in feats0.items()}
+
+
+def _bmask(mask, x):
+  """Broadcasts a [B] or [B, T] mask over the trailing axes of x."""
+  return mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "buffer_len"), donate_argnames=("cache",))
+def prefill(graphdef, params, cache: KVCache, input_ids, attention_mask, budget, rng, *, buffer_len: int,
+            capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
+  """Prompts [B, P] (left-padded: mask 0 = padding) written into an empty `cache` (donated; its free slots hold the
+  response and forced text) -> a state whose rows wait for their first token.
+
+  buffer_len: N, the response tokens a row can hold; budget [B]: per-row token budget (<= N; 0 makes a row start
+  finished, e.g. batch padding).
+  """
+  logits, captured, cache = extend(graphdef, params, cache, input_ids, attention_mask, capture=capture, shard=shard)
+  return _fresh_state(cache, logits[:, -1], _last(captured), budget, rng, buffer_len, capture)
+
+
+def _fresh_state(cache, logits, pending, budget, rng, buffer_len, capture):
+  b = logits.shape[0]
+  feats0 = _features_of(logits, pending, capture)
+  budget = jnp.minimum(jnp.asarray(budget, jnp.int32), buffer_len)
+  return DecodeState(
+      cache=cache, logits=logits, pending=pending,
+      tokens=jnp.zeros((b, buffer_len), jnp.int32), logprobs=jnp.zeros((b, buffer_len), jnp.float32),
+      features=_feature_buffers(feats0, b, buffer_len), slots=jnp.full((b, buffer_len), -1, jnp.int32),
+      lengths=jnp.zeros((b,), jnp.int32),
+      step_start=jnp.zeros((b,), jnp.int32), budget=budget, done=budget <= 0,
+      finish=jnp.full((b,), FINISH_LENGTH, jnp.int32), stop_state=jnp.zeros((b,), jnp.int32), rng=rng)
+
+
+def start_rule(state: DecodeState, rule: StopRule) -> DecodeState:
+  """Puts every row's stop automaton in the rule's initial state (call before the first `decode` with a rule)."""
+  return state.replace(stop_state=jnp.full_like(state.stop_state, rule.initial))
+
+
+def _write(buf, rows_pos, value, ok):
+  """buf [B, N, ...] <- value [B, ...] at (b, rows_pos[b]) where ok[b]; other rows untouched (dropped writes)."""
+  b, n = buf.shape[:2]
+  pos = jnp.where(ok, rows_pos, n)  # out of range = dropped
+  return buf.at[jnp.arange(b), pos].set(value.astype(buf.dtype), mode="drop")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "greedy", "top_k", "filtered"),
+                   donate_argnames=("state",))
+def decode(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, temperature, top_p, max_steps, *,
+           greedy: bool, top_k: int, filtered: bool = True, capture: CaptureSpec = CaptureSpec(),
+           shard: ShardingCtx | None = None) -> DecodeState:
+  """Samples tokens for every live row until each is done (EOS, step boundary, budget, cache end) or `max_steps`
+  (traced) loop iterations have run. eos_mask [V] bool. `filtered` (static): whether top-p is applied (top_p < 1);
+  top_k 0 = off. Token log-probs and entropies are of the unfiltered distribution at temperature 1."""
+  def cond(c):
+    s, i = c
+    return (i < max_steps) & jnp.any(~s.done)
+
+  def body(c):
+    s, i = c
+    rng, sub = jax.random.split(s.rng)
+    tok = sample_token(s.logits, sub, temperature, top_p, greedy=greedy, top_k=top_k, filtered=filtered)  # [B]
+    live = ~s.done
+    z = s.logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    tok_logp = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - lse
+    feats = _features_of(s.logits, s.pending, capture)
+    tokens = _write(s.tokens, s.lengths, tok, live)
+    logprobs = _write(s.logprobs, s.lengths, tok_logp, live)
+    bufs = {k: _write(v, s.lengths, feats[k], live) for k, v in s.features.items()}
+    lengths = s.lengths + live.astype(jnp.int32)
+    new_q, fired = rule.advance(s.stop_state, tok)
+    stop_state = jnp.where(live, new_q, s.stop_state)
+    is_eos = live & eos_mask[tok]
+    is_stop = live & ~is_eos & fired
+    is_len = live & ~is_eos & ~is_stop & (lengths >= s.budget)
+    still = live & ~is_eos & ~is_stop & ~is_len
+    room = s.cache.index < s.cache.size
+    # A row that paused at a boundary still reads its boundary token into the cache, so it can resume exactly.
+    feed = (still | is_stop) & room
+    finish = jnp.where(is_eos, FINISH_EOS, jnp.where(is_stop, FINISH_STOP, s.finish))
+    finish = jnp.where(is_len, FINISH_LENGTH, finish)
+    finish = jnp.where((still | is_stop) & ~room, FINISH_CACHE_FULL, finish)
+    done = s.done | ~still | ~room
+
+    def step(cache):
+      lg, capt, cache = extend(graphdef, params, cache, tok[:, None], feed[:, None], capture=capture, shard=shard)
+      return lg[:, -1], _last(capt), cache
+
+    slots = _write(s.slots, s.lengths, jnp.broadcast_to(s.cache.index, (s.batch,)), feed)
+    new_logits, new_pending, cache = jax.lax.cond(jnp.any(feed), step, lambda c: (s.logits, s.pending, c), s.cache)
+    # Rows that fed no token keep their pending logits.
+    keep = lambda new, old: jnp.where(_bmask(feed, new), new, old)
+    new_logits = keep(new_logits, s.logits)
+    new_pending = jax.tree.map(keep, new_pending, s.pending)
+    return s.replace(cache=cache, logits=new_logits, pending=new_pending, tokens=tokens, logprobs=logprobs,
+                     features=bufs, slots=slots, lengths=lengths, done=done, finish=finish, stop_state=stop_state, rng=rng), i + 1
+
+  out, _ = jax.lax.while_loop(cond, body, (state, jnp.zeros((), jnp.int32)))
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard"), donate_argnames=("state",))
+def force(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forced_mask, *,
+          capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
+  """Appends forced tokens [B, K] (left-padded per row: mask 0 = none; a row with no forced token is untouched) to
+  the response of each row, through the model, recording their log-probs (teacher-forced, METHOD B1's Acc) and
+  features like sampled tokens. Forced tokens move the stop automaton but never end a step. A row whose tokens do
+  not fit its buffer or the cache finishes with 'length' / 'cache_full' and gets none of them."""
+  k = forced_ids.shape[1]
+  m = forced_mask.astype(bool)
+  count = jnp.sum(m, axis=1, dtype=jnp.int32)  # [B]
+  fits_cache = state.cache.index + k <= state.cache.size
+  fits_buf = state.lengths + count <= state.buffer_len
+  chosen = (count > 0) & fits_buf & fits_cache
+  full = (count > 0) & ~chosen
+  finish = jnp.where(full & ~fits_cache, FINISH_CACHE_FULL, jnp.where(full, FINISH_LENGTH, state.finish))
+  m = m & chosen[:, None]
+
+  def run(cache):
+    lg, capt, cache = extend(graphdef, params, cache, forced_ids, m, capture=capture, shard=shard)
+    return lg, _at(capt), cache
+
+  def skip(cache):
+    b = forced_ids.shape[0]
+    v = state.logits.shape[-1]
+    at = jax.tree.map(lambda x: jnp.zeros((b, k) + x.shape[1:], x.dtype), state.pending)
+    return jnp.zeros((b, k, v), state.logits.dtype), at, cache
+
+  logits, at, cache = jax.lax.cond(jnp.any(chosen), run, skip, state.cache)
+  first = k - count  # [B] index of each row's first forced token in the block
+  pos = jnp.arange(k)[None, :]
+  is_first = pos == first[:, None]  # [B, K]
+  # The state that predicted forced token j: the row's pending state for the first, position j - 1 otherwise.
+  prev_logits = jnp.concatenate([state.logits[:, None], logits[:, :-1]], axis=1)  # [B, K, V]
+  src_logits = jnp.where(is_first[..., None], state.logits[:, None], prev_logits)
+  src_capt = jax.tree.map(
+      lambda p, a: jnp.where(_bmask(is_first, a), p[:, None], jnp.concatenate([p[:, None], a[:, :-1]], axis=1)),
+      state.pending, at)
+  z = src_logits.astype(jnp.float32)
+  tok_logp = jnp.take_along_axis(z, forced_ids[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(z, axis=-1)
+  stats = logit_stats(z, forced_ids, capture)
+  stats.pop("token_logprobs", None)
+  feats = {**src_capt, **stats}  # [B, K, ...]
+  slot = state.lengths[:, None] + pos - first[:, None]  # [B, K] response index of each forced token
+  b, n = state.tokens.shape
+  where = jnp.where(m, slot, n)
+  rows = jnp.broadcast_to(jnp.arange(b)[:, None], where.shape)
+  put = lambda buf, val: buf.at[rows, where].set(val.astype(buf.dtype), mode="drop")
+  tokens = put(state.tokens, forced_ids)
+  logprobs = put(state.logprobs, tok_logp)
+  bufs = {name: put(buf, feats[name]) for name, buf in state.features.items()}
+  slots = put(state.slots, state.cache.index + pos)
+
+  def adv(q, j):
+    nq, _ = rule.advance(q, forced_ids[:, j])
+    return jnp.where(m[:, j], nq, q), None
+
+  stop_state, _ = jax.lax.scan(adv, state.stop_state, jnp.arange(k))
+  last = lambda new, old: jnp.where(_bmask(chosen, old), new[:, -1], old)
+  return state.replace(
+      cache=cache, logits=last(logits, state.logits), pending=jax.tree.map(last, at, state.pending),
+      tokens=tokens, logprobs=logprobs, features=bufs, slots=slots,
+      lengths=state.lengths + jnp.where(chosen, count, 0),
+      done=state.done | full, finish=finish, stop_state=stop_state)
+
+
+@jax.jit
+def resume(state: DecodeState, rows) -> DecodeState:
+  """Lets rows [B] bool that paused at a step boundary go on; their newest step starts at their current length.
+  Rows that ended otherwise (EOS, budget, cache) stay done."""
+  go = rows & state.done & (state.finish == FINISH_STOP) & (state.lengths < state.budget)
+  return state.replace(done=state.done & ~go, step_start=jnp.where(go, state.lengths, state.step_start))
+
+
+@jax.jit
+def take(state: DecodeState, rows) -> DecodeState:
+  """Gathers rows [B'] of the state (branch N samples, keep beam survivors). The rng is kept as is."""
+  g = lambda x: jnp.take(x, rows, axis=0)
+  fields = {f: jax.tree.map(g, getattr(state, f)) for f in ("logits", "pending", "tokens", "logprobs", "features",
+                                                             "slots", "lengths", "step_start", "budget", "done", "finish",
+                                                             "stop_state")}
+  return state.replace(cache=state.cache.take(rows), **fields)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "suffix_size"))
+def share(state: DecodeState, *, n: int, suffix_size: int) -> DecodeState:
+  """n continuations of every row that read the row's cache as a shared read-only prefix (no copy) and write into
+  their own `suffix_size` slots. Rows p * n .. p * n + n - 1 continue row p."""
+  rep = lambda x: jnp.repeat(x, n, axis=0)
+  fields = {f: jax.tree.map(rep, getattr(state, f)) for f in ("logits", "pending", "tokens", "logprobs", "features",
+                                                               "slots", "lengths", "step_start", "budget", "done", "finish",
+                                                               "stop_state")}
+  return state.replace(cache=state.cache.share(n, suffix_size), **fields)
+
+
+def newest_step_spans(state: DecodeState):
+  """[B, 2] int32 response-token span [start, end) of each row's newest step."""
+  return jnp.stack([state.step_start, state.lengths], axis=1)
+
+
+@jax.jit
+def flatten(state: DecodeState) -> DecodeState:
+  """The same rows with their shared prefix copied into their own caches (prefix slots first): what `fork` needs
+  to branch rows that already read a prefix. One copy per row."""
+  c = state.cache
+  if c.prefix is None:
+    return state
+  layers, seen = c.prefix_view()
+  rep = c.batch // c.prefix.batch
+  cat = lambda p, own: jnp.concatenate([jnp.repeat(p, rep, axis=0), own], axis=2)
+  cache = KVCache(k=tuple(cat(pk, k) for (pk, _), k in zip(layers, c.k)),
+                  v=tuple(cat(pv, v) for (_, pv), v in zip(layers, c.v)),
+                  valid=jnp.concatenate([seen, c.valid], axis=1), positions=c.positions, index=c.index + c.prefix.size)
+  return state.replace(cache=cache, slots=jnp.where(state.slots >= 0, state.slots + c.prefix.size, -1))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "n", "suffix_size"))
+def fork(graphdef, params, state: DecodeState, cut_token, *, n: int, suffix_size: int,
+         capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
+  """n new rows per cut of every row, each continuing the row's context up to and including its response token
+  cut_token[b, c] (cut_token [B, C] >= 0; C * n rows per row, in (row, cut, sample) order), with empty responses.
+
+  The new rows read the row's cache as a shared prefix cut before that token's slot (no copy; exact for causal
+  attention: the slots before the cut hold what a fresh forward of the context would), and the token itself is
+  fed again into their own suffix caches, which yields the next-token distribution after it. This is how SPAE
+  probes every step boundary of a trajectory at once (METHOD B1). The state must have no shared prefix itself
+  (`flatten` it first). Call `start_rule` before decoding the new rows with a stop rule.
+  """
+  if state.cache.prefix is not None:
+    raise ValueError("fork needs a state without a shared prefix; call flatten(state) first")
+  b, c = cut_token.shape
+  per = c * n
+  rows = jnp.repeat(jnp.arange(b), per)  # [B * C * n]
+  tok = jnp.repeat(cut_token.reshape(-1), n)  # [B * C * n]
+  slot = state.slots[rows, tok]
+  cache = state.cache.share(per, suffix_size, cut=slot)
+  ids = state.tokens[rows, tok][:, None]
+  logits, captured, cache = extend(graphdef, params, cache, ids, jnp.ones_like(ids), capture=capture, shard=shard)
+  bn, nbuf = rows.shape[0], state.buffer_len
+  return _fresh_state(cache, logits[:, -1], _last(captured), jnp.full((bn,), nbuf, jnp.int32), state.rng, nbuf,
+                      capture)

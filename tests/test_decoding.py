@@ -1,0 +1,158 @@
+"""The open sampler (issue 11): decode to step boundaries and resume, forced text, take, shared-prefix rows, forks
+at step boundaries, cache_full; every captured value held to a fresh full forward of the same tokens."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from reprobe_jax.models import CaptureSpec, SamplingParams, load_pretrained
+from reprobe_jax.models import decoding
+from reprobe_jax.models.decoding import StopRule
+from reprobe_jax.models.kv_cache import KVCache
+
+CAPTURE = CaptureSpec(hidden_layers=(0, -1), attn_window=5, top_k_probs=4, token_stats=True)
+PROMPTS = [[1, 10, 11, 12, 13, 14, 15], [1, 20, 21, 22], [1, 30, 31, 32, 33]]
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_llama_dir):
+  return load_pretrained(tiny_llama_dir)
+
+
+def assert_matches_forward(lm, context, row, *, atol=1e-4):
+  """A row read back from a decode state equals a full forward of context + its response (METHOD A3 alignment:
+  response token i's values come from position len(context) - 1 + i)."""
+  n = len(row.tokens)
+  ref = lm.forward(np.asarray(list(context) + row.tokens)[None], capture=CAPTURE)
+  at = slice(len(context) - 1, len(context) - 1 + n)
+  L = lm.config.num_layers
+  np.testing.assert_allclose(row.logprobs, np.asarray(ref.token_logprobs)[0, at], atol=atol)
+  np.testing.assert_allclose(row.features["hidden_0"], np.asarray(ref.hidden_states[0])[0, at], atol=1e-5)
+  np.testing.assert_allclose(row.features[f"hidden_{L}"], np.asarray(ref.hidden_states[L])[0, at], atol=atol)
+  np.testing.assert_allclose(row.features["attn_window"], np.asarray(ref.attn_window)[0, at], atol=1e-5)
+  np.testing.assert_allclose(row.features["top_probs"], np.asarray(ref.top_probs)[0, at], atol=1e-5)
+  np.testing.assert_allclose(row.features["token_entropy"], np.asarray(ref.token_entropy)[0, at], atol=atol)
+
+
+def _stop_rule(lm):
+  return StopRule.from_mask(lm.stop_token_mask([".\n", "\n\n"]))
+
+
+def test_decode_to_boundaries_resume_and_features_equal_forward(lm):
+  """Rows pause at every step boundary while others go on (holes in the lockstep cache), then resume: tokens,
+  log-probs and features still equal a fresh forward, and each newest-step span ends at a boundary token."""
+  smp = lm.sampler(SamplingParams(2.0), capture=CAPTURE, stop=_stop_rule(lm))
+  state = smp.prefill(PROMPTS, max_new_tokens=30, n=2, seed=4)
+  stops = set(np.flatnonzero(lm.stop_token_mask([".\n", "\n\n"])))
+  paused = 0
+  for _ in range(12):
+    state = smp.decode(state)
+    for r, row in enumerate(smp.read(state)[:6]):
+      if row.finish_reason == "stop":
+        paused += 1
+        assert row.tokens[-1] in stops
+        start, end = np.asarray(decoding.newest_step_spans(state))[r]
+        assert end == len(row.tokens) and 0 <= start < end
+        assert not stops.intersection(row.tokens[start:end - 1]), "a step ran past a boundary"
+    if not np.any(np.asarray(state.finish)[:6] == decoding.FINISH_STOP):
+      break  # every row ended on EOS or its budget
+    state = smp.resume(state)
+  assert paused >= 3, "the test drew too few step boundaries to mean anything"
+  for r, row in enumerate(smp.read(state)[:6]):
+    assert_matches_forward(lm, PROMPTS[r // 2], row)
+  assert all(r.finish_reason is not None for r in smp.read(state)[6:])  # batch padding rows start finished
+
+
+def test_force_appends_text_with_teacher_forced_logprobs(lm):
+  smp = lm.sampler(SamplingParams(1.0), capture=CAPTURE)
+  state = smp.prefill(PROMPTS, max_new_tokens=12, seed=1, extra_slots=4)
+  state = smp.decode(state, max_steps=3)
+  forced = [[94, 95, 96], None, [97]] + [None]  # rows 1 and 3 (padding) get nothing
+  state = smp.force(state, forced)
+  rows = smp.read(state)
+  assert rows[0].tokens[3:] == [94, 95, 96] and len(rows[1].tokens) == 3 and rows[2].tokens[3:] == [97]
+  state = smp.decode(smp.resume(state))  # and sampling goes on after the forced text
+  for r, row in enumerate(smp.read(state)[:3]):
+    assert_matches_forward(lm, PROMPTS[r], row)
+
+
+def test_shared_prefix_rows_equal_copied_rows(lm):
+  """n rows reading their prompt's cache as a shared prefix give what n copies of the prompt's cache give."""
+  smp = lm.sampler(SamplingParams(0.0), capture=CAPTURE)
+  shared = smp.read(smp.decode(smp.prefill(PROMPTS, max_new_tokens=10, n=4, share=True)))
+  copied = smp.read(smp.decode(smp.prefill(PROMPTS, max_new_tokens=10, n=4, share=False)))
+  for a, b in zip(shared[:12], copied[:12]):
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    for k in a.features:
+      np.testing.assert_allclose(a.features[k], b.features[k], atol=1e-5, err_msg=k)
+
+
+def test_take_keeps_survivors_and_they_go_on_exactly(lm):
+  smp = lm.sampler(SamplingParams(1.5), capture=CAPTURE)
+  state = smp.prefill(PROMPTS[:2], max_new_tokens=16, n=3, seed=2)
+  state = smp.decode(state, max_steps=5)
+  keep = [2, 2, 0, 4, 3, 3]  # within each prompt's block of 3 rows
+  with pytest.raises(Exception, match="keep to their prefix"):
+    smp.take(state, [3, 0, 0, 4, 3, 3])
+  before = smp.read(state)
+  state = smp.decode(smp.take(state, keep))
+  rows = smp.read(state)
+  for r, src in enumerate(keep):
+    assert rows[r].tokens[:5] == before[src].tokens
+    assert_matches_forward(lm, PROMPTS[r // 3], rows[r])
+
+
+def test_a_full_cache_finishes_its_rows_with_their_own_reason(lm):
+  cache = KVCache.zeros(lm.config, 2, 16 + 4)
+  ids = np.zeros((2, 16), np.int32)
+  mask = np.zeros((2, 16), np.int32)
+  ids[:, -3:], mask[:, -3:] = [1, 5, 6], 1
+  state = decoding.prefill(lm.static_graph, lm.params, cache, ids, mask, np.array([8, 8]), jax.random.key(0),
+                           buffer_len=8)
+  smp = lm.sampler(SamplingParams(1.0))
+  rows = smp.read(smp.decode(state))
+  for row in rows:
+    if row.finish_reason != "eos":
+      assert row.finish_reason == "cache_full" and len(row.tokens) == 5  # 4 slots fed, the 5th token had none
+
+
+def test_fork_at_step_boundaries_equals_a_fresh_context(lm):
+  """SPAE's probes: rows forked at several cuts of one trajectory (no copy of its context) and given a forced
+  suffix score that suffix exactly as a fresh forward of context[:cut + 1] + suffix does."""
+  smp = lm.sampler(SamplingParams(1.0), capture=CAPTURE)
+  state = smp.decode(smp.prefill(PROMPTS[:2], max_new_tokens=12, seed=3, extra_slots=8))
+  traj = smp.read(state)
+  cuts = np.array([[1, 4], [2, 6]] + [[0, 0]] * (state.batch - 2), np.int32)
+  forks = decoding.fork(lm.static_graph, lm.params, state, jnp.asarray(cuts), n=2, suffix_size=8, capture=CAPTURE)
+  suffix = [95, 96, 97]
+  forks = smp.force(forks, suffix)
+  rows = smp.read(forks)
+  for b in range(2):
+    for c in range(2):
+      for s in range(2):
+        row = rows[(b * 2 + c) * 2 + s]
+        context = PROMPTS[b] + traj[b].tokens[:cuts[b, c] + 1]
+        assert row.tokens == suffix
+        assert_matches_forward(lm, context, row)
+
+
+def test_new_prompts_and_new_boundaries_in_the_same_buckets_compile_nothing(lm, compile_counter):
+  rng = np.random.RandomState(0)
+
+  def run(stop_words, seed):
+    smp = lm.sampler(SamplingParams(1.0, 20, 0.9), capture=CAPTURE,
+                     stop=StopRule.from_mask(lm.stop_token_mask(stop_words)))
+    prompts = [rng.randint(3, 90, rng.randint(3, 14)).tolist() for _ in range(2)]
+    state = smp.decode(smp.prefill(prompts, max_new_tokens=12, n=2, seed=seed, extra_slots=4))
+    state = smp.force(smp.resume(state), [94, 95])
+    state = smp.take(state, [1, 0, 3, 3] + list(range(4, state.batch)))
+    return smp.read(smp.decode(state, max_steps=4))
+
+  run([".\n"], 0)
+  before = compile_counter.count
+  run(["\n\n", "a.\n"], 1)
+  assert compile_counter.count == before, f"{compile_counter.count - before} compilations on a same-bucket round"
