@@ -75,3 +75,40 @@ def test_extraction_resumes_and_refuses_foreign_shards(lm, tmp_path, monkeypatch
     extract(other, recs, spec, str(tmp_path / "b"))
   with pytest.raises(FeatureMismatchError, match="model_fingerprint"):
     FeatureStore(str(tmp_path / "b"), expect={"model_fingerprint": "0" * 16})
+
+
+def test_sampler_captured_features_equal_teacher_forced(lm, tmp_path):
+  """Features the sampler records while generating (left-padded prompts of different lengths, rows that finish
+  early on a stop token) equal the teacher-forced extraction of the same tokens, for every feature set, and a store
+  filled from them runs no forward."""
+  from reprobe_jax.models import SamplingParams
+  from reprobe_jax.features import union_capture
+  specs = [FeatureSpec.from_name("hidden", hidden_layers=(-1, 1)), FeatureSpec.from_name("attn+logit"),
+           FeatureSpec.from_name("hidden+attn+logit", hidden_layers=(0,), attn_window=3, top_k=2)]
+  prompts = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20], [1, 30, 31, 32]]
+  g = lm.generate(prompts, SamplingParams(2.0), max_new_tokens=14, n=2, seed=7, stop_strings=(".\n", "\n\n"),
+                  capture=union_capture(specs))
+  assert len(set(g.lengths.tolist())) > 1, "every row ran to the same length: no early finish was tested"
+  recs = [{"id": f"r{r}", "prompt_ids": prompts[g.prompt_index[r]], "response_ids": g.token_ids(r)}
+          for r in range(len(g.lengths))]
+  for spec in specs:
+    sampled = np.asarray(spec.assemble(g.features, lm.config.num_layers))  # [R, N, F]
+    forced = token_features(lm, recs, spec, batch_size=4)
+    for r, ref in enumerate(forced):  # 1e-5 of the tensor's scale (hidden states of this random model reach ~20)
+      np.testing.assert_allclose(sampled[r, :len(ref)], ref, atol=1e-5 * max(1.0, np.abs(ref).max()),
+                                 err_msg=f"{spec.name} row {r}")
+  spec = specs[1]
+  sampled = np.asarray(spec.assemble(g.features, lm.config.num_layers))
+  captured = {rec["id"]: sampled[r, :len(rec["response_ids"])] for r, rec in enumerate(recs)}
+  calls = []
+  real = extract_mod.token_features
+  try:
+    extract_mod.token_features = lambda *a, **k: calls.append(len(a[1])) or real(*a, **k)
+    store = extract(lm, recs, spec, str(tmp_path / "s"), shard_size=4, captured=captured)
+  finally:
+    extract_mod.token_features = real
+  assert sum(calls) == 0, "a store filled from captured features ran the model"
+  for rec in recs:
+    np.testing.assert_allclose(store[rec["id"]], captured[rec["id"]], atol=0)
+  with pytest.raises(FeatureMismatchError, match="captured features have shape"):
+    extract(lm, recs[:1], spec, str(tmp_path / "t"), captured={recs[0]["id"]: np.zeros((1, 3), np.float32)})

@@ -1,7 +1,8 @@
 """Per-token features of a frozen LM (METHOD A3), extracted into resumable shards."""
 
 from reprobe_jax.features.extraction import (FeatureMismatchError, FeatureSpec, FeatureStore, extract,
-                                          model_fingerprint, token_features, tokenizer_hash)
+                                          forward_values, model_fingerprint, token_features, tokenizer_hash,
+                                          union_capture)
 
-__all__ = ["FeatureMismatchError", "FeatureSpec", "FeatureStore", "extract", "model_fingerprint", "token_features",
-           "tokenizer_hash"]
+__all__ = ["FeatureMismatchError", "FeatureSpec", "FeatureStore", "extract", "forward_values", "model_fingerprint",
+           "token_features", "tokenizer_hash", "union_capture"]

@@ -18,7 +18,7 @@ import hashlib
 import io
 import json
 import os
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +65,24 @@ class FeatureSpec:
                        attn_window=self.attn_window if "attn" in self.parts else 0,
                        top_k_probs=self.top_k if "logit" in self.parts else 0)
 
+  def assemble(self, values, num_layers: int):
+    """The feature vectors [..., F] from captured per-token values, in the spec's part order (METHOD A3).
+
+    values: {'hidden_<i>': [..., D] (HF layer index i), 'attn_window': [..., L, H, W'] (W' >= W, most recent key
+    first), 'top_probs': [..., K'] (K' >= K, sorted descending)}, as the sampler captures them (`DecodeState.
+    features`, `Generation.features`) and as `forward_values` turns a forward pass into. The one assembly used by
+    sampling, teacher-forced extraction and bench/; runs on device.
+    """
+    parts = []
+    if "hidden" in self.parts:
+      parts += [values[f"hidden_{i}"] for i in self.capture().resolve_layers(num_layers)]
+    if "attn" in self.parts:
+      aw = values["attn_window"][..., :self.attn_window]  # [..., L, H, W]
+      parts.append(aw.reshape(aw.shape[:-3] + (-1,)))
+    if "logit" in self.parts:
+      parts.append(values["top_probs"][..., :self.top_k])
+    return jnp.concatenate([jnp.asarray(p, jnp.float32) for p in parts], axis=-1)
+
   def dim(self, cfg) -> int:
     d = 0
     if "hidden" in self.parts:
@@ -74,6 +92,25 @@ class FeatureSpec:
     if "logit" in self.parts:
       d += self.top_k
     return d
+
+
+def union_capture(specs, *, token_stats: bool = True) -> CaptureSpec:
+  """One capture that serves every spec (the widest window and top-K; the union of hidden layers), so a sampler
+  records all feature sets in one pass; `FeatureSpec.assemble` slices what each needs."""
+  specs = list(specs)
+  layers = tuple(dict.fromkeys(i for s in specs for i in s.capture().hidden_layers))
+  return CaptureSpec(hidden_layers=layers, attn_window=max([s.capture().attn_window for s in specs] + [0]),
+                     top_k_probs=max([s.capture().top_k_probs for s in specs] + [0]), token_stats=token_stats)
+
+
+def forward_values(out: dict) -> dict:
+  """A forward pass's captured dict ({'hidden_states': {i: ...}, 'attn_window', 'top_probs'}) in the sampler's
+  naming, for `FeatureSpec.assemble`."""
+  values = {f"hidden_{i}": h for i, h in out["hidden_states"].items()}
+  for k in ("attn_window", "top_probs"):
+    if out.get(k) is not None:
+      values[k] = out[k]
+  return values
 
 
 def model_fingerprint(lm: LanguageModel) -> str:
@@ -99,19 +136,6 @@ def _atomic_bytes(path: str, data: bytes) -> None:
     f.write(data)
 
 
-def _assemble(out: dict, spec: FeatureSpec, cfg) -> jnp.ndarray:
-  """Captured arrays -> [B, T, F] in the spec's part order."""
-  parts = []
-  if "hidden" in spec.parts:
-    parts += [out["hidden_states"][i] for i in spec.capture().resolve_layers(cfg.num_layers)]
-  if "attn" in spec.parts:
-    aw = out["attn_window"]  # [B, T, L, H, W]
-    parts.append(aw.reshape(aw.shape[:2] + (-1,)))
-  if "logit" in spec.parts:
-    parts.append(out["top_probs"])
-  return jnp.concatenate([p.astype(jnp.float32) for p in parts], axis=-1)
-
-
 def token_features(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, *,
                    batch_size: int = 8) -> list[np.ndarray]:
   """[n_response_tokens, F] per record, next-token aligned (token j from position prompt_len + j - 1)."""
@@ -134,11 +158,26 @@ def token_features(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec
     m = jnp.asarray(mask)
     res = forward(lm.static_graph, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture,
                   shard=lm.shard)
-    feats = np.asarray(_assemble(res, spec, lm.config))
+    feats = np.asarray(spec.assemble(forward_values(res), lm.config.num_layers))
     for r, i in enumerate(idx):
       p, n = len(records[i]["prompt_ids"]), len(records[i]["response_ids"])
       out[i] = feats[r, p - 1:p - 1 + n]
   return out  # type: ignore[return-value]
+
+
+def _chunk_features(lm, chunk, spec: FeatureSpec, batch_size: int, captured: Mapping[str, np.ndarray]):
+  """Features per record of a chunk: the captured ones where there are, a teacher-forced forward for the rest."""
+  dim = spec.dim(lm.config)
+  missing = [r for r in chunk if r["id"] not in captured]
+  forward = dict(zip([r["id"] for r in missing], token_features(lm, missing, spec, batch_size=batch_size)))
+  out = []
+  for r in chunk:
+    f = captured[r["id"]] if r["id"] in captured else forward[r["id"]]
+    if f.shape != (len(r["response_ids"]), dim):
+      raise FeatureMismatchError(f"trajectory {r['id']!r}: captured features have shape {f.shape}, expected "
+                                 f"({len(r['response_ids'])}, {dim}) for spec {spec.name!r}")
+    out.append(np.asarray(f, np.float32))
+  return out
 
 
 class FeatureStore:
@@ -184,8 +223,13 @@ class FeatureStore:
 
 def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, directory: str, *,
             shard_size: int = 256, batch_size: int = 8, dtype: str = "float32",
-            on_shard: Callable[[int, int], None] | None = None) -> FeatureStore:
-  """Extracts features of every record into `directory`, resuming finished shards; returns the store."""
+            on_shard: Callable[[int, int], None] | None = None,
+            captured: Mapping[str, np.ndarray] | None = None) -> FeatureStore:
+  """Stores features of every record into `directory`, resuming finished shards; returns the store.
+
+  captured: {record id: [n_response_tokens, F]} features the sampler recorded while it generated the record (so no
+  second forward is run for them); records not in it are run through the model (teacher-forced, e.g. imported
+  trajectories)."""
   os.makedirs(directory, exist_ok=True)
   header = {"model_fingerprint": model_fingerprint(lm), "tokenizer_hash": tokenizer_hash(lm.tokenizer),
             "spec": dataclasses.asdict(spec), "feature_dim": spec.dim(lm.config), "dtype": dtype,
@@ -206,7 +250,7 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
   total = -(-len(todo) // shard_size)
   for k in range(total):
     chunk = todo[k * shard_size:(k + 1) * shard_size]
-    feats = token_features(lm, chunk, spec, batch_size=batch_size)
+    feats = _chunk_features(lm, chunk, spec, batch_size, captured or {})
     offsets = np.cumsum([0] + [len(f) for f in feats])
     data = np.concatenate(feats, axis=0) if feats else np.zeros((0, header["feature_dim"]), np.float32)
     name = f"shard_{len(manifest['shards']):05d}.npz"
