@@ -203,8 +203,11 @@ def _probe_side(pair: Pair, ids, mask, spans, repeats: int) -> dict:
     from reprobe_jax.probe import Probe, ProbeConfig, count_params, score_steps
   except ImportError:
     return {"status": "pending: probe not built"}
+  from reprobe_jax.features import FeatureSpec, forward_values
   lm = pair.lm
-  h = lm.forward(ids, mask, capture=CaptureSpec(hidden_layers=(-1,))).hidden_states[lm.config.num_layers]
+  spec = FeatureSpec.from_name("hidden")
+  out = lm.forward(ids, mask, capture=spec.capture())
+  h = spec.assemble(forward_values({"hidden_states": out.hidden_states}), lm.config.num_layers)  # [B, T, D]
   # METHOD A3 alignment: token j's feature is the state at j - 1; the first token has none.
   feats = jax.numpy.pad(h[:, :-1], ((0, 0), (1, 0), (0, 0)))  # [B, T, D]
   token_mask = jax.numpy.asarray(mask, bool)
@@ -252,3 +255,39 @@ def step_scoring(pair: Pair, batch: int, length: int, repeats: int) -> dict:
               "reprobe-jax vs PyTorch", {"batch": batch, "seq": ids.shape[1], "steps": int(steps)},
               ours, hf_side, unit="steps", probe=probe,
               parity={"step_reward_max_abs": float(np.max(np.abs(np.asarray(r_ours) - r_hf.cpu().numpy())[valid]))})
+
+
+# ---------------------------------------------------------------------------------------------- shared context
+
+
+def _cache_bytes(cache) -> int:
+  """Bytes of every buffer a KV cache holds, its shared prefix included (each buffer counted once)."""
+  return int(sum(x.nbytes for x in jax.tree.leaves(cache)))
+
+
+def shared_context(pair: Pair, context: np.ndarray, n: int, n_new: int, repeats: int) -> dict:
+  """N continuations of one context (Best-of-N, beam candidates, SPAE's probes): rows that read the context's cache
+  as a shared prefix (no copy) vs rows that each hold a copy of it (`KVCache.take`). Both sides: prefill the
+  context once, branch n rows, greedy-decode n_new tokens. Reports time, cache bytes and parity (both in-library:
+  PyTorch has no shared-prefix decode to compare with)."""
+  lm = pair.lm
+  smp = lm.sampler(SamplingParams(temperature=0))
+  ids = [context.tolist()]
+
+  def run(share: bool):
+    state = smp.decode(smp.prefill(ids, max_new_tokens=n_new, n=n, share=share))
+    return jax.block_until_ready(state)
+
+  out = {}
+  states = {}
+  for name, share in (("shared", True), ("copied", False)):
+    t, state = time_call(lambda share=share: run(share), repeats)
+    states[name] = state
+    out[name] = {**_side(t, float(n * n_new)), "cache_bytes": _cache_bytes(state.cache)}
+  a, b = states["shared"], states["copied"]
+  parity = {"tokens_equal": float(np.mean(np.asarray(a.tokens) == np.asarray(b.tokens))),
+            "logprob_max_abs": float(np.max(np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs))))}
+  return {"name": "shared_context", "shape": {"context": int(context.size), "continuations": n, "new_tokens": n_new},
+          "shared": out["shared"], "copied": out["copied"],
+          "speedup": out["copied"]["median_s"] / out["shared"]["median_s"],
+          "memory_ratio": out["copied"]["cache_bytes"] / out["shared"]["cache_bytes"], "parity": parity}

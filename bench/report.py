@@ -105,6 +105,19 @@ def markdown(result: dict) -> str:
                      f"steps/s | {p['vs_best_prm']:.2f}x | {p['first_call_s']:.1f} / {p['xla_compile_s']:.1f} |")
       else:
         lines.append(f"| Step scoring: probe over captured features | | {p['status']} | | | |")
+  sc = result.get("shared_context")
+  if sc is not None:
+    sh = sc["shape"]
+    lines += ["", f"## Shared context: {sh['continuations']} continuations of a {sh['context']}-token context", "",
+              "Prefill the context once, branch the rows, greedy-decode "
+              f"{sh['new_tokens']} tokens each; rows reading one shared prefix vs rows holding a copy of it.", "",
+              "| rows | time (s, median) | tokens/s | KV cache bytes |", "|---|---|---|---|"]
+    for name in ("shared", "copied"):
+      side = sc[name]
+      lines.append(f"| {name} | {side['median_s']:.3f} | {_fmt(side['tokens_per_s'])} | {side['cache_bytes']:,} |")
+    lines.append(f"\nShared prefix: {sc['speedup']:.2f}x the speed, {sc['memory_ratio']:.1f}x less cache memory; "
+                 f"greedy tokens equal {sc['parity']['tokens_equal']:.0%}, log-prob max diff "
+                 f"{sc['parity']['logprob_max_abs']:.1e}.")
   lines += ["", "## Goals", "", "| goal | measured | target | status |", "|---|---|---|---|"]
   for g in result["goals"]:
     lines.append(f"| {g['goal']} | {_fmt(g['measured'])} | {g['target']} | {g['status']} |")

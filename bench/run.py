@@ -33,10 +33,13 @@ class Sizes:
   repeats: int = 5
   matmul_n: int = 2048
   bandwidth_mib: int = 512
+  shared_context_len: int = 1024  # N continuations of one context: shared prefix vs copied caches (issue 11)
+  shared_continuations: int = 16
+  shared_new_tokens: int = 16
 
 
 QUICK = Sizes(prefill_batch=2, prefill_len=32, prompt_len=16, new_tokens=8, prm_batch=4, prm_len=32, matmul_n=512,
-              bandwidth_mib=64)
+              bandwidth_mib=64, shared_context_len=64, shared_continuations=4, shared_new_tokens=4)
 
 
 def parse_args(argv):
@@ -76,7 +79,8 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
     log("roofline: matmul peak and copy bandwidth")
     peaks = timing.matmul_peaks(sizes.matmul_n, sizes.repeats)
     bw = timing.bandwidth(sizes.bandwidth_mib, sizes.repeats)
-    n_tokens = max(sizes.prefill_batch * sizes.prefill_len, max(sizes.decode_batches) * sizes.prompt_len)
+    n_tokens = max(sizes.prefill_batch * sizes.prefill_len, max(sizes.decode_batches) * sizes.prompt_len,
+                   sizes.shared_context_len)
     stream = token_stream(pair, n_tokens)
     prefill_ids = windows(stream, sizes.prefill_batch, sizes.prefill_len)
     rows = []
@@ -96,6 +100,11 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
                        step_time=(b == 1)))
     log("step scoring")
     add(cases.step_scoring(pair, sizes.prm_batch, sizes.prm_len, sizes.repeats))
+    log(f"shared context: {sizes.shared_continuations} continuations of a {sizes.shared_context_len}-token context")
+    shared = cases.shared_context(pair, windows(stream, 1, sizes.shared_context_len)[0], sizes.shared_continuations,
+                                  sizes.shared_new_tokens, sizes.repeats)
+    log(f"  shared prefix {shared['speedup']:.2f}x the speed of copied caches, {shared['memory_ratio']:.1f}x less "
+        "cache memory")
     by_name = {r["name"]: r for r in rows}
     flops = {name: timing.forward_flops(cfg, sizes.prefill_batch, sizes.prefill_len)
              for name in ("prefill_plain", "prefill_capture")}
@@ -106,7 +115,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
               "model_config": {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
                                "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size,
                                "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(pair.lm.params)))},
-              "rows": rows, "roofline": roof, "goals": report.goals(by_name, roof)}
+              "rows": rows, "shared_context": shared, "roofline": roof, "goals": report.goals(by_name, roof)}
   finally:
     pair.close()
   result["wall_s"] = time.perf_counter() - t_start

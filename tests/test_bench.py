@@ -68,6 +68,17 @@ def test_both_frameworks_compute_the_same_thing(result):
     assert p[f"decode_b{b}"]["greedy_rows_equal"] == 1.0
 
 
+def test_shared_context_row(result):
+  res, out = result
+  sc = res["shared_context"]
+  for side in ("shared", "copied"):
+    assert sc[side]["median_s"] > 0 and sc[side]["steady_compiles"] == 0
+  assert sc["parity"]["tokens_equal"] == 1.0 and sc["parity"]["logprob_max_abs"] < 1e-4
+  # The copied side holds the context once per row; the shared side once in all.
+  assert sc["copied"]["cache_bytes"] > sc["shared"]["cache_bytes"]
+  assert "## Shared context" in (out / "results.md").read_text()
+
+
 def test_roofline_goals_and_reports(result):
   res, out = result
   roof = res["roofline"]
