@@ -115,3 +115,20 @@ def test_registry():
     register_scorer("maxprob", lambda: None)
   with pytest.raises(ConfigError, match="exactly one of bundle= or path="):
     get_scorer("probe")
+
+
+def test_pad_rows_names_the_row_that_does_not_fit():
+  from reprobe_jax.errors import DataFormatError
+  good = {"logprobs": np.zeros(4), "entropy": np.zeros(4)}
+  inputs, spans = pad_rows([good], [np.array([[0, 4]])], batch_size=2)
+  assert inputs.logprobs.shape == (2, 16) and spans.shape == (2, 4, 2) and inputs.token_mask.sum() == 4
+  cases = [
+      ([good, {"logprobs": np.zeros(4)}], [np.array([[0, 4]])] * 2, "row 1 has fields"),
+      ([{"logprobs": np.zeros(4), "entropy": np.zeros(3)}], [np.array([[0, 3]])], "row 0: entropy has 3 tokens"),
+      ([good], [np.array([[2, 5]])], r"row 0: a step span leaves the row's 4 tokens"),
+      ([good], [], "one spans array per row"),
+      ([{"logits": np.zeros(4)}], [np.array([[0, 1]])], "expected some of"),
+  ]
+  for rows, spans, match in cases:
+    with pytest.raises(DataFormatError, match=match):
+      pad_rows(rows, spans)

@@ -31,8 +31,8 @@ def pad_rows(rows: Sequence[Mapping[str, np.ndarray]], spans: Sequence[np.ndarra
   """Rows {field: [n] or [n, F]} (fields of FIELDS, the same in every row) and spans [S_i, 2] -> ScoreInputs with
   [B, bucket(T)] arrays and spans [B, bucket(S), 2]; B = batch_size (rows past the data are padding) or len(rows).
   Errors name the row and field that do not fit."""
-  if not rows:
-    raise DataFormatError("pad_rows: no rows")
+  if not rows or len(rows) != len(spans):
+    raise DataFormatError(f"pad_rows: need one spans array per row, got {len(rows)} rows and {len(spans)} spans")
   fields = [k for k in FIELDS if k in rows[0]]
   if not fields or set(rows[0]) - set(FIELDS):
     raise DataFormatError(f"row 0 has fields {sorted(rows[0])}; expected some of {FIELDS}")
