@@ -1,9 +1,10 @@
-"""Atomic file writes: a file appears complete or not at all (one mechanism for every artifact we write)."""
+"""Atomic writes: a file or a folder appears complete or not at all (one mechanism for every artifact we write)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 
 
@@ -25,4 +26,22 @@ def atomic_open(path, mode: str = "w", **kwargs):
   except BaseException:
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)
+    raise
+
+
+@contextlib.contextmanager
+def atomic_folder(path):
+  """Yields a temporary folder beside `path` to fill; after the block it takes the place of `path` (an old folder
+  there is removed first). On any error, Ctrl-C included, the temporary folder is removed and `path` is as before."""
+  path = os.path.abspath(os.fspath(path))
+  parent = os.path.dirname(path)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-save-")
+  try:
+    yield tmp
+    if os.path.exists(path):
+      shutil.rmtree(path)
+    os.replace(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
     raise

@@ -1,7 +1,7 @@
-"""Step-level uncertainty baselines (METHOD A6): higher score = more likely wrong.
+"""Step-level uncertainty baselines (METHOD A6) for one trajectory on the host: higher score = more likely wrong.
 
-Each reads per-token statistics that the sampler or a captured forward already holds (log-probability of the
-token, entropy and self-certainty of the distribution that produced it), aggregated over a step's token span.
+A thin wrapper over the vectorised scorers of `reprobe_jax.scorers.uncertainty` (masked reductions on device);
+score many trajectories at once with `reprobe_jax.scorers.score_rows` instead.
 """
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from typing import Sequence
 
 import numpy as np
 
-BASELINES = ("maxprob", "perplexity", "max_entropy", "mean_entropy", "self_certainty", "random")
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.scorers.batching import score_rows
+from reprobe_jax.scorers.uncertainty import BASELINES, UncertaintyScorer
+
+__all__ = ["BASELINES", "step_scores"]
 
 
 def step_scores(name: str, logprobs, entropy, self_certainty, spans: Sequence[tuple[int, int]],
@@ -19,24 +23,17 @@ def step_scores(name: str, logprobs, entropy, self_certainty, spans: Sequence[tu
   about token j). Empty spans get NaN.
 
   maxprob: -sum log p(token); perplexity: -mean log p; max_entropy / mean_entropy over the step's tokens;
-  self_certainty: -mean KL(U || p) (Kang et al., 2025; negated so higher = less sure); random: U(0, 1).
+  self_certainty: -mean KL(U || p) (Kang et al., 2025; negated so higher = less sure); random: U(0, 1), one draw
+  from `rng` (default: seed 0) per non-empty step in order, so host-side reports keep their numpy stream.
   """
-  out = np.full(len(spans), np.nan)
-  for k, (a, b) in enumerate(spans):
-    if b <= a:
-      continue
-    if name == "maxprob":
-      out[k] = -np.sum(logprobs[a:b])
-    elif name == "perplexity":
-      out[k] = -np.mean(logprobs[a:b])
-    elif name == "max_entropy":
-      out[k] = np.max(entropy[a:b])
-    elif name == "mean_entropy":
-      out[k] = np.mean(entropy[a:b])
-    elif name == "self_certainty":
-      out[k] = -np.mean(self_certainty[a:b])
-    elif name == "random":
-      out[k] = (rng or np.random.default_rng(0)).random()
-    else:
-      raise ValueError(f"unknown baseline {name!r}; known: {BASELINES}")
-  return out
+  if name not in BASELINES:
+    raise ConfigError(f"unknown baseline {name!r}; known: {BASELINES}")
+  spans = np.asarray(spans, np.int32).reshape(-1, 2)
+  if name == "random":
+    out = np.full(len(spans), np.nan)
+    nonempty = spans[:, 1] > spans[:, 0]
+    out[nonempty] = (rng or np.random.default_rng(0)).random(int(nonempty.sum()))
+    return out
+  row = {"logprobs": np.asarray(logprobs, np.float32), "entropy": np.asarray(entropy, np.float32),
+         "self_certainty": np.asarray(self_certainty, np.float32)}
+  return score_rows(UncertaintyScorer.create(name), [row], [spans], batch_size=1)[0].astype(np.float64)

@@ -1,13 +1,22 @@
-"""The probe module of METHOD A4: size, batched scoring, masking."""
+"""The probe module of METHOD A4: size, batched scoring, masking; one compiled inference path; the saved bundle."""
 
 from __future__ import annotations
+
+import json
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
-from reprobe_jax.probe import Probe, ProbeConfig, count_params, score_steps
+from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.features import FeatureMismatchError, FeatureSpec
+from reprobe_jax.models.checkpoint import SafetensorsFile, write_safetensors
+from reprobe_jax.probe import (Probe, ProbeBundle, ProbeConfig, abstract_probe, count_params, load_probe, save_probe,
+                               score_steps)
 
 
 def test_paper_probe_has_fewer_than_10m_parameters():
@@ -60,6 +69,145 @@ def test_dropout_only_in_training():
   a = probe(feats, mask, spans, deterministic=True)
   b = probe(feats, mask, spans, deterministic=True)
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  c = probe(feats, mask, spans, deterministic=False)
+  c = probe(feats, mask, spans, deterministic=False, rngs=nnx.Rngs(dropout=0))
   assert not np.allclose(np.asarray(a), np.asarray(c))
+  np.testing.assert_array_equal(np.asarray(probe(feats, mask, spans, deterministic=False, rngs=nnx.Rngs(dropout=0))),
+                                np.asarray(c))  # dropout reads only the stream it is given
   assert count_params(probe) > 0
+
+
+def test_probe_holds_parameters_only_and_one_graph_per_config():
+  probe, graphdef, params, *_ = _setup()
+  assert all(isinstance(v, nnx.Param) for _, v in nnx.to_flat_state(params))  # no dropout RNG state to carry
+  graph, abstract = abstract_probe(probe.config)
+  assert graph.value == graphdef and abstract_probe(probe.config)[0] is graph
+  assert jax.tree.structure(abstract) == jax.tree.structure(params)
+
+
+def test_predict_examples_compiles_once_per_shape():
+  from reprobe_jax.probe.data import Example
+  from reprobe_jax.probe.model import _probabilities
+  from reprobe_jax.probe.train import new_probe, predict_examples
+  cfg = ProbeConfig(feature_dim=6, d_model=16, n_layers=1, n_heads=2, ff_dim=32)
+  rng = np.random.default_rng(0)
+
+  def exs(n):  # 9..16 tokens, 2..4 steps: one (T=16, S=4) bucket
+    out = []
+    for i in range(n):
+      t = int(rng.integers(9, 17))
+      cut = sorted(rng.choice(np.arange(1, t), int(rng.integers(1, 4)), replace=False))
+      b = np.r_[0, cut, t]
+      out.append(Example(f"e{i}", "arithmetic", rng.normal(size=(t, 6)).astype(np.float32),
+                         np.stack([b[:-1], b[1:]], 1).astype(np.int32), np.zeros(len(b) - 1, np.float32)))
+    return out
+
+  g, params, rest = new_probe(cfg, 0)
+  first = predict_examples(g, params, rest, exs(5), 4, 6)
+  size = _probabilities._cache_size()
+  assert size >= 1
+  g2, params2, rest2 = new_probe(cfg, 1)  # another probe of the same config, new examples of the same buckets
+  second = predict_examples(g2, params2, rest2, exs(7), 4, 6)
+  assert _probabilities._cache_size() == size, "predict_examples compiled again for the same shapes"
+  assert len(first) == 5 and len(second) == 7 and all(np.all((p > 0) & (p < 1)) for p in first + second)
+  # the same path as score_steps on the module's own split
+  e = exs(1)
+  from reprobe_jax.probe.data import collate
+  b = collate(e, 4, 6)
+  direct = score_steps(g2, params2, jnp.asarray(b["features"]), jnp.asarray(b["token_mask"]), jnp.asarray(b["spans"]))
+  np.testing.assert_array_equal(predict_examples(g2, params2, rest2, e, 4, 6)[0], np.asarray(direct)[0, :len(e[0].spans)])
+  assert _probabilities._cache_size() == size
+
+
+def _bundle(seed=0):
+  probe, _, params, feats, mask, spans = _setup(seed)
+  spec = FeatureSpec.from_name("hidden+logit", hidden_layers=(0, -1))
+  return ProbeBundle.create(probe.config, params, spec, "abc123"), feats, mask, spans
+
+
+def test_bundle_round_trip_is_exact(tmp_path):
+  bundle, feats, mask, spans = _bundle()
+  save_probe(bundle, str(tmp_path / "probe"))
+  assert sorted(os.listdir(tmp_path / "probe")) == ["config.json", "model.safetensors"]
+  meta = json.loads((tmp_path / "probe" / "config.json").read_text())
+  assert meta["format_version"] == 1 and meta["model_fingerprint"] == "abc123" and meta["probe"]["d_model"] == 32
+  back = load_probe(str(tmp_path / "probe"), model_fingerprint="abc123")
+  assert back.config == bundle.config and back.features == bundle.features and back.model_fingerprint == "abc123"
+  for (pa, a), (pb, b) in zip(nnx.to_flat_state(bundle.params), nnx.to_flat_state(back.params)):
+    assert pa == pb
+    np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()))
+  np.testing.assert_array_equal(np.asarray(back.probabilities(feats, mask, spans)),
+                                np.asarray(bundle.probabilities(feats, mask, spans)))
+  with pytest.raises(FeatureMismatchError, match="abc123"):
+    load_probe(str(tmp_path / "probe"), model_fingerprint="other")
+
+
+def test_load_probe_names_the_file_and_field(tmp_path):
+  bundle, *_ = _bundle()
+  good = tmp_path / "good"
+  save_probe(bundle, str(good))
+  meta = json.loads((good / "config.json").read_text())
+  tensors = {k: SafetensorsFile(str(good / "model.safetensors")).get(k).copy()
+             for k in SafetensorsFile(str(good / "model.safetensors")).keys()}
+
+  def variant(name, meta_change=None, tensors_change=None):
+    d = tmp_path / name
+    shutil.copytree(good, d)
+    if meta_change is not None:
+      (d / "config.json").write_text(json.dumps(meta_change(json.loads(json.dumps(meta)))))
+    if tensors_change is not None:
+      write_safetensors(str(d / "model.safetensors"), tensors_change(dict(tensors)))
+    return str(d)
+
+  def drop(m, *path):
+    x = m
+    for p in path[:-1]:
+      x = x[p]
+    del x[path[-1]]
+    return m
+
+  cases = [
+      (variant("no_probe", lambda m: drop(m, "probe")), r"config.json: missing key 'probe'"),
+      (variant("no_dim", lambda m: drop(m, "probe", "feature_dim")), r"missing key 'probe.feature_dim'"),
+      (variant("extra_key", lambda m: {**m, "probe": {**m["probe"], "width": 3}}), r"unknown keys \['width'\]"),
+      (variant("bad_type", lambda m: {**m, "probe": {**m["probe"], "n_heads": "4"}}), r"'probe.n_heads' must be an int"),
+      (variant("bad_parts", lambda m: {**m, "features": {**m["features"], "parts": ["colour"]}}), r"'features'.*colour"),
+      (variant("version", lambda m: {**m, "format_version": 9}), r"version 9"),
+      (variant("missing_tensor", tensors_change=lambda t: drop(t, "cls2.bias")), r"missing tensors \['cls2.bias'\]"),
+      (variant("extra_tensor", tensors_change=lambda t: {**t, "head.kernel": np.zeros(2, np.float32)}),
+       r"unexpected tensors \['head.kernel'\]"),
+      (variant("shape", tensors_change=lambda t: {**t, "proj1.kernel": np.zeros((12, 65), np.float32)}),
+       r"model.safetensors: tensor 'proj1.kernel' has shape \[12, 65\], the config expects \[12, 64\]"),
+      (variant("dtype", tensors_change=lambda t: {**t, "proj1.kernel": t["proj1.kernel"].astype(np.float16)}),
+       r"tensor 'proj1.kernel' has dtype float16, expected float32"),
+  ]
+  for path, match in cases:
+    with pytest.raises(CheckpointError, match=match):
+      load_probe(path)
+  (tmp_path / "broken").mkdir()
+  (tmp_path / "broken" / "config.json").write_text("{not json")
+  (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
+  with pytest.raises(CheckpointError, match="config.json: not valid JSON"):
+    load_probe(str(tmp_path / "broken"))
+  with pytest.raises(CheckpointError, match="no config.json"):
+    load_probe(str(tmp_path / "nothing"))
+  with pytest.raises(ConfigError, match="missing tensors"):
+    ProbeBundle.create(bundle.config, nnx.State({}), bundle.features)
+
+
+def test_save_probe_failure_keeps_the_previous_save(tmp_path, monkeypatch):
+  from reprobe_jax.probe import bundle as bundle_module
+  bundle, *_ = _bundle()
+  target = tmp_path / "probe"
+  save_probe(bundle, str(target))
+  before = {n: (target / n).read_bytes() for n in os.listdir(target)}
+
+  def full_disk(path, tensors, metadata=None):
+    with open(path, "wb") as f:
+      f.write(b"\x00" * 10)
+    raise OSError("No space left on device (simulated)")
+
+  monkeypatch.setattr(bundle_module, "write_safetensors", full_disk)
+  with pytest.raises(OSError, match="No space left"):
+    save_probe(_bundle(1)[0], str(target))
+  assert os.listdir(tmp_path) == ["probe"]
+  assert {n: (target / n).read_bytes() for n in os.listdir(target)} == before

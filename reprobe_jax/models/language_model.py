@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from typing import Any, Sequence
 
 import jax
@@ -14,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from reprobe_jax.atomic import atomic_folder
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.models import decoding, sampling
 from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
@@ -249,11 +248,7 @@ class LanguageModel:
     """config.json + model.safetensors (+ tokenizer files) that PyTorch `transformers` loads; written into a
     temporary folder, then moved into place, so a crash leaves nothing half-written."""
     np_dtype = {"float32": np.float32, "bfloat16": jnp.bfloat16, "float16": np.float16}[dtype]
-    directory = os.path.abspath(directory)
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-save-")
-    try:
+    with atomic_folder(directory) as tmp:
       cfg = self.config.to_hf_dict()
       cfg["torch_dtype"] = dtype
       with open(os.path.join(tmp, "config.json"), "w") as f:
@@ -266,9 +261,3 @@ class LanguageModel:
         json.dump({k: v for k, v in gen.items() if v is not None}, f, indent=2)
       if self.tokenizer is not None:
         self.tokenizer.save_pretrained(tmp)
-      if os.path.exists(directory):
-        shutil.rmtree(directory)
-      os.replace(tmp, directory)
-    except BaseException:
-      shutil.rmtree(tmp, ignore_errors=True)
-      raise

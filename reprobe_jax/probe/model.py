@@ -3,6 +3,10 @@
 Per trajectory the token projection runs once; every step is then scored in the same batched call: the encoder
 sees the tokens [0, step end) with a learned marker on the step's own tokens, and the classifier reads the masked
 mean over the step's tokens. Output: P(step incorrect).
+
+The module holds parameters only: dropout keeps no RNG stream of its own and draws from the `rngs` a training step
+passes in. So `nnx.split(probe)` is (graphdef, params), the graphdef depends on the config alone, and every probe of
+one config shares the compiled code of `score_steps`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.models.forward import StaticGraph
 
 _XAVIER = nnx.initializers.xavier_uniform()
 _ZEROS = nnx.initializers.zeros_init()
@@ -47,12 +52,12 @@ class EncoderLayer(nnx.Module):
     d = cfg.d_model
     self.attn = nnx.MultiHeadAttention(num_heads=cfg.n_heads, in_features=d, qkv_features=d, out_features=d,
                                        kernel_init=_XAVIER, bias_init=_ZEROS, dropout_rate=cfg.dropout,
-                                       decode=False, rngs=rngs)
+                                       decode=False, keep_rngs=False, rngs=rngs)
     self.norm1 = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
     self.ff1 = _linear(d, cfg.ff_dim, rngs)
     self.ff2 = _linear(cfg.ff_dim, d, rngs)
     self.norm2 = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
-    self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+    self.drop = nnx.Dropout(cfg.dropout)
 
   def __call__(self, x, mask, *, deterministic: bool, rngs: nnx.Rngs | None = None):
     """x [N, T, d]; mask [N, 1, T, T] bool (True = may attend)."""
@@ -76,7 +81,7 @@ class Probe(nnx.Module):
     self.cls1 = _linear(d, d, rngs)
     self.cls_norm = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
     self.cls2 = _linear(d, 1, rngs)
-    self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+    self.drop = nnx.Dropout(cfg.dropout)
 
   def project(self, features, *, deterministic: bool, rngs: nnx.Rngs | None = None):
     """features [B, T, F] -> [B, T, d] (step 1 of A4, once per trajectory)."""
@@ -87,7 +92,7 @@ class Probe(nnx.Module):
   def __call__(self, features, token_mask, spans, *, deterministic: bool = True, rngs: nnx.Rngs | None = None):
     """Logits of P(incorrect) for every step: features [B, T, F], token_mask [B, T] (valid, non-padding tokens),
     spans [B, S, 2] half-open [start, end) token spans (end <= start marks a padding step). Returns [B, S].
-    Dropout draws from `rngs` when given (pure training steps), else from the module's own stream."""
+    With deterministic=False dropout draws from `rngs`, which must then be given."""
     b, t, _ = features.shape
     s = spans.shape[1]
     h = self.project(features, deterministic=deterministic, rngs=rngs)  # [B, T, d]
@@ -112,8 +117,33 @@ def count_params(module: nnx.Module) -> int:
   return sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def score_steps(graphdef, params, features, token_mask, spans):
-  """P(step incorrect) [B, S] for every step of a batch of trajectories, in one jitted call (eval mode)."""
-  probe = nnx.merge(graphdef, params)
+@functools.lru_cache(maxsize=None)
+def abstract_probe(cfg: ProbeConfig) -> tuple[StaticGraph, nnx.State]:
+  """(graph, abstract params) of every probe of this config, built without allocating weights; the graphdef is
+  wrapped for jit once, so all probes of one config share compiled code. Treat the state as read-only."""
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: Probe(cfg, rngs=nnx.Rngs(0))))
+  return StaticGraph(graphdef), state
+
+
+@functools.partial(jax.jit, static_argnames=("graph",))
+def _probabilities(graph: StaticGraph, state, features, token_mask, spans):
+  probe = nnx.merge(graph.value, *state)
   return jax.nn.sigmoid(probe(features, token_mask, spans, deterministic=True))
+
+
+def score_steps(graphdef, params, features, token_mask, spans):
+  """P(step incorrect) [B, S] for every step of a batch of trajectories in one jitted call (eval mode, METHOD A4).
+
+  The probe's only inference path: training validation, evaluation and the step scorer all come here, and it
+  compiles once per (config, B, T, S). graphdef: a GraphDef or a StaticGraph (`abstract_probe`); params: the state
+  `nnx.split` gave after it, or a tuple of its states (params, rest; a probe's rest is empty). features [B, T, F],
+  token_mask [B, T], spans [B, S, 2].
+  """
+  graph = graphdef if isinstance(graphdef, StaticGraph) else StaticGraph(graphdef)
+  state = tuple(params) if isinstance(params, (tuple, list)) else (params,)
+  state = tuple(x for x in state if jax.tree.leaves(x))  # an empty `rest` would only split the compile cache
+  b, t = token_mask.shape
+  if features.shape[:2] != (b, t) or spans.shape[0] != b or spans.shape[-1] != 2 or spans.ndim != 3:
+    raise ConfigError(f"score_steps: need features [B, T, F], token_mask [B, T], spans [B, S, 2]; got "
+                      f"{features.shape}, {token_mask.shape}, {spans.shape}")
+  return _probabilities(graph, state, features, token_mask, spans)

@@ -23,7 +23,8 @@ from flax import nnx
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.metrics import pr_auc, roc_auc
 from reprobe_jax.probe.data import Example, collate
-from reprobe_jax.probe.model import Probe, ProbeConfig
+from reprobe_jax.models.forward import StaticGraph
+from reprobe_jax.probe.model import Probe, ProbeConfig, score_steps
 from reprobe_jax.tblog import ScalarWriter
 
 
@@ -70,19 +71,19 @@ def _make_fns(graphdef, tx, pos_weight):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  @jax.jit
-  def predict(params, rest, batch):
-    probe = nnx.merge(graphdef, params, rest)
-    return jax.nn.sigmoid(probe(batch["features"], batch["token_mask"], batch["spans"], deterministic=True))
+  return train_step, functools.partial(_predict_batch, StaticGraph(graphdef))
 
-  return train_step, predict
+
+def _predict_batch(graph: StaticGraph, params, rest, batch):
+  """P(incorrect) [B, S] of a collated batch through the module-level `score_steps` (compiled once per shape)."""
+  return score_steps(graph, (params, rest), batch["features"], batch["token_mask"], batch["spans"])
 
 
 def predict_examples(graphdef, params, rest, exs: Sequence[Example], batch_size: int, feature_dim: int,
                      predict=None) -> list[np.ndarray]:
-  """P(incorrect) per step for each example."""
+  """P(incorrect) per step [S_i] for each example, through `score_steps` (`predict` is a stand-in for it)."""
   if predict is None:
-    predict = _make_fns(graphdef, optax.identity(), 1.0)[1]
+    predict = functools.partial(_predict_batch, StaticGraph(graphdef))
   out = []
   for s in range(0, len(exs), batch_size):
     chunk = exs[s:s + batch_size]

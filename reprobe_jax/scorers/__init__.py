@@ -1,0 +1,15 @@
+"""Step scorers (METHOD A6, A7): one interface over the probe, the uncertainty baselines and (next) a PRM.
+
+`get_scorer(name, **kwargs)` builds one; `score(scorer, inputs, spans)` -> [B, S] and `score_newest(scorer,
+inputs, newest_span)` -> [B] run it jitted; `scorer.score` / `scorer.score_newest` are the pure versions to call
+inside another jitted program (a search loop).
+"""
+
+from reprobe_jax.scorers.base import ScoreInputs, StepScorer, score, score_newest, step_token_mask
+from reprobe_jax.scorers.registry import SCORERS, get_scorer, register_scorer
+from reprobe_jax.scorers.uncertainty import BASELINES, UncertaintyScorer
+from reprobe_jax.scorers.probe import ProbeScorer
+from reprobe_jax.scorers.batching import pad_rows, record_rows, score_rows
+
+__all__ = ["BASELINES", "SCORERS", "ProbeScorer", "ScoreInputs", "StepScorer", "UncertaintyScorer", "get_scorer",
+           "pad_rows", "record_rows", "register_scorer", "score", "score_newest", "score_rows", "step_token_mask"]
