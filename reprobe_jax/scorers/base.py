@@ -82,3 +82,18 @@ def score_newest(scorer: StepScorer, inputs: ScoreInputs, newest_span: jax.Array
   """Jitted `scorer.score_newest`: [B] float32 for newest_span [B, 2]."""
   check_spans(newest_span[:, None, :], inputs, "newest_span [B, 2]")
   return scorer.score_newest(inputs, newest_span).astype(jnp.float32)
+
+
+def inputs_from_state(state, spec=None, num_layers: int | None = None) -> ScoreInputs:
+  """ScoreInputs of a decode state's rows (`reprobe_jax.models.decoding.DecodeState`), on device: the tokens the
+  sampler recorded, their log-probs and captured statistics, and, given a FeatureSpec (with the model's layer
+  count), the probe's features assembled from the captured values. No second forward."""
+  feats = state.features
+  token_mask = jnp.arange(state.buffer_len)[None, :] < state.lengths[:, None]  # [B, N]
+  features = None
+  if spec is not None:
+    if num_layers is None:
+      raise ConfigError("inputs_from_state: a feature spec needs the model's num_layers")
+    features = spec.assemble(feats, num_layers)
+  return ScoreInputs(token_mask=token_mask, features=features, logprobs=state.logprobs,
+                     entropy=feats.get("token_entropy"), self_certainty=feats.get("token_self_certainty"))
