@@ -9,9 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from reprobe_jax import pipeline
+from reprobe_jax import pipeline, report
 from reprobe_jax.features import FeatureMismatchError
 from reprobe_jax.models import ModelConfig, LanguageModel
+from reprobe_jax.probe import linear
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.synthetic.tokenizer import build_tokenizer
 from reprobe_jax.tasks import make_problems
@@ -84,12 +85,22 @@ def test_config_from_dict_names_unknown_fields():
     pipeline.config_from_dict(c)
 
 
-def test_logistic_regression_baseline_separates():
+def test_logistic_regression_baseline_separates_and_matches_sklearn():
+  from sklearn.linear_model import LogisticRegression
   rng = np.random.default_rng(0)
-  x = rng.normal(size=(400, 3))
+  x = rng.normal(size=(400, 3)) * [1.0, 5.0, 0.2] + [0.0, 3.0, -1.0]
   y = (x[:, 0] + 0.3 * rng.normal(size=400) > 0).astype(float)
-  p = pipeline.fit_logistic(x, y)(x)
+  p = linear.fit_logistic(x, y, l2=2.0)(x)
   assert np.mean((p > 0.5) == y) > 0.9
+  # The same objective in sklearn: sum of log-losses + (1 / 2C) |w|^2 on standardised inputs, intercept free.
+  z = (x - x.mean(0)) / (x.std(0) + 1e-6)
+  ref = LogisticRegression(C=1 / 2.0, tol=1e-10, max_iter=1000).fit(z, y).predict_proba(z)[:, 1]
+  np.testing.assert_allclose(p, ref, atol=1e-6)
+  y[::7] = np.nan  # unknown labels are left out of the fit, and of the standardisation
+  known = ~np.isnan(y)
+  z = (x - x[known].mean(0)) / (x[known].std(0) + 1e-6)
+  ref = LogisticRegression(C=1.0, tol=1e-10, max_iter=1000).fit(z[known], y[known]).predict_proba(z)[:, 1]
+  np.testing.assert_allclose(linear.fit_logistic(x, y)(x), ref, atol=1e-6)
 
 
 def test_few_shot_prompts_hold_worked_examples_of_the_same_family(lm):
@@ -149,8 +160,22 @@ def test_summary_of_a_domain_without_labelled_steps():
   cfg = pipeline.ReprobeConfig(train_domains=("arithmetic",), ood_domains=("qa",))
   labels = {"arithmetic": np.array([0.0, 1.0, np.nan, 1.0]), "qa": np.array([np.nan, np.nan])}
   scores = {"maxprob": {"arithmetic": np.array([0.1, 0.9, 0.5, 0.8]), "qa": np.array([0.2, 0.3])}}
-  metrics = pipeline.summarise(scores, labels, cfg)
+  metrics = report.scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains)
   assert metrics["datasets"] == {"arithmetic": {"steps": 3, "incorrect_share": pytest.approx(2 / 3)},
                                  "qa": {"steps": 0, "incorrect_share": None}}
   assert metrics["methods"]["maxprob"]["arithmetic"]["pr_auc"] == 1.0
-  assert "arithmetic: 3 steps, 67% incorrect, qa: 0 steps, none labelled" in pipeline.table_markdown(metrics)
+  assert "arithmetic: 3 steps, 67% incorrect, qa: 0 steps, none labelled" in report.table_markdown(metrics)
+
+
+def test_linear_step_scores_worked_example():
+  """Each step with tokens gets the predictor's score of its mean-pooled features; a step without tokens, 0.5."""
+  from reprobe_jax.probe.data import Example
+  feats = np.arange(12, dtype=np.float32).reshape(6, 2)
+  a = Example("a", "arithmetic", feats, np.array([[0, 2], [2, 2], [2, 6]], np.int32), np.array([1.0, np.nan, 0.0]))
+  b = Example("b", "qa", feats[:1], np.array([[0, 1]], np.int32), np.array([np.nan], np.float32))
+  x, y = linear.mean_pooled([a, b])
+  np.testing.assert_array_equal(x, [[1, 2], [7, 8], [0, 1]])
+  np.testing.assert_array_equal(y, [1.0, 0.0, np.nan])
+  scores = linear.step_scores(lambda xq: xq[:, 0] / 10, [a, b])
+  np.testing.assert_allclose(scores, [0.1, 0.5, 0.7, 0.0])
+

@@ -57,8 +57,9 @@ def label_samples(problems: Sequence[Problem], samples: Sequence[dict]) -> list[
   return out
 
 
-def summarise(records: Sequence[dict]) -> dict:
-  """The report's numbers for one (family, format) group of labelled samples."""
+def summarise_samples(records: Sequence[dict]) -> dict:
+  """The report's numbers for one (family, format) group of the target's labelled samples (not a scorer's
+  metrics: those are `reprobe_jax.report.scorer_metrics`)."""
   labels = np.array([x for r in records for x in r["labels"] if x is not None], float)
   correct = np.array([r["correct"] for r in records], bool)
   out = {
