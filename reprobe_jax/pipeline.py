@@ -1,13 +1,13 @@
-"""The ReProbe job (METHOD Part A): problems -> trajectories -> rule labels -> features -> probe -> PR-AUC against
-uncertainty baselines, trained in domain (arithmetic) and tested in and out of domain (planning, QA), as the paper
-does.
+"""The ReProbe job (METHOD Part A): problems -> trajectories -> step labels (rule, self-judge, API judge or imported)
+-> features -> probe -> PR-AUC against uncertainty baselines, trained in domain (arithmetic) and tested in and out
+of domain (planning, QA), as the paper does.
 
 Composed from the shared layers: `runs` (run folder, stages, timings, progress), `annotate`, `features`, `probe`
 (the probe, its training and the linear baseline) and `report` (metrics.json, table.md, pr_curves.png). Every stage
 writes its artifact under the run folder and is skipped when that artifact exists, so a rerun reuses work and an
 interrupted run resumes (feature extraction and probe training resume mid-way). Artifacts:
   samples_<split>.jsonl        the sampled trajectories (reprobe_jax.trajectories schema), before labels
-  trajectories_<split>.jsonl   the same, labelled
+  trajectories_<split>.jsonl   the same, labelled by `config.annotator`
   features/<set>/              feature shards and manifest;  probe/<set>/  checkpoints, history, TensorBoard
   metrics.json, table.md, pr_curves.png, timings.json
 """
@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from reprobe_jax import baselines, runs
-from reprobe_jax.annotate import annotate_rule
+from reprobe_jax.annotate import JudgePrompts, JudgeSettings, annotate, annotator_key, check_annotator
 from reprobe_jax.atomic import atomic_open
 from reprobe_jax.config import plain, replace_fields
 from reprobe_jax.errors import ConfigError
@@ -51,6 +51,9 @@ class ProbeShape:
 
 @dataclasses.dataclass(frozen=True)
 class ReprobeConfig:
+  """A ReProbe run. `annotator` picks the step labels: 'rule' (exact checkers), 'self' (the target as its own
+  two-stage judge, `judge.self_judge`), 'judge' (an OpenAI-compatible server, `judge.api`), 'import' (the JSONL
+  file at `labels_path`); it is checked when the config is made (ConfigError naming the field)."""
 
   seed: int = 0
   mode: str = "line"
@@ -65,14 +68,20 @@ class ReprobeConfig:
   hidden_layers: tuple[int, ...] = (-1,)
   probe: ProbeShape = ProbeShape()
   train: ProbeTrainConfig = ProbeTrainConfig()
+  annotator: str = "rule"
+  judge: JudgeSettings = JudgeSettings()
+  labels_path: str = ""
+
+  def __post_init__(self):
+    check_annotator(self.annotator, self.judge, self.labels_path)
 
 
 def config_from_dict(c) -> ReprobeConfig:
-  """The CLI's ConfigDict -> ReprobeConfig (unknown fields are named)."""
+  """The CLI's ConfigDict -> ReprobeConfig (unknown fields are named; so is a bad annotator setting)."""
   d = plain(c)
   for k in ("job", "workdir", "target", "target_path"):
     d.pop(k, None)
-  return replace_fields(ReprobeConfig(), d)
+  return replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
 
 
 SPLIT_SEEDS = {"train": 2_000_003, "val": 2_000_004, "test": 2_000_005}  # disjoint from the target LM's data
@@ -106,30 +115,43 @@ def data_fingerprint(lm: LanguageModel, cfg: ReprobeConfig) -> str:
 
 
 def run_folder(root: str, lm: LanguageModel, cfg: ReprobeConfig) -> str:
-  """`<root>/<key>`, the key a hash of the config, the target model and the problems and prompts."""
+  """`<root>/<key>`, the key a hash of the config, the target model and the problems and prompts. The annotator
+  settings enter only when they decide the labels (`annotate.annotator_key`): a 'rule' run keeps the folder it had
+  before the annotator option existed."""
   config = dataclasses.asdict(cfg)
+  for name in ("annotator", "judge", "labels_path"):
+    del config[name]
+  annotation = annotator_key(cfg.annotator, cfg.judge, cfg.labels_path)
+  if annotation is not None:
+    config["annotation"] = annotation
   return os.path.join(root, runs.run_key(config, model_fingerprint(lm), data_fingerprint(lm, cfg)))
 
 
 def trajectories(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *,
                  progress: Progress | None = None) -> dict[str, list[Trajectory]]:
-  """{split: labelled trajectories}: samples every split, then labels all of them."""
+  """{split: labelled trajectories}: samples every split, then labels all of them in one annotator call (a judge
+  batches its prompts; an imported file must cover every trajectory)."""
   tick = progress or no_progress
   run = Run(workdir)
   splits = split_problems(cfg)
   labelled = {split: f"trajectories_{split}.jsonl" for split in splits}
   if not run.exists(*labelled.values()):
+    context = lm.config.max_position_embeddings
+    if cfg.annotator == "self" and cfg.judge.self_judge.max_new_tokens >= context:  # found now, not after sampling
+      raise ConfigError(f"config.judge.self_judge.max_new_tokens={cfg.judge.self_judge.max_new_tokens} leaves no "
+                        f"room for a prompt in the target's context of {context} tokens")
     samples = {split: _samples(lm, cfg, run, split, problems, tick) for split, problems in splits.items()}
 
     def label():
       every = [t for split in splits for t in samples[split]]
-      tick("annotate (rule)", 0, len(every))
-      out = annotate_rule(every, {p.id: p for ps in splits.values() for p in ps})
+      tick(f"annotate ({cfg.annotator})", 0, len(every))
+      out = annotate(every, {p.id: p for ps in splits.values() for p in ps}, cfg.annotator, cfg.judge,
+                     cfg.labels_path, lm)
       start = 0
       for split in splits:
         write_jsonl(run.path(labelled[split]), out[start:start + len(samples[split])])
         start += len(samples[split])
-      tick("annotate (rule)", len(every), len(every))
+      tick(f"annotate ({cfg.annotator})", len(every), len(every))
 
     run.stage("annotate", list(labelled.values()), label)
   return {split: read_trajectories(run.path(name)) for split, name in labelled.items()}
