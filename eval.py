@@ -17,11 +17,12 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.p
 
 def run_reprobe(config) -> None:
   from reprobe_jax import pipeline
+  from reprobe_jax.report import table_markdown
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
     metrics = pipeline.evaluate(lm, cfg, workdir, progress=bars.update)
   print("\nStep-level PR-AUC (positive = incorrect step):\n")
-  print(pipeline.table_markdown(metrics))
+  print(table_markdown(metrics))
   timings = metrics.get("timings_s", {})
   if timings:
     print("Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))

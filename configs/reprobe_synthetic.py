@@ -3,11 +3,15 @@
     python train.py --config=configs/reprobe_synthetic.py      # target (cached), trajectories, features, probes
     python eval.py  --config=configs/reprobe_synthetic.py      # PR-AUC table, metrics.json, pr_curves.png
     python train.py --config=configs/reprobe_synthetic.py --config.probe.d_model=256
+    python eval.py  --config=configs/reprobe_synthetic.py --config.annotator=self      # the target judges itself
+    OPENAI_API_KEY=... python eval.py --config=configs/reprobe_synthetic.py --config.annotator=judge \
+        --config.judge.api.base_url=http://127.0.0.1:8000/v1 --config.judge.api.model=Qwen/Qwen3-8B
+    python eval.py  --config=configs/reprobe_synthetic.py --config.annotator=import --config.labels_path=labels.jsonl
 """
 
 import ml_collections
 
-from configs import target_synthetic
+from configs import judge_prompts, target_synthetic
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -32,4 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.probe = ml_collections.ConfigDict(dict(d_model=128, n_layers=1, n_heads=4, ff_dim=512, dropout=0.1))
   c.train = ml_collections.ConfigDict(dict(learning_rate=5e-4, warmup_frac=0.05, weight_decay=0.1, grad_clip=1.0,
                                            batch_size=32, epochs=4, patience=3, pos_weight=3.0, seed=0))
+  # Step labels (METHOD A2): 'rule' (exact checkers), 'self' (the target as its own two-stage judge), 'judge' (an
+  # OpenAI-compatible server, judge.api), 'import' (a JSONL file of labels by trajectory id, labels_path; format in
+  # reprobe_jax/annotate/importer.py).
+  c.annotator = "rule"
+  c.judge = judge_prompts.get_config()  # prompts, self_judge, api, per_step
+  c.labels_path = ""
   return c

@@ -49,25 +49,18 @@ def build_target(config):
 def run_dir(config, lm) -> str:
   """`<config.workdir>/<hash>`: one folder per (job config, target model, problems and prompts), so a rebuilt
   target, a changed config or a changed task generator starts afresh while a rerun of the same one resumes and
-  reuses its cached stages."""
-  import dataclasses
-  import hashlib
-  import json
-  import os
-
+  reuses its cached stages (`pipeline.run_folder`)."""
   from reprobe_jax import pipeline
-  from reprobe_jax.features import model_fingerprint
-  cfg = pipeline.config_from_dict(config)
-  blob = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
-  key = hashlib.sha256((blob + model_fingerprint(lm) + pipeline.data_fingerprint(lm, cfg)).encode()).hexdigest()[:12]
-  return os.path.join(config.workdir, key)
+  return pipeline.run_folder(config.workdir, lm, pipeline.config_from_dict(config))
 
 
 def reprobe_setup(config):
-  """(target model, ReprobeConfig, run folder) of a reprobe job: the common start of its train and eval runs."""
+  """(target model, ReprobeConfig, run folder) of a reprobe job: the common start of its train and eval runs. The
+  config is checked before the target is built, so a bad setting fails in a second, not after a build."""
   from reprobe_jax import pipeline
+  cfg = pipeline.config_from_dict(config)
   lm = build_target(config)
-  return lm, pipeline.config_from_dict(config), run_dir(config, lm)
+  return lm, cfg, pipeline.run_folder(config.workdir, lm, cfg)
 
 
 def run_job(config, jobs: dict[str, Callable]) -> None:

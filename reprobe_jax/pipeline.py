@@ -1,9 +1,15 @@
-"""ReProbe end to end on the synthetic worlds (METHOD Part A): problems -> trajectories -> rule labels ->
-features -> probe -> PR-AUC against uncertainty baselines, trained in domain (arithmetic) and tested in and out of
-domain (planning, QA), as the paper does.
+"""The ReProbe job (METHOD Part A): problems -> trajectories -> step labels (rule, self-judge, API judge or imported)
+-> features -> probe -> PR-AUC against uncertainty baselines, trained in domain (arithmetic) and tested in and out
+of domain (planning, QA), as the paper does.
 
-Every stage writes its artifact under `workdir` and is skipped when that artifact exists, so a rerun reuses work
-and an interrupted run resumes (feature extraction and probe training resume mid-way).
+Composed from the shared layers: `runs` (run folder, stages, timings, progress), `annotate`, `features`, `probe`
+(the probe, its training and the linear baseline) and `report` (metrics.json, table.md, pr_curves.png). Every stage
+writes its artifact under the run folder and is skipped when that artifact exists, so a rerun reuses work and an
+interrupted run resumes (feature extraction and probe training resume mid-way). Artifacts:
+  samples_<split>.jsonl        the sampled trajectories (reprobe_jax.trajectories schema), before labels
+  trajectories_<split>.jsonl   the same, labelled by `config.annotator`
+  features/<set>/              feature shards and manifest;  probe/<set>/  checkpoints, history, TensorBoard
+  metrics.json, table.md, pr_curves.png, timings.json
 """
 
 from __future__ import annotations
@@ -12,26 +18,26 @@ import dataclasses
 import hashlib
 import json
 import os
-import time
-from typing import Callable, Sequence
 
 import numpy as np
 
-from reprobe_jax import baselines
-from reprobe_jax.annotate import annotate_rule
+from reprobe_jax import baselines, runs
+from reprobe_jax.annotate import JudgePrompts, JudgeSettings, annotate, annotator_key, check_annotator
 from reprobe_jax.atomic import atomic_open
+from reprobe_jax.config import plain, replace_fields
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.features import FeatureMismatchError, FeatureSpec, FeatureStore, extract, model_fingerprint
-from reprobe_jax.metrics import pr_auc, pr_curve, roc_auc
+from reprobe_jax.features import FeatureMismatchError, FeatureSpec, extract, model_fingerprint
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.probe import ProbeConfig
-from reprobe_jax.probe.data import Example, examples
-from reprobe_jax.probe.train import ProbeTrainConfig, evaluate_examples, predict_examples, train_probe
+from reprobe_jax.probe import linear
+from reprobe_jax.probe.data import examples
+from reprobe_jax.probe.train import ProbeTrainConfig, predict_examples, train_probe
+from reprobe_jax.report import plot_pr_curves, scorer_metrics, table_markdown
+from reprobe_jax.runs import Progress, Run, no_progress
 from reprobe_jax.tasks import make_problems
-from reprobe_jax.tasks.io import read_jsonl, write_jsonl
-from reprobe_jax.trajectories import TrajectoryConfig, prompt_text, sample_trajectories
-
-Progress = Callable[[str, int, int], None]
+from reprobe_jax.tasks.io import write_jsonl
+from reprobe_jax.trajectories import Trajectory, TrajectoryConfig, prompt_text, read_trajectories, \
+    sample_trajectories
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +51,10 @@ class ProbeShape:
 
 @dataclasses.dataclass(frozen=True)
 class ReprobeConfig:
+  """A ReProbe run. `annotator` picks the step labels: 'rule' (exact checkers), 'self' (the target as its own
+  two-stage judge, `judge.self_judge`), 'judge' (an OpenAI-compatible server, `judge.api`), 'import' (the JSONL
+  file at `labels_path`); it is checked when the config is made (ConfigError naming the field)."""
+
   seed: int = 0
   mode: str = "line"
   train_domains: tuple[str, ...] = ("arithmetic",)
@@ -58,22 +68,20 @@ class ReprobeConfig:
   hidden_layers: tuple[int, ...] = (-1,)
   probe: ProbeShape = ProbeShape()
   train: ProbeTrainConfig = ProbeTrainConfig()
+  annotator: str = "rule"
+  judge: JudgeSettings = JudgeSettings()
+  labels_path: str = ""
+
+  def __post_init__(self):
+    check_annotator(self.annotator, self.judge, self.labels_path)
 
 
 def config_from_dict(c) -> ReprobeConfig:
-  """The CLI's ConfigDict -> ReprobeConfig (unknown fields are named)."""
-  from reprobe_jax.synthetic.build import _replace
-  d = dict(c.to_dict() if hasattr(c, "to_dict") else c)
+  """The CLI's ConfigDict -> ReprobeConfig (unknown fields are named; so is a bad annotator setting)."""
+  d = plain(c)
   for k in ("job", "workdir", "target", "target_path"):
     d.pop(k, None)
-  nested = {k: dict(d.pop(k, {})) for k in ("trajectories", "probe", "train")}
-  for k in ("train_domains", "ood_domains", "difficulties", "feature_sets", "hidden_layers"):
-    if k in d:
-      d[k] = tuple(d[k])
-  cfg = _replace(ReprobeConfig(), d, "")
-  return dataclasses.replace(cfg, trajectories=_replace(TrajectoryConfig(), nested["trajectories"], "trajectories"),
-                             probe=_replace(ProbeShape(), nested["probe"], "probe"),
-                             train=_replace(ProbeTrainConfig(), nested["train"], "train"))
+  return replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
 
 
 SPLIT_SEEDS = {"train": 2_000_003, "val": 2_000_004, "test": 2_000_005}  # disjoint from the target LM's data
@@ -106,69 +114,88 @@ def data_fingerprint(lm: LanguageModel, cfg: ReprobeConfig) -> str:
   return h.hexdigest()
 
 
-def _record_time(workdir: str, stage: str, seconds: float) -> None:
-  """Adds a stage's wall time to timings.json (kept from the run that did the work; cached reruns add nothing)."""
-  path = os.path.join(workdir, "timings.json")
-  times = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      times = json.load(f)
-  times[stage] = round(times.get(stage, 0.0) + seconds, 2)
-  with atomic_open(path) as f:
-    json.dump(times, f, indent=1)
+def run_folder(root: str, lm: LanguageModel, cfg: ReprobeConfig) -> str:
+  """`<root>/<key>`, the key a hash of the config, the target model and the problems and prompts. The annotator
+  settings enter only when they decide the labels (`annotate.annotator_key`): a 'rule' run keeps the folder it had
+  before the annotator option existed."""
+  config = dataclasses.asdict(cfg)
+  for name in ("annotator", "judge", "labels_path"):
+    del config[name]
+  annotation = annotator_key(cfg.annotator, cfg.judge, cfg.labels_path)
+  if annotation is not None:
+    config["annotation"] = annotation
+  return os.path.join(root, runs.run_key(config, model_fingerprint(lm), data_fingerprint(lm, cfg)))
 
 
-def _trajectories(lm, cfg: ReprobeConfig, workdir: str, tick: Progress) -> dict[str, list[dict]]:
+def trajectories(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *,
+                 progress: Progress | None = None) -> dict[str, list[Trajectory]]:
+  """{split: labelled trajectories}: samples every split, then labels all of them in one annotator call (a judge
+  batches its prompts; an imported file must cover every trajectory)."""
+  tick = progress or no_progress
+  run = Run(workdir)
   splits = split_problems(cfg)
-  out = {}
-  for split, problems in splits.items():
-    path = os.path.join(workdir, f"trajectories_{split}.jsonl")
-    if not os.path.exists(path):
-      done = 0
+  labelled = {split: f"trajectories_{split}.jsonl" for split in splits}
+  if not run.exists(*labelled.values()):
+    context = lm.config.max_position_embeddings
+    if cfg.annotator == "self" and cfg.judge.self_judge.max_new_tokens >= context:  # found now, not after sampling
+      raise ConfigError(f"config.judge.self_judge.max_new_tokens={cfg.judge.self_judge.max_new_tokens} leaves no "
+                        f"room for a prompt in the target's context of {context} tokens")
+    samples = {split: _samples(lm, cfg, run, split, problems, tick) for split, problems in splits.items()}
 
-      def on_batch(n, split=split, total=len(problems)):
-        nonlocal done
-        done += n
-        tick(f"sample {split}", done, total)
+    def label():
+      every = [t for split in splits for t in samples[split]]
+      tick(f"annotate ({cfg.annotator})", 0, len(every))
+      out = annotate(every, {p.id: p for ps in splits.values() for p in ps}, cfg.annotator, cfg.judge,
+                     cfg.labels_path, lm)
+      start = 0
+      for split in splits:
+        write_jsonl(run.path(labelled[split]), out[start:start + len(samples[split])])
+        start += len(samples[split])
+      tick(f"annotate ({cfg.annotator})", len(every), len(every))
 
-      t0 = time.time()
-      recs = sample_trajectories(lm, problems, cfg.mode, cfg.trajectories, on_batch=on_batch)
-      write_jsonl(path, annotate_rule(recs, {p.id: p for p in problems}))
-      _record_time(workdir, f"sample_{split}", time.time() - t0)
-    out[split] = [rec for _, rec in read_jsonl(path)]
-  return out
+    run.stage("annotate", list(labelled.values()), label)
+  return {split: read_trajectories(run.path(name)) for split, name in labelled.items()}
 
 
-def _feature_spec(name: str, cfg: ReprobeConfig) -> FeatureSpec:
-  return FeatureSpec.from_name(name, hidden_layers=cfg.hidden_layers)
+def _samples(lm, cfg: ReprobeConfig, run: Run, split: str, problems, tick: Progress) -> list[Trajectory]:
+  name = f"samples_{split}.jsonl"
+  done = 0
+
+  def on_batch(n):
+    nonlocal done
+    done += n
+    tick(f"sample {split}", done, len(problems))
+
+  run.stage(f"sample_{split}", [name], lambda: write_jsonl(
+      run.path(name), sample_trajectories(lm, problems, cfg.mode, cfg.trajectories, on_batch=on_batch)))
+  return read_trajectories(run.path(name))
 
 
 def prepare(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Progress | None = None):
-  """Trajectories (labelled) and feature stores for every feature set. Returns (trajectories, stores)."""
-  tick = progress or (lambda *a: None)
-  os.makedirs(workdir, exist_ok=True)
-  trajs = _trajectories(lm, cfg, workdir, tick)
-  every = [r for recs in trajs.values() for r in recs]
+  """Labelled trajectories and feature stores for every feature set. Returns (trajectories, stores)."""
+  tick = progress or no_progress
+  run = Run(workdir)
+  trajs = trajectories(lm, cfg, workdir, progress=tick)
+  every = [t.to_json() for recs in trajs.values() for t in recs]  # the feature stage reads records as dicts
   stores = {}
   for name in cfg.feature_sets:
-    fresh = not os.path.exists(os.path.join(workdir, "features", name, "manifest.json"))
-    t0 = time.time()
-    stores[name] = extract(lm, every, _feature_spec(name, cfg), os.path.join(workdir, "features", name),
-                           on_shard=lambda k, n, name=name: tick(f"features {name}", k, n))
-    if fresh:
-      _record_time(workdir, f"features_{name}", time.time() - t0)
+    spec = FeatureSpec.from_name(name, hidden_layers=cfg.hidden_layers)
+    with run.timed(f"features_{name}", record=not run.exists(f"features/{name}/manifest.json")):
+      stores[name] = extract(lm, every, spec, run.path("features", name),
+                             on_shard=lambda k, n, name=name: tick(f"features {name}", k, n))
   return trajs, stores
 
 
 def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Progress | None = None):
   """Trains one probe per feature set on the training split; returns {set: (graphdef, params, rest, history)}."""
-  tick = progress or (lambda *a: None)
+  tick = progress or no_progress
+  run = Run(workdir)
   trajs, stores = prepare(lm, cfg, workdir, progress=progress)
   out = {}
   for name, store in stores.items():
     train_ex, val_ex = examples(trajs["train"], store), examples(trajs["val"], store)
     pcfg = ProbeConfig(feature_dim=store.dim, **dataclasses.asdict(cfg.probe))
-    pdir = os.path.join(workdir, "probe", name)
+    pdir = run.path("probe", name)
     os.makedirs(pdir, exist_ok=True)
     spec = json.loads(json.dumps({"probe": dataclasses.asdict(pcfg), "features": store.manifest["spec"],
                                   "model_fingerprint": store.manifest["model_fingerprint"]}))
@@ -180,55 +207,20 @@ def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progres
         if old.get(key) != spec[key]:
           raise FeatureMismatchError(f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
                                      f"data has {spec[key]!r}; use another workdir")
-    with atomic_open(spec_path) as f:
-      json.dump(spec, f, indent=1)
-    fresh = not os.path.exists(os.path.join(pdir, "history.json"))
-    t0 = time.time()
-    out[name] = train_probe(pcfg, train_ex, val_ex, cfg.train, pdir,
-                            on_epoch=lambda e, entry, name=name: tick(
-                                f"probe {name} (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, cfg.train.epochs))
-    if fresh:
-      _record_time(workdir, f"probe_{name}", time.time() - t0)
+    runs.write_json(spec_path, spec)
+    with run.timed(f"probe_{name}", record=not os.path.exists(os.path.join(pdir, "history.json"))):
+      out[name] = train_probe(pcfg, train_ex, val_ex, cfg.train, pdir,
+                              on_epoch=lambda e, entry, name=name: tick(
+                                  f"probe {name} (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, cfg.train.epochs))
   return out
 
 
-# ------------------------------------------------------------------------------------------------ evaluation
-
-
-def _mean_pooled(exs: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:
-  xs, ys = [], []
-  for e in exs:
-    for (a, b), y in zip(e.spans, e.labels):
-      if b > a:
-        xs.append(e.features[a:b].mean(0))
-        ys.append(y)
-  dim = exs[0].features.shape[1] if exs else 0
-  return np.asarray(xs, np.float64).reshape(-1, dim), np.asarray(ys, np.float64)
-
-
-def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iters: int = 25) -> Callable[[np.ndarray], np.ndarray]:
-  """L2-regularised logistic regression by Newton steps on standardised inputs (the linear-probe baseline)."""
-  known = ~np.isnan(y)
-  x, y = x[known], y[known]
-  if len(y) == 0 or y.min() == y.max():  # nothing to separate: predict the base rate
-    rate = float(y.mean()) if len(y) else 0.5
-    return lambda xq: np.full(len(xq), rate)
-  mu, sd = x.mean(0), x.std(0) + 1e-6
-  z = np.c_[(x - mu) / sd, np.ones(len(x))]
-  w = np.zeros(z.shape[1])
-  reg = l2 * np.r_[np.ones(z.shape[1] - 1), 0.0]
-  for _ in range(iters):
-    p = 1 / (1 + np.exp(-z @ w))
-    grad = z.T @ (p - y) + reg * w
-    hess = (z * (p * (1 - p))[:, None]).T @ z + np.diag(reg) + 1e-8 * np.eye(len(w))
-    w -= np.linalg.solve(hess, grad)
-  return lambda xq: 1 / (1 + np.exp(-(np.c_[(xq - mu) / sd, np.ones(len(xq))] @ w)))
-
-
 def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Progress | None = None) -> dict:
-  """Scores every test step with the probes and the baselines; writes metrics.json, table.md, pr_curves.png."""
+  """Scores every test step with the probes, their linear baselines and the uncertainty baselines; writes
+  metrics.json, table.md, pr_curves.png and returns the metrics (`report.scorer_metrics`, plus timings_s)."""
   probes = train_probes(lm, cfg, workdir, progress=progress)
   trajs, stores = prepare(lm, cfg, workdir)
+  run = Run(workdir)
   for name, store in stores.items():
     if store.manifest["model_fingerprint"] != model_fingerprint(lm):
       raise ConfigError(f"features {name} were made by another model")
@@ -238,88 +230,27 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: P
   scores: dict[str, dict[str, np.ndarray]] = {}
   labels: dict[str, np.ndarray] = {}
   for d in domains:
-    recs = [r for r in test if r["domain"] == d]
-    labels[d] = np.concatenate([[np.nan if x is None else x for x in r["labels"]] for r in recs])
+    recs = [r for r in test if r.domain == d]
+    labels[d] = np.concatenate([np.asarray(r.labels, np.float64) for r in recs])
     for b in baselines.BASELINES:
       scores.setdefault(b, {})[d] = np.concatenate([
-          baselines.step_scores(b, np.asarray(r["logprobs"]), np.asarray(r["entropy"]),
-                                np.asarray(r["self_certainty"]), [(s["start"], s["end"]) for s in r["steps"]], rng)
+          baselines.step_scores(b, np.asarray(r.logprobs), np.asarray(r.entropy), np.asarray(r.self_certainty),
+                                r.spans, rng)
           for r in recs])
   for name, (graphdef, params, rest, _) in probes.items():
     store = stores[name]
-    lr = fit_logistic(*_mean_pooled(examples(trajs["train"], store)))
+    lr = linear.fit_logistic(*linear.mean_pooled(examples(trajs["train"], store)))
     for d in domains:
-      exs = examples([r for r in test if r["domain"] == d], store)
+      exs = examples([r for r in test if r.domain == d], store)
       scores.setdefault(f"probe[{name}]", {})[d] = np.concatenate(
           predict_examples(graphdef, params, rest, exs, cfg.train.batch_size, store.dim))
-      x, _ = _mean_pooled(exs)
-      pooled = np.full(len(labels[d]), np.nan)
-      # mean pooling skips steps with no tokens; those have NaN labels and are skipped by the metrics too
-      nonempty = np.concatenate([e.spans[:, 1] > e.spans[:, 0] for e in exs])
-      pooled[nonempty] = lr(x)
-      scores.setdefault(f"logreg[{name}]", {})[d] = np.nan_to_num(pooled, nan=0.5)
-  metrics = summarise(scores, labels, cfg)
-  if os.path.exists(os.path.join(workdir, "timings.json")):
-    with open(os.path.join(workdir, "timings.json")) as f:
-      metrics["timings_s"] = json.load(f)
-  with atomic_open(os.path.join(workdir, "metrics.json")) as f:
-    json.dump(metrics, f, indent=1)
-  with atomic_open(os.path.join(workdir, "table.md")) as f:
+      scores.setdefault(f"logreg[{name}]", {})[d] = linear.step_scores(lr, exs)
+  metrics = scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains)
+  timings = run.timings()
+  if timings:
+    metrics["timings_s"] = timings
+  runs.write_json(run.path("metrics.json"), metrics)
+  with atomic_open(run.path("table.md")) as f:
     f.write(table_markdown(metrics))
-  plot_pr_curves(scores, labels, os.path.join(workdir, "pr_curves.png"))
+  plot_pr_curves(scores, labels, run.path("pr_curves.png"))
   return metrics
-
-
-def summarise(scores, labels, cfg: ReprobeConfig) -> dict:
-  id_d, ood_d = list(cfg.train_domains), list(cfg.ood_domains)
-  def dataset(y):  # a domain whose steps all went unlabelled has no incorrect share (null, not NaN, in JSON)
-    y = np.asarray(y, dtype=float)
-    n = int(np.sum(~np.isnan(y)))
-    return {"steps": n, "incorrect_share": float(np.nanmean(y)) if n else None}
-
-  out = {"datasets": {d: dataset(labels[d]) for d in labels}, "methods": {}}
-  for method, per in scores.items():
-    m = {}
-    for d in labels:
-      m[d] = {"pr_auc": pr_auc(labels[d], per[d]), "roc_auc": roc_auc(labels[d], per[d])}
-    for key in ("pr_auc", "roc_auc"):
-      m[f"id_mean_{key}"] = float(np.mean([m[d][key] for d in id_d]))
-      m[f"ood_mean_{key}"] = float(np.mean([m[d][key] for d in ood_d])) if ood_d else float("nan")
-      m[f"overall_{key}"] = float(np.mean([m[d][key] for d in id_d + ood_d]))
-    out["methods"][method] = m
-  return out
-
-
-def table_markdown(metrics: dict) -> str:
-  datasets = list(metrics["datasets"])
-  head = ["method"] + [f"{d} PR-AUC" for d in datasets] + ["ID mean", "OOD mean", "overall"]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for method, m in metrics["methods"].items():
-    cells = [f"{m[d]['pr_auc']:.3f}" for d in datasets]
-    cells += [f"{m['id_mean_pr_auc']:.3f}", f"{m['ood_mean_pr_auc']:.3f}", f"{m['overall_pr_auc']:.3f}"]
-    lines.append(f"| {method} | " + " | ".join(cells) + " |")
-  share = ", ".join(f"{d}: {v['steps']} steps, " + ("none labelled" if v["incorrect_share"] is None else
-                                                      f"{100 * v['incorrect_share']:.0f}% incorrect")
-                    for d, v in metrics["datasets"].items())
-  return "\n".join(lines) + f"\n\nTest steps ({share}).\n"
-
-
-def plot_pr_curves(scores, labels, path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, len(labels), figsize=(5 * len(labels), 4), squeeze=False)
-  for ax, d in zip(axes[0], labels):
-    for method, per in scores.items():
-      if method == "random":
-        continue
-      r, p = pr_curve(labels[d], per[d])
-      ax.plot(r, p, label=f"{method} ({pr_auc(labels[d], per[d]):.2f})", lw=2 if method.startswith("probe") else 1)
-    if np.any(~np.isnan(labels[d])):  # the base rate: a random scorer's precision
-      ax.axhline(np.nanmean(labels[d]), color="gray", ls=":", lw=1)
-    ax.set(title=d, xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02))
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  with atomic_open(path, "wb") as f:
-    fig.savefig(f, format="png", dpi=110)
-  plt.close(fig)

@@ -1,29 +1,203 @@
 """Trajectories: N samples per problem from the jitted sampler, with per-token statistics and exact step spans.
 
-A trajectory record (JSONL, one per sample):
+A trajectory record (`Trajectory`; JSONL, one per sample, keys in this order):
   id, problem_id, domain, mode ('line' | 'thinking'), sample (k of N),
   prompt_ids, response_ids (without the final EOS), response (text), finish_reason,
   logprobs, entropy, self_certainty: per response token j, about the distribution that produced token j
     (next-token aligned, METHOD A3), from the sampler (temperature 1, unfiltered),
   steps: [{text, start, end}] token spans relative to the response (METHOD A1; line mode: every non-empty line
     including '<Answer>: ...'; thinking mode: '.\\n\\n' paragraphs before </think>).
-Labels are added by `reprobe_jax.annotate`.
+An annotated record (`reprobe_jax.annotate`) adds
+  labels: one per step, 1.0 = incorrect, 0.0 = correct, null = unknown (NaN in memory),
+  first_error: index of the first incorrect step the annotator found, or null,
+  annotator: who labelled ('rule', 'judge:<backend>', 'import:<format>'),
+and then the annotator's own keys (the rule annotator's answer and correct, a judge's judge_replies), kept in
+`Trajectory.extra`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Sequence
+import os
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from reprobe_jax import steps as step_lib
+from reprobe_jax.errors import DataFormatError
+from reprobe_jax.labels import labels_from_json, labels_to_json
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.tasks import Problem
 from reprobe_jax.tasks.formats import user_prompt
+from reprobe_jax.tasks.io import read_jsonl
 
 STEP_MODE = {"line": "line", "thinking": "paragraph"}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpan:
+  """One aligned step of a trajectory: its text and its token span [start, end) in the response (METHOD A1)."""
+
+  text: str
+  start: int
+  end: int
+
+  @property
+  def has_tokens(self) -> bool:
+    """Whether the span holds a token (a step with none has no feature to read, so no label)."""
+    return self.end > self.start
+
+  def to_json(self) -> dict:
+    return {"text": self.text, "start": self.start, "end": self.end}
+
+
+def _ints(v) -> bool:
+  return isinstance(v, list) and all(type(x) is int for x in v)
+
+
+def _floats_ok(v) -> bool:
+  return isinstance(v, list) and all(type(x) in (int, float) for x in v)
+
+
+def _str_or_none(v) -> bool:
+  return v is None or isinstance(v, str)
+
+
+# (field, check, what the check expects) in file order; `labels`, `first_error`, `annotator` follow.
+_SCHEMA = (
+    ("id", lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    ("problem_id", lambda v: isinstance(v, str), "a string"),
+    ("domain", lambda v: isinstance(v, str), "a string"),
+    ("mode", lambda v: isinstance(v, str), "a string"),
+    ("sample", lambda v: type(v) is int, "an integer"),
+    ("prompt_ids", _ints, "a list of integers"),
+    ("response_ids", _ints, "a list of integers"),
+    ("response", _str_or_none, "a string"),
+    ("finish_reason", _str_or_none, "a string"),
+    ("logprobs", _floats_ok, "a list of numbers"),
+    ("entropy", _floats_ok, "a list of numbers"),
+    ("self_certainty", _floats_ok, "a list of numbers"),
+    ("steps", lambda v: isinstance(v, list), "a list of {text, start, end} objects (align steps first)"),
+)
+RECORD_FIELDS = tuple(name for name, _, _ in _SCHEMA)  # what `sample_trajectories` writes; a file must have all
+_LABEL_FIELDS = ("labels", "first_error", "annotator")
+
+
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+  """One sampled trajectory and, once annotated, its step labels (the record schema is in the module docstring).
+
+  labels: [num_steps] 1.0 / 0.0 / NaN (unknown), or None before annotation. `extra` holds the keys an annotator
+  adds beyond labels (written after them, in their order).
+  """
+
+  id: str
+  problem_id: str
+  domain: str
+  mode: str
+  steps: tuple[StepSpan, ...]
+  sample: int = 0
+  prompt_ids: tuple[int, ...] = ()
+  response_ids: tuple[int, ...] = ()
+  response: str | None = None
+  finish_reason: str | None = None
+  logprobs: tuple[float, ...] = ()  # [num_response_tokens]
+  entropy: tuple[float, ...] = ()  # [num_response_tokens]
+  self_certainty: tuple[float, ...] = ()  # [num_response_tokens]
+  labels: tuple[float, ...] | None = None  # [num_steps]
+  first_error: int | None = None
+  annotator: str | None = None
+  extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+
+  @property
+  def spans(self) -> list[tuple[int, int]]:
+    """[(start, end)] token span of every step."""
+    return [(s.start, s.end) for s in self.steps]
+
+  def label_array(self) -> np.ndarray:
+    """[num_steps] float32 labels, NaN = unknown; DataFormatError when the trajectory is not annotated."""
+    if self.labels is None:
+      raise DataFormatError(f"trajectory {self.id!r} has no labels (annotate it first)")
+    return np.asarray(self.labels, np.float32)
+
+  def to_json(self) -> dict:
+    """The JSONL record: the sampler's keys, then labels / first_error / annotator once annotated, then `extra`."""
+    out: dict[str, Any] = {}
+    for name in RECORD_FIELDS:
+      value = getattr(self, name)
+      out[name] = ([s.to_json() for s in value] if name == "steps" else
+                   list(value) if isinstance(value, tuple) else value)
+    if self.labels is not None:
+      out.update(labels=labels_to_json(self.labels), first_error=self.first_error, annotator=self.annotator)
+    out.update(self.extra)
+    return out
+
+  @classmethod
+  def from_json(cls, obj: Any, where: str = "", *, required: Collection[str] = RECORD_FIELDS) -> Trajectory:
+    """A Trajectory from a JSON record; DataFormatError '<where>trajectory <id>: ...' naming the field on any defect.
+
+    required: the fields that must be present (default: all the sampler writes); absent optional ones take their
+    defaults, so annotators can take text-only records. Keys beyond the schema go to `extra`.
+    """
+    if not isinstance(obj, Mapping):
+      raise DataFormatError(f"{where}expected a trajectory record (a JSON object), found {type(obj).__name__}")
+    rid = obj.get("id")
+    name = f"{where}trajectory {rid!r}" if isinstance(rid, str) and rid else f"{where}trajectory"
+    values: dict[str, Any] = {}
+    for field, check, expected in _SCHEMA:
+      if field not in obj:
+        if field in required:
+          raise DataFormatError(f"{name}: missing field {field!r}")
+        continue
+      value = obj[field]
+      if not check(value):
+        raise DataFormatError(f"{name}: field {field!r} must be {expected}, found {_found(value)}")
+      values[field] = value
+    steps = []
+    for k, s in enumerate(values.get("steps", [])):
+      if not (isinstance(s, Mapping) and isinstance(s.get("text"), str) and type(s.get("start")) is int
+              and type(s.get("end")) is int):
+        raise DataFormatError(f"{name}: steps[{k}] must be a {{text, start, end}} object (text a string, start "
+                              f"and end integers), found {_found(s)}")
+      steps.append(StepSpan(s["text"], s["start"], s["end"]))
+    values["steps"] = tuple(steps)
+    for field in ("prompt_ids", "response_ids", "logprobs", "entropy", "self_certainty"):
+      if field in values:
+        values[field] = tuple(values[field])
+    labels = obj.get("labels")
+    if labels is not None:
+      if not isinstance(labels, list) or not all(v is None or type(v) in (int, float) for v in labels):
+        raise DataFormatError(f"{name}: field 'labels' must be a list of numbers or nulls, found {_found(labels)}")
+      if len(labels) != len(steps):
+        raise DataFormatError(f"{name}: {len(labels)} labels for {len(steps)} steps")
+      values["labels"] = tuple(labels_from_json(labels))
+    first = obj.get("first_error")
+    if first is not None and type(first) is not int:
+      raise DataFormatError(f"{name}: field 'first_error' must be an integer or null, found {_found(first)}")
+    if not _str_or_none(obj.get("annotator")):
+      raise DataFormatError(f"{name}: field 'annotator' must be a string, found {_found(obj['annotator'])}")
+    known = set(RECORD_FIELDS) | set(_LABEL_FIELDS)
+    return cls(**{"id": "", "problem_id": "", "domain": "", "mode": "", **values}, first_error=first,
+               annotator=obj.get("annotator"), extra={k: v for k, v in obj.items() if k not in known})
+
+
+def _found(value: Any) -> str:
+  text = repr(value)
+  return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
+  """The trajectories of a JSONL file, checked; DataFormatError naming 'path:line', the trajectory and the field."""
+  path = os.fspath(path)
+  out, seen = [], {}
+  for number, obj in read_jsonl(path):
+    traj = Trajectory.from_json(obj, f"{path}:{number}: ")
+    if traj.id in seen:
+      raise DataFormatError(f"{path}:{number}: duplicate trajectory id {traj.id!r} (first on line {seen[traj.id]})")
+    seen[traj.id] = number
+    out.append(traj)
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +247,7 @@ def prompt_text(lm: LanguageModel, problem: Problem, mode: str, few_shot: int = 
 
 def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: str, cfg: TrajectoryConfig,
                         *, prompt_fn: Callable[[LanguageModel, Problem, str, int], str] = prompt_text,
-                        on_batch: Callable[[int], None] | None = None) -> list[dict]:
+                        on_batch: Callable[[int], None] | None = None) -> list[Trajectory]:
   """Samples `cfg.samples` trajectories per problem (the prompt is prefilled once per problem) and aligns steps."""
   from reprobe_jax.models import CaptureSpec
   eos = lm.tokenizer.eos_token_id
@@ -90,18 +264,18 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
       n = len(ids) - (1 if ids and ids[-1] == eos else 0)
       ids = ids[:n]
       steps = step_lib.align(lm.tokenizer, ids, STEP_MODE[mode])
-      out.append({
-          "id": f"{problem.id}#{row % cfg.samples}", "problem_id": problem.id, "domain": problem.domain,
-          "mode": mode, "sample": row % cfg.samples, "prompt_ids": gen.prompt_ids[gen.prompt_index[row]],
-          "response_ids": ids, "response": lm.tokenizer.decode(ids), "finish_reason": gen.finish_reason[row],
-          "logprobs": _floats(gen.logprobs[row, :n]), "entropy": _floats(gen.features["token_entropy"][row, :n]),
-          "self_certainty": _floats(gen.features["token_self_certainty"][row, :n]),
-          "steps": [{"text": s.text, "start": s.start, "end": s.end} for s in steps],
-      })
+      out.append(Trajectory(
+          id=f"{problem.id}#{row % cfg.samples}", problem_id=problem.id, domain=problem.domain,
+          mode=mode, sample=row % cfg.samples, prompt_ids=tuple(gen.prompt_ids[gen.prompt_index[row]]),
+          response_ids=tuple(ids), response=lm.tokenizer.decode(ids), finish_reason=gen.finish_reason[row],
+          logprobs=_floats(gen.logprobs[row, :n]), entropy=_floats(gen.features["token_entropy"][row, :n]),
+          self_certainty=_floats(gen.features["token_self_certainty"][row, :n]),
+          steps=tuple(StepSpan(s.text, s.start, s.end) for s in steps),
+      ))
     if on_batch is not None:
       on_batch(len(chunk))
   return out
 
 
-def _floats(x) -> list[float]:
-  return [round(float(v), 6) for v in np.asarray(x)]
+def _floats(x) -> tuple[float, ...]:
+  return tuple(round(float(v), 6) for v in np.asarray(x))

@@ -407,3 +407,33 @@ def test_import_unknown_and_missing_ids(tmp_path):
   out = import_labels(recs, path, strict=False)
   assert out[0]["labels"] == [0.0, 0.0, 1.0, 0.0]
   assert out[1]["labels"] == [None] * 3 and out[1]["annotator"] == "import:missing"
+
+
+# ------------------------------------------------------------------------------------------------ Trajectory records
+
+
+def test_annotators_take_and_return_trajectories(world, tmp_path):
+  """A Trajectory in gives a Trajectory out (NaN for unknown, the annotator's keys in `extra`), labelled exactly
+  as its dict would be."""
+  from reprobe_jax.labels import labels_to_json
+  from reprobe_jax.trajectories import Trajectory
+  problems, traces, tok = world
+  dicts = [to_record(tok, t.text, problems[t.problem_id], t.mode, i) for i, t in enumerate(traces[::25])]
+  dicts[0]["steps"][0]["end"] = dicts[0]["steps"][0]["start"]  # a step without tokens: unknown either way
+  trajs = [Trajectory.from_json(d, required=("steps",)) for d in dicts]
+  path = _write(tmp_path, [{"id": d["id"], "first_error": 0} for d in dicts])
+  canned = Canned(lambda p: str([k % 2 for k in range(int(p.rsplit("n=", 1)[1]))]) if p.startswith("STAGE2") else
+                  "critique 1")  # two-stage: step k correct when k is odd; per step: correct
+  for annotate in (lambda rs: annotate_rule(rs, problems), lambda rs: import_labels(rs, path),
+                   lambda rs: annotate_judge(rs, problems, canned, SHORT)):
+    from_dicts, from_trajs = annotate(dicts), annotate(trajs)
+    found = {v for d in from_dicts for v in d["labels"]}
+    assert {None, 1.0} <= found
+    for d, t, before in zip(from_dicts, from_trajs, trajs):
+      assert isinstance(t, Trajectory) and t.steps == before.steps and before.labels is None
+      assert labels_to_json(t.labels) == d["labels"] and t.first_error == d["first_error"]
+      assert t.annotator == d["annotator"]
+      assert t.extra == {k: v for k, v in d.items() if k not in set(t.to_json()) - set(t.extra)}
+      assert label_array(t).tolist() == pytest.approx(label_array(d).tolist(), nan_ok=True)
+  with pytest.raises(DataFormatError, match=r"<record 0>: expected a trajectory record"):
+    annotate_rule(["not a record"], problems)

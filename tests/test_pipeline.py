@@ -5,19 +5,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import shutil
 
 import numpy as np
 import pytest
 
-from reprobe_jax import pipeline
+from reprobe_jax import pipeline, report
 from reprobe_jax.features import FeatureMismatchError
+from reprobe_jax.labels import labels_to_json
 from reprobe_jax.models import ModelConfig, LanguageModel
+from reprobe_jax.probe import linear
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.synthetic.tokenizer import build_tokenizer
 from reprobe_jax.tasks import make_problems
 from reprobe_jax.tasks.formats import user_prompt
 from reprobe_jax.tasks.traces import solve_many
-from reprobe_jax.trajectories import TrajectoryConfig
+from reprobe_jax.trajectories import TrajectoryConfig, read_trajectories
 
 TINY = pipeline.ReprobeConfig(
     train_problems=12, val_problems=6, test_problems=6, difficulties=(1,),
@@ -84,12 +88,22 @@ def test_config_from_dict_names_unknown_fields():
     pipeline.config_from_dict(c)
 
 
-def test_logistic_regression_baseline_separates():
+def test_logistic_regression_baseline_separates_and_matches_sklearn():
+  from sklearn.linear_model import LogisticRegression
   rng = np.random.default_rng(0)
-  x = rng.normal(size=(400, 3))
+  x = rng.normal(size=(400, 3)) * [1.0, 5.0, 0.2] + [0.0, 3.0, -1.0]
   y = (x[:, 0] + 0.3 * rng.normal(size=400) > 0).astype(float)
-  p = pipeline.fit_logistic(x, y)(x)
+  p = linear.fit_logistic(x, y, l2=2.0)(x)
   assert np.mean((p > 0.5) == y) > 0.9
+  # The same objective in sklearn: sum of log-losses + (1 / 2C) |w|^2 on standardised inputs, intercept free.
+  z = (x - x.mean(0)) / (x.std(0) + 1e-6)
+  ref = LogisticRegression(C=1 / 2.0, tol=1e-10, max_iter=1000).fit(z, y).predict_proba(z)[:, 1]
+  np.testing.assert_allclose(p, ref, atol=1e-6)
+  y[::7] = np.nan  # unknown labels are left out of the fit, and of the standardisation
+  known = ~np.isnan(y)
+  z = (x - x[known].mean(0)) / (x[known].std(0) + 1e-6)
+  ref = LogisticRegression(C=1.0, tol=1e-10, max_iter=1000).fit(z[known], y[known]).predict_proba(z)[:, 1]
+  np.testing.assert_allclose(linear.fit_logistic(x, y)(x), ref, atol=1e-6)
 
 
 def test_few_shot_prompts_hold_worked_examples_of_the_same_family(lm):
@@ -149,8 +163,194 @@ def test_summary_of_a_domain_without_labelled_steps():
   cfg = pipeline.ReprobeConfig(train_domains=("arithmetic",), ood_domains=("qa",))
   labels = {"arithmetic": np.array([0.0, 1.0, np.nan, 1.0]), "qa": np.array([np.nan, np.nan])}
   scores = {"maxprob": {"arithmetic": np.array([0.1, 0.9, 0.5, 0.8]), "qa": np.array([0.2, 0.3])}}
-  metrics = pipeline.summarise(scores, labels, cfg)
+  metrics = report.scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains)
   assert metrics["datasets"] == {"arithmetic": {"steps": 3, "incorrect_share": pytest.approx(2 / 3)},
                                  "qa": {"steps": 0, "incorrect_share": None}}
   assert metrics["methods"]["maxprob"]["arithmetic"]["pr_auc"] == 1.0
-  assert "arithmetic: 3 steps, 67% incorrect, qa: 0 steps, none labelled" in pipeline.table_markdown(metrics)
+  assert "arithmetic: 3 steps, 67% incorrect, qa: 0 steps, none labelled" in report.table_markdown(metrics)
+
+
+def test_linear_step_scores_worked_example():
+  """Each step with tokens gets the predictor's score of its mean-pooled features; a step without tokens, 0.5."""
+  from reprobe_jax.probe.data import Example
+  feats = np.arange(12, dtype=np.float32).reshape(6, 2)
+  a = Example("a", "arithmetic", feats, np.array([[0, 2], [2, 2], [2, 6]], np.int32), np.array([1.0, np.nan, 0.0]))
+  b = Example("b", "qa", feats[:1], np.array([[0, 1]], np.int32), np.array([np.nan], np.float32))
+  x, y = linear.mean_pooled([a, b])
+  np.testing.assert_array_equal(x, [[1, 2], [7, 8], [0, 1]])
+  np.testing.assert_array_equal(y, [1.0, 0.0, np.nan])
+  scores = linear.step_scores(lambda xq: xq[:, 0] / 10, [a, b])
+  np.testing.assert_allclose(scores, [0.1, 0.5, 0.7, 0.0])
+
+
+# ------------------------------------------------------------------------------------------------ annotators
+
+ANNOT = dataclasses.replace(TINY, train_problems=2, val_problems=1, test_problems=1, feature_sets=("hidden",),
+                            trajectories=TrajectoryConfig(samples=2, max_new_tokens=24, batch_size=16))
+
+
+def _short_prompts():
+  from reprobe_jax.annotate import JudgePrompts
+  return JudgePrompts(critique="C {problem} | {reference} | {steps}", verdict="V {critique} n={num_steps}",
+                      step="S {problem} | {previous} | {step_number}: {step}")
+
+
+@pytest.fixture(scope="module")
+def sampled(lm, tmp_path_factory):
+  """A tiny rule-labelled run; the other annotators' runs reuse its samples (their sample stage is skipped)."""
+  folder = tmp_path_factory.mktemp("rule")
+  trajs = pipeline.trajectories(lm, ANNOT, str(folder))
+  assert sum(len(t.steps) for ts in trajs.values() for t in ts) > 0  # something for the annotators to label
+  return folder, trajs
+
+
+def _reuse_samples(src, dst):
+  os.makedirs(dst, exist_ok=True)
+  for split in ("train", "val", "test"):
+    shutil.copy(src / f"samples_{split}.jsonl", dst / f"samples_{split}.jsonl")
+
+
+def _expect(trajs, label_of_step):
+  """{id: labels} where step k of a trajectory is label_of_step(k), and unknown where it has no tokens."""
+  return {t.id: [label_of_step(k) if s.has_tokens else None for k, s in enumerate(t.steps)]
+          for ts in trajs.values() for t in ts}
+
+
+def _labels(trajs):
+  return {t.id: labels_to_json(t.labels) for ts in trajs.values() for t in ts}
+
+
+def test_rule_annotator_writes_samples_then_labelled_trajectories(sampled):
+  folder, trajs = sampled
+  samples = read_trajectories(folder / "samples_test.jsonl")
+  assert [t.id for t in samples] == [t.id for t in trajs["test"]] and all(t.labels is None for t in samples)
+  assert all(t.annotator == "rule" and set(t.extra) == {"answer", "correct"} for t in trajs["test"])
+  assert {"sample_train", "sample_val", "sample_test", "annotate"} <= set(json.loads(
+      (folder / "timings.json").read_text()))
+
+
+def test_judge_annotator_over_http(lm, sampled, tmp_path, monkeypatch):
+  """annotator='judge' posts both stages to the configured server with the key from the named variable."""
+  from reprobe_jax.annotate import JudgeAPI, JudgeSettings
+  from test_annotate import chat_server
+  src, rule = sampled
+  _reuse_samples(src, tmp_path)
+
+  def reply(prompt):  # stage 1: a critique; stage 2: step k judged correct (1) when k is odd
+    if prompt.startswith("C "):
+      return "a critique"
+    return str([k % 2 for k in range(int(re.search(r"n=(\d+)$", prompt).group(1)))])
+
+  monkeypatch.setenv("STUB_JUDGE_KEY", "secret")
+  events = []
+  with chat_server(reply) as (url, seen):
+    cfg = dataclasses.replace(ANNOT, annotator="judge", judge=JudgeSettings(
+        prompts=_short_prompts(), api=JudgeAPI(base_url=url, model="stub", api_key_env="STUB_JUDGE_KEY", timeout=5,
+                                               retries=1)))
+    out = pipeline.trajectories(lm, cfg, str(tmp_path), progress=lambda *e: events.append(e[0].split()[0]))
+  assert set(events) == {"annotate"}  # the samples were reused, not drawn again
+  judged = [t for ts in rule.values() for t in ts if t.steps]
+  assert len(seen["requests"]) == 2 * len(judged) and set(seen["auth"]) == {"Bearer secret"}
+  assert _labels(out) == _expect(out, lambda k: 1.0 if k % 2 == 0 else 0.0)
+  assert {t.annotator for ts in out.values() for t in ts} == {"judge:openai:stub"}
+
+
+def test_self_annotator_wiring_with_a_random_target(lm, sampled, tmp_path):
+  """annotator='self': the target judges its own steps; a random model's replies hold no verdict list, so every
+  step is unknown (NaN), none made up."""
+  from reprobe_jax.annotate import JudgeSettings, SelfJudgeSampling
+  src, _ = sampled
+  _reuse_samples(src, tmp_path)
+  cfg = dataclasses.replace(ANNOT, annotator="self", judge=JudgeSettings(
+      prompts=_short_prompts(), self_judge=SelfJudgeSampling(max_new_tokens=4, batch_size=32)))
+  out = pipeline.trajectories(lm, cfg, str(tmp_path))
+  every = [t for ts in out.values() for t in ts]
+  assert {t.annotator for t in every} == {"judge:self"}
+  assert all(len(t.labels) == len(t.steps) and np.isnan(t.label_array()).all() for t in every)
+  assert any(t.steps for t in every)
+  # A judge reply as long as the target's context cannot fit a prompt: refused before anything is sampled.
+  from reprobe_jax.errors import ConfigError
+  long = dataclasses.replace(cfg, judge=dataclasses.replace(cfg.judge, self_judge=SelfJudgeSampling(
+      max_new_tokens=lm.config.max_position_embeddings)))
+  with pytest.raises(ConfigError, match="config.judge.self_judge.max_new_tokens"):
+    pipeline.trajectories(lm, long, str(tmp_path / "long"), progress=lambda *e: pytest.fail(f"{e} started"))
+
+
+def test_import_annotator_reads_the_labels_file_strictly(lm, sampled, tmp_path):
+  from reprobe_jax.errors import DataFormatError
+  src, rule = sampled
+  every = [t for ts in rule.values() for t in ts]
+  path = tmp_path / "labels.jsonl"
+  lines = [json.dumps({"id": t.id, "ratings": [-1 if k == 0 else 1 for k in range(len(t.steps))]}) for t in every]
+  path.write_text("\n".join(lines) + "\n")
+  _reuse_samples(src, tmp_path / "run")
+  cfg = dataclasses.replace(ANNOT, annotator="import", labels_path=str(path))
+  out = pipeline.trajectories(lm, cfg, str(tmp_path / "run"))
+  assert _labels(out) == _expect(out, lambda k: 1.0 if k == 0 else 0.0)
+  assert {t.annotator for ts in out.values() for t in ts} == {"import:ratings"}
+  # A file that misses a trajectory is refused (strict), naming the file.
+  path.write_text("\n".join(lines[1:]) + "\n")
+  _reuse_samples(src, tmp_path / "short")
+  with pytest.raises(DataFormatError, match=r"labels\.jsonl: 1 of \d+ trajectories have no labels"):
+    pipeline.trajectories(lm, cfg, str(tmp_path / "short"))
+
+
+def test_annotator_settings_key_the_run_folder_only_where_they_decide_labels(lm, tmp_path):
+  from reprobe_jax.annotate import JudgeAPI, JudgeSettings
+  folder = lambda cfg: pipeline.run_folder(str(tmp_path), lm, cfg)  # noqa: E731
+  rule = folder(ANNOT)
+  assert folder(dataclasses.replace(ANNOT, judge=JudgeSettings(prompts=_short_prompts()))) == rule
+  own = dataclasses.replace(ANNOT, annotator="self", judge=JudgeSettings(prompts=_short_prompts()))
+  assert folder(own) != rule
+  assert folder(dataclasses.replace(own, judge=dataclasses.replace(own.judge, api=JudgeAPI(model="x")))) == folder(own)
+  other_prompt = dataclasses.replace(own.judge.prompts, step="T {step}")
+  assert folder(dataclasses.replace(own, judge=dataclasses.replace(own.judge, prompts=other_prompt))) != folder(own)
+  api = dataclasses.replace(own, annotator="judge", judge=dataclasses.replace(own.judge, api=JudgeAPI(model="a")))
+  assert folder(api) not in (rule, folder(own))
+  assert folder(dataclasses.replace(api, judge=dataclasses.replace(api.judge, api=JudgeAPI(model="b")))) != folder(api)
+  assert folder(dataclasses.replace(api, judge=dataclasses.replace(
+      api.judge, api=JudgeAPI(model="a", api_key_env="OTHER")))) == folder(api)  # the key is no part of the result
+  a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+  a.write_text('{"id": "x", "labels": [0]}\n')
+  b.write_text('{"id": "x", "labels": [1]}\n')
+  imported = dataclasses.replace(ANNOT, annotator="import", labels_path=str(a))
+  assert folder(imported) != folder(dataclasses.replace(imported, labels_path=str(b)))  # keyed by content
+  (tmp_path / "c.jsonl").write_text(a.read_text())
+  assert folder(imported) == folder(dataclasses.replace(imported, labels_path=str(tmp_path / "c.jsonl")))
+
+
+def test_annotator_config_is_checked_before_any_work(monkeypatch, tmp_path):
+  from configs import judge_prompts, reprobe_synthetic
+  from reprobe_jax import cli
+  from reprobe_jax.errors import ConfigError
+  c = reprobe_synthetic.get_config()
+  c.annotator = "self"
+  cfg = pipeline.config_from_dict(c)
+  assert cfg.judge.prompts.critique == judge_prompts.CRITIQUE and cfg.judge.self_judge.top_k == 20
+  assert cfg.judge.per_step is None and cfg.judge.api.api_key_env == "OPENAI_API_KEY"
+  cases = [({"annotator": "judgee"}, "config.annotator must be one of rule, self, judge, import"),
+           ({"annotator": "judge"}, "config.judge.api.model is empty"),
+           ({"annotator": "judge", "judge.api.model": "m", "judge.api.base_url": "localhost:8000"},
+            "config.judge.api.base_url must start with http"),
+           ({"annotator": "self", "judge.self_judge.max_new_tokens": 0}, "config.judge.self_judge.max_new_tokens"),
+           ({"annotator": "import"}, "config.labels_path is empty"),
+           ({"annotator": "import", "labels_path": str(tmp_path / "none.jsonl")}, "config.labels_path: no file"),
+           ({"judge.prompts.critique": "{nope}"}, "JudgePrompts.critique uses unknown field")]
+  for changes, match in cases:
+    c = reprobe_synthetic.get_config()
+    for key, value in changes.items():
+      *parents, name = key.split(".")
+      node = c
+      for p in parents:
+        node = node[p]
+      node[name] = value
+    with pytest.raises(ConfigError, match=match):
+      pipeline.config_from_dict(c)
+  with pytest.raises(ConfigError, match="config.judge.prompts"):
+    pipeline.ReprobeConfig(annotator="self")
+  # The CLI checks the config before it builds (or loads) the target.
+  monkeypatch.setattr(cli, "build_target", lambda config: pytest.fail("the target was built"))
+  c = reprobe_synthetic.get_config()
+  c.annotator = "nope"
+  with pytest.raises(ConfigError, match="config.annotator"):
+    cli.reprobe_setup(c)

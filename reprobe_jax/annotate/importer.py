@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from absl import logging
 
-from reprobe_jax.annotate import labelled, record_id, record_steps
+from reprobe_jax.annotate.records import Record, labelled, record_id, record_steps
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.tasks.io import read_jsonl
 
@@ -29,8 +29,7 @@ FORMATS = ("labels", "first_error", "ratings")
 MISSING = "import:missing"
 
 
-def import_labels(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, *,
-                  strict: bool = True) -> list[dict]:
+def import_labels(records: Sequence[Record], path: str | os.PathLike, *, strict: bool = True) -> list[Record]:
   """New records with labels read from the JSONL file at `path` (format in the module docstring).
 
   Every defect of the file raises DataFormatError naming 'path:line': bad JSON, a missing or duplicate id, not
@@ -42,8 +41,9 @@ def import_labels(records: Sequence[Mapping[str, Any]], path: str | os.PathLike,
   """
   path = os.fspath(path)
   by_id: dict[str, int] = {}
+  num_steps = []
   for index, record in enumerate(records):
-    record_steps(record, index)
+    num_steps.append(len(record_steps(record, index)))
     rid = record_id(record, index)
     if rid in by_id:
       raise DataFormatError(f"trajectory {rid}: the id is used by records {by_id[rid]} and {index}; imported labels "
@@ -66,7 +66,7 @@ def import_labels(records: Sequence[Mapping[str, Any]], path: str | os.PathLike,
       unknown.append((where, rid))
       continue
     index = by_id[rid]
-    entries[index] = _parse(obj, where, rid, len(records[index]["steps"]))
+    entries[index] = _parse(obj, where, rid, num_steps[index])
 
   if unknown:
     if strict:
@@ -85,7 +85,7 @@ def import_labels(records: Sequence[Mapping[str, Any]], path: str | os.PathLike,
       labels, fmt = entries[index]
       out.append(labelled(record, labels, f"import:{fmt}"))
     else:
-      out.append(labelled(record, [math.nan] * len(record["steps"]), MISSING))
+      out.append(labelled(record, [math.nan] * num_steps[index], MISSING))
   return out
 
 

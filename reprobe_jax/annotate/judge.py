@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from absl import logging
 
-from reprobe_jax.annotate import labelled, record_id, record_steps
+from reprobe_jax.annotate.records import Record, as_trajectory, labelled, record_id
 from reprobe_jax.errors import ConfigError, DataFormatError, JudgeBackendError, ReprobeError
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.tasks.base import Problem
@@ -170,17 +170,17 @@ def _label(verdict: int | None) -> float:
 
 class _Item(NamedTuple):
   """One trajectory to judge."""
-  record: Mapping[str, Any]
+  record: Record
   texts: list[str]  # the aligned steps' texts
   question: str
   reference: str
   per_step: bool
 
 
-def annotate_judge(records: Sequence[Mapping[str, Any]], problems: Mapping[str, Problem | str],
+def annotate_judge(records: Sequence[Record], problems: Mapping[str, Problem | str],
                    backend: JudgeBackend, prompts: JudgePrompts, *,
                    reference_fn: Callable[[Problem | str], str] = reference_solution, per_step: bool | None = None,
-                   keep_replies: bool = False) -> list[dict]:
+                   keep_replies: bool = False) -> list[Record]:
   """New records labelled by an LLM judge (METHOD A2(b)); `annotator` = 'judge:<backend name>'.
 
   problems: problem id -> Problem, or -> question text (for data without checker data). reference_fn gives the
@@ -192,17 +192,17 @@ def annotate_judge(records: Sequence[Mapping[str, Any]], problems: Mapping[str, 
   items: list[_Item] = []
   references: dict[str, str] = {}  # N samples of a problem share its reference
   for index, record in enumerate(records):
-    steps = record_steps(record, index)
+    traj = as_trajectory(record, index)
     rid = record_id(record, index)
-    pid = record.get("problem_id")
+    pid = traj.problem_id
     if pid not in problems:
       raise DataFormatError(f"trajectory {rid}: problem {pid!r} is not among the {len(problems)} problems given")
     problem = problems[pid]
     question = problem if isinstance(problem, str) else problem.question
-    step_mode = record.get("mode") == "thinking" if per_step is None else per_step
+    step_mode = traj.mode == "thinking" if per_step is None else per_step
     if pid not in references:
       references[pid] = reference_fn(problem)
-    items.append(_Item(record, [str(s["text"]) for s in steps], question, references[pid], step_mode))
+    items.append(_Item(record, [s.text for s in traj.steps], question, references[pid], step_mode))
 
   replies: list[dict] = [{} for _ in items]
   labels: list[list[float]] = [[] for _ in items]

@@ -15,17 +15,18 @@ matched in order; an aligned step that matches no paragraph (a token that swallo
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from reprobe_jax.annotate import labelled, record_id, record_steps
+from reprobe_jax.annotate.records import Record, as_trajectory, labelled, record_id
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.tasks import formats, get_family
 from reprobe_jax.tasks.base import Problem
+from reprobe_jax.trajectories import Trajectory
 
 ANNOTATOR = "rule"
 
 
-def annotate_rule(records: Sequence[Mapping[str, Any]], problems: Mapping[str, Problem]) -> list[dict]:
+def annotate_rule(records: Sequence[Record], problems: Mapping[str, Problem]) -> list[Record]:
   """New records with rule-based `labels`, `first_error`, `annotator`='rule', `answer` and `correct` (METHOD A2(a)).
 
   `problems` maps problem id -> Problem; each record's `problem_id` must be among them (DataFormatError naming the
@@ -34,17 +35,17 @@ def annotate_rule(records: Sequence[Mapping[str, Any]], problems: Mapping[str, P
   """
   out = []
   for index, record in enumerate(records):
-    steps = record_steps(record, index)
+    traj = as_trajectory(record, index)
     rid = record_id(record, index)
-    problem = _problem(record, rid, problems)
-    mode = record.get("mode")
-    texts = [str(s["text"]) for s in steps]
+    problem = _problem(traj, rid, problems)
+    mode = traj.mode
+    texts = [s.text for s in traj.steps]
     if mode == "line":
       labels, answer = line_labels(problem, texts)
-      if answer is None and record.get("response") is not None:
-        answer = formats.parse_line(record["response"])[1]
+      if answer is None and traj.response is not None:
+        answer = formats.parse_line(traj.response)[1]
     elif mode == "thinking":
-      response = record.get("response")
+      response = traj.response
       if response is None:
         response = "".join(t + "\n\n" for t in texts)
       paragraphs, answer = formats.parse_thinking(response)
@@ -56,9 +57,9 @@ def annotate_rule(records: Sequence[Mapping[str, Any]], problems: Mapping[str, P
   return out
 
 
-def _problem(record: Mapping[str, Any], rid: str, problems: Mapping[str, Problem]) -> Problem:
-  pid = record.get("problem_id")
-  if pid is None:
+def _problem(traj: Trajectory, rid: str, problems: Mapping[str, Problem]) -> Problem:
+  pid = traj.problem_id
+  if not pid:
     raise DataFormatError(f"trajectory {rid}: no 'problem_id', so its problem cannot be found")
   try:
     return problems[pid]

@@ -8,13 +8,16 @@ shapes, not one per batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.features import FeatureStore
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.trajectories import Trajectory
+
+_EXAMPLE_FIELDS = ("id", "domain", "response_ids", "steps")  # what a record needs to become an Example
 
 
 @dataclasses.dataclass
@@ -26,32 +29,31 @@ class Example:
   labels: np.ndarray  # [S], NaN = unknown
 
 
-def examples(records: Sequence[dict], store: FeatureStore) -> list[Example]:
-  """Joins labelled trajectory records with their features; errors name the record that does not fit."""
+def examples(records: Sequence[Trajectory | Mapping[str, Any]], store: FeatureStore) -> list[Example]:
+  """Joins labelled trajectories (or their JSON records) with their features; errors name the record that does not
+  fit."""
   out = []
   for r in records:
-    if r["id"] not in store:
-      raise DataFormatError(f"trajectory {r['id']!r} has no stored features in {store.directory}")
-    feats = store[r["id"]]
-    steps = r["steps"]
-    labels = r.get("labels")
-    if labels is None:
-      raise DataFormatError(f"trajectory {r['id']!r} has no labels (annotate it first)")
-    if len(labels) != len(steps):
-      raise DataFormatError(f"trajectory {r['id']!r}: {len(labels)} labels for {len(steps)} steps")
-    if len(feats) != len(r["response_ids"]):
-      raise DataFormatError(f"trajectory {r['id']!r}: features for {len(feats)} tokens, response has "
-                            f"{len(r['response_ids'])}")
-    for k, s in enumerate(steps):
-      if not str(s.get("text", "")).strip():
-        raise DataFormatError(f"trajectory {r['id']!r}: step {k} is empty (no text); a step must say something")
-      if not 0 <= s["start"] <= s["end"] <= len(feats):
-        raise DataFormatError(f"trajectory {r['id']!r}: step {k} spans tokens [{s['start']}, {s['end']}), outside "
+    if not isinstance(r, Trajectory):
+      r = Trajectory.from_json(r, required=_EXAMPLE_FIELDS)
+    if r.id not in store:
+      raise DataFormatError(f"trajectory {r.id!r} has no stored features in {store.directory}")
+    feats = store[r.id]
+    if r.labels is None:
+      raise DataFormatError(f"trajectory {r.id!r} has no labels (annotate it first)")
+    if len(feats) != len(r.response_ids):
+      raise DataFormatError(f"trajectory {r.id!r}: features for {len(feats)} tokens, response has "
+                            f"{len(r.response_ids)}")
+    for k, s in enumerate(r.steps):
+      if not s.text.strip():
+        raise DataFormatError(f"trajectory {r.id!r}: step {k} is empty (no text); a step must say something")
+      if not 0 <= s.start <= s.end <= len(feats):
+        raise DataFormatError(f"trajectory {r.id!r}: step {k} spans tokens [{s.start}, {s.end}), outside "
                               f"the response's {len(feats)} tokens")
-    spans = np.asarray([[s["start"], s["end"]] for s in steps], np.int32).reshape(-1, 2)
-    lab = np.asarray([np.nan if x is None else x for x in labels], np.float32)
+    spans = np.asarray(r.spans, np.int32).reshape(-1, 2)
+    lab = r.label_array()
     lab[spans[:, 1] <= spans[:, 0]] = np.nan  # a step with no tokens has no label
-    out.append(Example(r["id"], r["domain"], feats, spans, lab))
+    out.append(Example(r.id, r.domain, feats, spans, lab))
   return out
 
 

@@ -15,13 +15,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import time
 import zlib
-from typing import Callable
 
 from reprobe_jax.atomic import atomic_open
+from reprobe_jax.config import plain, replace_fields, sorted_pairs
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
+from reprobe_jax.runs import Progress, Run, no_progress, run_key, write_json
 from reprobe_jax.synthetic import evaluate
 from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
 from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
@@ -69,8 +69,7 @@ class SyntheticBuildConfig:
   def key(self) -> str:
     """Hash of the config and of what the task code makes from it (a changed generator, prompt or solver
     rebuilds instead of reusing a model trained on other data)."""
-    blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str) + _task_code_fingerprint(self)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return run_key(dataclasses.asdict(self), _task_code_fingerprint(self))
 
 
 def _task_code_fingerprint(cfg: "SyntheticBuildConfig") -> str:
@@ -85,36 +84,16 @@ def _task_code_fingerprint(cfg: "SyntheticBuildConfig") -> str:
   return h.hexdigest()
 
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
-
-def _replace(obj, overrides: dict, where: str):
-  fields = {f.name for f in dataclasses.fields(obj)}
-  unknown = sorted(set(overrides) - fields)
-  if unknown:
-    raise ConfigError(f"config.{where}: unknown field(s) {unknown}; known: {sorted(fields)}")
-  return dataclasses.replace(obj, **overrides)
-
-
 def config_from_dict(c) -> SyntheticBuildConfig:
   """The CLI's ml_collections ConfigDict -> the frozen build config (library code never sees a ConfigDict)."""
-  d = dict(c.to_dict() if hasattr(c, "to_dict") else c)
+  d = plain(c)
   d.pop("job", None)
   d.pop("workdir", None)
-  nested = {"noise": d.pop("noise", {}), "model": d.pop("model", {}), "train": d.pop("train", {})}
-  if "difficulties" in d:
-    d["difficulties"] = tuple(d["difficulties"])
-  if "buckets" in d:
-    d["buckets"] = tuple(d["buckets"])
-  if "family_weights" in d:
-    d["family_weights"] = tuple(sorted(dict(d["family_weights"]).items()))
-  if "max_new_tokens" in d:
-    d["max_new_tokens"] = tuple(sorted(dict(d["max_new_tokens"]).items()))
-  cfg = _replace(SyntheticBuildConfig(), d, "")
-  return dataclasses.replace(
-      cfg, noise=_replace(TraceNoise(), dict(nested["noise"]), "noise"),
-      model=_replace(TinyLMShape(), dict(nested["model"]), "model"),
-      train=_replace(TrainLMConfig(seed=cfg.seed), dict(nested["train"]), "train"))
+  train = d.pop("train", {})
+  cfg = replace_fields(SyntheticBuildConfig(), d,
+                       convert={"family_weights": sorted_pairs, "max_new_tokens": sorted_pairs})
+  # The training seed follows the build's seed unless the config sets it.
+  return dataclasses.replace(cfg, train=replace_fields(TrainLMConfig(seed=cfg.seed), dict(train), "train"))
 
 
 def _problems(cfg: SyntheticBuildConfig):
@@ -145,34 +124,29 @@ def thinking_subset(problems, fraction: float):
 
 def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None = None) -> str:
   """Runs (or resumes) the build; returns the output folder that holds `model/` and `report.json`."""
-  out = os.path.join(os.path.abspath(workdir), cfg.key())
-  os.makedirs(out, exist_ok=True)
-  tick = progress or (lambda stage, done, total: None)
-  timings: dict[str, float] = {}
-  with open(os.path.join(out, "build_config.json"), "w") as f:
-    json.dump(dataclasses.asdict(cfg), f, indent=2, default=str)
+  run = Run(os.path.join(os.path.abspath(workdir), cfg.key()))
+  tick = progress or no_progress
+  write_json(run.path("build_config.json"), dataclasses.asdict(cfg), indent=2)
 
-  t0 = time.time()
-  p_train, p_eval = os.path.join(out, "problems_train.jsonl"), os.path.join(out, "problems_eval.jsonl")
-  if not (os.path.exists(p_train) and os.path.exists(p_eval)):
+  def problems():
     train, held = _problems(cfg)
-    write_problems(p_train, train)
-    write_problems(p_eval, held)
-  train, held = read_problems(p_train), read_problems(p_eval)
-  timings["problems_s"] = time.time() - t0
+    write_problems(run.path("problems_train.jsonl"), train)
+    write_problems(run.path("problems_eval.jsonl"), held)
 
-  model_dir = os.path.join(out, "model")
-  if not os.path.exists(os.path.join(model_dir, "config.json")):
-    t0 = time.time()
-    pairs = []
-    for mode in MODES:
-      chosen = train if mode == "line" else thinking_subset(train, cfg.thinking_fraction)
-      traces = solve_many(chosen, mode, cfg.seed, cfg.noise)
-      pairs += [(user_prompt(p, mode), t.text) for p, t in zip(chosen, traces)]
-    tokenizer = build_tokenizer((chat_prompt_text(q) + a for q, a in pairs), cfg.vocab_size)
-    data = encode_examples(tokenizer, [(chat_prompt(tokenizer, q), a) for q, a in pairs], cfg.buckets,
-                           prompt_weight=cfg.prompt_loss_weight)
-    timings["data_s"] = time.time() - t0
+  run.stage("problems_s", ["problems_train.jsonl", "problems_eval.jsonl"], problems)
+  train, held = read_problems(run.path("problems_train.jsonl")), read_problems(run.path("problems_eval.jsonl"))
+
+  model_dir = run.path("model")
+  if not run.exists("model/config.json"):
+    with run.timed("data_s"):
+      pairs = []
+      for mode in MODES:
+        chosen = train if mode == "line" else thinking_subset(train, cfg.thinking_fraction)
+        traces = solve_many(chosen, mode, cfg.seed, cfg.noise)
+        pairs += [(user_prompt(p, mode), t.text) for p, t in zip(chosen, traces)]
+      tokenizer = build_tokenizer((chat_prompt_text(q) + a for q, a in pairs), cfg.vocab_size)
+      data = encode_examples(tokenizer, [(chat_prompt(tokenizer, q), a) for q, a in pairs], cfg.buckets,
+                             prompt_weight=cfg.prompt_loss_weight)
     shape = cfg.model
     model_cfg = ModelConfig(
         family="llama", vocab_size=len(tokenizer), hidden_size=shape.hidden_size,
@@ -181,29 +155,24 @@ def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None 
         max_position_embeddings=shape.max_position_embeddings, tie_word_embeddings=True,
         rms_norm_eps=1e-5, bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,),
         pad_token_id=tokenizer.pad_token_id)
-    t0 = time.time()
-    lm, losses = train_lm(model_cfg, data, cfg.train, os.path.join(out, "train"),
-                          on_step=lambda i, loss: tick(f"train (loss {loss:.3f})", i, cfg.train.steps))
-    timings["train_s"] = time.time() - t0
-    with open(os.path.join(out, "train_losses.json"), "w") as f:
-      json.dump(losses, f)
+    with run.timed("train_s"):
+      lm, losses = train_lm(model_cfg, data, cfg.train, run.path("train"),
+                            on_step=lambda i, loss: tick(f"train (loss {loss:.3f})", i, cfg.train.steps))
+    write_json(run.path("train_losses.json"), losses, indent=None)
     lm.tokenizer = tokenizer
     lm.save_pretrained(model_dir)
 
-  report_path = os.path.join(out, "report.json")
-  if not os.path.exists(report_path):
+  if not run.exists("report.json"):
     lm = load_pretrained(model_dir)
-    t0 = time.time()
-    samples_path = os.path.join(out, "samples_eval.jsonl")
-    records = _sample_all(lm, held, cfg, tick)
-    write_jsonl(samples_path, records)
-    timings["eval_s"] = time.time() - t0
+    with run.timed("eval_s"):
+      records = _sample_all(lm, held, cfg, tick)
+      write_jsonl(run.path("samples_eval.jsonl"), records)
     report = make_report(records, cfg, lm)
-    report["timings_s"] = timings
-    write_json(report_path, report)
-    with atomic_open(os.path.join(out, "report.md")) as f:
+    report["timings_s"] = run.timings()
+    write_json(run.path("report.json"), report, indent=2)
+    with atomic_open(run.path("report.md")) as f:
       f.write(report_markdown(report))
-  return out
+  return run.directory
 
 
 def chat_prompt_text(user: str) -> str:
@@ -236,7 +205,7 @@ def make_report(records: list[dict], cfg: SyntheticBuildConfig, lm: LanguageMode
   for mode in MODES:
     for family in FAMILIES:
       rs = [r for r in records if r["mode"] == mode and r["domain"] == family]
-      groups[f"{family}/{mode}"] = evaluate.summarise(rs)
+      groups[f"{family}/{mode}"] = evaluate.summarise_samples(rs)
   return {"config_key": cfg.key(), "model_parameters": lm.config.num_params, "temperature": cfg.eval_temperature,
           "groups": groups}
 
@@ -252,11 +221,6 @@ def report_markdown(report: dict) -> str:
       cells.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)))
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
-
-
-def write_json(path: str, obj) -> None:
-  with atomic_open(path) as f:
-    json.dump(obj, f, indent=2)
 
 
 def load_report(out: str) -> dict:

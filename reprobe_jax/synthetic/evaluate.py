@@ -7,11 +7,11 @@ rate (METHOD B3). Labels come from the exact rule-based checkers, so the numbers
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Sequence
 
 import numpy as np
 
+from reprobe_jax.labels import labels_to_json
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.synthetic.tokenizer import chat_prompt
 from reprobe_jax.tasks import Problem
@@ -47,7 +47,7 @@ def label_samples(problems: Sequence[Problem], samples: Sequence[dict]) -> list[
   for s in samples:
     problem = by_id[s["id"]]
     checked = check_response(problem, s["response"], s["mode"])
-    rec = dict(s, steps=checked.steps, labels=[None if math.isnan(x) else x for x in checked.labels],
+    rec = dict(s, steps=checked.steps, labels=labels_to_json(checked.labels),
                answer=checked.answer, correct=checked.correct, first_error=checked.first_error)
     if s["mode"] == "thinking":
       progress = thinking_progress(problem, parse_thinking(s["response"])[0])
@@ -57,8 +57,9 @@ def label_samples(problems: Sequence[Problem], samples: Sequence[dict]) -> list[
   return out
 
 
-def summarise(records: Sequence[dict]) -> dict:
-  """The report's numbers for one (family, format) group of labelled samples."""
+def summarise_samples(records: Sequence[dict]) -> dict:
+  """The report's numbers for one (family, format) group of the target's labelled samples (not a scorer's
+  metrics: those are `reprobe_jax.report.scorer_metrics`)."""
   labels = np.array([x for r in records for x in r["labels"] if x is not None], float)
   correct = np.array([r["correct"] for r in records], bool)
   out = {

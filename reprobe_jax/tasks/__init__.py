@@ -5,10 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.tasks import formats, io, traces
 from reprobe_jax.tasks.arithmetic import Arithmetic
 from reprobe_jax.tasks.base import DIFFICULTIES, DOMAINS, Problem, TaskFamily, first_error
+from reprobe_jax.tasks.formats import (check_response, check_thinking, classify_paragraph, parse_line, parse_thinking,
+                                       render_line, render_thinking, step_texts_for_check, user_prompt)
+from reprobe_jax.tasks.io import read_problems, write_jsonl, write_problems
 from reprobe_jax.tasks.planning import Planning
 from reprobe_jax.tasks.qa import MultiHopQA
+from reprobe_jax.tasks.traces import Trace, TraceNoise, solve, solve_many
 
 FAMILIES: dict[str, TaskFamily] = {"arithmetic": Arithmetic(), "planning": Planning(), "qa": MultiHopQA()}
 
@@ -48,13 +53,6 @@ def make_problems(family: str | TaskFamily, n: int, seed: int, difficulty: int) 
                       f"asked for {n}")
   return problems
 
-
-from reprobe_jax.tasks import formats, io, traces  # noqa: E402  (they use get_family)
-from reprobe_jax.tasks.formats import (check_response, check_thinking, classify_paragraph, parse_line,  # noqa: E402
-                                       parse_thinking, render_line, render_thinking, step_texts_for_check,
-                                       user_prompt)
-from reprobe_jax.tasks.io import read_problems, write_jsonl, write_problems  # noqa: E402
-from reprobe_jax.tasks.traces import Trace, TraceNoise, solve, solve_many  # noqa: E402
 
 __all__ = ["DIFFICULTIES", "DOMAINS", "FAMILIES", "Arithmetic", "MultiHopQA", "Planning", "Problem", "TaskFamily",
            "Trace", "TraceNoise", "check_response", "check_thinking", "classify_paragraph", "first_error", "formats",

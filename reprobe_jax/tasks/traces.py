@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.labels import labels_to_json
 from reprobe_jax.tasks import formats
 from reprobe_jax.tasks.base import Problem, State, TaskFamily
 
@@ -95,7 +96,7 @@ class Trace:
   def to_json(self) -> dict:
     """A JSONL record (NaN labels written as null)."""
     record = dataclasses.asdict(self)
-    record["labels"] = [None if math.isnan(x) else x for x in self.labels]
+    record["labels"] = labels_to_json(self.labels)
     return record
 
 
