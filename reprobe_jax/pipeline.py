@@ -166,9 +166,23 @@ def _samples(lm, cfg: ReprobeConfig, run: Run, split: str, problems, tick: Progr
     done += n
     tick(f"sample {split}", done, len(problems))
 
+  specs = feature_specs(cfg)
+
+  def store(batch, feats):  # features captured while sampling go straight into the stores: no second forward
+    recs = [t.to_json() for t in batch]
+    for spec in specs:
+      extract(lm, recs, spec, run.path("features", spec.name), shard_size=max(len(recs), 1),
+              captured=feats[spec.name])
+
   run.stage(f"sample_{split}", [name], lambda: write_jsonl(
-      run.path(name), sample_trajectories(lm, problems, cfg.mode, cfg.trajectories, on_batch=on_batch)))
+      run.path(name), sample_trajectories(lm, problems, cfg.mode, cfg.trajectories, on_batch=on_batch,
+                                          feature_specs=specs, on_features=store)))
   return read_trajectories(run.path(name))
+
+
+def feature_specs(cfg: ReprobeConfig) -> list[FeatureSpec]:
+  """The FeatureSpec of every feature set the config names."""
+  return [FeatureSpec.from_name(name, hidden_layers=cfg.hidden_layers) for name in cfg.feature_sets]
 
 
 def prepare(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Progress | None = None):
@@ -178,8 +192,8 @@ def prepare(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Pr
   trajs = trajectories(lm, cfg, workdir, progress=tick)
   every = [t.to_json() for recs in trajs.values() for t in recs]  # the feature stage reads records as dicts
   stores = {}
-  for name in cfg.feature_sets:
-    spec = FeatureSpec.from_name(name, hidden_layers=cfg.hidden_layers)
+  for spec in feature_specs(cfg):
+    name = spec.name
     with run.timed(f"features_{name}", record=not run.exists(f"features/{name}/manifest.json")):
       stores[name] = extract(lm, every, spec, run.path("features", name),
                              on_shard=lambda k, n, name=name: tick(f"features {name}", k, n))

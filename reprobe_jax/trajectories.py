@@ -27,7 +27,8 @@ import numpy as np
 from reprobe_jax import steps as step_lib
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.labels import labels_from_json, labels_to_json
-from reprobe_jax.models import LanguageModel, SamplingParams
+from reprobe_jax.features import FeatureSpec, union_capture
+from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
 from reprobe_jax.tasks import Problem
 from reprobe_jax.tasks.formats import user_prompt
 from reprobe_jax.tasks.io import read_jsonl
@@ -247,24 +248,34 @@ def prompt_text(lm: LanguageModel, problem: Problem, mode: str, few_shot: int = 
 
 def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: str, cfg: TrajectoryConfig,
                         *, prompt_fn: Callable[[LanguageModel, Problem, str, int], str] = prompt_text,
-                        on_batch: Callable[[int], None] | None = None) -> list[Trajectory]:
-  """Samples `cfg.samples` trajectories per problem (the prompt is prefilled once per problem) and aligns steps."""
-  from reprobe_jax.models import CaptureSpec
+                        on_batch: Callable[[int], None] | None = None,
+                        feature_specs: Sequence[FeatureSpec] = (),
+                        on_features: Callable[[list[Trajectory], dict[str, dict[str, np.ndarray]]], None] | None = None,
+                        ) -> list[Trajectory]:
+  """Samples `cfg.samples` trajectories per problem (the prompt is prefilled once per problem, its samples read it
+  as a shared prefix) and aligns steps.
+
+  feature_specs: the probe's feature sets to record while sampling (METHOD A3, next-token aligned, no second
+  forward); after each batch `on_features(batch trajectories, {spec name: {trajectory id: [n_tokens, F]}})` gets
+  them, so a caller can store them as they come instead of holding a whole split.
+  """
   eos = lm.tokenizer.eos_token_id
   sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+  capture = union_capture(feature_specs) if feature_specs else CaptureSpec(token_stats=True)
   out = []
   for start in range(0, len(problems), cfg.batch_size):
     chunk = problems[start:start + cfg.batch_size]
     prompts = [prompt_fn(lm, p, mode, cfg.few_shot) for p in chunk]
     gen = lm.generate(prompts, sampling, max_new_tokens=cfg.max_new_tokens, n=cfg.samples,
-                      seed=cfg.seed + start, capture=CaptureSpec(token_stats=True))
+                      seed=cfg.seed + start, capture=capture)
+    batch = []
     for row in range(gen.tokens.shape[0]):
       problem = chunk[gen.prompt_index[row]]
       ids = gen.token_ids(row)
       n = len(ids) - (1 if ids and ids[-1] == eos else 0)
       ids = ids[:n]
       steps = step_lib.align(lm.tokenizer, ids, STEP_MODE[mode])
-      out.append(Trajectory(
+      batch.append(Trajectory(
           id=f"{problem.id}#{row % cfg.samples}", problem_id=problem.id, domain=problem.domain,
           mode=mode, sample=row % cfg.samples, prompt_ids=tuple(gen.prompt_ids[gen.prompt_index[row]]),
           response_ids=tuple(ids), response=lm.tokenizer.decode(ids), finish_reason=gen.finish_reason[row],
@@ -272,6 +283,13 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
           self_certainty=_floats(gen.features["token_self_certainty"][row, :n]),
           steps=tuple(StepSpan(s.text, s.start, s.end) for s in steps),
       ))
+    if feature_specs and on_features is not None:
+      feats = {}
+      for spec in feature_specs:
+        arr = np.asarray(spec.assemble(gen.features, lm.config.num_layers))  # [R, N, F]
+        feats[spec.name] = {t.id: arr[row, :len(t.response_ids)] for row, t in enumerate(batch)}
+      on_features(batch, feats)
+    out += batch
     if on_batch is not None:
       on_batch(len(chunk))
   return out

@@ -112,3 +112,12 @@ def test_sampler_captured_features_equal_teacher_forced(lm, tmp_path):
     np.testing.assert_allclose(store[rec["id"]], captured[rec["id"]], atol=0)
   with pytest.raises(FeatureMismatchError, match="captured features have shape"):
     extract(lm, recs[:1], spec, str(tmp_path / "t"), captured={recs[0]["id"]: np.zeros((1, 3), np.float32)})
+
+
+def test_resume_refuses_features_made_from_other_tokens(lm, tmp_path):
+  recs = _records(3, seed=2)
+  extract(lm, recs, FeatureSpec.from_name("hidden"), str(tmp_path / "a"), shard_size=2)
+  changed = [dict(r) for r in recs]
+  changed[1]["response_ids"] = changed[1]["response_ids"][:-1] + [91]  # same id, another response
+  with pytest.raises(FeatureMismatchError, match="trajectory 't1'.*other tokens"):
+    extract(lm, changed, FeatureSpec.from_name("hidden"), str(tmp_path / "a"), shard_size=2)

@@ -131,6 +131,12 @@ def tokenizer_hash(tokenizer) -> str:
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def record_hash(record) -> str:
+  """What a record's features depend on: its prompt and response token ids."""
+  blob = json.dumps([list(map(int, record["prompt_ids"])), list(map(int, record["response_ids"]))])
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def _atomic_bytes(path: str, data: bytes) -> None:
   with atomic_open(path, "wb") as f:
     f.write(data)
@@ -245,7 +251,11 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
         raise FeatureMismatchError(f"{directory}: holds features with {key}={old.get(key)!r}, but this run has "
                                    f"{header[key]!r}; use another directory")
     manifest["shards"] = [s for s in old["shards"] if os.path.exists(os.path.join(directory, s["file"]))]
-  done = {tid for s in manifest["shards"] for tid in s["ids"]}
+  done = {tid: h for s in manifest["shards"] for tid, h in zip(s["ids"], s.get("hashes", [None] * len(s["ids"])))}
+  for r in records:  # a stored record must have been made from the same tokens (shards before hashes: unchecked)
+    if done.get(r["id"]) is not None and done[r["id"]] != record_hash(r):
+      raise FeatureMismatchError(f"{directory}: the features stored for trajectory {r['id']!r} were made from other "
+                                 "tokens than it now has; use another directory")
   todo = [r for r in records if r["id"] not in done]
   total = -(-len(todo) // shard_size)
   for k in range(total):
@@ -257,7 +267,8 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
     buf = io.BytesIO()
     np.savez(buf, features=data.astype(dtype), offsets=offsets, ids=np.asarray([r["id"] for r in chunk]))
     _atomic_bytes(os.path.join(directory, name), buf.getvalue())
-    manifest["shards"].append({"file": name, "ids": [r["id"] for r in chunk], "tokens": int(offsets[-1])})
+    manifest["shards"].append({"file": name, "ids": [r["id"] for r in chunk], "hashes": [record_hash(r) for r in chunk],
+                               "tokens": int(offsets[-1])})
     _atomic_bytes(path, json.dumps(manifest, indent=1).encode())
     if on_shard is not None:
       on_shard(k + 1, total)
