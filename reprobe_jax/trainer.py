@@ -149,10 +149,11 @@ class Trainer:
       return False
     return best is None or (score > best if self.cfg.best_mode == "max" else score < best)
 
-  def fit(self, params, batches: Callable[[int], Any], *, frozen=None, opt_state=None) -> TrainResult:
-    """Runs steps [resumed step, cfg.steps); batches(i) is step i's batch (0-based), a pure function of i."""
+  def fit(self, params, batches: Callable[[int], Any], *, frozen=None) -> TrainResult:
+    """Runs steps [resumed step, cfg.steps) from `params` (or the latest checkpoint); batches(i) is step i's batch
+    (0-based), a pure function of i; `frozen` goes to every step untouched."""
     cfg = self.cfg
-    opt_state = self.tx.init(params) if opt_state is None else opt_state
+    opt_state = self.tx.init(params)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state})
     meta = {"step": 0, "metrics": {}, "history": [], "best_step": None, "best_score": None, "bad_evals": 0}
     mngr = self._manager()

@@ -15,6 +15,7 @@ from reprobe_jax.models.logprob import masked_mean_nll, sequence_logprobs
 
 LENGTHS = (9, 4, 12, 1)
 T = 12
+_fast = jax.jit(sequence_logprobs, static_argnames="graphdef")  # one compile shared by the tests
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +49,14 @@ def _naive(graphdef, params, tokens, mask):
                              capture=CaptureSpec(), shard=None)
   lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], axis=-1), tokens[:, 1:, None], axis=-1)[..., 0]
   lp = jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
-  return jnp.where(jnp.asarray(_has_context(mask)), lp, 0.0)
+  m = mask.astype(bool)
+  return jnp.where(jnp.concatenate([jnp.zeros_like(m[:, :1]), m[:, 1:] & m[:, :-1]], axis=1), lp, 0.0)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_equals_log_softmax_of_forward_logits(lm, side):
   tokens, mask = _batch(side)
-  fast = jax.jit(sequence_logprobs, static_argnames="graphdef")(lm.static_graph, lm.params, tokens, mask)
+  fast = _fast(lm.static_graph, lm.params, tokens, mask)
   logits = np.asarray(lm.forward(tokens, mask).logits, np.float64)
   ref = np.zeros(tokens.shape)
   ctx = _has_context(mask)
@@ -69,8 +71,8 @@ def test_equals_log_softmax_of_forward_logits(lm, side):
 
 def test_left_and_right_padding_give_a_row_the_same_values(lm):
   (lt, lmask), (rt, rmask) = _batch("left"), _batch("right")
-  left = np.asarray(sequence_logprobs(lm.graphdef, lm.params, lt, lmask))
-  right = np.asarray(sequence_logprobs(lm.graphdef, lm.params, rt, rmask))
+  left = np.asarray(_fast(lm.static_graph, lm.params, lt, lmask))
+  right = np.asarray(_fast(lm.static_graph, lm.params, rt, rmask))
   for i, n in enumerate(LENGTHS):
     np.testing.assert_allclose(left[i, T - n:], right[i, :n], atol=1e-5)
 
@@ -80,21 +82,22 @@ def test_equals_forward_token_logprobs_shifted(lm):
   for side in ("left", "right"):
     tokens, mask = _batch(side)
     out = lm.forward(tokens, mask, capture=CaptureSpec(token_stats=True))
-    fast = np.asarray(sequence_logprobs(lm.graphdef, lm.params, tokens, mask))
+    fast = np.asarray(_fast(lm.static_graph, lm.params, tokens, mask))
     ctx = _has_context(mask)[:, 1:]
     np.testing.assert_allclose(fast[:, 1:][ctx], np.asarray(out.token_logprobs)[:, :-1][ctx], atol=1e-5)
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "graphdef"))
+def _grad(fn, graphdef, params, tokens, mask, w):
+  return jax.grad(lambda p: jnp.sum(w * fn(graphdef, p, tokens, mask)))(params)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_gradients_equal_the_naive_form(lm, side):
   tokens, mask = _batch(side)
   w = jnp.asarray(np.random.default_rng(1).random(tokens.shape), jnp.float32)
-
-  def objective(fn, params):
-    return jnp.sum(w * fn(lm.graphdef, params, tokens, mask))
-
-  fast = jax.jit(jax.grad(functools.partial(objective, sequence_logprobs)))(lm.params)
-  naive = jax.jit(jax.grad(functools.partial(objective, _naive)))(lm.params)
+  fast = _grad(sequence_logprobs, lm.static_graph, lm.params, tokens, mask, w)
+  naive = _grad(_naive, lm.static_graph, lm.params, tokens, mask, w)
   for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(naive)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
   assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(fast)) > 1e-3  # the gradient is not trivially zero
@@ -102,12 +105,12 @@ def test_gradients_equal_the_naive_form(lm, side):
 
 def test_explicit_positions_are_used(lm):
   tokens, mask = _batch("right")
-  default = sequence_logprobs(lm.graphdef, lm.params, tokens, mask)
-  same = sequence_logprobs(lm.graphdef, lm.params, tokens, mask, positions_from_mask(mask))
+  default = _fast(lm.static_graph, lm.params, tokens, mask)
+  same = _fast(lm.static_graph, lm.params, tokens, mask, positions_from_mask(mask))
   np.testing.assert_array_equal(np.asarray(default), np.asarray(same))
   # RoPE sees only differences of positions: a shift changes nothing, a stretch changes the values.
-  shifted = sequence_logprobs(lm.graphdef, lm.params, tokens, mask, positions_from_mask(mask) + 5)
-  stretched = sequence_logprobs(lm.graphdef, lm.params, tokens, mask, positions_from_mask(mask) * 3)
+  shifted = _fast(lm.static_graph, lm.params, tokens, mask, positions_from_mask(mask) + 5)
+  stretched = _fast(lm.static_graph, lm.params, tokens, mask, positions_from_mask(mask) * 3)
   np.testing.assert_allclose(np.asarray(shifted), np.asarray(default), atol=1e-5)
   assert not np.allclose(np.asarray(stretched), np.asarray(default), atol=1e-4)
 
