@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
+from reprobe_jax.errors import CheckpointError
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.data import Example
 from reprobe_jax.tblog import read_scalars
@@ -75,10 +78,15 @@ def test_early_stopping(tmp_path):
   for e in val:  # validation labels unrelated to the features: no epoch improves after the first for long
     e.labels[:] = np.random.default_rng(0).random(len(e.labels)) < 0.5
   cfg = ProbeConfig(feature_dim=F, d_model=16, n_layers=1, n_heads=2, ff_dim=32)
-  _, _, _, hist = train_probe(cfg, train, val, ProbeTrainConfig(batch_size=16, epochs=30, patience=2),
-                              str(tmp_path))
+  tcfg = ProbeTrainConfig(batch_size=16, epochs=30, patience=2)
+  _, _, _, hist = train_probe(cfg, train, val, tcfg, str(tmp_path))
   assert len(hist) < 30
   assert not hist[-1]["improved"] and not hist[-2]["improved"]
+  # The best epoch's checkpoint gone: the resumed run says so rather than hand back the last epoch's parameters.
+  best_epoch = max(h["epoch"] for h in hist if h["improved"])
+  shutil.rmtree(tmp_path / "train_state" / str((best_epoch + 1) * 2))  # 32 examples / 16 = 2 steps per epoch
+  with pytest.raises(CheckpointError, match="best"):
+    train_probe(cfg, train, val, tcfg, str(tmp_path))
 
 
 def test_bad_trajectory_records_name_the_trajectory_and_step():

@@ -1,5 +1,5 @@
 """Probe training (METHOD A5): weighted BCE, AdamW with warm-up and linear decay, early stopping on validation
-PR-AUC, orbax checkpoints of the best and the latest epoch, exact resume.
+PR-AUC, orbax checkpoints of the best and the latest epoch, exact resume (the loop is `reprobe_jax.trainer`'s).
 
 Determinism: epoch e's batch order comes from (seed, e) and step k's dropout from (seed, k), so a run killed
 between epochs and restarted ends with the same parameters and metrics as one that ran through.
@@ -17,15 +17,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
+from absl import logging
 from flax import nnx
 
+from reprobe_jax.atomic import atomic_open
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.metrics import pr_auc, roc_auc
 from reprobe_jax.probe.data import Example, collate
 from reprobe_jax.models.forward import StaticGraph
 from reprobe_jax.probe.model import Probe, ProbeConfig, score_steps
-from reprobe_jax.tblog import ScalarWriter
+from reprobe_jax.trainer import Trainer, TrainerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,21 +58,16 @@ def new_probe(cfg: ProbeConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State, nnx
   return nnx.split(probe, nnx.Param, ...)
 
 
-def _make_fns(graphdef, tx, pos_weight):
+def probe_loss(graphdef, pos_weight: float):
+  """loss(params, batch, key, rest): weighted BCE of the probe with dropout drawn from `key` (METHOD A5)."""
 
-  def loss_fn(params, rest, batch, key):
+  def loss(params, batch, key, rest):
     probe = nnx.merge(graphdef, params, rest)
     logits = probe(batch["features"], batch["token_mask"], batch["spans"], deterministic=False,
                    rngs=nnx.Rngs(dropout=key))
     return weighted_bce(logits, batch["labels"], pos_weight)
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def train_step(params, opt_state, rest, batch, key):
-    loss, grads = jax.value_and_grad(loss_fn)(params, rest, batch, key)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return train_step, functools.partial(_predict_batch, StaticGraph(graphdef))
+  return loss
 
 
 def _predict_batch(graph: StaticGraph, params, rest, batch):
@@ -101,7 +97,11 @@ def evaluate_examples(scores: Sequence[np.ndarray], exs: Sequence[Example]) -> d
 
 def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Example], tcfg: ProbeTrainConfig,
                 workdir: str, *, on_epoch: Callable[[int, dict], None] | None = None):
-  """Trains (or resumes) the probe. Returns (graphdef, best params, rest, history)."""
+  """Trains (or resumes) the probe. Returns (graphdef, best params, rest, history).
+
+  The best parameters are those of the epoch with the highest validation PR-AUC; when no epoch has a finite one,
+  the last epoch's. A checkpoint folder whose best epoch's checkpoint is gone raises `CheckpointError`.
+  """
   if not train:
     raise ConfigError("probe training set is empty")
   if any(e.features.shape[1] != cfg.feature_dim for e in train[:1]):
@@ -114,68 +114,39 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
                                    optax.linear_schedule(tcfg.learning_rate, 0.0, max(total - warmup, 1))], [warmup])
   tx = optax.chain(optax.clip_by_global_norm(tcfg.grad_clip),
                    optax.adamw(schedule, weight_decay=tcfg.weight_decay))
-  opt_state = tx.init(params)
-  train_step, predict = _make_fns(graphdef, tx, tcfg.pos_weight)
-  opts = ocp.CheckpointManagerOptions(max_to_keep=1, create=True)
-  latest = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "latest")), options=opts)
-  best_mgr = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "best")), options=opts)
-  history: list[dict] = []
-  start_epoch, best_score, bad_epochs = 0, -np.inf, 0
-  if latest.latest_step() is not None:
-    step = latest.latest_step()
-    target = {"params": params, "opt_state": opt_state}
-    restored = latest.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, target)),
-        meta=ocp.args.JsonRestore()))
-    params, opt_state = restored["state"]["params"], restored["state"]["opt_state"]
-    meta = restored["meta"]
-    history, best_score, bad_epochs, start_epoch = (meta["history"], meta["best_score"], meta["bad_epochs"],
-                                                    meta["epoch"] + 1)
   feature_dim = cfg.feature_dim
-  tb = ScalarWriter(os.path.join(workdir, "tb"))
-  for epoch in range(start_epoch, tcfg.epochs):
-    if bad_epochs >= tcfg.patience:
-      break
-    order = np.random.default_rng([tcfg.seed, epoch]).permutation(len(train))
-    losses = []
-    for k in range(steps_per_epoch):
-      chunk = [train[i] for i in order[k * tcfg.batch_size:(k + 1) * tcfg.batch_size]]
-      batch = {n: jnp.asarray(v) for n, v in collate(chunk, tcfg.batch_size, feature_dim).items()}
-      key = jax.random.fold_in(jax.random.key(tcfg.seed), epoch * steps_per_epoch + k)
-      params, opt_state, loss = train_step(params, opt_state, rest, batch, key)
-      losses.append(float(loss))
-      step = epoch * steps_per_epoch + k + 1
-      if step % 10 == 0:
-        tb.write(step, {"train/loss": np.mean(losses[-10:]), "train/learning_rate": schedule(step - 1)})
-    val_metrics = evaluate_examples(predict_examples(graphdef, params, rest, val, tcfg.batch_size, feature_dim,
-                                                     predict), val)
-    score = val_metrics["pr_auc"] if np.isfinite(val_metrics["pr_auc"]) else -np.inf
-    improved = score > best_score
-    best_score = max(best_score, score)
-    bad_epochs = 0 if improved else bad_epochs + 1
-    entry = {"epoch": epoch, "train_loss": float(np.mean(losses)), **{f"val_{k}": v for k, v in val_metrics.items()},
-             "improved": bool(improved)}
-    history.append(entry)
-    state = {"params": params, "opt_state": opt_state}
-    meta = {"history": history, "best_score": float(best_score), "bad_epochs": bad_epochs, "epoch": epoch}
-    if improved:
-      best_mgr.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}),
-                                                   meta=ocp.args.JsonSave(meta)))
-      best_mgr.wait_until_finished()
-    latest.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
-    latest.wait_until_finished()
-    tb.write((epoch + 1) * steps_per_epoch, {"epoch/train_loss": entry["train_loss"],
-                                             **{f"val/{k}": v for k, v in val_metrics.items()}})
+  predict = functools.partial(_predict_batch, StaticGraph(graphdef))
+
+  @functools.lru_cache(maxsize=1)
+  def epoch_order(epoch: int) -> np.ndarray:
+    return np.random.default_rng([tcfg.seed, epoch]).permutation(len(train))
+
+  def batch(i: int) -> dict:
+    epoch, k = divmod(i, steps_per_epoch)
+    chunk = [train[j] for j in epoch_order(epoch)[k * tcfg.batch_size:(k + 1) * tcfg.batch_size]]
+    return {n: jnp.asarray(v) for n, v in collate(chunk, tcfg.batch_size, feature_dim).items()}
+
+  def evaluate(p) -> dict[str, float]:
+    return evaluate_examples(predict_examples(graphdef, p, rest, val, tcfg.batch_size, feature_dim, predict), val)
+
+  def as_epoch(entry: dict) -> dict:  # the trainer's evaluation entry, numbered by epoch
+    return {"epoch": entry["step"] // steps_per_epoch - 1, **{k: v for k, v in entry.items() if k != "step"}}
+
+  def report(step: int, entry: dict) -> None:
     if on_epoch is not None:
-      on_epoch(epoch, entry)
-  best_params = params
-  if best_mgr.latest_step() is not None:
-    restored = best_mgr.restore(best_mgr.latest_step(), args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params}))))
-    best_params = restored["state"]["params"]
-  latest.close()
-  best_mgr.close()
-  tb.close()
-  with open(os.path.join(workdir, "history.json"), "w") as f:
+      on_epoch(as_epoch(entry)["epoch"], as_epoch(entry))
+
+  loop = TrainerConfig(steps=total, seed=tcfg.seed, checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch,
+                       best_metric="pr_auc", patience=tcfg.patience)
+  trainer = Trainer(probe_loss(graphdef, tcfg.pos_weight), tx, loop, workdir, learning_rate=schedule,
+                    evaluate=evaluate, on_eval=report)
+  result = trainer.fit(params, batch, frozen=rest)
+  history = [as_epoch(e) for e in result.history]
+  best_params = result.best_params
+  if best_params is None:
+    logging.warning("probe in %s: no epoch had a finite validation PR-AUC; returning the last epoch's parameters",
+                    workdir)
+    best_params = result.params
+  with atomic_open(os.path.join(workdir, "history.json")) as f:
     json.dump(history, f, indent=1)
   return graphdef, best_params, rest, history

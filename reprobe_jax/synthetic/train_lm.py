@@ -2,14 +2,12 @@
 
 The loss is next-token cross-entropy on response tokens only. Batches come from a grain `MapDataset` read by
 index (batch i is a pure function of the seed and i), so a resumed run sees exactly the batches an uninterrupted
-run would; parameters, optimiser state and the step are saved with an orbax `CheckpointManager`.
+run would; the loop, checkpoints and TensorBoard scalars are `reprobe_jax.trainer.Trainer`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 from typing import Callable, Sequence
 
 import grain
@@ -17,13 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
-from absl import logging
 
-from reprobe_jax.errors import ConfigError
-from reprobe_jax.models import CaptureSpec, LanguageModel, ModelConfig
-from reprobe_jax.models.forward import run_decoder
-from reprobe_jax.tblog import ScalarWriter
+from reprobe_jax.models import LanguageModel, ModelConfig
+from reprobe_jax.models.logprob import masked_mean_nll, sequence_logprobs
+from reprobe_jax.trainer import Trainer, TrainerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,35 +96,27 @@ class BatchSchedule:
     return self.datasets[self.choice[i]][int(self.within[i])]
 
 
-def _make_step(graphdef, treedef, tx):
+def lm_loss(graphdef, treedef):
+  """loss(leaves, batch, rng, frozen): next-token NLL, the masked mean of -sequence_logprobs under batch['loss_mask']."""
 
-  def loss_fn(leaves, tokens, loss_mask):
-    params = jax.tree.unflatten(treedef, leaves)
-    inputs = tokens[:, :-1]  # [B, T-1]
-    # Right padding sits after every real token, so causal attention never reads it: no key mask needed.
-    key_valid = jnp.ones(inputs.shape, bool)
-    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-    logits, _, _ = run_decoder(graphdef, params, inputs, positions, key_valid, capture=CaptureSpec(), shard=None)
-    # logsumexp minus the target logit picked by a one-hot product: its gradient is softmax - one-hot, with no
-    # scatter (the backward of a gather), which XLA:CPU runs far slower than this fused elementwise product.
-    target = jnp.sum(logits * jax.nn.one_hot(tokens[:, 1:], logits.shape[-1], dtype=logits.dtype), axis=-1)
-    nll = jax.nn.logsumexp(logits, axis=-1) - target  # [B, T-1]
-    w = loss_mask[:, 1:]
-    return jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
+  def loss(leaves, batch, rng, frozen):
+    del rng, frozen
+    tokens = batch["tokens"]  # [B, T], right-padded
+    # Right padding sits after every real token, so causal attention never reads it: every key may count.
+    lp = sequence_logprobs(graphdef, jax.tree.unflatten(treedef, leaves), tokens, jnp.ones(tokens.shape, jnp.int32))
+    return masked_mean_nll(lp, batch["loss_mask"])
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def step(leaves, opt_state, tokens, loss_mask):
-    loss, grads = jax.value_and_grad(loss_fn)(leaves, tokens, loss_mask)
-    updates, opt_state = tx.update(grads, opt_state, leaves)
-    return optax.apply_updates(leaves, updates), opt_state, loss
-
-  return step
+  return loss
 
 
 def train_lm(model_cfg: ModelConfig, data: dict[int, tuple[np.ndarray, np.ndarray]], cfg: TrainLMConfig,
              workdir: str, *,
              on_step: Callable[[int, float], None] | None = None) -> tuple[LanguageModel, list[float]]:
-  """Trains from scratch (or resumes from `workdir`), returns the model (no tokenizer) and the loss history."""
+  """Trains from scratch (or resumes from `workdir`), returns the model (no tokenizer) and the loss history.
+
+  `on_step(step, loss)` is called for every step, in order, each time the losses are fetched from the device
+  (every 10 steps and at checkpoints).
+  """
   lm = LanguageModel.random(model_cfg, seed=cfg.seed)
   leaves, treedef = jax.tree.flatten(lm.params)
   warmup = min(cfg.warmup_steps, max(cfg.steps // 10, 1))
@@ -137,36 +124,10 @@ def train_lm(model_cfg: ModelConfig, data: dict[int, tuple[np.ndarray, np.ndarra
                                                 cfg.learning_rate * 0.05)
   tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
                    optax.adamw(schedule, b2=0.98, weight_decay=cfg.weight_decay))
-  opt_state = tx.init(leaves)
-  losses: list[float] = []
-  mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")),
-                               options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-  start = 0
-  if mngr.latest_step() is not None:
-    start = mngr.latest_step()
-    target = {"leaves": leaves, "opt_state": opt_state, "losses": np.zeros(start, np.float32)}
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-    restored = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
-    leaves, opt_state = restored["leaves"], restored["opt_state"]
-    losses = [float(x) for x in np.asarray(restored["losses"])]
-    logging.info("resumed target-LM training at step %d", start)
   batches = BatchSchedule(data, cfg)
-  step_fn = _make_step(lm.graphdef, treedef, tx)
-  tb = ScalarWriter(os.path.join(workdir, "tb"))
-  for i in range(start, cfg.steps):
-    batch = batches[i]
-    leaves, opt_state, loss = step_fn(leaves, opt_state, jnp.asarray(batch["tokens"]),
-                                      jnp.asarray(batch["loss_mask"]))
-    losses.append(float(loss))
-    if on_step is not None:
-      on_step(i + 1, losses[-1])
-    if (i + 1) % 10 == 0:
-      tb.write(i + 1, {"train/loss": np.mean(losses[-10:]), "train/learning_rate": schedule(i)})
-    if (i + 1) % cfg.checkpoint_every == 0 or i + 1 == cfg.steps:
-      mngr.save(i + 1, args=ocp.args.StandardSave(
-          {"leaves": leaves, "opt_state": opt_state, "losses": np.asarray(losses, np.float32)}))
-  mngr.wait_until_finished()
-  mngr.close()
-  tb.close()
-  params = jax.tree.unflatten(treedef, leaves)
-  return LanguageModel(model_cfg, lm.graphdef, params), losses
+  loop = TrainerConfig(steps=cfg.steps, seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, keep_latest=2)
+  trainer = Trainer(lm_loss(lm.graphdef, treedef), tx, loop, workdir, learning_rate=schedule,
+                    on_step=None if on_step is None else lambda step, m: on_step(step, m["loss"]))
+  result = trainer.fit(leaves, lambda i: {k: jnp.asarray(v) for k, v in batches[i].items()})
+  params = jax.tree.unflatten(treedef, result.params)
+  return LanguageModel(model_cfg, lm.graphdef, params), result.metrics["loss"]
