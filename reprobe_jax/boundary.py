@@ -275,6 +275,7 @@ class StopTable(struct.PyTreeNode):
 
   transitions: jax.Array  # [S, V] int32
   ends: jax.Array  # [S, V] int8: ENDS_BEFORE | ENDS_AFTER, whatever the count
+  # Sentence mode's min_chars count (all four are empty, shape (0, 0[, 0]), in the modes that count nothing):
   count_keep: jax.Array  # [S, V] bool: the count carries through the token (else it restarts)
   count_add: jax.Array  # [S, V] int16: characters the token adds to the count
   gate_at: jax.Array  # [S, V, K] int16: the gate opens when count + gate_at >= min_chars (_GATE_NONE: unused)
@@ -299,6 +300,8 @@ def advance(table: StopTable, state: jax.Array, tok: jax.Array) -> tuple[jax.Arr
   A1; the same automaton as `StepBoundary.align`). Pure and jittable."""
   node, count = state >> COUNT_BITS, state & ((1 << COUNT_BITS) - 1)
   ends = table.ends[node, tok].astype(jnp.int32)
+  if table.gate_at.size == 0:  # a mode without min_chars: nothing is counted
+    return table.transitions[node, tok] << COUNT_BITS, ends
   at = table.gate_at[node, tok].astype(jnp.int32)  # [B, K]
   opens = (at != _GATE_NONE) & (count[:, None] + at >= table.min_chars)
   gated = opens.any(axis=-1)
@@ -311,62 +314,64 @@ def advance(table: StopTable, state: jax.Array, tok: jax.Array) -> tuple[jax.Arr
 
 
 def _simulate(auto: _Automaton, pieces: Sequence[bytes], min_chars: int, closes: bool, counted: bool) -> dict:
-  """Runs every state over every token's bytes at once (tokens sorted by length, one byte position at a time)."""
-  n_states, n = len(auto.delta), len(pieces)
+  """Runs every state over every token's bytes at once (tokens sorted by length, one byte position at a time).
+
+  Arrays are [token, state]. For the count, a token's incoming count c is symbolic: it keeps `keep` (count is then
+  min(c + add, m), else add) until a gate that opens for some c only; that gate opens a slot whose branch (the gate
+  opened) is concrete from there on, and the slot records the threshold and the count that branch ends with."""
+  n_states, n, m = len(auto.delta), len(pieces), min_chars
   lens = np.array([len(p) for p in pieces], np.int64)
   order = np.argsort(-lens, kind="stable")
   lens_sorted = lens[order]
-  width = int(lens.max()) if n else 0
-  flat = np.frombuffer(b"".join(pieces[i] for i in order), np.uint8)
+  flat = _SYM[np.frombuffer(b"".join(pieces[i] for i in order), np.uint8)].astype(np.int32)
   starts = np.concatenate([[0], np.cumsum(lens_sorted)[:-1]]).astype(np.int64)
-  state = np.broadcast_to(np.arange(n_states)[:, None], (n_states, n)).copy()
-  ends = np.zeros((n_states, n), np.int8)
-  keep = np.ones((n_states, n), bool)
-  add = np.zeros((n_states, n), np.int64)
-  gate_at = np.full((n_states, n, 1), _GATE_NONE, np.int64)
-  gate_count = np.zeros((n_states, n, 1), np.int64)
-  live = np.zeros((n_states, n, 1), bool)  # gate slots in use
-  m = min_chars
-  for p in range(width):
+  delta, events = auto.delta.astype(np.int32).ravel(), auto.events.astype(np.int32).ravel()
+  state = np.broadcast_to(np.arange(n_states, dtype=np.int32), (n, n_states)).copy()
+  ends = np.zeros((n, n_states), np.int8)
+  shape = (n, n_states) if counted else (0, 0)
+  keep, add = np.ones(shape, bool), np.zeros(shape, np.int32)
+  gate_at, gate_count = np.full(shape + (1,), _GATE_NONE, np.int32), np.zeros(shape + (1,), np.int32)
+  live = np.zeros(shape + (1,), bool)  # gate slots in use
+  for p in range(int(lens.max()) if n else 0):
     k = int(np.searchsorted(-lens_sorted, -p, side="left"))  # tokens longer than p come first
-    if k == 0:
-      break
-    sym = _SYM[flat[starts[:k] + p]][None, :]  # [1, k]
-    st = state[:, :k]
-    ev = auto.events[st, sym]  # [S, k]
-    state[:, :k] = auto.delta[st, sym]
+    flat_index = state[:k] * NSYM + flat[starts[:k] + p][:, None]  # [k, S]
+    ev = events[flat_index]
+    state[:k] = delta[flat_index]
     cut = (ev & CUT) != 0
-    last = (lens_sorted[:k] == p + 1)[None, :]
-    ends[:, :k] |= np.where(cut & (last | closes), ENDS_AFTER, np.where(cut, ENDS_BEFORE, 0)).astype(np.int8)
+    last = (lens_sorted[:k] == p + 1)[:, None]
+    ends[:k] |= np.where(cut & (last | closes), ENDS_AFTER, np.where(cut, ENDS_BEFORE, 0)).astype(np.int8)
     if not counted:
       continue
     gate, counts, restart = (ev & GATE) != 0, (ev & COUNT) != 0, (ev & (CUT | RESET)) != 0
-    kp, ad, ga, gc, lv = keep[:, :k], add[:, :k], gate_at[:, :k], gate_count[:, :k], live[:, :k]
+    kp, ad, ga, gc, lv = keep[:k], add[:k], gate_at[:k], gate_count[:k], live[:k]
     gc[...] = np.where(gate[..., None] & lv & (gc >= m), 0, gc)  # gates in branches that already cut are concrete
     sure = gate & (ad >= m)  # the count is at least `ad`, so this gate opens whatever came before the token
-    ends[:, :k] |= np.where(sure, ENDS_BEFORE, 0).astype(np.int8)
-    ad[...] = np.where(sure, 0, ad)
-    kp[...] = kp & ~sure
-    new = gate & kp & ~sure  # a gate that opens only for some incoming counts: a new slot
+    ends[:k] |= np.where(sure, ENDS_BEFORE, 0).astype(np.int8)
+    ad[sure] = 0
+    kp &= ~sure
+    new = gate & kp  # a gate that opens only for some incoming counts: a new slot
     if new.any():
       slot = lv.sum(-1)
       if slot[new].max() >= gate_at.shape[-1]:
         grow = lambda a, v: np.concatenate([a, np.full(a.shape[:2] + (1,), v, a.dtype)], -1)
         gate_at, gate_count, live = grow(gate_at, _GATE_NONE), grow(gate_count, 0), grow(live, False)
-        ga, gc, lv = gate_at[:, :k], gate_count[:, :k], live[:, :k]
+        ga, gc, lv = gate_at[:k], gate_count[:k], live[:k]
       one = new[..., None] & (np.arange(gate_at.shape[-1]) == slot[..., None])
-      ga[...] = np.where(one, ad[..., None], ga)
-      gc[...] = np.where(one, 0, gc)
-      lv[...] = lv | one
-    ad[...] = np.where(counts, np.minimum(ad + 1, m), ad)
-    gc[...] = np.where(counts[..., None] & lv, np.minimum(gc + 1, m), gc)
-    ad[...] = np.where(restart, 0, ad)
-    gc[...] = np.where(restart[..., None] & lv, 0, gc)
-    kp[...] = kp & ~restart
+      ga[one] = np.broadcast_to(ad[..., None], one.shape)[one]
+      gc[one] = 0
+      lv |= one
+    ad[counts] += 1
+    np.minimum(ad, m, out=ad)
+    gc[counts[..., None] & lv] += 1
+    np.minimum(gc, m, out=gc)
+    ad[restart] = 0
+    gc[restart[..., None] & lv] = 0
+    kp &= ~restart
   inverse = np.empty(n, np.int64)
   inverse[order] = np.arange(n)
-  return {"transitions": state[:, inverse], "ends": ends[:, inverse], "count_keep": keep[:, inverse],
-          "count_add": add[:, inverse], "gate_at": gate_at[:, inverse], "gate_count": gate_count[:, inverse]}
+  arrays = {"transitions": state, "ends": ends, "count_keep": keep, "count_add": add, "gate_at": gate_at,
+            "gate_count": gate_count}
+  return {name: np.moveaxis(a[inverse], 0, 1) if len(a) else a for name, a in arrays.items()}  # [S, V, ...]
 
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -442,12 +447,16 @@ class StepBoundary:
     transitions = pad(arrays["transitions"], 0)
     transitions[:, n:] = np.arange(padded)[:, None]  # ids the tokenizer lacks, and padding states, stay put
     transitions[n_states:] = np.arange(n_states, padded)[:, None]
+    if self._counted:
+      counts = (pad(arrays["count_keep"], True), pad(arrays["count_add"], 0), pad(arrays["gate_at"], _GATE_NONE),
+                pad(arrays["gate_count"], 0))
+    else:
+      counts = (np.zeros((0, 0), bool), np.zeros((0, 0)), np.zeros((0, 0, 0)), np.zeros((0, 0, 0)))
     table = StopTable(
         transitions=jnp.asarray(transitions, jnp.int32), ends=jnp.asarray(pad(arrays["ends"], 0), jnp.int8),
-        count_keep=jnp.asarray(pad(arrays["count_keep"], True)),
-        count_add=jnp.asarray(pad(arrays["count_add"], 0), jnp.int16),
-        gate_at=jnp.asarray(pad(arrays["gate_at"], _GATE_NONE), jnp.int16),
-        gate_count=jnp.asarray(pad(arrays["gate_count"], 0), jnp.int16), min_chars=jnp.int32(m))
+        count_keep=jnp.asarray(counts[0]), count_add=jnp.asarray(counts[1], jnp.int16),
+        gate_at=jnp.asarray(counts[2], jnp.int16), gate_count=jnp.asarray(counts[3], jnp.int16),
+        min_chars=jnp.int32(m))
     cache[(self, size)] = table
     return table
 
