@@ -29,7 +29,7 @@ from flax import struct
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.steps import (ABBREVIATIONS, HEADER_WORDS, MODES, SENTENCE_ENDS, THINK_CLOSE, THINK_OPEN, WHITESPACE,
-                               Step, byte_ends, char_offsets, regex_literals, token_bytes)
+                               Step, byte_ends, char_offsets, check_text, regex_literals, token_bytes)
 
 ENDS_BEFORE, ENDS_AFTER = 1, 2
 COUNT_BITS = 16  # a row's state packs (automaton state << COUNT_BITS) | characters counted so far
@@ -497,11 +497,12 @@ class StepBoundary:
       tail = (pos, final[d])
     bends = byte_ends(tb, ids)
     if self._closes:
-      return self._closed_steps(tb, ids, cuts, bends, offset)
+      return self._closed_steps(tokenizer, tb, ids, cuts, bends, offset)
     regions = [(mk, e) for e, mk, _ in cuts]
     if tail[1] and mark is not None and mark < tail[0]:
       regions.append((mark, tail[0]))
     text, chars = char_offsets(tb, ids, [p for r in regions for p in r])
+    check_text(tokenizer, ids, text)
     steps = []
     for k, (mk, e) in enumerate(regions):
       cs, ce = chars[2 * k], chars[2 * k + 1]
@@ -512,13 +513,14 @@ class StepBoundary:
       steps.append(Step(body, cs, ce, start + offset, end + offset))
     return steps
 
-  def _closed_steps(self, tb, ids, cuts, bends, offset) -> list[Step]:
+  def _closed_steps(self, tokenizer, tb, ids, cuts, bends, offset) -> list[Step]:
     """Paragraph mode: the token that completes a boundary closes its step; two boundaries in one token are one."""
     closing = []
     for _, mk, j in cuts:
       if not closing or closing[-1][1] != j:
         closing.append((mk, j))
     text, chars = char_offsets(tb, ids, [p for mk, j in closing for p in (mk, bends[j])])
+    check_text(tokenizer, ids, text)
     steps, prev_end, prev_ce = [], 0, 0
     for k, (mk, j) in enumerate(closing):
       cs, ce = max(chars[2 * k], prev_ce), chars[2 * k + 1]

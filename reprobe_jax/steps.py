@@ -16,6 +16,7 @@ import codecs
 import dataclasses
 import json
 import re
+import string
 import weakref
 from typing import Sequence
 
@@ -29,6 +30,7 @@ ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "mr", "mrs", "ms", "dr", "prof", "fi
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PARAGRAPH_END = ".\n\n"
 SENTENCE_ENDS = ".!?"
+_WORD_CHARS = frozenset(string.ascii_letters + ".")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +95,7 @@ def _is_sentence_end(text: str, i: int) -> bool:
     return False
   if text[i] == ".":
     j = i
-    while j > 0 and (text[j - 1] == "." or "a" <= text[j - 1].lower() <= "z" and text[j - 1].isascii()):
+    while j > 0 and text[j - 1] in _WORD_CHARS:  # the run of letters and dots before the '.'
       j -= 1
     if text[j:i].lower().rstrip(".") in ABBREVIATIONS:
       return False
@@ -158,7 +160,7 @@ def regex_literals(pattern: str) -> tuple[str, ...]:
       cur = []
     elif ch in ".^$*+?{}[]()":
       raise ConfigError(f"step regex {pattern!r}: {ch!r} is not supported; steps split on an alternation of literal "
-                        "strings (escape it as '\\\\{ch}' to match it)")
+                        f"strings (escape it as '\\{ch}' to match it)")
     else:
       cur.append(ch)
     i += 1
@@ -265,19 +267,19 @@ def _build_token_bytes(tokenizer) -> TokenBytes:
   while k < len(steps) and kinds[k] == "Replace" and "String" in steps[k]["pattern"]:
     names = [n.replace(steps[k]["pattern"]["String"], steps[k]["content"]) for n in names]
     k += 1
-  fallback = k < len(steps) and kinds[k] == "ByteFallback"
+  fallback = kinds[k:k + 1] == ["ByteFallback"]
   k += fallback
-  strip = 0
-  if kinds[k:k + 1] == ["Fuse"]:
+  strip = strip_char = None
+  if kinds[k:k + 1] == ["Fuse"]:  # tokens are joined anyway; Fuse only makes a later Strip act on the whole text
     k += 1
     if kinds[k:k + 1] == ["Strip"] and steps[k]["stop"] == 0 and len(steps[k]["content"]) == 1:
-      strip, k = steps[k]["start"], k + 1
-  if k != len(steps) or (strip == 0 and "Fuse" not in kinds):
+      strip, strip_char, k = steps[k]["start"], steps[k]["content"], k + 1
+  if k != len(steps):
     raise ConfigError(f"{type(tokenizer).__name__}: decoder {kinds} is not one step alignment models (ByteLevel, or "
                       "Replace.. + ByteFallback + Fuse + Strip as SentencePiece conversions have)")
   is_byte = tuple(bool(fallback and _BYTE_TOKEN.fullmatch(n)) for n in names)
   pieces = tuple(bytes([int(n[3:5], 16)]) if b else n.encode() for n, b in zip(names, is_byte))
-  return TokenBytes("pieces", pieces, is_byte, strip, steps[k - 1]["content"] if strip else " ")
+  return TokenBytes("pieces", pieces, is_byte, strip or 0, strip_char or " ")
 
 
 def token_bytes(tokenizer) -> TokenBytes:
@@ -305,6 +307,7 @@ def token_bytes(tokenizer) -> TokenBytes:
 
 
 def _byte_level_ends(segs: list[bytes]) -> tuple[str, list[int]]:
+  """Byte-level BPE: the text is the UTF-8 reading of all the bytes; a prefix's, of its bytes."""
   dec = codecs.getincrementaldecoder("utf-8")("replace")
   parts, marks, n = [], [], 0
   for data in segs:
@@ -343,6 +346,7 @@ def _run_prefixes(run: bytes) -> list[tuple[bool, str]]:
 
 
 def _pieces_ends(tb: TokenBytes, segs: list[tuple[bytes, bool]]) -> tuple[str, list[int]]:
+  """SentencePiece-style: text pieces as they are, byte runs as UTF-8 or one U+FFFD per byte, then the strip."""
   parts, spans, n, i = [], [], 0, 0  # spans: per piece (chars before its byte run, the run or None, bytes into it)
   while i < len(segs):
     if not segs[i][1]:
@@ -446,14 +450,18 @@ def token_end_offsets(tokenizer, ids: Sequence[int]) -> tuple[str, list[int]]:
   Equal to decoding every prefix and taking its common prefix with the whole text (a token that completes a
   multi-byte character ends where the character does), but computed in one pass from `token_bytes`."""
   ids = [int(i) for i in ids]
-  tb = token_bytes(tokenizer)
-  text, ends, _ = _decode(tb, ids)
+  text, ends, _ = _decode(token_bytes(tokenizer), ids)
+  check_text(tokenizer, ids, text)
+  return text, ends
+
+
+def check_text(tokenizer, ids: Sequence[int], text: str) -> None:
+  """ConfigError unless `tokenizer` decodes `ids` to `text` (what its byte model gave): one decode, O(n)."""
   full = tokenizer.decode(ids)
   if text != full:
     k = next((i for i, (a, b) in enumerate(zip(text, full)) if a != b), min(len(text), len(full)))
     raise ConfigError(f"{type(tokenizer).__name__} decodes these ids to {full[max(0, k - 20):k + 20]!r} at char {k}, "
                       f"but its byte model gives {text[max(0, k - 20):k + 20]!r}")
-  return text, ends
 
 
 def byte_ends(tb: TokenBytes, ids: Sequence[int]) -> list[int]:
