@@ -374,7 +374,7 @@ def _simulate(auto: _Automaton, pieces: Sequence[bytes], min_chars: int, closes:
   return {name: np.moveaxis(a[inverse], 0, 1) if len(a) else a for name, a in arrays.items()}  # [S, V, ...]
 
 
-_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # TokenBytes -> {(boundary, vocab size): table}
 
 
 @functools.lru_cache(maxsize=None)
@@ -427,7 +427,7 @@ class StepBoundary:
     built once per tokenizer and boundary, then cached."""
     tb = token_bytes(tokenizer)
     size = len(tb.pieces) if vocab_size is None else int(vocab_size)
-    cache = _TABLES.setdefault(tokenizer, {})
+    cache = _TABLES.setdefault(tb, {})
     if (self, size) in cache:
       return cache[(self, size)]
     auto = self.automaton
@@ -470,7 +470,7 @@ class StepBoundary:
     d = count = pos = 0
     mark, cuts, tail = None, [], None  # cuts: (byte where the step ends, byte where its text starts, token index)
     for j, t in enumerate(ids):
-      for b in tb.pieces[t]:
+      for b in tb.piece(t)[0]:
         s = _SYM_LIST[b]
         ev = events[d][s]
         if ev:

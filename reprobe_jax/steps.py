@@ -224,6 +224,10 @@ class TokenBytes:
   strip: int = 0
   strip_char: str = " "
 
+  def piece(self, t: int) -> tuple[bytes, bool]:
+    """(bytes, is_byte) of id t; an id outside the vocabulary adds nothing, as the tokenizer's decode skips it."""
+    return (self.pieces[t], self.is_byte[t]) if 0 <= t < len(self.pieces) else (b"", False)
+
 
 _TOKEN_BYTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _BYTE_TOKEN = re.compile(r"<0x(\+[0-9A-Fa-f]|[0-9A-Fa-f]{2})>")
@@ -285,7 +289,7 @@ def _build_token_bytes(tokenizer) -> TokenBytes:
 def token_bytes(tokenizer) -> TokenBytes:
   """The byte model of `tokenizer`'s vocabulary (built once per tokenizer, then cached), checked against its own
   decoding of a sample of single tokens."""
-  if tokenizer in _TOKEN_BYTES:
+  if tokenizer in _TOKEN_BYTES and len(_TOKEN_BYTES[tokenizer].pieces) == len(tokenizer):  # no tokens added since
     return _TOKEN_BYTES[tokenizer]
   tb = _build_token_bytes(tokenizer)
   n = len(tb.pieces)
@@ -414,7 +418,7 @@ def _pieces(tb: TokenBytes, ids: Sequence[int], cuts: Sequence[int]) -> tuple[li
   """The tokens' (bytes, is_byte), split at the sorted byte offsets `cuts`, and the byte offset each piece ends at."""
   segs, at, pos, ci = [], [], 0, 0
   for t in ids:
-    data, is_byte = tb.pieces[t], tb.is_byte[t]
+    data, is_byte = tb.piece(t)
     lo = 0
     while ci < len(cuts) and cuts[ci] < pos + len(data):
       if cuts[ci] > pos + lo:
@@ -468,7 +472,7 @@ def byte_ends(tb: TokenBytes, ids: Sequence[int]) -> list[int]:
   """[n] the byte offset where each token ends in the concatenated token bytes."""
   out, pos = [], 0
   for t in ids:
-    pos += len(tb.pieces[t])
+    pos += len(tb.piece(t)[0])
     out.append(pos)
   return out
 
