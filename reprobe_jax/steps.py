@@ -1,25 +1,36 @@
-"""Step segmentation and exact token alignment (METHOD A1).
+"""Steps: their character-region definition, the bytes tokens add to the text, and exact token alignment (METHOD A1).
 
-Text is split into steps in character space (line, sentence, paragraph or a custom regex); each step then maps to a
-half-open token span [start, end) of the *actual* token ids (sampled tokens need not be what re-tokenising the text
-would give). A token belongs to the step in which its last character falls, so a token that straddles a boundary
-(".\\n\\n", "36.\\n") goes to the step where it ends. Steps tile the text: each step's region runs to where the next
-one starts, so separators belong to the step before them.
+Where a step ends is defined once, in `reprobe_jax.boundary` (a finite automaton over the text's bytes), and both the
+sampler's on-device stop rule and `align` below run it. This module holds the `Step` record, the readable
+character-level statement of each mode (`segment`: the reference the automaton is tested against), the byte model
+of a tokenizer's vocabulary (`token_bytes`) and exact, O(n) token end offsets (`token_end_offsets`).
+
+A token belongs to the step in which its last byte falls, so a token that straddles a boundary ("\\n- St") goes to
+the step where it ends; in paragraph mode the token that completes ".\\n\\n" closes its step (METHOD A1's token rule).
+Whitespace is ASCII whitespace (what `bytes.isspace` means): a device reads bytes, not Unicode categories.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import json
 import re
+import string
+import weakref
 from typing import Sequence
 
 from reprobe_jax.errors import ConfigError
 
 MODES = ("line", "sentence", "paragraph", "regex")
-_HEADER = re.compile(r"^\s*(reasoning steps|solution|steps)\s*:?\s*$", re.IGNORECASE)
-_ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "mr", "mrs", "ms", "dr", "prof", "fig", "eq", "approx", "no", "st")
+WHITESPACE = " \t\n\r\x0b\x0c"
+HEADER_WORDS = ("reasoning steps", "solution", "steps")  # a line that is one of these (then ':') is no step
+_HEADER = re.compile(r"(reasoning steps|solution|steps)[ \t\r\x0b\x0c]*:?", re.IGNORECASE | re.ASCII)
+ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "mr", "mrs", "ms", "dr", "prof", "fig", "eq", "approx", "no", "st")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PARAGRAPH_END = ".\n\n"
+SENTENCE_ENDS = ".!?"
+_WORD_CHARS = frozenset(string.ascii_letters + ".")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,153 +49,155 @@ class Step:
 
 
 # ------------------------------------------------------------------------------------------------ text -> regions
+# Each region is (body start, end, body): the body starts at the step's first non-space character, the region ends
+# where the step ends. Text between one region's end and the next body (blank lines, headers, tags) is no step's.
+
+
+def _skip_space(text: str, i: int, hi: int) -> int:
+  while i < hi and text[i] in WHITESPACE:
+    i += 1
+  return i
+
+
+def _region(text: str, lo: int, hi: int) -> tuple[int, int, str]:
+  start = _skip_space(text, lo, hi)
+  return start, hi, text[start:hi].strip(WHITESPACE)
 
 
 def line_regions(text: str) -> list[tuple[int, int, str]]:
-  """Non-empty, non-header lines; each region runs to the start of the next step (newlines included)."""
-  out = []
-  pos = 0
-  for line in text.splitlines(keepends=True):
-    body = line.strip()
-    if body and not _HEADER.match(body):
-      lead = len(line) - len(line.lstrip())
-      out.append((pos + lead, body))
-    pos += len(line)
-  return _tile(out, len(text))
+  """Lines that are not blank and not a header; a line's region ends after its newline."""
+  out, pos = [], 0
+  while pos < len(text):
+    nl = text.find("\n", pos)
+    end = len(text) if nl < 0 else nl + 1
+    start, _, body = _region(text, pos, end)
+    if body and not _HEADER.fullmatch(body):
+      out.append((start, end, body))
+    pos = end
+  return out
 
 
-def _tile(starts: list[tuple[int, str]], end: int) -> list[tuple[int, int, str]]:
-  return [(s, starts[i + 1][0] if i + 1 < len(starts) else end, body) for i, (s, body) in enumerate(starts)]
-
-
-def _think_bounds(text: str) -> tuple[int, int]:
-  """[start, end) of the thinking text: after <think> (if present), before </think> (if present)."""
-  open_at = text.find(THINK_OPEN)
-  start = open_at + len(THINK_OPEN) if open_at >= 0 else 0
-  close_at = text.find(THINK_CLOSE, start)
-  return start, close_at if close_at >= 0 else len(text)
+def _think_pieces(text: str) -> list[tuple[int, int, bool]]:
+  """(lo, hi, last) stretches of text the think tags leave for steps: each '<think>' discards the unfinished step
+  before it, the first '</think>' ends the last stretch, and nothing after it is a step."""
+  close = text.find(THINK_CLOSE)
+  hi = close if close >= 0 else len(text)
+  pieces, lo = [], 0
+  while (at := text.find(THINK_OPEN, lo, hi)) >= 0:
+    pieces.append((lo, at, False))
+    lo = at + len(THINK_OPEN)
+  return pieces + [(lo, hi, True)]
 
 
 def _is_sentence_end(text: str, i: int) -> bool:
-  ch = text[i]
-  if ch not in ".!?":
+  """text[i] is . ! or ? followed by whitespace, and a '.' does not close an abbreviation (e.g., etc.)."""
+  if text[i] not in SENTENCE_ENDS or i + 1 >= len(text) or text[i + 1] not in WHITESPACE:
     return False
-  nxt = text[i + 1] if i + 1 < len(text) else ""
-  if ch == "." and i > 0 and text[i - 1].isdigit() and nxt.isdigit():
-    return False  # 3.14
-  if nxt and not nxt.isspace():
-    return False  # "e.g.," or "a.b"
-  if ch == ".":
-    word = re.search(r"([A-Za-z.]+)$", text[:i])
-    if word and word.group(1).lower().rstrip(".") in _ABBREVIATIONS:
+  if text[i] == ".":
+    j = i
+    while j > 0 and text[j - 1] in _WORD_CHARS:  # the run of letters and dots before the '.'
+      j -= 1
+    if text[j:i].lower().rstrip(".") in ABBREVIATIONS:
       return False
   return True
 
 
 def sentence_regions(text: str, min_chars: int = 20) -> list[tuple[int, int, str]]:
-  """Sentences of the thinking text, split on . ! ? (not in decimals, not after abbreviations); a sentence shorter
-  than `min_chars` is merged into the previous one."""
-  lo, hi = _think_bounds(text)
-  starts = []
-  i, start = lo, lo
-  while i < hi:
-    if _is_sentence_end(text, i):
-      starts.append((start, i + 1))
-      start = i + 1
-    i += 1
-  if text[start:hi].strip():
-    starts.append((start, hi))
-  merged: list[list[int]] = []
-  for s, e in starts:
-    body = text[s:e].strip()
-    if not body:
-      continue
-    if merged and len(body) < min_chars:
-      merged[-1][1] = e
-    else:
-      merged.append([s, e])
-  if len(merged) > 1 and len(text[merged[0][0]:merged[0][1]].strip()) < min_chars:
-    merged[1][0] = merged[0][0]
-    merged.pop(0)
+  """Sentences of the thinking text. A sentence ends at . ! ? followed by whitespace (not in decimals like 3.14, not
+  after abbreviations); the step ends where the next sentence starts, but only once it holds at least `min_chars`
+  characters (counted up to there), so a short sentence joins the one after it. The rest before '</think>' (or the
+  end) is a last step."""
   out = []
-  for s, e in merged:
-    lead = len(text[s:e]) - len(text[s:e].lstrip())
-    out.append((s + lead, text[s:e].strip()))
-  return _tile(out, hi)
+  for lo, hi, last in _think_pieces(text):
+    start = _skip_space(text, lo, hi)
+    for i in range(start, hi):
+      if not _is_sentence_end(text, i):
+        continue
+      p = _skip_space(text, i + 1, len(text))  # the next sentence's first character; at `hi` that is a tag's '<'
+      if p < len(text) and p - start >= min_chars:
+        out.append((start, p, text[start:p].strip(WHITESPACE)))
+        start = p
+    if last and start < hi and text[start:hi].strip(WHITESPACE):
+      out.append(_region(text, start, hi))
+  return out
+
+
+def paragraph_regions(text: str) -> list[tuple[int, int, str]]:
+  """Paragraphs of the thinking text: each ends right after '.\\n\\n'; text after the last one is no step."""
+  out = []
+  for lo, hi, _ in _think_pieces(text):
+    pos = lo
+    while (at := text.find(PARAGRAPH_END, pos, hi)) >= 0:
+      out.append(_region(text, pos, at + len(PARAGRAPH_END)))
+      pos = at + len(PARAGRAPH_END)
+  return out
+
+
+def regex_literals(pattern: str) -> tuple[str, ...]:
+  """The literal strings a step pattern alternates ('\\n\\n|;' -> ('\\n\\n', ';')); ConfigError for anything that is
+  not an alternation of ASCII literals (a device stop rule must know a match has ended without reading further)."""
+  try:
+    re.compile(pattern)
+  except re.error as e:
+    raise ConfigError(f"step regex {pattern!r} is invalid: {e}") from e
+  control = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
+  out, cur, i = [], [], 0
+  while i < len(pattern):
+    ch = pattern[i]
+    if ch == "\\" and i + 1 < len(pattern):
+      nxt = pattern[i + 1]
+      if nxt in control:
+        cur.append(control[nxt])
+      elif nxt.isalnum():
+        raise ConfigError(f"step regex {pattern!r}: class \\{nxt} is not supported; steps split on an alternation of "
+                          "literal strings, e.g. r'\\n\\n|;'")
+      else:
+        cur.append(nxt)
+      i += 2
+      continue
+    if ch == "|":
+      out.append("".join(cur))
+      cur = []
+    elif ch in ".^$*+?{}[]()":
+      raise ConfigError(f"step regex {pattern!r}: {ch!r} is not supported; steps split on an alternation of literal "
+                        f"strings (escape it as '\\{ch}' to match it)")
+    else:
+      cur.append(ch)
+    i += 1
+  out.append("".join(cur))
+  if any(not lit for lit in out):
+    raise ConfigError(f"step regex {pattern!r} has an empty alternative")
+  if not all(lit.isascii() for lit in out):
+    raise ConfigError(f"step regex {pattern!r}: literals must be ASCII")
+  return tuple(out)
 
 
 def regex_regions(text: str, pattern: str) -> list[tuple[int, int, str]]:
-  """Steps end after each match of `pattern` (e.g. r"\\n\\n"); the rest after the last match is a final step."""
-  try:
-    rx = re.compile(pattern)
-  except re.error as e:
-    raise ConfigError(f"step regex {pattern!r} is invalid: {e}") from e
-  starts, start = [], 0
-  for m in rx.finditer(text):
-    if m.end() > start and text[start:m.end()].strip():
-      starts.append((start, text[start:m.end()].strip()))
-      start = m.end()
-  if text[start:].strip():
-    starts.append((start, text[start:].strip()))
-  return _tile(starts, len(text))
-
-
-# ------------------------------------------------------------------------------------------------ tokens
-
-
-def token_end_offsets(tokenizer, ids: Sequence[int]) -> tuple[str, list[int]]:
-  """The decoded text and, for each token, the character offset where it ends in that text.
-
-  Decodes growing prefixes, so it is exact for any tokenizer whose decoding of a prefix is a prefix of the whole
-  (byte-level BPE, SentencePiece); a token that completes a multi-byte character ends where the character does.
-  """
-  ids = list(ids)
-  full = tokenizer.decode(ids)
-  ends, prev = [], 0
-  for k in range(1, len(ids) + 1):
-    part = tokenizer.decode(ids[:k])
-    n = len(part)
-    if not full.startswith(part):  # an incomplete character or a decoder quirk: the common prefix
-      n = 0
-      while n < min(len(part), len(full)) and part[n] == full[n]:
-        n += 1
-    prev = max(prev, n)
-    ends.append(prev)
-  return full, ends
-
-
-def paragraph_spans_from_tokens(tokenizer, ids: Sequence[int]) -> list[Step]:
-  """Paragraph mode (SPAE, METHOD A1): a boundary is a token after which the decoded text ends with '.\\n\\n'
-  (a token whose own text ends so, or the token that completes a '.' + '\\n\\n' split over two), searched only
-  before </think>. Steps are the token runs between boundaries (the boundary token closes its step)."""
-  ids = list(ids)
-  text, ends = token_end_offsets(tokenizer, ids)
-  lo, limit = _think_bounds(text)
-  steps, start = [], 0
-  while start < len(ends) and ends[start] <= lo:  # '<think>' and anything before it belong to no step
-    start += 1
-  for j in range(start, len(ends)):
-    e = ends[j]
-    if e > limit:
-      break
-    if text[:e].endswith(PARAGRAPH_END) and (j == 0 or e > ends[j - 1]):
-      cs = max(ends[start - 1] if start > 0 else 0, lo)
-      body = text[cs:e].strip()
-      if body:
-        steps.append(Step(body, cs, e, start, j + 1))
-      start = j + 1
-  return steps
+  """A step ends at the earliest end of a match of the literal alternation `pattern` (e.g. r"\\n\\n"), once it holds
+  non-space text; matching resumes after each match. The rest after the last step is a final step."""
+  lits = regex_literals(pattern)
+  out, start, resume = [], 0, 0
+  for e in range(1, len(text) + 1):
+    if any(e - len(lit) >= resume and text.startswith(lit, e - len(lit)) for lit in lits):
+      resume = e
+      if text[start:e].strip(WHITESPACE):
+        out.append(_region(text, start, e))
+        start = e
+  if text[start:].strip(WHITESPACE):
+    out.append(_region(text, start, len(text)))
+  return out
 
 
 def segment(text: str, mode: str, *, min_chars: int = 20, pattern: str | None = None) -> list[tuple[int, int, str]]:
-  """Character regions (start, end, step text) of `text` in `mode` ('line', 'sentence', 'paragraph', 'regex')."""
+  """Character regions (body start, end, step text) of `text` in `mode` ('line', 'sentence', 'paragraph', 'regex').
+
+  This is the readable definition; `reprobe_jax.boundary` compiles the same rules into an automaton."""
   if mode == "line":
     return line_regions(text)
   if mode == "sentence":
     return sentence_regions(text, min_chars)
   if mode == "paragraph":
-    lo, hi = _think_bounds(text)
-    return [r for r in regex_regions(text[:hi], re.escape(PARAGRAPH_END)) if r[1] > lo]
+    return paragraph_regions(text)
   if mode == "regex":
     if not pattern:
       raise ConfigError("step mode 'regex' needs a pattern")
@@ -192,20 +205,282 @@ def segment(text: str, mode: str, *, min_chars: int = 20, pattern: str | None = 
   raise ConfigError(f"unknown step mode {mode!r}; known: {MODES}")
 
 
+# ------------------------------------------------------------------------------------------------ token bytes
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenBytes:
+  """The bytes each token id adds to the decoded text, and how the tokenizer's decoder joins them.
+
+  `byte_level` (GPT-2, Llama 3, Qwen, SmolLM2): every token is bytes and the text is their UTF-8 decoding, one U+FFFD
+  per maximal invalid subsequence. `pieces` (SentencePiece with byte fallback: Llama 2, Mistral, Gemma): a token is
+  text ('▁' read as a space) or, if `is_byte`, one byte `<0xXX>`; a run of byte tokens decodes as UTF-8 if it is
+  valid and as one U+FFFD per byte if not, and `strip` leading `strip_char`s of the whole text are dropped.
+  """
+
+  kind: str
+  pieces: tuple[bytes, ...]  # [V]
+  is_byte: tuple[bool, ...]  # [V]
+  strip: int = 0
+  strip_char: str = " "
+
+  def piece(self, t: int) -> tuple[bytes, bool]:
+    """(bytes, is_byte) of id t; an id outside the vocabulary adds nothing, as the tokenizer's decode skips it."""
+    return (self.pieces[t], self.is_byte[t]) if 0 <= t < len(self.pieces) else (b"", False)
+
+
+_TOKEN_BYTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BYTE_TOKEN = re.compile(r"<0x(\+[0-9A-Fa-f]|[0-9A-Fa-f]{2})>")
+
+
+def _gpt2_byte_chars() -> dict[str, int]:
+  """The printable character byte-level BPE vocabularies spell each byte with (GPT-2's table) -> that byte."""
+  keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+  out, extra = {chr(b): b for b in keep}, 0
+  for b in range(256):
+    if b not in keep:
+      out[chr(256 + extra)] = b
+      extra += 1
+  return out
+
+
+def _decoder_steps(tokenizer) -> list[dict]:
+  backend = getattr(tokenizer, "backend_tokenizer", None)
+  if backend is None:
+    raise ConfigError(f"{type(tokenizer).__name__}: step alignment needs a fast (Rust) tokenizer")
+  if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+    raise ConfigError(f"{type(tokenizer).__name__}: clean_up_tokenization_spaces=True rewrites the decoded text, so "
+                      "tokens no longer add fixed bytes to it; load the tokenizer with it set to False")
+  if backend.decoder is None:
+    return []
+  spec = json.loads(backend.decoder.__getstate__())
+  return spec["decoders"] if spec["type"] == "Sequence" else [spec]
+
+
+def _build_token_bytes(tokenizer) -> TokenBytes:
+  steps = _decoder_steps(tokenizer)
+  names = [n or "" for n in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))]
+  kinds = [s["type"] for s in steps]
+  if kinds == ["ByteLevel"]:
+    table = _gpt2_byte_chars()
+    pieces = tuple(bytes(table[c] for c in n) if all(c in table for c in n) else n.encode() for n in names)
+    return TokenBytes("byte_level", pieces, (False,) * len(pieces))
+  if not steps:  # no decoder: the tokens joined by single spaces
+    return TokenBytes("pieces", tuple((" " + n).encode() for n in names), (False,) * len(names), strip=1)
+  k = 0
+  while k < len(steps) and kinds[k] == "Replace" and "String" in steps[k]["pattern"]:
+    names = [n.replace(steps[k]["pattern"]["String"], steps[k]["content"]) for n in names]
+    k += 1
+  fallback = kinds[k:k + 1] == ["ByteFallback"]
+  k += fallback
+  strip = strip_char = None
+  if kinds[k:k + 1] == ["Fuse"]:  # tokens are joined anyway; Fuse only makes a later Strip act on the whole text
+    k += 1
+    if kinds[k:k + 1] == ["Strip"] and steps[k]["stop"] == 0 and len(steps[k]["content"]) == 1:
+      strip, strip_char, k = steps[k]["start"], steps[k]["content"], k + 1
+  if k != len(steps):
+    raise ConfigError(f"{type(tokenizer).__name__}: decoder {kinds} is not one step alignment models (ByteLevel, or "
+                      "Replace.. + ByteFallback + Fuse + Strip as SentencePiece conversions have)")
+  is_byte = tuple(bool(fallback and _BYTE_TOKEN.fullmatch(n)) for n in names)
+  pieces = tuple(bytes([int(n[3:5], 16)]) if b else n.encode() for n, b in zip(names, is_byte))
+  return TokenBytes("pieces", pieces, is_byte, strip or 0, strip_char or " ")
+
+
+def token_bytes(tokenizer) -> TokenBytes:
+  """The byte model of `tokenizer`'s vocabulary (built once per tokenizer, then cached), checked against its own
+  decoding of a sample of single tokens."""
+  if tokenizer in _TOKEN_BYTES and len(_TOKEN_BYTES[tokenizer].pieces) == len(tokenizer):  # no tokens added since
+    return _TOKEN_BYTES[tokenizer]
+  tb = _build_token_bytes(tokenizer)
+  n = len(tb.pieces)
+  sample = sorted(set(range(0, n, max(1, n // 512))) | set(getattr(tokenizer, "added_tokens_decoder", {})))
+  sample = [i for i in sample if i < n]
+  for i, got in zip(sample, tokenizer.batch_decode([[i] for i in sample])):
+    want = _decode(tb, [i])[0]
+    if got != want:
+      raise ConfigError(f"{type(tokenizer).__name__}: token {i} decodes to {got!r}, but its byte model gives "
+                        f"{want!r}; this decoder is not one step alignment supports")
+  _TOKEN_BYTES[tokenizer] = tb
+  return tb
+
+
+# ------------------------------------------------------------------------------------------------ exact offsets
+# For each prefix ids[:k+1], the old definition decoded the prefix and took its longest common prefix with the whole
+# text. Decoders are local, so a prefix's text is the whole text's first c characters plus a short tail that differs
+# (a U+FFFD for a character still incomplete, or a byte run read differently); c follows from one pass.
+
+
+def _byte_level_ends(segs: list[bytes]) -> tuple[str, list[int]]:
+  """Byte-level BPE: the text is the UTF-8 reading of all the bytes; a prefix's, of its bytes."""
+  dec = codecs.getincrementaldecoder("utf-8")("replace")
+  parts, marks, n = [], [], 0
+  for data in segs:
+    parts.append(dec.decode(data))
+    n += len(parts[-1])
+    marks.append((n, dec.getstate()[0]))
+  text = "".join(parts) + dec.decode(b"", final=True)
+  ends, prev = [], 0
+  for c, pending in marks:  # bytes of a character not yet complete: the prefix reads them as U+FFFD
+    tail = pending.decode("utf-8", "replace")
+    prev = max(prev, c + _common(tail, text, c))
+    ends.append(prev)
+  return text, ends
+
+
+def _common(a: str, b: str, at: int) -> int:
+  """Length of the common prefix of `a` and b[at:]."""
+  n = 0
+  while n < len(a) and at + n < len(b) and a[n] == b[at + n]:
+    n += 1
+  return n
+
+
+def _run_prefixes(run: bytes) -> list[tuple[bool, str]]:
+  """For each prefix run[:m] (m = 1..len): whether it is complete, valid UTF-8, and its text if so."""
+  dec = codecs.getincrementaldecoder("utf-8")("strict")
+  out, chars, ok = [], [], True
+  for b in run:
+    if ok:
+      try:
+        chars.append(dec.decode(bytes([b])))
+      except UnicodeDecodeError:
+        ok = False
+    out.append((ok and not dec.getstate()[0], "".join(chars) if ok and not dec.getstate()[0] else ""))
+  return out
+
+
+def _pieces_ends(tb: TokenBytes, segs: list[tuple[bytes, bool]]) -> tuple[str, list[int]]:
+  """SentencePiece-style: text pieces as they are, byte runs as UTF-8 or one U+FFFD per byte, then the strip."""
+  parts, spans, n, i = [], [], 0, 0  # spans: per piece (chars before its byte run, the run or None, bytes into it)
+  while i < len(segs):
+    if not segs[i][1]:
+      parts.append(segs[i][0].decode())
+      n += len(parts[-1])
+      spans.append((n, None, 0))
+      i += 1
+      continue
+    j = i
+    while j < len(segs) and segs[j][1]:
+      j += 1
+    run = b"".join(s for s, _ in segs[i:j])
+    valid = _valid(run)
+    whole = run.decode() if valid else "\ufffd" * len(run)
+    info = (run, whole, valid, _run_prefixes(run))
+    spans += [(n, info, m) for m in range(1, j - i + 1)]
+    parts.append(whole)
+    n += len(whole)
+    i = j
+  raw = "".join(parts)
+  fffd = [0] * (len(raw) + 1)  # length of the U+FFFD run starting at each character
+  for k in range(len(raw) - 1, -1, -1):
+    fffd[k] = fffd[k + 1] + 1 if raw[k] == "\ufffd" else 0
+  lead = 0
+  while lead < min(tb.strip, len(raw)) and raw[lead] == tb.strip_char:
+    lead += 1
+  ends, prev = [], 0
+  for base, info, m in spans:
+    c, tail = base, ""
+    if info is not None:
+      run, whole, valid, prefixes = info
+      ok, x = prefixes[m - 1]
+      if m == len(run) or (valid and ok):  # a prefix of the run's own text
+        c = base + (len(whole) if m == len(run) else len(x))
+      elif valid:  # the prefix reads as m U+FFFD, the whole run as text
+        c = base + min(m, fffd[base])
+        tail = "\ufffd" * (base + m - c)
+      elif ok:  # the prefix reads as text, the whole run as one U+FFFD per byte
+        c = base + len(x) - len(x.lstrip("\ufffd"))
+        tail = x[c - base:]
+      else:
+        c = base + m
+    if c > lead or (lead == tb.strip and c >= lead):
+      e = c - lead
+    else:  # the prefix may strip other leading characters than the whole text does: compare the texts
+      pre = raw[:c] + tail
+      s = 0
+      while s < min(tb.strip, len(pre)) and pre[s] == tb.strip_char:
+        s += 1
+      e = _common(pre[s:], raw, lead)
+    prev = max(prev, e)
+    ends.append(prev)
+  return raw[lead:], ends
+
+
+def _valid(data: bytes) -> bool:
+  try:
+    data.decode()
+  except UnicodeDecodeError:
+    return False
+  return True
+
+
+def _pieces(tb: TokenBytes, ids: Sequence[int], cuts: Sequence[int]) -> tuple[list[tuple[bytes, bool]], list[int]]:
+  """The tokens' (bytes, is_byte), split at the sorted byte offsets `cuts`, and the byte offset each piece ends at."""
+  segs, at, pos, ci = [], [], 0, 0
+  for t in ids:
+    data, is_byte = tb.piece(t)
+    lo = 0
+    while ci < len(cuts) and cuts[ci] < pos + len(data):
+      if cuts[ci] > pos + lo:
+        segs.append((data[lo:cuts[ci] - pos], is_byte))
+        at.append(cuts[ci])
+        lo = cuts[ci] - pos
+      ci += 1
+    pos += len(data)
+    segs.append((data[lo:], is_byte))
+    at.append(pos)
+  return segs, at
+
+
+def _decode(tb: TokenBytes, ids: Sequence[int], cuts: Sequence[int] = ()) -> tuple[str, list[int], list[int]]:
+  """(text, ends, byte ends) of `ids`, split at `cuts`: the decoded text, and per piece the character offset where it
+  ends by the prefix-decoding definition and the byte offset where it ends. O(n)."""
+  segs, at = _pieces(tb, ids, cuts)
+  if tb.kind == "byte_level":
+    return (*_byte_level_ends([s for s, _ in segs]), at)
+  return (*_pieces_ends(tb, segs), at)
+
+
+def char_offsets(tb: TokenBytes, ids: Sequence[int], positions: Sequence[int]) -> tuple[str, list[int]]:
+  """(text, character offsets of the byte `positions`); a position on a character boundary gets its exact offset."""
+  text, ends, at = _decode(tb, ids, sorted(set(positions)))
+  char_at = {0: 0, **dict(zip(at, ends))}
+  return text, [char_at[p] for p in positions]
+
+
+def token_end_offsets(tokenizer, ids: Sequence[int]) -> tuple[str, list[int]]:
+  """The decoded text and, for each token, the character offset where it ends in that text.
+
+  Equal to decoding every prefix and taking its common prefix with the whole text (a token that completes a
+  multi-byte character ends where the character does), but computed in one pass from `token_bytes`."""
+  ids = [int(i) for i in ids]
+  text, ends, _ = _decode(token_bytes(tokenizer), ids)
+  check_text(tokenizer, ids, text)
+  return text, ends
+
+
+def check_text(tokenizer, ids: Sequence[int], text: str) -> None:
+  """ConfigError unless `tokenizer` decodes `ids` to `text` (what its byte model gave): one decode, O(n)."""
+  full = tokenizer.decode(ids)
+  if text != full:
+    k = next((i for i, (a, b) in enumerate(zip(text, full)) if a != b), min(len(text), len(full)))
+    raise ConfigError(f"{type(tokenizer).__name__} decodes these ids to {full[max(0, k - 20):k + 20]!r} at char {k}, "
+                      f"but its byte model gives {text[max(0, k - 20):k + 20]!r}")
+
+
+def byte_ends(tb: TokenBytes, ids: Sequence[int]) -> list[int]:
+  """[n] the byte offset where each token ends in the concatenated token bytes."""
+  out, pos = [], 0
+  for t in ids:
+    pos += len(tb.piece(t)[0])
+    out.append(pos)
+  return out
+
+
 def align(tokenizer, ids: Sequence[int], mode: str, *, min_chars: int = 20, pattern: str | None = None,
           offset: int = 0) -> list[Step]:
   """Steps of the response token ids `ids` with exact token spans; `offset` shifts spans (e.g. by the prompt length)
-  so they index the full sequence. Paragraph mode uses the token-level boundary rule of METHOD A1."""
-  if mode == "paragraph":
-    steps = paragraph_spans_from_tokens(tokenizer, ids)
-  else:
-    text, ends = token_end_offsets(tokenizer, ids)
-    steps = []
-    for cs, ce, body in segment(text, mode, min_chars=min_chars, pattern=pattern):
-      members = [j for j, e in enumerate(ends) if cs < e <= ce]
-      if members:
-        steps.append(Step(body, cs, ce, members[0], members[-1] + 1))
-      else:
-        steps.append(Step(body, cs, ce, 0, 0))  # no token ends here: an empty span (label it NaN)
-  return [dataclasses.replace(s, start=s.start + offset, end=s.end + offset) if s.end > s.start else s
-          for s in steps]
+  so they index the full sequence. Runs the same automaton as the sampler's stop rule (`reprobe_jax.boundary`)."""
+  from reprobe_jax.boundary import StepBoundary  # boundary builds on this module
+  return StepBoundary(mode, pattern=pattern, min_chars=min_chars).align(tokenizer, ids, offset=offset)
+

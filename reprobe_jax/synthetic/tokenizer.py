@@ -11,8 +11,9 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
+
 PAD, BOS, IM_START, IM_END = "<|pad|>", "<|bos|>", "<|im_start|>", "<|im_end|>"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SPECIAL = [PAD, BOS, IM_START, IM_END]
 
 CHAT_TEMPLATE = (

@@ -1,0 +1,211 @@
+"""The step boundary (METHOD A1): the device stop rule `advance`, run under jit over token ids, stops exactly where
+`StepBoundary.align` ends spans, and those spans are the character-level regions of `steps.segment`; on byte-level
+BPE, SentencePiece-style and SmolLM2 tokenizers, on sampled-like texts and on random ids."""
+
+from __future__ import annotations
+
+import bisect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_steps import CORPUS, LINE, PROSE, THINK, TOKENIZERS, get_tokenizer
+
+from reprobe_jax import steps as S
+from reprobe_jax.boundary import ENDS_AFTER, ENDS_BEFORE, StepBoundary, advance, initial_state
+from reprobe_jax.errors import ConfigError
+
+BOUNDARIES = [StepBoundary("line"), StepBoundary("sentence"), StepBoundary("sentence", min_chars=0),
+              StepBoundary("paragraph"), StepBoundary("regex", pattern=r";|\n\n")]
+FRAGMENTS = ["- Step 1: 2 + 3 = 5", "Solution:", "Steps :", "The value is 3.14", " e.g. here", " etc.", " Dr. No",
+             "Ok.", " Yes!", "Why?", " ", "  ", "\n", "\n\n", ".\n\n", ". ", "\t", "<think>", "</think>", " é",
+             "日本", "x", ";", " z."]
+TRACES = 0
+
+
+@jax.jit
+def device_ends(table, ids):
+  """[B, T] ends codes of `advance` over the rows of ids [B, T], one token at a time, as a sampler runs it."""
+  global TRACES
+  TRACES += 1
+
+  def step(state, tok):
+    return advance(table, state, tok)
+
+  _, ends = jax.lax.scan(step, initial_state(table, ids.shape[0]), ids.T)
+  return ends.T
+
+
+def device_ends_of(table, ids) -> np.ndarray:
+  """[T] ends codes of one row, padded to a power of two so that few shapes compile (the padding comes after)."""
+  width = 1 << max(6, (len(ids) - 1).bit_length())
+  return np.asarray(device_ends(table, jnp.asarray([list(ids) + [0] * (width - len(ids))], jnp.int32)))[0, :len(ids)]
+
+
+def stops(codes) -> set[int]:
+  """Span ends the sampler's stops claim: before the token (ENDS_BEFORE) or after it (ENDS_AFTER)."""
+  return {t for t, c in enumerate(codes) if c & ENDS_BEFORE} | {t + 1 for t, c in enumerate(codes) if c & ENDS_AFTER}
+
+
+def check_stops_are_span_ends(steps, codes):
+  ends = [s.end for s in steps]
+  assert stops(codes) <= set(ends), (stops(codes), ends)
+  assert set(ends[:-1]) <= stops(codes), (stops(codes), ends)
+
+
+def reference_spans(tok, ids, boundary):
+  """Spans of `steps.segment`'s regions: a token is in the step whose (body start, end] holds its last byte; in
+  paragraph mode the token holding a boundary's last byte closes the step. Needs text that is valid UTF-8."""
+  tb = S.token_bytes(tok)
+  text = tok.decode(ids)
+  bends = S.byte_ends(tb, ids)
+  lead = (bends[-1] if bends else 0) - len(text.encode())  # leading spaces the decoder strips
+  to_byte = lambda c: lead + len(text[:c].encode())
+  out = []
+  for cs, ce, body in S.segment(text, boundary.mode, min_chars=boundary.min_chars, pattern=boundary.pattern):
+    if boundary.mode != "paragraph":
+      out.append((bisect.bisect_right(bends, to_byte(cs)), bisect.bisect_right(bends, to_byte(ce)), body))
+      continue
+    end = bisect.bisect_left(bends, to_byte(ce)) + 1
+    if out and out[-1][1] == end:
+      continue  # two boundaries in one token: one step
+    out.append((max(out[-1][1] if out else 0, bisect.bisect_right(bends, to_byte(cs))), end, body))
+  return [(s if s < e else e, e, body) for s, e, body in out]
+
+
+def tokenise_in_pieces(tok, text, cuts):
+  """Tokenise text cut at `cuts` piece by piece, as a sampler may produce tokens no tokenizer would."""
+  cuts = sorted(set(c for c in cuts if 0 < c < len(text)))
+  pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+  return [i for p in pieces if p for i in tok(p, add_special_tokens=False)["input_ids"]]
+
+
+texts = st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=30).map("".join)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@settings(max_examples=25, deadline=None)
+@given(text=texts, cuts=st.lists(st.integers(0, 400), max_size=8))
+def test_spans_are_the_character_regions(name, text, cuts):
+  tok = get_tokenizer(name)
+  ids = tokenise_in_pieces(tok, text, cuts)
+  for boundary in BOUNDARIES:
+    steps = boundary.align(tok, ids)
+    want = reference_spans(tok, ids, boundary)
+    assert [(s.start, s.end) for s in steps] == [(a, b) for a, b, _ in want], boundary
+    if boundary.mode != "paragraph":  # there a step's text runs to the end of the token that closes it
+      assert [s.text for s in steps] == [body for _, _, body in want], boundary
+    check_stops_are_span_ends(steps, device_ends_of(boundary.compile(tok), ids))
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_device_stops_are_span_ends_on_random_ids(name, data):
+  """Rows of 40 tokens, each from sampled-like text or any id at all (broken UTF-8, special tokens, byte runs)."""
+  tok = get_tokenizer(name)
+  common = sorted({i for t in CORPUS[:5] for i in tok(t, add_special_tokens=False)["input_ids"]})
+  token = st.one_of(st.sampled_from(common), st.integers(0, len(tok) - 1))
+  rows = data.draw(st.lists(st.lists(token, min_size=40, max_size=40), min_size=4, max_size=4))
+  for boundary in BOUNDARIES:
+    codes = np.asarray(device_ends(boundary.compile(tok), jnp.asarray(rows, jnp.int32)))
+    for row, row_codes in zip(rows, codes):
+      steps = boundary.align(tok, row)
+      check_stops_are_span_ends(steps, row_codes)
+      cut = data.draw(st.integers(1, len(row)))  # the host alignment is causal too: a prefix keeps earlier steps
+      prefix = [(s.start, s.end) for s in boundary.align(tok, row[:cut])]
+      assert prefix[:-1] == [(s.start, s.end) for s in steps][:max(len(prefix) - 1, 0)]
+
+
+def test_stop_codes_on_sampled_texts(tok):
+  """Every fixed text: the device stops where the spans end, and where METHOD A1 says."""
+  for text, boundary, n_steps in [(LINE, StepBoundary("line"), 4), (THINK, StepBoundary("paragraph"), 3),
+                                  (PROSE, StepBoundary("sentence"), 3)]:
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    steps = boundary.align(tok, ids)
+    codes = device_ends_of(boundary.compile(tok), ids)
+    assert len(steps) == n_steps
+    check_stops_are_span_ends(steps, codes)
+    assert len(stops(codes)) == n_steps - (boundary.mode != "paragraph")  # the last line / sentence needs no stop
+
+
+def test_a_split_paragraph_end_and_a_sentence_start(bpe):
+  piece = lambda p: bpe(p, add_special_tokens=False)["input_ids"]
+  ids = piece("First, 1 + 1 = 2") + piece(".") + piece("\n\n") + piece("Next, 2 + 2 = 4.\n\n")
+  codes = device_ends_of(StepBoundary("paragraph").compile(bpe), ids)
+  k = len(piece("First, 1 + 1 = 2"))
+  assert codes[k] == 0 and codes[k + 1] == ENDS_AFTER and codes[-1] == ENDS_AFTER and stops(codes) == {k + 2, len(ids)}
+  ids = piece("The value is surely fine here.") + piece(" Then") + piece(" more.")
+  codes = device_ends_of(StepBoundary("sentence").compile(bpe), ids)
+  j = len(piece("The value is surely fine here."))
+  assert codes[j] == ENDS_BEFORE and stops(codes) == {j}  # " Then" shows the sentence ended; it opens the next
+
+
+def test_nothing_stops_after_think_close(bpe):
+  close = bpe.convert_tokens_to_ids("</think>")
+  rng = np.random.default_rng(0)
+  rows = np.concatenate([rng.integers(0, len(bpe), (8, 5)), np.full((8, 1), close), rng.integers(0, len(bpe), (8, 40))],
+                        axis=1)
+  for boundary in (StepBoundary("paragraph"), StepBoundary("sentence", min_chars=0)):
+    codes = np.asarray(device_ends(boundary.compile(bpe), jnp.asarray(rows, jnp.int32)))
+    assert not codes[:, 6:].any()
+
+
+def test_tokens_holding_several_sentence_ends():
+  """A vocabulary with tokens like 'Ok. Yes! No?' (one token may open several gates) and no decoder (tokens joined
+  by spaces): stops, spans and character regions agree for every min_chars."""
+  from tokenizers import Tokenizer, models
+  from transformers import PreTrainedTokenizerFast
+  words = ["<unk>", "x", "yy", "a.", "Ok. Yes! No?", ". . .", "e.g.", "etc. x. y", "\n", "<think>", "</think>", "Zz."]
+  tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)},
+                                                                            unk_token="<unk>")))
+  rows = np.random.default_rng(1).integers(1, len(words), (32, 30))
+  for m in (0, 2, 6, 12, 30):
+    boundary = StepBoundary("sentence", min_chars=m)
+    table = boundary.compile(tok)
+    codes = np.asarray(device_ends(table, jnp.asarray(rows, jnp.int32)))
+    for row, row_codes in zip(rows.tolist(), codes):
+      steps = boundary.align(tok, row)
+      check_stops_are_span_ends(steps, row_codes)
+      assert [(s.start, s.end, s.text) for s in steps] == reference_spans(tok, row, boundary)
+  assert table.gate_at.shape[-1] >= 2
+
+
+def test_tables_of_the_same_shape_compile_once_and_unknown_ids_stay_put(bpe):
+  ids = jnp.asarray([bpe(LINE, add_special_tokens=False)["input_ids"][:12]], jnp.int32)
+  line, paragraph = StepBoundary("line").compile(bpe, 512), StepBoundary("paragraph").compile(bpe, 512)
+  assert line.transitions.shape == paragraph.transitions.shape == (32, 512)
+  assert StepBoundary("line").compile(bpe, 512) is line  # cached per tokenizer
+  device_ends(line, ids)
+  before = TRACES
+  device_ends(paragraph, ids)
+  assert TRACES == before
+  extra = np.asarray(line.transitions)[:, len(bpe):]
+  assert (extra == np.arange(32)[:, None]).all() and not np.asarray(line.ends)[:, len(bpe):].any()
+  padded = list(np.asarray(ids)[0]) + [len(bpe) + 3]  # the host skips such ids too, as the tokenizer's decode does
+  texts = lambda steps: [(s.text, s.char_start, s.char_end) for s in steps]
+  assert texts(StepBoundary("line").align(bpe, padded)) == texts(StepBoundary("line").align(bpe, padded[:-1]))
+
+
+def test_boundary_errors():
+  with pytest.raises(ConfigError, match="unknown step mode"):
+    StepBoundary("words")
+  with pytest.raises(ConfigError, match="needs a pattern"):
+    StepBoundary("regex")
+  with pytest.raises(ConfigError, match="not supported"):
+    StepBoundary("regex", pattern=r"\n+")
+  with pytest.raises(ConfigError, match="min_chars"):
+    StepBoundary("sentence", min_chars=-1)
+
+
+@pytest.fixture(scope="module")
+def bpe():
+  return get_tokenizer("bpe")
+
+
+@pytest.fixture(params=TOKENIZERS)
+def tok(request):
+  return get_tokenizer(request.param)
