@@ -286,6 +286,14 @@ class StopTable(struct.PyTreeNode):
   def num_states(self) -> int:
     return self.transitions.shape[0]
 
+  @property
+  def vocab_size(self) -> int:
+    return self.transitions.shape[1]
+
+  def advance(self, state, tok):
+    """`advance(self, state, tok)`: the interface the sampler's decode loop calls."""
+    return advance(self, state, tok)
+
 
 def initial_state(table: StopTable, batch: int) -> jax.Array:
   """[B] int32: every row at the start of a response (automaton state 0, nothing counted)."""

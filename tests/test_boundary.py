@@ -209,3 +209,77 @@ def bpe():
 @pytest.fixture(params=TOKENIZERS)
 def tok(request):
   return get_tokenizer(request.param)
+
+
+def _unigram_model(tok, favoured, seed: int):
+  """A random decoder that samples (nearly) independently from the `favoured` tokens: attention and MLP outputs are
+  zero, so the final state is the token's embedding, whose dimension 0 is a constant 1 that the output head reads."""
+  import jax
+
+  from reprobe_jax.models import LanguageModel, ModelConfig
+  v = len(tok)
+  cfg = ModelConfig(family="llama", vocab_size=v, hidden_size=16, intermediate_size=16, num_layers=1, num_heads=2,
+                    num_kv_heads=1, head_dim=8, tie_word_embeddings=False, max_position_embeddings=512,
+                    eos_token_ids=(0,), pad_token_id=0)  # id 0 is not favoured: rows mostly run to their budget
+  lm = LanguageModel.random(cfg, seed=seed, tokenizer=tok)
+  rng = np.random.default_rng(seed)
+  head = np.zeros((16, v), np.float32)
+  head[0, favoured] = 2.0 + 0.3 * rng.standard_normal(len(favoured))
+  marks = [i for i in favoured if any(c in tok.decode([i]) for c in ".!?\n")]  # sampled more often: more step ends
+  head[0, marks] += 0.8
+  emb = 0.05 * rng.standard_normal((v, 16)).astype(np.float32)
+  emb[:, 0] = 1.0
+
+  def patch(path, x):
+    name = jax.tree_util.keystr(path)
+    if "o_proj" in name or "down_proj" in name:
+      return np.zeros_like(x)
+    if "embed_tokens" in name:
+      return emb
+    if "lm_head" in name:
+      return head
+    if name.endswith("norm']['scale']") or ("norm" in name and "layers" not in name):
+      return np.eye(1, 16, 0, dtype=np.float32)[0]
+    return x
+
+  lm.params = jax.tree_util.tree_map_with_path(lambda p, x: jax.numpy.asarray(patch(p, x)), lm.params)
+  return lm
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@pytest.mark.parametrize("mode", ["line", "sentence", "paragraph"])
+def test_sampler_stops_are_the_aligned_step_ends(name, mode):
+  """The sampler, decoding with a StepBoundary and resuming after each stop, pauses exactly at the span ends that
+  `StepBoundary.align` finds in the finished response (every one but the last), on byte-level BPE,
+  SentencePiece-style and SmolLM2's tokenizer. Its newest-step span starts where the previous step ended, so it also
+  holds the blank or header tokens that `align` leaves out between steps."""
+  from reprobe_jax.models import SamplingParams
+  tok = get_tokenizer(name)
+  favoured = sorted({i for text in CORPUS[:5] for i in tok(text, add_special_tokens=False)["input_ids"]
+                     if "think>" not in tok.decode([i])})  # a sampled '</think>' would end every step
+  lm = _unigram_model(tok, favoured, seed=len(name) + len(mode))
+  boundary = StepBoundary(mode)
+  smp = lm.sampler(SamplingParams(1.0), stop=boundary)
+  rows_n = 8
+  state = smp.prefill([favoured[:4]], max_new_tokens=128, n=rows_n, seed=1)
+  paused = [[] for _ in range(rows_n)]
+  for _ in range(200):
+    state = smp.decode(state)
+    rows = smp.read(state)
+    if all(r.finish_reason != "stop" for r in rows[:rows_n]):
+      break
+    for r, row in enumerate(rows[:rows_n]):
+      if row.finish_reason == "stop":
+        paused[r].append((row.step_start, row.step_end))
+    state = smp.resume(state)
+  rows = smp.read(state)
+  total = 0
+  for r, row in enumerate(rows[:rows_n]):
+    steps = boundary.align(tok, row.tokens)
+    ends = [s.end for s in steps]
+    assert [e for _, e in paused[r]] == ends[:len(paused[r])], (r, paused[r], ends)
+    assert len(paused[r]) >= len(ends) - 1, "a span end before the last was not a stop"
+    for k, (start, end) in enumerate(paused[r]):  # each paused span covers its aligned step and starts at the last end
+      assert start == (paused[r][k - 1][1] if k else 0) and start <= steps[k].start
+    total += len(paused[r])
+  assert total >= 4, f"too few boundaries were sampled ({total}) for the test to mean anything"

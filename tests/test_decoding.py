@@ -156,3 +156,23 @@ def test_new_prompts_and_new_boundaries_in_the_same_buckets_compile_nothing(lm, 
   before = compile_counter.count
   run(["\n\n", "a.\n"], 1)
   assert compile_counter.count == before, f"{compile_counter.count - before} compilations on a same-bucket round"
+
+
+def test_rows_fill_their_caches_only_with_their_own_tokens(lm):
+  """A row that waits (finished, paused) while others decode takes no cache slots: each row writes at its own
+  slot, so a cache sized for the longest row's budget holds every row to its budget."""
+  smp = lm.sampler(SamplingParams(1.0))
+  plen = 16
+  cache = KVCache.zeros(lm.config, 2, plen + 12)
+  ids = np.zeros((2, plen), np.int32)
+  mask = np.zeros((2, plen), np.int32)
+  ids[:, -3:], mask[:, -3:] = [1, 5, 6], 1
+  state = decoding.prefill(lm.static_graph, lm.params, cache, ids, mask, np.array([2, 12]), jax.random.key(1),
+                           buffer_len=16)
+  state = smp.decode(state)
+  rows = smp.read(state)
+  assert [len(r.tokens) for r in rows] == [2, 12] or "eos" in [r.finish_reason for r in rows]
+  assert "cache_full" not in [r.finish_reason for r in rows]
+  held = np.asarray(state.cache.index)
+  for r, row in enumerate(rows):  # the prompt block, then one slot per fed token (the last token is never fed)
+    assert held[r] == plen + len(row.tokens) - 1

@@ -37,24 +37,28 @@ FINISH_LENGTH, FINISH_EOS, FINISH_STOP, FINISH_CACHE_FULL = 0, 1, 2, 3
 FINISH_NAMES = {FINISH_LENGTH: "length", FINISH_EOS: "eos", FINISH_STOP: "stop", FINISH_CACHE_FULL: "cache_full"}
 
 
+ENDS_BEFORE, ENDS_AFTER = 1, 2  # a stop rule's codes: the step ended before / after the token (reprobe_jax.boundary)
+
+
 @struct.dataclass
 class StopRule:
-  """A token-level automaton for step boundaries: after token t in state q the row moves to transitions[q, t] and
-  its step ends if fires[q, t]. Q = 1 with fires[0] = a per-token mask is the plain "token text ends with a
-  delimiter" rule; `reprobe_jax.steps` compiles exact multi-token boundaries into the same two tables."""
+  """The plain rule "a token whose own text ends with a delimiter ends a step" (`LanguageModel.stop_token_mask`).
+  Exact multi-token boundaries (a '.' and a '\n\n' in two tokens, sentence ends seen only at the next word) are
+  `reprobe_jax.boundary.StepBoundary(...).compile(tokenizer)`, a `StopTable` with the same `advance` interface:
+  (state [B] int32, tok [B] int32) -> (state [B], ends [B] int32 of ENDS_BEFORE | ENDS_AFTER)."""
 
-  transitions: jax.Array  # [Q, V] int32
-  fires: jax.Array  # [Q, V] bool
-  initial: jax.Array  # [] int32
+  fires: jax.Array  # [V] bool
 
   @classmethod
   def from_mask(cls, mask) -> "StopRule":
-    mask = jnp.asarray(mask, bool)[None]  # [1, V]
-    return cls(transitions=jnp.zeros(mask.shape, jnp.int32), fires=mask, initial=jnp.zeros((), jnp.int32))
+    return cls(fires=jnp.asarray(mask, bool))
+
+  @property
+  def vocab_size(self) -> int:
+    return self.fires.shape[-1]
 
   def advance(self, state, tok):
-    """state [B] int32, tok [B] int32 -> (new state [B], step ended [B] bool)."""
-    return self.transitions[state, tok], self.fires[state, tok]
+    return state, jnp.where(self.fires[tok], ENDS_AFTER, 0).astype(jnp.int32)
 
 
 @struct.dataclass
@@ -70,7 +74,9 @@ class DecodeState:
   #                  'token_entropy', 'token_self_certainty': [B, N]}, zero past the length
   slots: jax.Array  # [B, N] int32: the cache slot holding response token i's keys (-1 until it is fed)
   lengths: jax.Array  # [B] int32 response tokens so far
-  step_start: jax.Array  # [B] int32: the newest step is tokens [step_start, lengths)
+  step_start: jax.Array  # [B] int32: the newest step is tokens [step_start, step_end) once the row paused/ended
+  step_end: jax.Array  # [B] int32 (a step that ended *before* the last token leaves that token to the next step)
+  again: jax.Array  # [B] bool: the last token also closed a step of its own; resume pauses once more for it
   budget: jax.Array  # [B] int32: the most response tokens a row may have
   done: jax.Array  # [B] bool
   finish: jax.Array  # [B] int32 finish code (meaningful where done)
@@ -129,7 +135,8 @@ def prefill(graphdef, params, cache: KVCache, input_ids, attention_mask, budget,
   buffer_len: N, the response tokens a row can hold; budget [B]: per-row token budget (<= N; 0 makes a row start
   finished, e.g. batch padding).
   """
-  logits, captured, cache = extend(graphdef, params, cache, input_ids, attention_mask, capture=capture, shard=shard)
+  logits, captured, cache = extend(graphdef, params, cache, input_ids, attention_mask, capture=capture, shard=shard,
+                                   lockstep=True)
   return _fresh_state(cache, logits[:, -1], _last(captured), budget, rng, buffer_len, capture)
 
 
@@ -142,13 +149,14 @@ def _fresh_state(cache, logits, pending, budget, rng, buffer_len, capture):
       tokens=jnp.zeros((b, buffer_len), jnp.int32), logprobs=jnp.zeros((b, buffer_len), jnp.float32),
       features=_feature_buffers(feats0, b, buffer_len), slots=jnp.full((b, buffer_len), -1, jnp.int32),
       lengths=jnp.zeros((b,), jnp.int32),
-      step_start=jnp.zeros((b,), jnp.int32), budget=budget, done=budget <= 0,
+      step_start=jnp.zeros((b,), jnp.int32), step_end=jnp.zeros((b,), jnp.int32), again=jnp.zeros((b,), bool),
+      budget=budget, done=budget <= 0,
       finish=jnp.full((b,), FINISH_LENGTH, jnp.int32), stop_state=jnp.zeros((b,), jnp.int32), rng=rng)
 
 
-def start_rule(state: DecodeState, rule: StopRule) -> DecodeState:
-  """Puts every row's stop automaton in the rule's initial state (call before the first `decode` with a rule)."""
-  return state.replace(stop_state=jnp.full_like(state.stop_state, rule.initial))
+def start_rule(state: DecodeState) -> DecodeState:
+  """Puts every row's stop automaton in its initial state (0, for every rule): the start of a response."""
+  return state.replace(stop_state=jnp.zeros_like(state.stop_state))
 
 
 def _write(buf, rows_pos, value, ok):
@@ -183,10 +191,10 @@ def decode(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, tempe
     logprobs = _write(s.logprobs, s.lengths, tok_logp, live)
     bufs = {k: _write(v, s.lengths, feats[k], live) for k, v in s.features.items()}
     lengths = s.lengths + live.astype(jnp.int32)
-    new_q, fired = rule.advance(s.stop_state, tok)
+    new_q, ends = rule.advance(s.stop_state, tok)
     stop_state = jnp.where(live, new_q, s.stop_state)
     is_eos = live & eos_mask[tok]
-    is_stop = live & ~is_eos & fired
+    is_stop = live & ~is_eos & (ends != 0)
     is_len = live & ~is_eos & ~is_stop & (lengths >= s.budget)
     still = live & ~is_eos & ~is_stop & ~is_len
     room = s.cache.index < s.cache.size
@@ -196,19 +204,26 @@ def decode(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, tempe
     finish = jnp.where(is_len, FINISH_LENGTH, finish)
     finish = jnp.where((still | is_stop) & ~room, FINISH_CACHE_FULL, finish)
     done = s.done | ~still | ~room
+    ended = live & done
+    # Where the newest step ends: after this token, or before it (the token opens the next step); a row that ends
+    # on EOS, its budget or the cache closes its step at its length.
+    before = is_stop & ((ends & ENDS_BEFORE) != 0)
+    step_end = jnp.where(ended, jnp.where(before, s.lengths, lengths), s.step_end)
+    again = jnp.where(ended, before & ((ends & ENDS_AFTER) != 0), s.again)
 
     def step(cache):
       lg, capt, cache = extend(graphdef, params, cache, tok[:, None], feed[:, None], capture=capture, shard=shard)
       return lg[:, -1], _last(capt), cache
 
-    slots = _write(s.slots, s.lengths, jnp.broadcast_to(s.cache.index, (s.batch,)), feed)
+    slots = _write(s.slots, s.lengths, s.cache.index, feed)
     new_logits, new_pending, cache = jax.lax.cond(jnp.any(feed), step, lambda c: (s.logits, s.pending, c), s.cache)
     # Rows that fed no token keep their pending logits.
     keep = lambda new, old: jnp.where(_bmask(feed, new), new, old)
     new_logits = keep(new_logits, s.logits)
     new_pending = jax.tree.map(keep, new_pending, s.pending)
     return s.replace(cache=cache, logits=new_logits, pending=new_pending, tokens=tokens, logprobs=logprobs,
-                     features=bufs, slots=slots, lengths=lengths, done=done, finish=finish, stop_state=stop_state, rng=rng), i + 1
+                     features=bufs, slots=slots, lengths=lengths, done=done, finish=finish, stop_state=stop_state,
+                     step_end=step_end, again=again, rng=rng), i + 1
 
   out, _ = jax.lax.while_loop(cond, body, (state, jnp.zeros((), jnp.int32)))
   return out
@@ -224,7 +239,7 @@ def force(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forc
   k = forced_ids.shape[1]
   m = forced_mask.astype(bool)
   count = jnp.sum(m, axis=1, dtype=jnp.int32)  # [B]
-  fits_cache = state.cache.index + k <= state.cache.size
+  fits_cache = state.cache.index + count <= state.cache.size
   fits_buf = state.lengths + count <= state.buffer_len
   chosen = (count > 0) & fits_buf & fits_cache
   full = (count > 0) & ~chosen
@@ -264,7 +279,7 @@ def force(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forc
   tokens = put(state.tokens, forced_ids)
   logprobs = put(state.logprobs, tok_logp)
   bufs = {name: put(buf, feats[name]) for name, buf in state.features.items()}
-  slots = put(state.slots, state.cache.index + pos)
+  slots = put(state.slots, state.cache.index[:, None] + pos - first[:, None])
 
   def adv(q, j):
     nq, _ = rule.advance(q, forced_ids[:, j])
@@ -281,10 +296,16 @@ def force(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forc
 
 @jax.jit
 def resume(state: DecodeState, rows) -> DecodeState:
-  """Lets rows [B] bool that paused at a step boundary go on; their newest step starts at their current length.
-  Rows that ended otherwise (EOS, budget, cache) stay done."""
-  go = rows & state.done & (state.finish == FINISH_STOP) & (state.lengths < state.budget)
-  return state.replace(done=state.done & ~go, step_start=jnp.where(go, state.lengths, state.step_start))
+  """Lets rows [B] bool that paused at a step boundary go on; their next step starts where the newest one ended.
+  A row whose last token also closed a step of its own pauses once more at once (that one-token step is then the
+  newest). Rows that ended otherwise (EOS, budget, cache) stay done."""
+  paused = rows & state.done & (state.finish == FINISH_STOP)
+  go = paused & ~state.again & (state.lengths < state.budget)
+  spent = paused & ~state.again & ~go  # its step ended on its last budgeted token: nothing more to decode
+  return state.replace(done=state.done & ~go, step_start=jnp.where(paused, state.step_end, state.step_start),
+                       finish=jnp.where(spent, FINISH_LENGTH, state.finish),
+                       step_end=jnp.where(paused & state.again, state.lengths, state.step_end),
+                       again=state.again & ~paused)
 
 
 @jax.jit
@@ -292,8 +313,8 @@ def take(state: DecodeState, rows) -> DecodeState:
   """Gathers rows [B'] of the state (branch N samples, keep beam survivors). The rng is kept as is."""
   g = lambda x: jnp.take(x, rows, axis=0)
   fields = {f: jax.tree.map(g, getattr(state, f)) for f in ("logits", "pending", "tokens", "logprobs", "features",
-                                                             "slots", "lengths", "step_start", "budget", "done", "finish",
-                                                             "stop_state")}
+                                                             "slots", "lengths", "step_start", "step_end", "again", "budget",
+                                                             "done", "finish", "stop_state")}
   return state.replace(cache=state.cache.take(rows), **fields)
 
 
@@ -303,14 +324,14 @@ def share(state: DecodeState, *, n: int, suffix_size: int) -> DecodeState:
   their own `suffix_size` slots. Rows p * n .. p * n + n - 1 continue row p."""
   rep = lambda x: jnp.repeat(x, n, axis=0)
   fields = {f: jax.tree.map(rep, getattr(state, f)) for f in ("logits", "pending", "tokens", "logprobs", "features",
-                                                               "slots", "lengths", "step_start", "budget", "done", "finish",
-                                                               "stop_state")}
+                                                               "slots", "lengths", "step_start", "step_end", "again",
+                                                               "budget", "done", "finish", "stop_state")}
   return state.replace(cache=state.cache.share(n, suffix_size), **fields)
 
 
 def newest_step_spans(state: DecodeState):
-  """[B, 2] int32 response-token span [start, end) of each row's newest step."""
-  return jnp.stack([state.step_start, state.lengths], axis=1)
+  """[B, 2] int32 response-token span [start, end) of each paused or finished row's newest step."""
+  return jnp.stack([state.step_start, state.step_end], axis=1)
 
 
 @jax.jit
@@ -325,7 +346,8 @@ def flatten(state: DecodeState) -> DecodeState:
   cat = lambda p, own: jnp.concatenate([jnp.repeat(p, rep, axis=0), own], axis=2)
   cache = KVCache(k=tuple(cat(pk, k) for (pk, _), k in zip(layers, c.k)),
                   v=tuple(cat(pv, v) for (_, pv), v in zip(layers, c.v)),
-                  valid=jnp.concatenate([seen, c.valid], axis=1), positions=c.positions, index=c.index + c.prefix.size)
+                  valid=jnp.concatenate([seen, c.valid], axis=1), positions=c.positions,
+                  index=c.index + c.prefix.size)
   return state.replace(cache=cache, slots=jnp.where(state.slots >= 0, state.slots + c.prefix.size, -1))
 
 

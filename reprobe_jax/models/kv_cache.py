@@ -2,8 +2,9 @@
 branch from one context.
 
 Layout: per layer k, v [B, KV, S, Dh] (the layout attention reads); `valid` [B, S] marks filled, non-padding slots;
-`index` is the next slot to write (shared by all rows: prompts are left-padded to one bucket, so every row writes in
-lockstep); `positions` [B] is each row's next RoPE position (its count of real tokens so far).
+`index` [B] is each row's next slot to write (a prefill writes every row's left-padded prompt in lockstep; after
+that each row appends at its own slot, so a row that waits while others decode leaves no hole and fills its cache
+only with its own tokens); `positions` [B] is each row's next RoPE position (its count of real tokens so far).
 
 Two ways to branch a prefilled context into many rows:
 - `take(rows)` copies the rows' buffers (the whole prefix per row);
@@ -29,7 +30,7 @@ class KVCache:
   v: tuple  # per layer [B, KV, S, Dh]
   valid: jax.Array  # [B, S] bool
   positions: jax.Array  # [B] int32
-  index: jax.Array  # [] int32
+  index: jax.Array  # [B] int32
   prefix: "KVCache | None" = None  # read-only shared context of P rows (rows b // (B // P) read row b's prefix)
   prefix_cut: jax.Array | None = None  # [B] int32: row b sees prefix slots [0, cut)
 
@@ -49,7 +50,7 @@ class KVCache:
         v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
         valid=jnp.zeros((batch, size), bool),
         positions=jnp.zeros((batch,), jnp.int32),
-        index=jnp.zeros((), jnp.int32),
+        index=jnp.zeros((batch,), jnp.int32),
     )
 
   def take(self, rows) -> "KVCache":
@@ -58,7 +59,7 @@ class KVCache:
     guarantees (a traced gather cannot check it)."""
     g = lambda x: jnp.take(x, rows, axis=0)
     return self.replace(k=tuple(map(g, self.k)), v=tuple(map(g, self.v)), valid=g(self.valid),
-                        positions=g(self.positions),
+                        positions=g(self.positions), index=g(self.index),
                         prefix_cut=None if self.prefix_cut is None else g(self.prefix_cut))
 
   def share(self, n: int, size: int, cut=None) -> "KVCache":
@@ -76,7 +77,7 @@ class KVCache:
     return KVCache(k=tuple(jnp.zeros((b, kv, size, hd), dtype) for _ in self.k),
                    v=tuple(jnp.zeros((b, kv, size, hd), dtype) for _ in self.v),
                    valid=jnp.zeros((b, size), bool), positions=jnp.sum(seen, axis=1, dtype=jnp.int32),
-                   index=jnp.zeros((), jnp.int32), prefix=self, prefix_cut=cut)
+                   index=jnp.zeros((b,), jnp.int32), prefix=self, prefix_cut=cut)
 
   def prefix_view(self):
     """(per-layer (k, v) [P, KV, Sp, Dh], valid [B, Sp]) for the decoder, or None without a shared prefix."""

@@ -144,13 +144,18 @@ class LanguageModel:
     return KVCache.zeros(self.config, batch, size, self.dtype)
 
   def extend(self, cache: KVCache, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec()):
-    """Appends left-padded tokens [B, T] to `cache` (donated). Returns (logits [B, T, V], captured, cache)."""
-    input_ids = jnp.asarray(input_ids, jnp.int32)
-    mask = jnp.ones_like(input_ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
-    if int(cache.index) + input_ids.shape[1] > cache.size:
-      raise CacheFullError(f"cache of {cache.size} slots holds {int(cache.index)}; cannot append "
-                           f"{input_ids.shape[1]} more")
-    return sampling.extend(self.static_graph, self.params, cache, input_ids, mask, capture=capture, shard=self.shard)
+    """Appends left-padded tokens [B, T] to each row of `cache` (donated), each row at its own next slot.
+    Returns (logits [B, T, V], captured, cache). A boundary API: it reads the cache's fill level back to refuse an
+    overflow (the sampler's jitted operations finish such rows as 'cache_full' instead)."""
+    mask = np.ones(np.shape(input_ids), np.int32) if attention_mask is None else np.asarray(attention_mask, np.int32)
+    held = np.asarray(cache.index)
+    need = held + mask.sum(axis=1)
+    if np.any(need > cache.size):
+      r = int(np.argmax(need))
+      raise CacheFullError(f"cache of {cache.size} slots holds {int(held[r])}; cannot append "
+                           f"{int(need[r] - held[r])} more (row {r})")
+    return sampling.extend(self.static_graph, self.params, cache, jnp.asarray(input_ids, jnp.int32),
+                           jnp.asarray(mask), capture=capture, shard=self.shard)
 
   # ------------------------------------------------------------------------------------------ generate
 
@@ -208,16 +213,23 @@ class LanguageModel:
     return 0
 
   def sampler(self, sampling_params: sampling.SamplingParams = sampling.SamplingParams(), *,
-              capture: CaptureSpec = CaptureSpec(), stop: StopRule | Sequence[str] | None = None) -> Sampler:
-    """The open sampler (prefill, decode to a boundary, force, take, resume, read); `stop` is a StopRule or stop
-    strings (a token whose text ends with one of them ends a step)."""
-    if stop is not None and not isinstance(stop, StopRule):
+              capture: CaptureSpec = CaptureSpec(), stop=None) -> Sampler:
+    """The open sampler (prefill, decode to a boundary, force, take, resume, read). `stop`: a
+    `reprobe_jax.boundary.StepBoundary` (compiled for this tokenizer: the exact step ends of METHOD A1, the same as
+    `steps.align`), a compiled StopTable or StopRule, or stop strings (a token whose own text ends with one of them
+    ends a step)."""
+    from reprobe_jax.boundary import StepBoundary
+    if isinstance(stop, StepBoundary):
+      if self.tokenizer is None:
+        raise ConfigError("a StepBoundary needs the model's tokenizer")
+      stop = stop.compile(self.tokenizer, self.config.vocab_size)
+    elif stop is not None and not hasattr(stop, "advance"):
       stop = StopRule.from_mask(self.stop_token_mask(_strings("stop_strings", stop)))
     return Sampler(self, sampling_params, capture, stop)
 
   def generate(self, prompts, sampling_params: sampling.SamplingParams = sampling.SamplingParams(), *,
                max_new_tokens: int, stop_strings: Sequence[str] = (), seed: int = 0, n: int = 1,
-               capture: CaptureSpec = CaptureSpec(), stop: StopRule | None = None) -> Generation:
+               capture: CaptureSpec = CaptureSpec(), stop=None) -> Generation:
     """Samples `n` continuations of each prompt (text or token ids), prefilling each prompt once (its n rows read
     its cache as a shared prefix).
 

@@ -40,7 +40,8 @@ class Row:
   logprobs: np.ndarray  # [n]
   features: dict[str, np.ndarray]  # each [n, ...]
   finish_reason: str | None  # None while the row is still live
-  step_start: int
+  step_start: int  # the newest step is tokens [step_start, step_end) (once the row paused or ended)
+  step_end: int
 
 
 @dataclasses.dataclass
@@ -50,7 +51,7 @@ class Sampler:
   lm: "LanguageModel"
   params: SamplingParams = SamplingParams()
   capture: CaptureSpec = CaptureSpec()
-  stop: StopRule | None = None  # None: no step boundary (rows end on EOS, budget or cache)
+  stop: object = None  # a StopRule or a boundary StopTable; None: no step boundary (EOS, budget or cache end rows)
 
   def __post_init__(self):
     if not isinstance(self.params, SamplingParams):
@@ -61,8 +62,8 @@ class Sampler:
       raise ConfigError(f"SamplingParams.top_k={self.params.top_k} exceeds the vocabulary size {v}")
     if self.stop is None:
       self.stop = StopRule.from_mask(np.zeros(v, bool))
-    if self.stop.fires.shape[-1] != v:
-      raise ConfigError(f"stop rule covers {self.stop.fires.shape[-1]} tokens, the model has {v}")
+    if self.stop.vocab_size != v:
+      raise ConfigError(f"stop rule covers {self.stop.vocab_size} tokens, the model has {v}")
     self._eos = jnp.asarray(self.lm.eos_mask())
 
   # ------------------------------------------------------------------------------------------ operations
@@ -117,7 +118,7 @@ class Sampler:
         state = decoding.take(state, jnp.repeat(jnp.arange(b), n))
         state = state.replace(done=jnp.repeat(jnp.asarray(budget) <= 0, n),
                               budget=jnp.repeat(jnp.asarray(budget), n))
-    return decoding.start_rule(state, self.stop)
+    return decoding.start_rule(state)
 
   def decode(self, state: DecodeState, max_steps: int | None = None) -> DecodeState:
     """Decodes every live row until it is done, or for at most `max_steps` tokens (default: the buffer)."""
@@ -177,14 +178,14 @@ class Sampler:
     """Rows back on the host (one transfer of the buffers)."""
     host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "features": state.features,
                            "lengths": state.lengths, "done": state.done, "finish": state.finish,
-                           "step_start": state.step_start})
+                           "step_start": state.step_start, "step_end": state.step_end})
     out = []
     for r in range(state.batch) if rows is None else rows:
       n = int(host["lengths"][r])
       out.append(Row(tokens=host["tokens"][r, :n].tolist(), logprobs=host["logprobs"][r, :n],
                      features={k: v[r, :n] for k, v in host["features"].items()},
                      finish_reason=decoding.FINISH_NAMES[int(host["finish"][r])] if host["done"][r] else None,
-                     step_start=int(host["step_start"][r])))
+                     step_start=int(host["step_start"][r]), step_end=int(host["step_end"][r])))
     return out
 
 

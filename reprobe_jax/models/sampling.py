@@ -77,22 +77,31 @@ def sample_token(logits, rng, temperature, top_p, *, greedy: bool, top_k: int, f
   return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "lockstep"), donate_argnames=("cache",))
 def extend(graphdef, params, cache: KVCache, input_ids, attention_mask, *, capture: CaptureSpec = CaptureSpec(),
-           shard: ShardingCtx | None = None):
-  """Appends [B, T] tokens (left-padded: mask 0 = padding) at slot `cache.index`.
+           shard: ShardingCtx | None = None, lockstep: bool = False):
+  """Appends [B, T] tokens (left-padded: mask 0 = padding) to each row of `cache` (donated).
 
-  Returns (logits [B, T, V], captured dict, new cache). Prefill is `extend` of an empty cache; beam search and
-  SPAE use it to append a step or a probe suffix to a branched cache.
+  Each row writes its real tokens at its own next slots (`cache.index [B]`), so rows append different counts and
+  a row with none is untouched (no holes). lockstep=True (a prefill of rows that all stand at the same slot) writes
+  the whole block, padding included, as one slice at that slot instead. Returns (logits [B, T, V], captured dict,
+  new cache); a row without room for its tokens must be excluded by the caller (its writes would be dropped).
   """
   t = input_ids.shape[1]
   mask = attention_mask.astype(bool)
-  positions = cache.positions[:, None] + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
-  valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, mask, cache.index, axis=1)
+  rank = jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1  # [B, T] index of each real token among its row's
+  positions = cache.positions[:, None] + jnp.maximum(rank, 0)
+  if lockstep:
+    start = cache.index[0]
+    valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, mask, start, axis=1)
+    slots, new_index = None, cache.index + t
+  else:
+    slots = jnp.where(mask, cache.index[:, None] + rank, cache.size)  # [B, T]; padding -> out of range (dropped)
+    valid = jax.vmap(lambda v, sl: v.at[sl].set(True, mode="drop"))(cache.valid, slots)
+    start, new_index = 0, cache.index + jnp.sum(mask, axis=1, dtype=jnp.int32)
   logits, kv, captured = run_decoder(graphdef, params, input_ids, positions, valid, kv_caches=cache.layers(),
-                                     write_index=cache.index, capture=capture, shard=shard,
+                                     write_index=start, write_slots=slots, capture=capture, shard=shard,
                                      prefix=cache.prefix_view())
   new_cache = cache.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv), valid=valid,
-                            positions=cache.positions + jnp.sum(mask, axis=1, dtype=jnp.int32),
-                            index=cache.index + t)
+                            positions=cache.positions + jnp.sum(mask, axis=1, dtype=jnp.int32), index=new_index)
   return logits, captured, new_cache

@@ -3,9 +3,10 @@
 Parameters are stored in the layout of our own modules (kernels [in, out]); `checkpoint.py` holds the per-family
 tables that map Hugging Face tensors to these paths. Every parameter carries `logical_axes` metadata for sharding.
 
-The forward pass works on "slots": a sequence (or KV cache) of S key slots, queries at slots
-[write_index, write_index + T). Without a cache, S = T and write_index = 0. This one code path serves the full
-forward, prefill and single-token decode.
+The forward pass works on "slots": a sequence (or KV cache) of S key slots. Queries sit at slots [write_index,
+write_index + T) of every row (lockstep: a full forward, a prefill), or at per-row slots `write_slots [B, T]` (a
+decode step or forced text, where each row appends at its own length, so rows that wait leave no holes). Without a
+cache, S = T and write_index = 0. This one code path serves the full forward, prefill and decoding.
 """
 
 from __future__ import annotations
@@ -69,12 +70,12 @@ def attention_window(probs, window_idx, window_ok):
 def key_layout(key_valid, q_slots, width: int):
   """Ranks of valid keys and the attention-window gather indices over the key axis (prefix slots first).
 
-  key_valid [B, K] bool (K = prefix slots + own slots); q_slots [T] indices of the queries in that axis.
+  key_valid [B, K] bool (K = prefix slots + own slots); q_slots [B, T] indices of each row's queries in that axis.
   Returns key_rank [B, K] (1-based count of valid keys up to each slot), q_rank [B, T], window_idx [B, T, W],
   window_ok [B, T, W]. Ranks are positions up to a constant, so they also give exact sliding-window distances.
   """
   key_rank = jnp.cumsum(key_valid.astype(jnp.int32), axis=1)  # [B, K]
-  q_rank = jnp.take(key_rank, q_slots, axis=1)  # [B, T]
+  q_rank = jnp.take_along_axis(key_rank, jnp.clip(q_slots, 0, key_valid.shape[1] - 1), axis=1)  # [B, T]
   if not width:
     return key_rank, q_rank, None, None
   want = q_rank[:, :, None] - jnp.arange(width)[None, None, :]  # [B, T, W]: rank of the w-th most recent key
@@ -99,7 +100,7 @@ class Attention(nnx.Module):
     self.num_heads, self.num_kv_heads, self.head_dim = h, kv, hd
     self.window = cfg.sliding_windows[layer]
 
-  def __call__(self, x, cos, sin, mask, q_slots, kv_cache, write_index, capture: CaptureSpec, layout):
+  def __call__(self, x, cos, sin, mask, kv_cache, write_index, write_slots, capture: CaptureSpec, layout):
     """x [B, T, D]; mask [B, T, S] bool; kv_cache (k, v) [B, KV, S, Dh] or None. Returns out, (k, v).
 
     `layout` (see `Decoder.__call__`) carries key ranks, the attention-window indices and an optional shared
@@ -122,9 +123,12 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [B, H|KV, T, Dh]
-    if kv_cache is not None:
+    if kv_cache is not None and write_slots is None:  # lockstep: one slice for every row
       k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), write_index, axis=2)
       v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype), write_index, axis=2)
+    elif kv_cache is not None:  # each row at its own slots; out-of-range slots (padding) are dropped
+      put = jax.vmap(lambda c, new, sl: c.at[:, sl, :].set(new.astype(c.dtype), mode="drop"))
+      k, v = put(kv_cache[0], k, write_slots), put(kv_cache[1], v, write_slots)
     s = k.shape[2]
     sp = layout.prefix_slots
     prefix_mask = layout.prefix_mask
@@ -209,8 +213,8 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
     self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x, cos, sin, mask, q_slots, kv_cache, write_index, capture, layout):
-    attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, q_slots, kv_cache, write_index, capture,
+  def __call__(self, x, cos, sin, mask, kv_cache, write_index, write_slots, capture, layout):
+    attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, write_index, write_slots, capture,
                               layout)
     x = x + attn
     x = x + self.mlp(self.post_attention_layernorm(x))
@@ -228,10 +232,11 @@ class Decoder(nnx.Module):
     self.lm_head = (None if cfg.tie_word_embeddings else
                     _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
 
-  def __call__(self, input_ids, positions, key_valid, *, kv_caches=None, write_index=0,
+  def __call__(self, input_ids, positions, key_valid, *, kv_caches=None, write_index=0, write_slots=None,
                capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None, prefix=None):
     """input_ids, positions [B, T] int; key_valid [B, S] bool (S = T without a cache, else the cache size);
-    kv_caches: per-layer (k, v) [B, KV, S, Dh] or None. Queries sit at slots write_index + arange(T).
+    kv_caches: per-layer (k, v) [B, KV, S, Dh] or None. Queries sit at slots write_index + arange(T), or at
+    write_slots [B, T] (per row; a slot >= S marks a padding query, written nowhere).
     prefix: optional (per-layer (k, v) [P, KV, Sp, Dh], valid [B, Sp] bool): a context shared by the B // P
     consecutive rows of each of its P rows, read before the own slots (see `Attention`)."""
     cfg = self.config
@@ -242,15 +247,18 @@ class Decoder(nnx.Module):
     if 0 in layers_wanted:
       self.sow(nnx.Intermediate, "hidden_0", x)
     s = key_valid.shape[1]
-    q_slots = write_index + jnp.arange(t)  # [T]
+    if write_slots is None:
+      q_slots = jnp.broadcast_to(write_index + jnp.arange(t), input_ids.shape)  # [B, T]
+    else:
+      q_slots = write_slots
     key_slots = jnp.arange(s)
-    mask = (key_slots[None, :] <= q_slots[:, None])[None] & key_valid[:, None, :]  # [B, T, S]
+    mask = (key_slots[None, None, :] <= q_slots[:, :, None]) & key_valid[:, None, :]  # [B, T, S]
     layout = _Layout.build(key_valid, q_slots, prefix, capture.attn_window, t)
     cos, sin = rope_cos_sin(cfg, positions)
     new_caches = []
     for i, layer in enumerate(self.layers):
       kv = kv_caches[i] if kv_caches is not None else None
-      x, kv = layer(x, cos, sin, mask, q_slots, kv, write_index, capture, layout.for_layer(i))
+      x, kv = layer(x, cos, sin, mask, kv, write_index, write_slots, capture, layout.for_layer(i))
       x = constrain(x, ("batch", "seq", "embed"), shard)
       new_caches.append(kv)
       if i + 1 < cfg.num_layers and (i + 1) in layers_wanted:
