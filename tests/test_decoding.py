@@ -176,3 +176,24 @@ def test_rows_fill_their_caches_only_with_their_own_tokens(lm):
   held = np.asarray(state.cache.index)
   for r, row in enumerate(rows):  # the prompt block, then one slot per fed token (the last token is never fed)
     assert held[r] == plen + len(row.tokens) - 1
+
+
+def test_flatten_copies_the_shared_prefix_and_changes_nothing(lm):
+  """`flatten` (what `fork` needs when rows already share a prefix) gives the rows their own copy of the prefix;
+  decoding on from it equals decoding on from the shared state, and a fork of it matches a fresh forward."""
+  smp = lm.sampler(SamplingParams(0.0), capture=CAPTURE)
+  state = smp.decode(smp.prefill(PROMPTS[:2], max_new_tokens=12, n=2, extra_slots=8), max_steps=4)
+  flat = decoding.flatten(state)
+  assert flat.cache.prefix is None and flat.cache.size == state.cache.prefix.size + state.cache.size
+  a = smp.read(smp.decode(state))
+  b = smp.read(smp.decode(flat))
+  for x, y in zip(a[:4], b[:4]):
+    assert x.tokens == y.tokens
+    np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+  state = smp.decode(smp.prefill(PROMPTS[:2], max_new_tokens=12, n=2, extra_slots=8))
+  traj = smp.read(state)
+  forks = decoding.fork(lm.static_graph, lm.params, decoding.flatten(state),
+                        jnp.asarray([[3]] * state.batch, jnp.int32), n=1, suffix_size=8, capture=CAPTURE)
+  rows = smp.read(smp.force(forks, [95, 96]))
+  for r in range(4):
+    assert_matches_forward(lm, PROMPTS[r // 2] + traj[r].tokens[:4], rows[r])

@@ -18,6 +18,11 @@ def _example(path: str) -> str:
   return blocks[-1]
 
 
+def test_readme_shows_the_same_example():
+  with open(os.path.join(ROOT, "README.md")) as f:
+    assert _example("docs/decoding.md") in f.read()
+
+
 def test_decode_state_example_runs(tiny_llama_dir, capsys):
   code = _example("docs/decoding.md")
   scope = {"MODEL": tiny_llama_dir, "PROMPT": "w1 w2 w3 w4"}
