@@ -101,20 +101,17 @@ def _features_of(logits, captured, capture: CaptureSpec):
   return feats
 
 
-def _last(captured: dict) -> dict:
-  """{'hidden_i': [B, D], 'attn_window': [B, L, H, W]} of the last position of a decoder's captured output."""
-  out = {f"hidden_{i}": h[:, -1] for i, h in captured["hidden_states"].items()}
-  if "attn_window" in captured:
-    out["attn_window"] = captured["attn_window"][:, -1]
-  return out
-
-
 def _at(captured: dict) -> dict:
-  """Every position: {'hidden_i': [B, T, D], 'attn_window': [B, T, L, H, W]}."""
+  """A decoder's captured output at every position: {'hidden_i': [B, T, D], 'attn_window': [B, T, L, H, W]}."""
   out = {f"hidden_{i}": h for i, h in captured["hidden_states"].items()}
   if "attn_window" in captured:
     out["attn_window"] = captured["attn_window"]
   return out
+
+
+def _last(captured: dict) -> dict:
+  """The same at the last position: {'hidden_i': [B, D], 'attn_window': [B, L, H, W]}."""
+  return jax.tree.map(lambda x: x[:, -1], _at(captured))
 
 
 def _feature_buffers(feats0: dict, b: int, n: int) -> dict:
@@ -308,13 +305,16 @@ def resume(state: DecodeState, rows) -> DecodeState:
                        again=state.again & ~paused)
 
 
+# Every per-row field of DecodeState but the cache (which has its own take / share).
+_ROW_FIELDS = ("logits", "pending", "tokens", "logprobs", "features", "slots", "lengths", "step_start", "step_end",
+               "again", "budget", "done", "finish", "stop_state")
+
+
 @jax.jit
 def take(state: DecodeState, rows) -> DecodeState:
   """Gathers rows [B'] of the state (branch N samples, keep beam survivors). The rng is kept as is."""
   g = lambda x: jnp.take(x, rows, axis=0)
-  fields = {f: jax.tree.map(g, getattr(state, f)) for f in ("logits", "pending", "tokens", "logprobs", "features",
-                                                             "slots", "lengths", "step_start", "step_end", "again", "budget",
-                                                             "done", "finish", "stop_state")}
+  fields = {f: jax.tree.map(g, getattr(state, f)) for f in _ROW_FIELDS}
   return state.replace(cache=state.cache.take(rows), **fields)
 
 
@@ -323,9 +323,7 @@ def share(state: DecodeState, *, n: int, suffix_size: int) -> DecodeState:
   """n continuations of every row that read the row's cache as a shared read-only prefix (no copy) and write into
   their own `suffix_size` slots. Rows p * n .. p * n + n - 1 continue row p."""
   rep = lambda x: jnp.repeat(x, n, axis=0)
-  fields = {f: jax.tree.map(rep, getattr(state, f)) for f in ("logits", "pending", "tokens", "logprobs", "features",
-                                                               "slots", "lengths", "step_start", "step_end", "again",
-                                                               "budget", "done", "finish", "stop_state")}
+  fields = {f: jax.tree.map(rep, getattr(state, f)) for f in _ROW_FIELDS}
   return state.replace(cache=state.cache.share(n, suffix_size), **fields)
 
 
