@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_steps import CORPUS, LINE, PROSE, THINK, TOKENIZERS, get_tokenizer
+from test_steps import CORPUS, LINE, PROSE, THINK, TOKENIZERS, bpe, get_tokenizer, tok  # noqa: F401 (fixtures)
 
 from reprobe_jax import steps as S
 from reprobe_jax.boundary import ENDS_AFTER, ENDS_BEFORE, StepBoundary, advance, initial_state
@@ -199,16 +199,6 @@ def test_boundary_errors():
     StepBoundary("regex", pattern=r"\n+")
   with pytest.raises(ConfigError, match="min_chars"):
     StepBoundary("sentence", min_chars=-1)
-
-
-@pytest.fixture(scope="module")
-def bpe():
-  return get_tokenizer("bpe")
-
-
-@pytest.fixture(params=TOKENIZERS)
-def tok(request):
-  return get_tokenizer(request.param)
 
 
 def _unigram_model(tok, favoured, seed: int):

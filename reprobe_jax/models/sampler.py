@@ -164,8 +164,9 @@ class Sampler:
     if rows.ndim != 1 or rows.size == 0 or rows.min() < 0 or rows.max() >= state.batch:
       raise ConfigError(f"take: rows must be a non-empty list of indices in [0, {state.batch}), got {rows.tolist()}")
     if state.cache.prefix is not None:  # a row must stay with the prefix it reads
-      p, new_p = state.cache.prefix.batch, state.batch // state.cache.prefix.batch
-      if len(rows) % p or np.any(rows // new_p != np.arange(len(rows)) // (len(rows) // p)):
+      p = state.cache.prefix.batch  # prefix rows; row b reads prefix row b // (rows per prefix)
+      per_now, per_new = state.batch // p, len(rows) // p
+      if len(rows) % p or np.any(rows // per_now != np.arange(len(rows)) // per_new):
         raise ConfigError("take: with a shared prefix, output rows must keep to their prefix's block of rows")
     return decoding.take(state, jnp.asarray(rows))
 
