@@ -1,4 +1,5 @@
-"""JSONL files of problems (schema in docs/tasks.md): atomic writes, and reads that name the bad line."""
+"""JSONL files of problems (schema in docs/tasks.md): atomic writes, and reads that name the bad line
+(`reprobe_jax.readers.read_jsonl`, re-exported here)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any, Iterable
 
 from reprobe_jax.atomic import atomic_open
 from reprobe_jax.errors import DataFormatError
+from reprobe_jax.readers import read_jsonl
 from reprobe_jax.tasks.base import Problem
 
 
@@ -22,21 +24,6 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> None:
       obj = record.to_json() if hasattr(record, "to_json") else record
       # allow_nan=False: NaN is not JSON, and other readers would reject the file later.
       f.write(json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n")
-
-
-def read_jsonl(path: str | os.PathLike) -> list[tuple[int, Any]]:
-  """(line number, parsed object) for every non-blank line; DataFormatError 'path:line: ...' on bad JSON."""
-  path = os.fspath(path)
-  out = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        out.append((number, json.loads(line)))
-      except json.JSONDecodeError as e:
-        raise DataFormatError(f"{path}:{number}: invalid JSON ({e.msg} at column {e.colno})") from None
-  return out
 
 
 def read_problems(path: str | os.PathLike) -> list[Problem]:

@@ -1,0 +1,64 @@
+"""Reading text, JSON and JSONL files with errors that name the file (and line): the one place every reader of a
+stored artifact or user file goes through, so a missing file, non-UTF-8 bytes or bad JSON is a DataFormatError,
+never a raw OSError / UnicodeDecodeError / JSONDecodeError from deep inside a stage."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from reprobe_jax.errors import DataFormatError
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+  """The UTF-8 text of `path`; DataFormatError naming the path (and the byte offset of the first bad byte)."""
+  path = os.fspath(path)
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise DataFormatError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise DataFormatError(f"{path}:{line}: {what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                          f"{e.start})") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file", *, kind: type | None = dict) -> Any:
+  """The parsed JSON of `path`; DataFormatError naming the path on unreadable, non-UTF-8 or invalid JSON, and
+  when the top-level value is not of type `kind` (default dict; None accepts any)."""
+  path = os.fspath(path)
+  text = read_text(path, what)
+  try:
+    obj = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DataFormatError(f"{path}:{e.lineno}: {what} is not valid JSON ({e.msg} at column {e.colno})") from None
+  except ValueError as e:  # e.g. an integer longer than Python's int-string conversion limit
+    raise DataFormatError(f"{path}: {what} is not readable JSON ({e})") from None
+  if kind is not None and not isinstance(obj, kind):
+    raise DataFormatError(f"{path}: {what} must hold a JSON {_KIND_NAMES.get(kind, kind.__name__)}, "
+                          f"got {type(obj).__name__}")
+  return obj
+
+
+def read_jsonl(path: str | os.PathLike, what: str = "JSONL file") -> list[tuple[int, Any]]:
+  """(line number, parsed object) for every non-blank line; DataFormatError 'path:line: ...' on unreadable,
+  non-UTF-8 or invalid lines."""
+  path = os.fspath(path)
+  out = []
+  for number, line in enumerate(read_text(path, what).split("\n"), start=1):
+    if not line.strip():
+      continue
+    try:
+      out.append((number, json.loads(line)))
+    except json.JSONDecodeError as e:
+      raise DataFormatError(f"{path}:{number}: invalid JSON ({e.msg} at column {e.colno})") from None
+    except ValueError as e:
+      raise DataFormatError(f"{path}:{number}: unreadable JSON ({e})") from None
+  return out
+
+
+_KIND_NAMES = {dict: "object", list: "array", str: "string"}
