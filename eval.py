@@ -10,7 +10,7 @@ import os
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.cli import ProgressBars, reprobe_setup, run_job
+from reprobe_jax.cli import ProgressBars, parse_flags, reprobe_setup, run_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.py", "Job configuration.")
 
@@ -35,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

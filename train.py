@@ -9,15 +9,16 @@ from __future__ import annotations
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.cli import ProgressBars, reprobe_setup, run_job
+from reprobe_jax.cli import ProgressBars, parse_flags, reprobe_setup, run_job, workdir_of
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/target_synthetic.py", "Job configuration.")
 
 
 def run_target_synthetic(config) -> None:
   from reprobe_jax.synthetic.build import build, config_from_dict, load_report, report_markdown
+  cfg = config_from_dict(config)
   with ProgressBars() as bars:
-    out = build(config_from_dict(config), config.workdir, progress=bars.update)
+    out = build(cfg, workdir_of(config), progress=bars.update)
   report = load_report(out)
   print(f"\nBuilt {out} ({report['model_parameters'] / 1e6:.2f}M parameters; timings "
         + ", ".join(f"{k} {v:.0f}" for k, v in report.get("timings_s", {}).items()) + ")")
@@ -41,4 +42,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

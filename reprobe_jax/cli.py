@@ -1,14 +1,21 @@
-"""The CLI layer shared by train.py and eval.py: progress bars, the target model, one-line errors."""
+"""The CLI layer shared by train.py and eval.py: flag parsing, progress bars, the target model, one-line errors.
+
+Every mistake a user can make on the command line ends in one line on stderr, `error: <field or file>: <reason>`,
+and a non-zero exit, with nothing written: a config flag that does not parse (`parse_flags`, exit 2) and any
+ReprobeError of the job (`run_job`, exit 1). A job's whole config is checked before its target is built or loaded,
+and what depends on the target's shape right after it is known and before anything is sampled (`reprobe_setup`).
+"""
 
 from __future__ import annotations
 
+import re
 import sys
-from typing import Callable
+from typing import Callable, NoReturn
 
-from absl import logging
+from absl import flags, logging
 from tqdm.auto import tqdm
 
-from reprobe_jax.errors import ReprobeError
+from reprobe_jax.errors import ConfigError, ReprobeError
 
 
 class ProgressBars:
@@ -33,6 +40,55 @@ class ProgressBars:
       bar.close()
 
 
+def fail(message: str, code: int = 1) -> NoReturn:
+  """Prints `error: <message>` as one line on stderr and exits with `code`."""
+  print("error: " + " ".join(str(message).split()), file=sys.stderr)
+  sys.exit(code)
+
+
+_OVERRIDE = re.compile(r"^--?(config(?:\.[^=\s]+)+)(?:=|$)")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parser for train.py / eval.py (`app.run(main, flags_parser=parse_flags)`): a config file that is
+  missing or fails to load, an override of a field the config lacks, a value of the wrong type or a flag without
+  its value is one line `error: --config...: <reason>` and exit 2, not a traceback."""
+  given = [a.split("=", 1)[1] for a in argv if a.startswith(("--config=", "-config="))]
+  path = given[-1] if given else "the default config"  # absl keeps the last value of a repeated flag
+  try:
+    rest = flags.FLAGS(argv)
+    flags.FLAGS["config"].value.to_dict()  # a config file that failed to load raises only when read
+    return rest
+  except flags.Error as e:
+    fail(_last_line(str(e)).removeprefix("flag "), 2)
+  except (KeyError, AttributeError) as e:  # ml_collections' answer to an override of a field the config lacks
+    key = str(e.args[0] if e.args else e).strip("'\"")
+    overrides = [m.group(1) for m in map(_OVERRIDE.match, argv) if m]
+    named = next((o for o in overrides if key in o.split(".")[1:]), None)
+    if named is None:
+      fail(f"--config={path}: {type(e).__name__}: {key}", 2)
+    fail(f"--{named}: {path} has no field {key!r} there", 2)
+  except (OSError, SyntaxError, ImportError) as e:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # the attempts, the error last
+    fail(f"--config={path}: cannot load the config ({lines[-1] if lines else type(e).__name__})", 2)
+
+
+def _last_line(message: str) -> str:
+  """A multi-line message (a config file's traceback, the paths tried) as its first line and its last."""
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
+  if len(lines) <= 1:
+    return lines[0] if lines else message
+  return f"{lines[0]} {lines[-1]}"
+
+
+def workdir_of(config, where: str = "config") -> str:
+  """`config.workdir`, a non-empty path (ConfigError naming `<where>.workdir` otherwise)."""
+  workdir = config.get("workdir")
+  if not isinstance(workdir, str) or not workdir:
+    raise ConfigError(f"{where}.workdir: expected a non-empty path, got {workdir!r}")
+  return workdir
+
+
 def build_target(config):
   """The target LM of a job: `config.target_path` if set, else the built-in synthetic one (built or reused)."""
   from reprobe_jax.models import load_pretrained
@@ -40,7 +96,7 @@ def build_target(config):
     return load_pretrained(config.target_path)
   from reprobe_jax.synthetic.build import build, config_from_dict, load_report, report_markdown
   with ProgressBars() as bars:
-    out = build(config_from_dict(config.target), config.target.workdir, progress=bars.update)
+    out = build(config_from_dict(config.target, "config.target"), config.target.workdir, progress=bars.update)
   print(f"\nTarget model {out}/model, its own samples on held-out problems (T=1.0):\n")
   print(report_markdown(load_report(out)))
   return load_pretrained(f"{out}/model")
@@ -56,21 +112,33 @@ def run_dir(config, lm) -> str:
 
 def reprobe_setup(config):
   """(target model, ReprobeConfig, run folder) of a reprobe job: the common start of its train and eval runs. The
-  config is checked before the target is built, so a bad setting fails in a second, not after a build."""
+  whole config is checked before the target is built or loaded, and against the target's shape (its layers,
+  context, vocabulary) before anything is sampled: for the built-in target from its config, before the build."""
   from reprobe_jax import pipeline
   cfg = pipeline.config_from_dict(config)
+  workdir = workdir_of(config)
+  target_path = config.get("target_path")
+  if not isinstance(target_path, str):
+    raise ConfigError(f"config.target_path: expected a path or hub id (empty = the built-in target), got "
+                      f"{target_path!r}")
+  if not target_path:
+    from reprobe_jax.synthetic.build import config_from_dict
+    target = config_from_dict(config.target, "config.target")
+    workdir_of(config.target, "config.target")
+    pipeline.check_model(cfg, num_layers=target.model.num_layers, context=target.model.max_position_embeddings,
+                         vocab_size=target.vocab_size)
   lm = build_target(config)
-  return lm, cfg, pipeline.run_folder(config.workdir, lm, cfg)
+  pipeline.check_target(cfg, lm)
+  return lm, cfg, pipeline.run_folder(workdir, lm, cfg)
 
 
 def run_job(config, jobs: dict[str, Callable]) -> None:
   """Runs `jobs[config.job]`; a ReprobeError is printed in one line and exits 1."""
   logging.set_verbosity(logging.WARNING)  # orbax and grain log every checkpoint at INFO
-  if config.job not in jobs:
-    print(f"error: config.job={config.job!r} is not one of {sorted(jobs)}", file=sys.stderr)
-    sys.exit(2)
+  job = config.get("job")
+  if job not in jobs:
+    fail(f"config.job={job!r} is not one of {sorted(jobs)}", 2)
   try:
-    jobs[config.job](config)
+    jobs[job](config)
   except ReprobeError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    fail(str(e))

@@ -24,17 +24,19 @@ import numpy as np
 from reprobe_jax import baselines, runs
 from reprobe_jax.annotate import JudgePrompts, JudgeSettings, annotate, annotator_key, check_annotator
 from reprobe_jax.atomic import atomic_open
-from reprobe_jax.config import plain, replace_fields
+from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, extract, model_fingerprint
-from reprobe_jax.models import LanguageModel
+from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe import linear
 from reprobe_jax.probe.data import examples
 from reprobe_jax.probe.train import ProbeTrainConfig, predict_examples, train_probe
 from reprobe_jax.report import plot_pr_curves, scorer_metrics, table_markdown
 from reprobe_jax.runs import Progress, Run, no_progress
-from reprobe_jax.tasks import make_problems
+from reprobe_jax.readers import read_json
+from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, make_problems
+from reprobe_jax.tasks.formats import MODES
 from reprobe_jax.tasks.io import write_jsonl
 from reprobe_jax.trajectories import Trajectory, TrajectoryConfig, prompt_text, read_trajectories, \
     sample_trajectories
@@ -42,11 +44,35 @@ from reprobe_jax.trajectories import Trajectory, TrajectoryConfig, prompt_text, 
 
 @dataclasses.dataclass(frozen=True)
 class ProbeShape:
+  """The probe's shape (`ProbeConfig` without the feature width, which the feature store decides)."""
+
   d_model: int = 128
   n_layers: int = 1
   n_heads: int = 4
   ff_dim: int = 512
   dropout: float = 0.1
+
+  def __post_init__(self):
+    ProbeConfig(feature_dim=1, **dataclasses.asdict(self))  # ProbeConfig's checks, named at this config's path
+
+
+# What TrajectoryConfig's fields must be (METHOD A5 sampling; temperature 0 is greedy, top_k 0 and top_p 1 are off).
+TRAJECTORY_RULES = {"samples": Int(1), "temperature": Real(0.0), "top_k": Int(0),
+                    "top_p": Real(0.0, 1.0, low_open=True), "max_new_tokens": Int(1), "batch_size": Int(1),
+                    "seed": Int(0), "few_shot": Int(0)}
+FEATURE_PARTS = ("hidden", "attn", "logit")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSetName:
+  """A feature set's name: distinct FEATURE_PARTS joined by '+', e.g. 'hidden' or 'attn+logit' (METHOD A3)."""
+
+  def ok(self, v) -> bool:
+    parts = v.split("+") if isinstance(v, str) else []
+    return bool(parts) and all(p in FEATURE_PARTS for p in parts) and len(set(parts)) == len(parts)
+
+  def __str__(self) -> str:
+    return f"distinct parts of {', '.join(FEATURE_PARTS)} joined by '+'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +99,50 @@ class ReprobeConfig:
   labels_path: str = ""
 
   def __post_init__(self):
+    check_fields(self, {"seed": Int(0), "mode": OneOf(MODES), "train_domains": Seq(OneOf(DOMAINS)),
+                        "ood_domains": Seq(OneOf(DOMAINS), nonempty=False), "train_problems": Int(1),
+                        "val_problems": Int(1), "test_problems": Int(1), "difficulties": Seq(OneOf(DIFFICULTIES)),
+                        "feature_sets": Seq(FeatureSetName()), "hidden_layers": Seq(Int(), distinct=False)})
+    both = sorted(set(self.train_domains) & set(self.ood_domains))
+    if both:
+      raise ConfigError(f"{field_name(self, 'ood_domains')}: {both} also in train_domains; a domain is either "
+                        "trained on (in domain) or held out")
+    for name in ("trajectories", "probe", "train", "judge"):
+      cls = type(getattr(ReprobeConfig, name))
+      if not isinstance(getattr(self, name), cls):
+        raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
+    check_fields(self.trajectories, TRAJECTORY_RULES, where=field_name(self, "trajectories"))
     check_annotator(self.annotator, self.judge, self.labels_path)
 
 
+def check_model(cfg: ReprobeConfig, *, num_layers: int, context: int, vocab_size: int) -> None:
+  """ConfigError naming the field when `cfg` asks what a target of this size cannot do (hidden layers it lacks,
+  more new tokens than its context, top_k above its vocabulary): checked once the target's shape is known and
+  before anything is sampled, so a run that cannot finish fails in a second."""
+  try:
+    CaptureSpec(hidden_layers=cfg.hidden_layers).resolve_layers(num_layers)
+  except ConfigError as e:
+    raise ConfigError(f"config.hidden_layers={cfg.hidden_layers}: the target has {num_layers} layers "
+                      f"({e})") from None
+  t = cfg.trajectories
+  if t.max_new_tokens >= context:
+    raise ConfigError(f"config.trajectories.max_new_tokens={t.max_new_tokens} leaves no room for a prompt in the "
+                      f"target's context of {context} tokens")
+  if t.top_k > vocab_size:
+    raise ConfigError(f"config.trajectories.top_k={t.top_k} is above the target's vocabulary of {vocab_size}")
+  if cfg.annotator == "self" and cfg.judge.self_judge.max_new_tokens >= context:
+    raise ConfigError(f"config.judge.self_judge.max_new_tokens={cfg.judge.self_judge.max_new_tokens} leaves no "
+                      f"room for a prompt in the target's context of {context} tokens")
+
+
+def check_target(cfg: ReprobeConfig, lm: LanguageModel) -> None:
+  """`check_model` for a loaded target."""
+  check_model(cfg, num_layers=lm.config.num_layers, context=lm.config.max_position_embeddings,
+              vocab_size=lm.config.vocab_size)
+
+
 def config_from_dict(c) -> ReprobeConfig:
-  """The CLI's ConfigDict -> ReprobeConfig (unknown fields are named; so is a bad annotator setting)."""
+  """The CLI's ConfigDict -> ReprobeConfig, checked whole (every field's type and range, named on error)."""
   d = plain(c)
   for k in ("job", "workdir", "target", "target_path"):
     d.pop(k, None)
@@ -135,11 +200,8 @@ def trajectories(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *,
   run = Run(workdir)
   splits = split_problems(cfg)
   labelled = {split: f"trajectories_{split}.jsonl" for split in splits}
+  check_target(cfg, lm)  # found now, not after sampling
   if not run.exists(*labelled.values()):
-    context = lm.config.max_position_embeddings
-    if cfg.annotator == "self" and cfg.judge.self_judge.max_new_tokens >= context:  # found now, not after sampling
-      raise ConfigError(f"config.judge.self_judge.max_new_tokens={cfg.judge.self_judge.max_new_tokens} leaves no "
-                        f"room for a prompt in the target's context of {context} tokens")
     samples = {split: _samples(lm, cfg, run, split, problems, tick) for split, problems in splits.items()}
 
     def label():
@@ -215,8 +277,7 @@ def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progres
                                   "model_fingerprint": store.manifest["model_fingerprint"]}))
     spec_path = os.path.join(pdir, "probe_spec.json")
     if os.path.exists(spec_path):  # a checkpoint there was trained on other features or with another shape
-      with open(spec_path) as f:
-        old = json.load(f)
+      old = read_json(spec_path, "probe spec")
       for key in spec:
         if old.get(key) != spec[key]:
           raise FeatureMismatchError(f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "

@@ -17,6 +17,8 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from reprobe_jax.atomic import atomic_open
+from reprobe_jax.errors import DataFormatError
+from reprobe_jax.readers import read_json
 
 Progress = Callable[[str, int, int], None]  # (stage label, done, total); the label's first word names the stage
 
@@ -85,5 +87,9 @@ class Run:
     path = self.path(self.TIMINGS)
     if not os.path.exists(path):
       return {}
-    with open(path) as f:
-      return json.load(f)
+    times = read_json(path, "stage timings")
+    bad = [k for k, v in times.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+    if bad:
+      raise DataFormatError(f"{path}: stage timings must be numbers of seconds, found {bad[0]!r}: "
+                            f"{times[bad[0]]!r}")
+    return times

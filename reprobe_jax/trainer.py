@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
 import math
 import os
 from typing import Any, Callable, Mapping
@@ -100,17 +101,26 @@ class Trainer:
   """The shell around one train step: `fit(params, batches)` trains from scratch or resumes from `workdir`.
 
   Writes `workdir/train_state` (orbax steps: {'state': params and optimiser state, 'meta': JSON of per-step
-  metrics, evaluations and the best step}) and `workdir/tb` (train/<metric> means every `log_every` steps,
-  train/learning_rate, and at each evaluation train/mean_loss since the last one and val/<metric>).
+  metrics, evaluations and the best step, and what the checkpoint depends on: the TrainerConfig, the caller's
+  `signature` (e.g. the model's shape and optimiser settings) and the shape and dtype of every state leaf}) and
+  `workdir/tb` (train/<metric> means every `log_every` steps, train/learning_rate, and at each evaluation
+  train/mean_loss since the last one and val/<metric>). A resume refuses, with a CheckpointError naming the
+  folder, a checkpoint made with another config or state shapes, and one orbax cannot read (truncated, deleted
+  or garbled files).
   """
 
   def __init__(self, loss_fn: LossFn, tx: optax.GradientTransformation, cfg: TrainerConfig, workdir: str, *,
                has_aux: bool = False, learning_rate: Callable[[int], Any] | None = None,
                evaluate: Callable[[Any], Mapping[str, float]] | None = None,
                on_step: Callable[[int, dict[str, float]], None] | None = None,
-               on_eval: Callable[[int, dict], None] | None = None):
+               on_eval: Callable[[int, dict], None] | None = None,
+               signature: Mapping[str, Any] | None = None):
     if (evaluate is None) != (cfg.best_metric is None):
       raise ConfigError("Trainer: an `evaluate` function and TrainerConfig.best_metric go together")
+    try:  # stored as JSON and compared with what the JSON gives back
+      self.signature = json.loads(json.dumps({"trainer": dataclasses.asdict(cfg), **(signature or {})}))
+    except (TypeError, ValueError) as e:
+      raise ConfigError(f"Trainer: the checkpoint signature must be JSON ({e})") from None
     self.tx, self.cfg, self.workdir = tx, cfg, workdir
     self.step_fn = make_train_step(loss_fn, tx, has_aux=has_aux)
     self.learning_rate, self.evaluate, self.on_step, self.on_eval = learning_rate, evaluate, on_step, on_eval
@@ -139,10 +149,37 @@ class Trainer:
         create=True, best_fn=rank, best_mode=cfg.best_mode,
         preservation_policy=policies.AnyPreservationPolicy([latest, best])))
 
-  def _restore(self, mngr, step: int, abstract) -> tuple[dict, dict]:
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                          meta=ocp.args.JsonRestore()))
-    return restored["state"], restored["meta"]
+  def _step_dir(self, step: int) -> str:
+    return os.path.join(self.checkpoint_dir, str(step))
+
+  def _unreadable(self, step: int, e: Exception) -> CheckpointError:
+    what = " ".join(str(e).split())[:300]
+    return CheckpointError(f"{self._step_dir(step)}: the checkpoint cannot be read ({type(e).__name__}: {what}); "
+                           f"delete that step folder to resume from an earlier one, or {self.workdir} to train anew")
+
+  def _restore_meta(self, mngr, step: int, tree: dict) -> dict:
+    """The JSON part of a checkpoint, checked: the same config and state shapes as this run, and every field."""
+    try:
+      meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # orbax raises whatever its readers raise on damaged files
+      raise self._unreadable(step, e) from None
+    kinds = {"step": int, "metrics": dict, "history": list, "bad_evals": int}
+    bad = [k for k, kind in kinds.items() if not isinstance(meta, dict) or not isinstance(meta.get(k), kind)]
+    if bad or meta["step"] != step:
+      raise self._unreadable(step, ValueError(f"training state without a valid {bad[0] if bad else 'step'!r}"))
+    for key, now in (("config", self.signature), ("tree", tree)):
+      if key in meta and meta[key] != now:  # (a checkpoint from before these were stored has nothing to compare)
+        diff = _first_difference(meta[key], now)
+        raise CheckpointError(f"{self._step_dir(step)}: the checkpoint was made with {diff}; resuming it would "
+                              f"not be the run asked for: use another workdir, or delete {self.workdir} to train "
+                              "anew")
+    return meta
+
+  def _restore_state(self, mngr, step: int, abstract) -> dict:
+    try:
+      return mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+    except Exception as e:  # orbax raises whatever its readers raise on damaged files or other shapes
+      raise self._unreadable(step, e) from None
 
   def _improves(self, score: float, best: float | None) -> bool:
     if not np.isfinite(score):
@@ -155,13 +192,19 @@ class Trainer:
     cfg = self.cfg
     opt_state = self.tx.init(params)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state})
-    meta = {"step": 0, "metrics": {}, "history": [], "best_step": None, "best_score": None, "bad_evals": 0}
+    tree = {jax.tree_util.keystr(path): [list(leaf.shape), str(leaf.dtype)]
+            for path, leaf in jax.tree_util.tree_leaves_with_path(abstract)}
+    meta = {"step": 0, "metrics": {}, "history": [], "best_step": None, "best_score": None, "bad_evals": 0,
+            "config": self.signature, "tree": tree}
     mngr = self._manager()
     tb = ScalarWriter(os.path.join(self.workdir, "tb"))
     try:
-      if mngr.latest_step() is not None:
-        state, meta = self._restore(mngr, mngr.latest_step(), abstract)
+      latest = mngr.latest_step()
+      if latest is not None:
+        meta = self._restore_meta(mngr, latest, tree)
+        state = self._restore_state(mngr, latest, abstract)
         params, opt_state = state["params"], state["opt_state"]
+        meta["config"], meta["tree"] = self.signature, tree
         self._check_best(mngr, meta)
         logging.info("resumed training from %s at step %d", self.checkpoint_dir, meta["step"])
       metrics, history = meta["metrics"], meta["history"]
@@ -201,7 +244,7 @@ class Trainer:
       if meta["best_step"] is not None:
         self._check_best(mngr, meta)
         best_params = (params if meta["best_step"] == meta["step"]
-                       else self._restore(mngr, meta["best_step"], abstract)[0]["params"])
+                       else self._restore_state(mngr, meta["best_step"], abstract)["params"])
       return TrainResult(params=params, best_params=best_params, opt_state=opt_state, metrics=metrics,
                          history=history, step=meta["step"], stopped_early=stop and meta["step"] < cfg.steps)
     finally:
@@ -258,3 +301,17 @@ class Trainer:
           f"{self.checkpoint_dir}: the saved training state names step {meta['best_step']} as the best "
           f"({self.cfg.best_metric}={meta['best_score']}), but that step's checkpoint is missing (found steps "
           f"{sorted(mngr.all_steps())}); the best parameters cannot be recovered: delete {self.workdir} to train anew")
+
+
+def _first_difference(stored: Any, now: Any, path: str = "") -> str:
+  """'<path>=<stored> (this run: <now>)' at the first place two JSON values differ."""
+  if isinstance(stored, dict) and isinstance(now, dict):
+    for key in sorted(set(stored) | set(now), key=str):
+      if stored.get(key, _ABSENT) != now.get(key, _ABSENT):
+        return _first_difference(stored.get(key, _ABSENT), now.get(key, _ABSENT), f"{path}.{key}" if path else key)
+  shown = {id(_ABSENT): "nothing"}
+  return (f"{path or 'its config'}={shown.get(id(stored), repr(stored))} (this run: "
+          f"{shown.get(id(now), repr(now))})")
+
+
+_ABSENT = object()

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from reprobe_jax.config import Int, Real, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.forward import StaticGraph
 
@@ -37,8 +38,11 @@ class ProbeConfig:
   dropout: float = 0.1
 
   def __post_init__(self):
-    if self.feature_dim < 1 or self.d_model % self.n_heads:
-      raise ConfigError(f"ProbeConfig: need feature_dim >= 1 and d_model divisible by n_heads, got {self}")
+    check_fields(self, {"feature_dim": Int(1), "d_model": Int(1), "n_layers": Int(1), "n_heads": Int(1),
+                        "ff_dim": Int(1), "dropout": Real(0.0, 1.0, high_open=True)})
+    if self.d_model % self.n_heads:
+      raise ConfigError(f"{field_name(self, 'n_heads')}: expected a divisor of d_model={self.d_model}, "
+                        f"got {self.n_heads}")
 
 
 def _linear(din, dout, rngs):

@@ -21,6 +21,7 @@ from absl import logging
 from flax import nnx
 
 from reprobe_jax.atomic import atomic_open
+from reprobe_jax.config import Int, Real, check_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.metrics import pr_auc, roc_auc
 from reprobe_jax.probe.data import Example, collate
@@ -42,6 +43,12 @@ class ProbeTrainConfig:
   patience: int = 3
   pos_weight: float = 3.0
   seed: int = 0
+
+  def __post_init__(self):
+    check_fields(self, {"learning_rate": Real(0.0, low_open=True), "warmup_frac": Real(0.0, 1.0, high_open=True),
+                        "weight_decay": Real(0.0), "grad_clip": Real(0.0, low_open=True), "batch_size": Int(1),
+                        "epochs": Int(1), "patience": Int(1), "pos_weight": Real(0.0, low_open=True),
+                        "seed": Int(0)})
 
 
 def weighted_bce(logits, labels, pos_weight: float):
@@ -139,7 +146,8 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
   loop = TrainerConfig(steps=total, seed=tcfg.seed, checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch,
                        best_metric="pr_auc", patience=tcfg.patience)
   trainer = Trainer(probe_loss(graphdef, tcfg.pos_weight), tx, loop, workdir, learning_rate=schedule,
-                    evaluate=evaluate, on_eval=report)
+                    evaluate=evaluate, on_eval=report,
+                    signature={"probe": dataclasses.asdict(cfg), "train": dataclasses.asdict(tcfg)})
   result = trainer.fit(params, batch, frozen=rest)
   history = [as_epoch(e) for e in result.history]
   best_params = result.best_params

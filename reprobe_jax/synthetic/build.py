@@ -16,16 +16,19 @@ import hashlib
 import json
 import os
 import zlib
+from typing import Mapping
 
 from reprobe_jax.atomic import atomic_open
-from reprobe_jax.config import plain, replace_fields, sorted_pairs
-from reprobe_jax.errors import ConfigError
+from reprobe_jax.config import Int, OneOf, Pairs, Real, Seq, check_fields, field_name, plain, replace_fields, \
+    sorted_pairs
+from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
+from reprobe_jax.readers import read_json
 from reprobe_jax.runs import Progress, Run, no_progress, run_key, write_json
 from reprobe_jax.synthetic import evaluate
 from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
 from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
-from reprobe_jax.tasks import make_problems
+from reprobe_jax.tasks import DIFFICULTIES, make_problems
 from reprobe_jax.tasks.formats import MODES, user_prompt
 from reprobe_jax.tasks.io import read_jsonl, read_problems, write_jsonl, write_problems
 from reprobe_jax.tasks.traces import TraceNoise, solve_many
@@ -41,6 +44,22 @@ class TinyLMShape:
   num_heads: int = 4
   num_kv_heads: int = 2
   max_position_embeddings: int = 1024
+
+  def __post_init__(self):
+    check_fields(self, {name: Int(1) for name in (f.name for f in dataclasses.fields(self))})
+    head_dim, rest = divmod(self.hidden_size, self.num_heads)
+    if rest or head_dim % 2:  # rotary embeddings rotate pairs of a head's dimensions
+      raise ConfigError(f"{field_name(self, 'num_heads')}: expected a divisor of hidden_size={self.hidden_size} "
+                        f"that leaves an even head size, got {self.num_heads}")
+    if self.num_heads % self.num_kv_heads:
+      raise ConfigError(f"{field_name(self, 'num_kv_heads')}: expected a divisor of num_heads={self.num_heads}, "
+                        f"got {self.num_kv_heads}")
+
+
+# What TrainLMConfig's fields must be (checked where the build config holds one).
+TRAIN_LM_RULES = {"steps": Int(1), "batch_size": Int(1), "learning_rate": Real(0.0, low_open=True),
+                  "warmup_steps": Int(0), "weight_decay": Real(0.0), "grad_clip": Real(0.0, low_open=True),
+                  "seed": Int(0), "checkpoint_every": Int(1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +85,17 @@ class SyntheticBuildConfig:
   eval_temperature: float = 1.0
   max_new_tokens: tuple[tuple[str, int], ...] = (("line", 96), ("thinking", 192))
 
+  def __post_init__(self):
+    check_fields(self, {"seed": Int(0), "train_problems_per_difficulty": Int(1),
+                        "family_weights": Pairs(OneOf(FAMILIES), Real(0.0)), "prompt_loss_weight": Real(0.0),
+                        "thinking_fraction": Real(0.0, 1.0, low_open=True), "eval_problems_per_family": Int(1),
+                        "difficulties": Seq(OneOf(DIFFICULTIES)), "vocab_size": Int(1), "buckets": Seq(Int(1)),
+                        "eval_temperature": Real(0.0), "max_new_tokens": Pairs(OneOf(MODES), Int(1), MODES)})
+    for name, cls in (("noise", TraceNoise), ("model", TinyLMShape), ("train", TrainLMConfig)):
+      if not isinstance(getattr(self, name), cls):
+        raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
+    check_fields(self.train, TRAIN_LM_RULES, where=field_name(self, "train"))
+
   def key(self) -> str:
     """Hash of the config and of what the task code makes from it (a changed generator, prompt or solver
     rebuilds instead of reusing a model trained on other data)."""
@@ -84,16 +114,17 @@ def _task_code_fingerprint(cfg: "SyntheticBuildConfig") -> str:
   return h.hexdigest()
 
 
-def config_from_dict(c) -> SyntheticBuildConfig:
-  """The CLI's ml_collections ConfigDict -> the frozen build config (library code never sees a ConfigDict)."""
+def config_from_dict(c, root: str = "config") -> SyntheticBuildConfig:
+  """The CLI's ml_collections ConfigDict -> the frozen build config (library code never sees a ConfigDict),
+  checked whole; errors name fields under `root` (e.g. 'config.target' when a ReProbe job builds its target)."""
   d = plain(c)
   d.pop("job", None)
   d.pop("workdir", None)
   train = d.pop("train", {})
-  cfg = replace_fields(SyntheticBuildConfig(), d,
-                       convert={"family_weights": sorted_pairs, "max_new_tokens": sorted_pairs})
-  # The training seed follows the build's seed unless the config sets it.
-  return dataclasses.replace(cfg, train=replace_fields(TrainLMConfig(seed=cfg.seed), dict(train), "train"))
+  if isinstance(train, Mapping):  # the training seed follows the build's seed unless the config sets it
+    train = {"seed": d.get("seed", SyntheticBuildConfig.seed), **train}
+  return replace_fields(SyntheticBuildConfig(), {**d, "train": train},
+                        convert={"family_weights": sorted_pairs, "max_new_tokens": sorted_pairs}, root=root)
 
 
 def _problems(cfg: SyntheticBuildConfig):
@@ -224,8 +255,16 @@ def report_markdown(report: dict) -> str:
 
 
 def load_report(out: str) -> dict:
-  with open(os.path.join(out, "report.json")) as f:
-    return json.load(f)
+  """The build's report.json (`make_report`); DataFormatError naming the file when it is damaged."""
+  path = os.path.join(out, "report.json")
+  report = read_json(path, "target report")
+  groups = report.get("groups")
+  if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+    raise DataFormatError(f"{path}: target report needs a 'groups' object of objects, found {groups!r:.80}")
+  if isinstance(report.get("model_parameters"), bool) or not isinstance(report.get("model_parameters"), int):
+    raise DataFormatError(f"{path}: target report needs an integer 'model_parameters', found "
+                          f"{report.get('model_parameters')!r:.80}")
+  return report
 
 
 def read_samples(out: str) -> list[dict]:
