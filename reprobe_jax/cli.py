@@ -60,7 +60,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     flags.FLAGS["config"].value.to_dict()  # a config file that failed to load raises only when read
     return rest
   except flags.Error as e:
-    fail(_last_line(str(e)).removeprefix("flag "), 2)
+    lines = _lines(str(e))  # a config file's traceback: its first line says where, its last what
+    fail((lines[0] if len(lines) < 2 else f"{lines[0]} {lines[-1]}").removeprefix("flag "), 2)
   except (KeyError, AttributeError) as e:  # ml_collections' answer to an override of a field the config lacks
     key = str(e.args[0] if e.args else e).strip("'\"")
     overrides = [m.group(1) for m in map(_OVERRIDE.match, argv) if m]
@@ -69,16 +70,13 @@ def parse_flags(argv: list[str]) -> list[str]:
       fail(f"--config={path}: {type(e).__name__}: {key}", 2)
     fail(f"--{named}: {path} has no field {key!r} there", 2)
   except (OSError, SyntaxError, ImportError) as e:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # the attempts, the error last
-    fail(f"--config={path}: cannot load the config ({lines[-1] if lines else type(e).__name__})", 2)
+    lines = _lines(str(e))  # the paths tried, the error last
+    fail(f"--config={path}: cannot load the config ({lines[-1]})", 2)
 
 
-def _last_line(message: str) -> str:
-  """A multi-line message (a config file's traceback, the paths tried) as its first line and its last."""
-  lines = [line.strip() for line in message.splitlines() if line.strip()]
-  if len(lines) <= 1:
-    return lines[0] if lines else message
-  return f"{lines[0]} {lines[-1]}"
+def _lines(message: str) -> list[str]:
+  """The non-blank lines of a message, stripped (at least one)."""
+  return [line.strip() for line in message.splitlines() if line.strip()] or [message]
 
 
 def workdir_of(config, where: str = "config") -> str:

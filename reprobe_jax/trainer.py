@@ -163,8 +163,10 @@ class Trainer:
       meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:  # orbax raises whatever its readers raise on damaged files
       raise self._unreadable(step, e) from None
-    kinds = {"step": int, "metrics": dict, "history": list, "bad_evals": int}
-    bad = [k for k, kind in kinds.items() if not isinstance(meta, dict) or not isinstance(meta.get(k), kind)]
+    kinds = {"step": int, "metrics": dict, "history": list, "bad_evals": int, "best_step": (int, type(None)),
+             "best_score": (int, float, type(None))}
+    bad = [k for k, kind in kinds.items() if not isinstance(meta, dict) or k not in meta
+           or not isinstance(meta[k], kind)]
     if bad or meta["step"] != step:
       raise self._unreadable(step, ValueError(f"training state without a valid {bad[0] if bad else 'step'!r}"))
     for key, now in (("config", self.signature), ("tree", tree)):

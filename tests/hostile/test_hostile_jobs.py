@@ -309,6 +309,9 @@ def _garble(pattern):
     (lambda d: (shutil.rmtree(d), os.makedirs(d)), r"train_state/4: the checkpoint cannot be read"),
     (lambda d: open(os.path.join(d, "meta", "metadata"), "w").write('{"step": "four"}'),
      r"train_state/4: the checkpoint cannot be read \(ValueError: training state without a valid 'step'"),
+    (lambda d: open(os.path.join(d, "meta", "metadata"), "w").write(
+        '{"step": 4, "metrics": {}, "history": [], "bad_evals": 0, "best_score": null}'),
+     r"train_state/4: the checkpoint cannot be read \(ValueError: training state without a valid 'best_step'"),
 ])
 def test_damaged_checkpoint_is_named(saved, tmp_path, damage, match):
   workdir = str(tmp_path / "copy")
