@@ -30,6 +30,7 @@ from reprobe_jax.errors import DataFormatError
 from reprobe_jax.labels import labels_from_json, labels_to_json
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
+from reprobe_jax.readers import shown
 from reprobe_jax.tasks import Problem
 from reprobe_jax.tasks.formats import user_prompt
 from reprobe_jax.tasks.io import read_jsonl
@@ -157,7 +158,7 @@ class Trajectory:
         continue
       value = obj[field]
       if not check(value):
-        raise DataFormatError(f"{name}: field {field!r} must be {expected}, found {_found(value)}")
+        raise DataFormatError(f"{name}: field {field!r} must be {expected}, found {shown(value)}")
       values[field] = value
     n_tokens = len(values["response_ids"]) if "response_ids" in values else None
     for field in _TOKEN_STATS:
@@ -173,16 +174,16 @@ class Trajectory:
       if not isinstance(labels, list) or not all(v is None or (type(v) in (int, float) and v in (0, 1))
                                                  for v in labels):
         raise DataFormatError(f"{name}: field 'labels' must be a list of numbers or nulls, each 0 (correct), 1 "
-                              f"(incorrect) or null (unknown), found {_found(labels)}")
+                              f"(incorrect) or null (unknown), found {shown(labels)}")
       if len(labels) != len(values["steps"]):
         raise DataFormatError(f"{name}: {len(labels)} labels for {len(values['steps'])} steps")
       values["labels"] = tuple(labels_from_json(labels))
     first = obj.get("first_error")
     if first is not None and (type(first) is not int or not 0 <= first < len(values["steps"])):
       raise DataFormatError(f"{name}: field 'first_error' must be an integer or null, a step index in "
-                            f"0..{len(values['steps']) - 1}, found {_found(first)}")
+                            f"0..{len(values['steps']) - 1}, found {shown(first)}")
     if not _str_or_none(obj.get("annotator")):
-      raise DataFormatError(f"{name}: field 'annotator' must be a string, found {_found(obj['annotator'])}")
+      raise DataFormatError(f"{name}: field 'annotator' must be a string, found {shown(obj['annotator'])}")
     known = set(RECORD_FIELDS) | set(_LABEL_FIELDS)
     return cls(**{"id": "", "problem_id": "", "domain": "", "mode": "", **values}, first_error=first,
                annotator=obj.get("annotator"), extra={k: v for k, v in obj.items() if k not in known})
@@ -196,7 +197,7 @@ def _steps(raw: list, n_tokens: int | None, name: str) -> tuple[StepSpan, ...]:
     if not (isinstance(s, Mapping) and isinstance(s.get("text"), str) and type(s.get("start")) is int
             and type(s.get("end")) is int):
       raise DataFormatError(f"{name}: steps[{k}] must be a {{text, start, end}} object (text a string, start "
-                            f"and end integers), found {_found(s)}")
+                            f"and end integers), found {shown(s)}")
     start, end = s["start"], s["end"]
     if not prev <= start <= end:
       raise DataFormatError(f"{name}: steps[{k}] spans tokens [{start}, {end}); spans must be ordered and not "
@@ -207,11 +208,6 @@ def _steps(raw: list, n_tokens: int | None, name: str) -> tuple[StepSpan, ...]:
     steps.append(StepSpan(s["text"], start, end))
     prev = end
   return tuple(steps)
-
-
-def _found(value: Any) -> str:
-  text = repr(value)
-  return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:

@@ -51,7 +51,7 @@ from reprobe_jax.atomic import atomic_open
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, ReprobeError
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.readers import read_json
+from reprobe_jax.readers import read_json, shown
 
 MANIFEST = "manifest.json"
 FORMAT = "reprobe-features"
@@ -304,7 +304,7 @@ def read_manifest(directory: str) -> dict:
     if key not in m:
       raise DataFormatError(f"{path}: missing field {key!r}")
     if not check(m[key]):
-      raise DataFormatError(f"{path}: field {key!r} must be {expected}, found {_short(m[key])}")
+      raise DataFormatError(f"{path}: field {key!r} must be {expected}, found {shown(m[key])}")
   try:
     FeatureSpec(**m["spec"])
   except (ConfigError, TypeError) as e:
@@ -313,12 +313,12 @@ def read_manifest(directory: str) -> dict:
   for k, entry in enumerate(m["shards"]):
     where = f"{path}: shards[{k}]"
     if not isinstance(entry, dict):
-      raise DataFormatError(f"{where} must be an object, found {_short(entry)}")
+      raise DataFormatError(f"{where} must be an object, found {shown(entry)}")
     for key, check, expected in _SHARD_FIELDS:
       if key not in entry:
         raise DataFormatError(f"{where}: missing field {key!r}")
       if not check(entry[key]):
-        raise DataFormatError(f"{where}: field {key!r} must be {expected}, found {_short(entry[key])}")
+        raise DataFormatError(f"{where}: field {key!r} must be {expected}, found {shown(entry[key])}")
     if len(entry["hashes"]) != len(entry["ids"]):
       raise DataFormatError(f"{where}: {len(entry['hashes'])} hashes for {len(entry['ids'])} ids")
     if entry["file"] in files:
@@ -329,11 +329,6 @@ def read_manifest(directory: str) -> dict:
         raise DataFormatError(f"{where}: trajectory {tid!r} is also in shards[{ids[tid]}]")
       ids[tid] = k
   return m
-
-
-def _short(value: Any) -> str:
-  text = repr(value)
-  return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 _SHARD_ARRAYS = ("features", "offsets", "ids", "hashes", "header")
@@ -384,7 +379,7 @@ def _load_shard(directory: str, entry: dict, header: dict) -> tuple[np.ndarray, 
                           f"{header['dtype']} [{n_tok}, {header['feature_dim']}]")
   if (offsets.dtype.kind not in "iu" or offsets.shape != (n + 1,) or offsets[0] != 0 or offsets[-1] != n_tok
       or np.any(np.diff(offsets) < 0)):
-    raise DataFormatError(f"{path}: offsets {_short(offsets.tolist())} are not {n + 1} ascending token "
+    raise DataFormatError(f"{path}: offsets {shown(offsets.tolist())} are not {n + 1} ascending token "
                           f"offsets from 0 to {n_tok}")
   return feats, offsets
 
