@@ -506,7 +506,8 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
     chunk = todo[k * shard_size:(k + 1) * shard_size]
     feats = _chunk_features(lm, chunk, spec, batch_size, captured)
     offsets = np.cumsum([0] + [len(f) for f in feats])
-    data = np.concatenate(feats, axis=0).astype(dtype)
+    with np.errstate(over="ignore"):  # an overflow to inf is refused below, naming the record
+      data = np.concatenate(feats, axis=0).astype(dtype)
     for r, f, lo, hi in zip(chunk, feats, offsets[:-1], offsets[1:]):
       if not np.isfinite(data[lo:hi]).all():
         if np.isfinite(f).all():

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from reprobe_jax.readers import shown
 from reprobe_jax.tasks.base import (Problem, State, TaskFamily, advance_pointer, family_rng, integer_text,
                                     read_int)
 
@@ -88,14 +89,16 @@ class Arithmetic(TaskFamily):
   def validate(self, problem: Problem, where: str) -> None:
     data = problem.data
     if not isinstance(data.get("start"), int) or isinstance(data.get("start"), bool):
-      raise self.data_error(where, f"'start' must be an integer, found {data.get('start')!r}")
+      raise self.data_error(where, f"'start' must be an integer, found {shown(data.get('start'))}")
     ops = data.get("ops")
     if not isinstance(ops, list) or not ops:
       raise self.data_error(where, f"'ops' must be a non-empty list of [op, number] pairs, found {ops!r}")
     for i, item in enumerate(ops):
+      # A step writes its operand unsigned ("12 - 3 = 9"), so a negative one could never be checked.
       if (not isinstance(item, list) or len(item) != 2 or item[0] not in _OPS or not isinstance(item[1], int)
-          or isinstance(item[1], bool)):
-        raise self.data_error(where, f"ops[{i}] must be [op, integer] with op one of + - *, found {item!r}")
+          or isinstance(item[1], bool) or item[1] < 0):
+        raise self.data_error(where, f"ops[{i}] must be [op, integer >= 0] with op one of + - *, found "
+                                     f"{shown(item)}")
     v = data["start"]
     for i, (op, b) in enumerate(ops):
       v = apply(op, v, b)
