@@ -490,6 +490,8 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
   trajectories). Everything is checked before anything is written (module docstring)."""
   captured = captured or {}
   _check_job(lm, records, spec, shard_size, batch_size, dtype, captured)
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise ConfigError(f"{directory}: is a file, not a feature directory")
   header = _header(lm, spec, dtype)
   path = os.path.join(directory, MANIFEST)
   shards = _resumable(directory, header, records) if os.path.exists(path) else []

@@ -159,8 +159,9 @@ def test_problem_numbers_past_the_int_limit_are_named(tmp_path):
   for record, match in cases:
     with pytest.raises(DataFormatError, match=match):
       read_problems(_write_lines(tmp_path / "p.jsonl", [json.dumps(record)]))
+  big = json.dumps(arith).replace('"start": ', f'"start": {BIG}, "x": ')
   with pytest.raises(DataFormatError, match=r"p\.jsonl:1: unreadable JSON"):
-    read_problems(_write_lines(tmp_path / "p.jsonl", [json.dumps(arith).replace('"start": ', f'"start": {BIG}, "x": ')]))
+    read_problems(_write_lines(tmp_path / "p.jsonl", [big]))
   with pytest.raises(DataFormatError, match=r"p\.jsonl:1: JSONL file is not UTF-8"):
     read_problems(_write_lines(tmp_path / "p.jsonl", [json.dumps(arith).encode().replace(b"Start", b"\xc3(tart")]))
 
@@ -169,8 +170,8 @@ def test_rule_labels_a_step_with_a_number_past_the_int_limit():
   p = _problem("arithmetic")
   ref = get_family("arithmetic").reference_steps(p)
   texts = [f"- Step 1: 3 + 4 = {BIG}"] + [f"- Step {k}: {b}" for k, b in enumerate(ref, 2)] + [f"<Answer>: {BIG}"]
-  rec = {"id": "r", "problem_id": p.id, "mode": "line", "steps": [{"text": t, "start": 0, "end": 0} for t in texts]}
-  rec["steps"] = [{"text": t, "start": k, "end": k + 1} for k, t in enumerate(texts)]
+  rec = {"id": "r", "problem_id": p.id, "mode": "line",
+         "steps": [{"text": t, "start": k, "end": k + 1} for k, t in enumerate(texts)]}
   (out,) = annotate_rule([rec], {p.id: p})
   # The long step is unreadable (unknown); the reference steps after it are right; the long answer is wrong.
   assert out["labels"] == [None] + [0.0] * len(ref) + [1.0] and out["correct"] is False
@@ -181,7 +182,8 @@ def test_rule_labels_a_step_with_a_number_past_the_int_limit():
   (out,) = annotate_rule([think], {p.id: p})
   assert out["correct"] is False and all(v in (None, 0.0, 1.0) for v in out["labels"])
   plan = _problem("planning")
-  rec = {"id": "q", "problem_id": plan.id, "mode": "line", "steps": [{"text": f"<Answer>: {BIG}", "start": 0, "end": 1}]}
+  rec = {"id": "q", "problem_id": plan.id, "mode": "line",
+         "steps": [{"text": f"<Answer>: {BIG}", "start": 0, "end": 1}]}
   assert annotate_rule([rec], {plan.id: plan})[0]["labels"] == [1.0]
 
 
@@ -244,7 +246,6 @@ def test_fuzz_import_labels(tmp_path, data):
   lines = []
   for rid in ("t0", "t1"):
     entry = {"id": rid, "labels": [0, 1, None]}
-    entry = {k: v for k, v in entry.items()}
     for _ in range(data.draw(st.integers(0, 2))):
       key = data.draw(st.sampled_from(["id", "labels", "first_error", "ratings"]))
       if data.draw(st.booleans()):
@@ -334,6 +335,9 @@ def test_bad_job_settings_are_config_errors(lm, tmp_path):
   with pytest.raises(DataFormatError, match="trajectory 'r0': the model's features for it are not finite"):
     extract(lm, recs, SPEC, str(tmp_path / "g"), captured=big)
   assert not os.path.exists(tmp_path / "f")
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(ConfigError, match="file: is a file, not a feature directory"):
+    extract(lm, _recs(), SPEC, str(tmp_path / "file"))
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -412,7 +416,8 @@ def test_ids_swapped_in_the_manifest_are_refused(store_dir, tmp_path):
     (lambda m: m["shards"][0].update(file="/etc/passwd"), r"shards\[0\]: field 'file' must be a file name"),
     (lambda m: m["shards"][0].update(tokens="3"), r"shards\[0\]: field 'tokens' must be an integer >= 0"),
     (lambda m: m["shards"][1].pop("sha256"), r"shards\[1\]: missing field 'sha256'"),
-    (lambda m: m["shards"][1].update(ids=m["shards"][0]["ids"]), r"shards\[1\]: trajectory 'r0' is also in shards\[0\]"),
+    (lambda m: m["shards"][1].update(ids=m["shards"][0]["ids"]),
+     r"shards\[1\]: trajectory 'r0' is also in shards\[0\]"),
     (lambda m: m["shards"][1].update(file=m["shards"][0]["file"]), r"shards\[1\]: file 'shard_00000.npz' is listed"),
     (lambda m: m["shards"][0].update(hashes=[]), r"shards\[0\]: field 'hashes' must be a list of record hashes|"
                                                  r"0 hashes for 2 ids"),
