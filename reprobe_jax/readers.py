@@ -62,3 +62,13 @@ def read_jsonl(path: str | os.PathLike, what: str = "JSONL file") -> list[tuple[
 
 
 _KIND_NAMES = {dict: "object", list: "array", str: "string"}
+
+
+def shown(value: Any, limit: int = 60) -> str:
+  """'<type> <repr>' of a value for an error message, cut to `limit` characters; never raises (an integer past
+  Python's int-string limit has no repr)."""
+  try:
+    text = repr(value)
+  except ValueError:
+    text = "(too long to show)"
+  return f"{type(value).__name__} {text if len(text) <= limit else text[:limit - 3] + '...'}"

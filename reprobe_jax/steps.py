@@ -20,7 +20,10 @@ import string
 import weakref
 from typing import Sequence
 
-from reprobe_jax.errors import ConfigError
+import numpy as np
+
+from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.readers import shown
 
 MODES = ("line", "sentence", "paragraph", "regex")
 WHITESPACE = " \t\n\r\x0b\x0c"
@@ -453,7 +456,7 @@ def token_end_offsets(tokenizer, ids: Sequence[int]) -> tuple[str, list[int]]:
 
   Equal to decoding every prefix and taking its common prefix with the whole text (a token that completes a
   multi-byte character ends where the character does), but computed in one pass from `token_bytes`."""
-  ids = [int(i) for i in ids]
+  ids = token_ids(ids)
   text, ends, _ = _decode(token_bytes(tokenizer), ids)
   check_text(tokenizer, ids, text)
   return text, ends
@@ -477,10 +480,29 @@ def byte_ends(tb: TokenBytes, ids: Sequence[int]) -> list[int]:
   return out
 
 
+MAX_TOKEN_ID = 2**32 - 1  # what a tokenizer's decode takes (u32); ids above the vocabulary add no bytes
+
+
+def token_ids(ids) -> list[int]:
+  """`ids` as a list of ints; DataFormatError unless it is a sequence (not a string, not a number) of integers in
+  [0, 2**32) (bools and floats are no token ids)."""
+  if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
+    raise DataFormatError(f"token ids must be a sequence of integers, found {shown(ids)}")
+  out = []
+  for k, t in enumerate(ids):
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)) or not 0 <= t <= MAX_TOKEN_ID:
+      raise DataFormatError(f"token ids[{k}] must be an integer in [0, {MAX_TOKEN_ID}], found {shown(t)}")
+    out.append(int(t))
+  return out
+
+
 def align(tokenizer, ids: Sequence[int], mode: str, *, min_chars: int = 20, pattern: str | None = None,
           offset: int = 0) -> list[Step]:
   """Steps of the response token ids `ids` with exact token spans; `offset` shifts spans (e.g. by the prompt length)
-  so they index the full sequence. Runs the same automaton as the sampler's stop rule (`reprobe_jax.boundary`)."""
+  so they index the full sequence. Runs the same automaton as the sampler's stop rule (`reprobe_jax.boundary`).
+  Spans are ordered, do not overlap and lie in [offset, offset + len(ids)]; ids are checked (`token_ids`)."""
   from reprobe_jax.boundary import StepBoundary  # boundary builds on this module
-  return StepBoundary(mode, pattern=pattern, min_chars=min_chars).align(tokenizer, ids, offset=offset)
+  if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+    raise ConfigError(f"align: offset must be an integer >= 0, found {offset!r}")
+  return StepBoundary(mode, pattern=pattern, min_chars=min_chars).align(tokenizer, token_ids(ids), offset=int(offset))
 

@@ -186,7 +186,7 @@ def test_load_probe_names_the_file_and_field(tmp_path):
   (tmp_path / "broken").mkdir()
   (tmp_path / "broken" / "config.json").write_text("{not json")
   (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
-  with pytest.raises(CheckpointError, match="config.json: not valid JSON"):
+  with pytest.raises(CheckpointError, match=r"config.json:1: probe config is not valid JSON"):
     load_probe(str(tmp_path / "broken"))
   with pytest.raises(CheckpointError, match="no config.json"):
     load_probe(str(tmp_path / "nothing"))

@@ -108,7 +108,7 @@ def test_bad_trajectory_records_name_the_trajectory_and_step():
       (rec(labels=[0]), "t0': 1 labels for 2 steps"),
       (rec(steps=[{"text": " ", "start": 0, "end": 3}, {"text": "x", "start": 3, "end": 5}]), "step 0 is empty"),
       (rec(steps=[{"text": "a", "start": 0, "end": 3}, {"text": "b", "start": 3, "end": 9}]),
-       r"step 1 spans tokens \[3, 9\), outside the response's 5 tokens"),
+       r"steps\[1\] spans tokens \[3, 9\), past the response's 5 tokens"),  # the record schema's check
       (rec(id="t9"), "'t9' has no stored features in features/hidden"),
       (rec(labels=None), "no labels"),
   ]

@@ -43,7 +43,7 @@ def test_todays_records_read_and_write_back_byte_for_byte(tmp_path):
 
 @pytest.mark.parametrize("change,match", [
     ({"logprobs": None}, "missing field 'logprobs'"),
-    ({"response_ids": "4 8"}, "field 'response_ids' must be a list of integers, found str"),
+    ({"response_ids": "4 8"}, "field 'response_ids' must be a list of integers >= 0 \\(token ids\\), found str"),
     ({"sample": True}, "field 'sample' must be an integer"),
     ({"entropy": [0.5, "x"]}, "field 'entropy' must be a list of numbers"),
     ({"steps": [{"text": "a", "start": 0}]}, r"steps\[0\] must be a \{text, start, end\} object"),

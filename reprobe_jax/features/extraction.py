@@ -5,10 +5,28 @@ the state that predicted token j. Feature sets concatenate, in this order: hidde
 (`hidden`), the attention window of every layer and head (`attn`: W x heads x layers), the top-K next-token
 probabilities (`logit`). Only response tokens are stored (see docs/method.md).
 
-On disk, `<dir>/manifest.json` names the model fingerprint, the tokenizer hash, the spec and the finished shards;
-each shard `shard_NNNNN.npz` holds `features` [tokens, F] (float32 or float16), `offsets` [n + 1] and `ids` [n].
-Shards and the manifest are written atomically, so a killed extraction resumes from its last finished shard; a
-directory made for another model, tokenizer or spec is refused.
+On disk, `<dir>/manifest.json` holds the format, the store's header (model fingerprint, tokenizer hash, spec,
+feature dim, dtype) and the finished shards: per shard its file name, record ids, record hashes (`record_hash`: the
+prompt and response tokens its features were made from), token count and `sha256` (of the shard file's bytes). Each
+shard `shard_NNNNN.npz` holds `features` [tokens, F] (float32 or float16), `offsets` [n + 1], `ids` [n], `hashes`
+[n] and `header` (the store's header as JSON), so a shard names what it was made from even outside its folder.
+Shards and the manifest are written atomically, so a killed extraction resumes from its last finished shard.
+
+What is checked, and what happens on a mismatch:
+- Records, before anything is written: the trajectory schema (`Trajectory.from_json`: ids, token lists of ints,
+  a non-empty prompt), unique ids, token ids inside the model's vocabulary and sequences inside its context
+  (DataFormatError / CacheFullError naming the record), captured features of the right shape.
+- The manifest, on every read and resume: keys, types, shard names `shard_<digits>.npz` (no path leaves the folder),
+  unique ids and files; a defect is a DataFormatError naming manifest.json. A folder made for another model,
+  tokenizer, spec or dtype is refused (FeatureMismatchError).
+- A shard, when `FeatureStore` first reads it: its bytes against `sha256`, then its arrays (shapes, dtype, offsets)
+  and its embedded ids, record hashes and header against the manifest. Damage (missing, zero-byte, truncated,
+  changed bytes) is a DataFormatError naming the shard; a shard made for other records or another store (copied in
+  with its manifest entry) is a FeatureMismatchError. Nothing wrong is served.
+- On resume (`extract` into a folder with a manifest), every shard that holds one of the records asked for is read
+  and checked as above. A damaged shard is recomputed (logged; features are a function of model, spec and tokens,
+  and its records are at hand); a shard made for other tokens than a record now has (same id, another response),
+  or for another store, is refused (FeatureMismatchError): that is a different job's data, not damage.
 """
 
 from __future__ import annotations
@@ -18,22 +36,36 @@ import hashlib
 import io
 import json
 import os
-from typing import Callable, Mapping, Sequence
+import re
+import struct
+import zipfile
+import zlib
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from reprobe_jax.atomic import atomic_open
-from reprobe_jax.errors import ConfigError, ReprobeError
+from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, ReprobeError
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.readers import read_json, shown
 
 MANIFEST = "manifest.json"
+FORMAT = "reprobe-features"
+FORMAT_VERSION = 2  # 2: shards carry record hashes, an embedded header and a content hash
+HEADER_KEYS = ("model_fingerprint", "tokenizer_hash", "spec", "feature_dim", "dtype")
+DTYPES = ("float32", "float16")
+_SHARD_NAME = re.compile(r"shard_\d{5,}\.npz")
 
 
 class FeatureMismatchError(ReprobeError):
   """Stored features were made by another model, tokenizer or feature spec than the one asked for."""
+
+
+PARTS = ("hidden", "attn", "logit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +78,30 @@ class FeatureSpec:
   top_k: int = 4
 
   def __post_init__(self):
-    unknown = set(self.parts) - {"hidden", "attn", "logit"}
-    if unknown or not self.parts:
-      raise ConfigError(f"feature parts {self.parts} must be a non-empty subset of hidden, attn, logit")
-    object.__setattr__(self, "hidden_layers", tuple(int(i) for i in self.hidden_layers))
+    parts = self.parts
+    if (isinstance(parts, str) or not isinstance(parts, (tuple, list)) or not parts
+        or not all(isinstance(p, str) for p in parts) or set(parts) - set(PARTS) or len(set(parts)) != len(parts)):
+      raise ConfigError(f"feature parts {parts!r} must be a non-empty subset of {', '.join(PARTS)} (each once)")
+    object.__setattr__(self, "parts", tuple(parts))
+    layers = self.hidden_layers
+    if (isinstance(layers, (str, bytes)) or not isinstance(layers, (tuple, list))
+        or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in layers)):
+      raise ConfigError(f"feature part 'hidden': hidden_layers must be a sequence of layer indices (integers), "
+                        f"found {layers!r}")
+    if "hidden" in parts and not layers:
+      raise ConfigError("feature part 'hidden': hidden_layers is empty; name at least one layer")
+    object.__setattr__(self, "hidden_layers", tuple(int(i) for i in layers))
+    for part, name in (("attn", "attn_window"), ("logit", "top_k")):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ConfigError(f"feature part {part!r}: {name} must be an integer >= 1, found {v!r}")
+      object.__setattr__(self, name, int(v))
 
   @classmethod
   def from_name(cls, name: str, **kw) -> "FeatureSpec":
     """'hidden', 'attn+logit', 'hidden+attn+logit', ..."""
+    if not isinstance(name, str):
+      raise ConfigError(f"feature set name must be a string like 'hidden+logit', found {name!r}")
     return cls(parts=tuple(name.split("+")), **kw)
 
   @property
@@ -137,6 +185,27 @@ def record_hash(record) -> str:
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+_RECORD_FIELDS = ("id", "prompt_ids", "response_ids")  # what extraction reads of a trajectory record
+
+
+def check_records(lm: LanguageModel, records: Sequence[Mapping[str, Any]]) -> None:
+  """DataFormatError naming the record unless each is a trajectory record (`Trajectory.from_json`: an id, a
+  non-empty prompt_ids, response_ids) whose token ids are in the model's vocabulary; CacheFullError naming it when
+  prompt + response exceed the model's context."""
+  from reprobe_jax.trajectories import Trajectory  # trajectories builds on this module
+  for index, r in enumerate(records):
+    t = Trajectory.from_json(r, f"<record {index}>: ", required=_RECORD_FIELDS)
+    for field in ("prompt_ids", "response_ids"):
+      try:
+        lm.check_ids(getattr(t, field))
+      except ConfigError as e:
+        raise DataFormatError(f"trajectory {t.id!r}: field {field!r}: {e}") from None
+    try:
+      lm._check_length(len(t.prompt_ids) + len(t.response_ids))
+    except CacheFullError as e:
+      raise CacheFullError(f"trajectory {t.id!r}: {e}") from None
+
+
 def _atomic_bytes(path: str, data: bytes) -> None:
   with atomic_open(path, "wb") as f:
     f.write(data)
@@ -144,8 +213,10 @@ def _atomic_bytes(path: str, data: bytes) -> None:
 
 def token_features(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, *,
                    batch_size: int = 8) -> list[np.ndarray]:
-  """[n_response_tokens, F] per record, next-token aligned (token j from position prompt_len + j - 1)."""
+  """[n_response_tokens, F] per record, next-token aligned (token j from position prompt_len + j - 1); records are
+  checked first (`check_records`)."""
   from reprobe_jax.models.forward import forward, positions_from_mask
+  check_records(lm, records)
   capture = spec.capture()
   out: list[np.ndarray | None] = [None] * len(records)
   order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["response_ids"]))
@@ -171,6 +242,13 @@ def token_features(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec
   return out  # type: ignore[return-value]
 
 
+def _check_shape(record, features, dim: int, spec: FeatureSpec) -> None:
+  shape = np.shape(features)
+  if shape != (len(record["response_ids"]), dim):
+    raise FeatureMismatchError(f"trajectory {record['id']!r}: captured features have shape {shape}, expected "
+                               f"({len(record['response_ids'])}, {dim}) for spec {spec.name!r}")
+
+
 def _chunk_features(lm, chunk, spec: FeatureSpec, batch_size: int, captured: Mapping[str, np.ndarray]):
   """Features per record of a chunk: the captured ones where there are, a teacher-forced forward for the rest."""
   dim = spec.dim(lm.config)
@@ -179,30 +257,150 @@ def _chunk_features(lm, chunk, spec: FeatureSpec, batch_size: int, captured: Map
   out = []
   for r in chunk:
     f = captured[r["id"]] if r["id"] in captured else forward[r["id"]]
-    if f.shape != (len(r["response_ids"]), dim):
-      raise FeatureMismatchError(f"trajectory {r['id']!r}: captured features have shape {f.shape}, expected "
-                                 f"({len(r['response_ids'])}, {dim}) for spec {spec.name!r}")
+    _check_shape(r, f, dim, spec)
     out.append(np.asarray(f, np.float32))
   return out
 
 
+# ------------------------------------------------------------------------------------------------ manifest, shards
+
+def _is_int(v: Any, low: int) -> bool:
+  return type(v) is int and v >= low
+
+
+def _str_list(v: Any) -> bool:
+  return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
+
+
+_MANIFEST_FIELDS = (  # (key, check, what it must be)
+    ("model_fingerprint", lambda v: isinstance(v, str), "a string"),
+    ("tokenizer_hash", lambda v: isinstance(v, str), "a string"),
+    ("spec", lambda v: isinstance(v, dict), "an object (a FeatureSpec)"),
+    ("feature_dim", lambda v: _is_int(v, 1), "an integer >= 1"),
+    ("dtype", lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
+    ("shards", lambda v: isinstance(v, list), "a list of shard entries"),
+    ("complete", lambda v: isinstance(v, bool), "true or false"),
+)
+_SHARD_FIELDS = (
+    ("file", lambda v: isinstance(v, str) and bool(_SHARD_NAME.fullmatch(v)),
+     "a file name shard_<digits>.npz inside the folder"),
+    ("ids", _str_list, "a list of non-empty strings (trajectory ids)"),
+    ("hashes", _str_list, "a list of record hashes"),
+    ("tokens", lambda v: _is_int(v, 0), "an integer >= 0"),
+    ("sha256", lambda v: isinstance(v, str) and bool(re.fullmatch(r"[0-9a-f]{64}", v)), "a sha256 hex digest"),
+)
+
+
+def read_manifest(directory: str) -> dict:
+  """The checked manifest of a feature folder; DataFormatError naming manifest.json and the field on any defect
+  (see the module docstring)."""
+  path = os.path.join(directory, MANIFEST)
+  m = read_json(path, "feature manifest")
+  if m.get("format") != FORMAT or m.get("format_version") != FORMAT_VERSION:
+    raise DataFormatError(f"{path}: format {m.get('format')!r} version {m.get('format_version')!r}; this reader "
+                          f"knows {FORMAT!r} version {FORMAT_VERSION} (stores from before shards carried hashes "
+                          "are not read: extract into a new folder)")
+  for key, check, expected in _MANIFEST_FIELDS:
+    if key not in m:
+      raise DataFormatError(f"{path}: missing field {key!r}")
+    if not check(m[key]):
+      raise DataFormatError(f"{path}: field {key!r} must be {expected}, found {shown(m[key])}")
+  try:
+    FeatureSpec(**m["spec"])
+  except (ConfigError, TypeError) as e:
+    raise DataFormatError(f"{path}: field 'spec' is not a feature spec ({e})") from None
+  files, ids = set(), {}
+  for k, entry in enumerate(m["shards"]):
+    where = f"{path}: shards[{k}]"
+    if not isinstance(entry, dict):
+      raise DataFormatError(f"{where} must be an object, found {shown(entry)}")
+    for key, check, expected in _SHARD_FIELDS:
+      if key not in entry:
+        raise DataFormatError(f"{where}: missing field {key!r}")
+      if not check(entry[key]):
+        raise DataFormatError(f"{where}: field {key!r} must be {expected}, found {shown(entry[key])}")
+    if len(entry["hashes"]) != len(entry["ids"]):
+      raise DataFormatError(f"{where}: {len(entry['hashes'])} hashes for {len(entry['ids'])} ids")
+    if entry["file"] in files:
+      raise DataFormatError(f"{where}: file {entry['file']!r} is listed twice")
+    files.add(entry["file"])
+    for tid in entry["ids"]:
+      if tid in ids:
+        raise DataFormatError(f"{where}: trajectory {tid!r} is also in shards[{ids[tid]}]")
+      ids[tid] = k
+  return m
+
+
+_SHARD_ARRAYS = ("features", "offsets", "ids", "hashes", "header")
+# What numpy's npz reader raises on bytes that are not a well-formed archive of plain arrays.
+_NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, struct.error, KeyError, ValueError, OSError, EOFError, IndexError,
+               NotImplementedError, OverflowError, MemoryError)
+
+
+def _load_shard(directory: str, entry: dict, header: dict) -> tuple[np.ndarray, np.ndarray]:
+  """(features [tokens, F], offsets [n + 1]) of a shard, checked against its manifest entry and the store's header:
+  DataFormatError when the file is damaged, FeatureMismatchError when it was made for other records or another
+  store (module docstring)."""
+  path = os.path.join(directory, entry["file"])
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise DataFormatError(f"{path}: cannot read feature shard ({e.strerror or e})") from None
+  digest = hashlib.sha256(data).hexdigest()
+  if digest != entry["sha256"]:
+    raise DataFormatError(f"{path}: {len(data)} bytes whose sha256 {digest[:16]}... is not the manifest's "
+                          f"{entry['sha256'][:16]}... (the shard was changed, truncated or replaced)")
+  try:
+    z = np.load(io.BytesIO(data), allow_pickle=False)
+    if not isinstance(z, np.lib.npyio.NpzFile):
+      raise ValueError("not an .npz archive")
+    with z:
+      arrays = {name: z[name] for name in _SHARD_ARRAYS}
+  except _NPZ_ERRORS as e:
+    raise DataFormatError(f"{path}: not a readable feature shard ({type(e).__name__}: {e})") from None
+  feats, offsets, ids, hashes, embedded = (arrays[name] for name in _SHARD_ARRAYS)
+  try:
+    made_for = json.loads(str(embedded)) if embedded.shape == () and embedded.dtype.kind == "U" else None
+  except ValueError:
+    made_for = None
+  if not isinstance(made_for, dict):
+    raise DataFormatError(f"{path}: the shard's 'header' is not the JSON object extraction writes")
+  for key in HEADER_KEYS:
+    if made_for.get(key) != header[key]:
+      raise FeatureMismatchError(f"{path}: the shard was made with {key}={made_for.get(key)!r}, but this store "
+                                 f"holds {header[key]!r} (copied in from another store?)")
+  for name, arr, want in (("ids", ids, entry["ids"]), ("hashes", hashes, entry["hashes"])):
+    if arr.dtype.kind != "U" or arr.shape != (len(want),) or arr.tolist() != want:
+      raise FeatureMismatchError(f"{path}: the shard's {name} are not the {len(want)} the manifest lists for it")
+  n, n_tok = len(entry["ids"]), entry["tokens"]
+  if feats.dtype != np.dtype(header["dtype"]) or feats.shape != (n_tok, header["feature_dim"]):
+    raise DataFormatError(f"{path}: features are {feats.dtype} {list(feats.shape)}, the manifest says "
+                          f"{header['dtype']} [{n_tok}, {header['feature_dim']}]")
+  if (offsets.dtype.kind not in "iu" or offsets.shape != (n + 1,) or offsets[0] != 0 or offsets[-1] != n_tok
+      or np.any(np.diff(offsets) < 0)):
+    raise DataFormatError(f"{path}: offsets {shown(offsets.tolist())} are not {n + 1} ascending token "
+                          f"offsets from 0 to {n_tok}")
+  return feats, offsets
+
+
 class FeatureStore:
-  """Reads a finished feature directory: `store[id]` -> [n_tokens, F]; `store.ids`."""
+  """Reads a finished feature directory: `store[id]` -> [n_tokens, F]; `store.ids`. The manifest is checked on
+  opening and each shard when first read (module docstring)."""
 
   def __init__(self, directory: str, *, expect: dict | None = None):
     self.directory = directory
-    path = os.path.join(directory, MANIFEST)
-    if not os.path.exists(path):
+    if not os.path.exists(os.path.join(directory, MANIFEST)):
       raise ConfigError(f"{directory}: no {MANIFEST} (not a feature directory)")
-    with open(path) as f:
-      self.manifest = json.load(f)
+    self.manifest = read_manifest(directory)
     if expect:
       for key, want in expect.items():
         have = self.manifest.get(key)
         if have != want:
           raise FeatureMismatchError(f"{directory}: features were made with {key}={have!r}, expected {want!r}")
+    self._header = {key: self.manifest[key] for key in HEADER_KEYS}
     self._index: dict[str, tuple[int, int]] = {}
-    self._cache: dict[int, dict] = {}
+    self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for k, shard in enumerate(self.manifest["shards"]):
       for j, tid in enumerate(shard["ids"]):
         self._index[tid] = (k, j)
@@ -221,10 +419,64 @@ class FeatureStore:
   def __getitem__(self, tid: str) -> np.ndarray:
     k, j = self._index[tid]
     if k not in self._cache:
-      with np.load(os.path.join(self.directory, self.manifest["shards"][k]["file"])) as z:
-        self._cache = {k: {"features": z["features"], "offsets": z["offsets"]}}
-    sh = self._cache[k]
-    return sh["features"][sh["offsets"][j]:sh["offsets"][j + 1]].astype(np.float32)
+      self._cache = {k: _load_shard(self.directory, self.manifest["shards"][k], self._header)}
+    feats, offsets = self._cache[k]
+    return feats[offsets[j]:offsets[j + 1]].astype(np.float32)
+
+
+def _header(lm: LanguageModel, spec: FeatureSpec, dtype: str) -> dict:
+  """What a store's features depend on besides the records, as the manifest stores it (tuples become lists)."""
+  header = {"model_fingerprint": model_fingerprint(lm), "tokenizer_hash": tokenizer_hash(lm.tokenizer),
+            "spec": dataclasses.asdict(spec), "feature_dim": spec.dim(lm.config), "dtype": dtype}
+  return json.loads(json.dumps(header))
+
+
+def _check_job(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, shard_size, batch_size, dtype,
+               captured: Mapping[str, np.ndarray]) -> None:
+  """ConfigError / DataFormatError / FeatureMismatchError for an extraction that cannot run, before any write."""
+  for name, v in (("shard_size", shard_size), ("batch_size", batch_size)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ConfigError(f"extract: {name} must be an integer >= 1, found {v!r}")
+  if dtype not in DTYPES:
+    raise ConfigError(f"extract: dtype must be one of {', '.join(DTYPES)}, found {dtype!r}")
+  if "logit" in spec.parts and spec.top_k > lm.config.vocab_size:
+    raise ConfigError(f"feature part 'logit': top_k={spec.top_k} is more than the model's vocabulary of "
+                      f"{lm.config.vocab_size} tokens")
+  spec.capture().resolve_layers(lm.config.num_layers)  # ConfigError naming a layer outside the model
+  check_records(lm, records)
+  seen: dict[str, int] = {}
+  for index, r in enumerate(records):
+    if r["id"] in seen:
+      raise DataFormatError(f"<record {index}>: trajectory {r['id']!r} is also record {seen[r['id']]}; a feature "
+                            "store is keyed by id")
+    seen[r["id"]] = index
+    if r["id"] in captured:
+      _check_shape(r, captured[r["id"]], spec.dim(lm.config), spec)
+
+
+def _resumable(directory: str, header: dict, records: Sequence[dict]) -> list[dict]:
+  """The shard entries of an existing folder to keep (module docstring: what is refused, what is recomputed)."""
+  old = read_manifest(directory)
+  for key in HEADER_KEYS:
+    if old[key] != header[key]:
+      raise FeatureMismatchError(f"{directory}: holds features with {key}={old[key]!r}, but this run has "
+                                 f"{header[key]!r}; use another directory")
+  wanted = {r["id"]: record_hash(r) for r in records}
+  for entry in old["shards"]:  # a stored record must have been made from the same tokens
+    for tid, h in zip(entry["ids"], entry["hashes"]):
+      if tid in wanted and wanted[tid] != h:
+        raise FeatureMismatchError(f"{directory}: the features stored for trajectory {tid!r} were made from other "
+                                   "tokens than it now has; use another directory")
+  kept = []
+  for entry in old["shards"]:
+    if any(tid in wanted for tid in entry["ids"]):
+      try:
+        _load_shard(directory, entry, header)
+      except DataFormatError as e:
+        logging.warning("%s; its %d records are extracted again", e, len(entry["ids"]))
+        continue
+    kept.append(entry)
+  return kept
 
 
 def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, directory: str, *,
@@ -235,40 +487,45 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
 
   captured: {record id: [n_response_tokens, F]} features the sampler recorded while it generated the record (so no
   second forward is run for them); records not in it are run through the model (teacher-forced, e.g. imported
-  trajectories)."""
-  os.makedirs(directory, exist_ok=True)
-  header = {"model_fingerprint": model_fingerprint(lm), "tokenizer_hash": tokenizer_hash(lm.tokenizer),
-            "spec": dataclasses.asdict(spec), "feature_dim": spec.dim(lm.config), "dtype": dtype,
-            "alignment": "next-token: token j from position j-1; response tokens only"}
-  header = json.loads(json.dumps(header))  # compare as stored (tuples become lists)
+  trajectories). Everything is checked before anything is written (module docstring)."""
+  captured = captured or {}
+  _check_job(lm, records, spec, shard_size, batch_size, dtype, captured)
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise ConfigError(f"{directory}: is a file, not a feature directory")
+  header = _header(lm, spec, dtype)
   path = os.path.join(directory, MANIFEST)
-  manifest = {**header, "shards": [], "complete": False}
-  if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
-    for key in ("model_fingerprint", "tokenizer_hash", "spec", "feature_dim", "dtype"):
-      if old.get(key) != header[key]:
-        raise FeatureMismatchError(f"{directory}: holds features with {key}={old.get(key)!r}, but this run has "
-                                   f"{header[key]!r}; use another directory")
-    manifest["shards"] = [s for s in old["shards"] if os.path.exists(os.path.join(directory, s["file"]))]
-  done = {tid: h for s in manifest["shards"] for tid, h in zip(s["ids"], s.get("hashes", [None] * len(s["ids"])))}
-  for r in records:  # a stored record must have been made from the same tokens (shards before hashes: unchecked)
-    if done.get(r["id"]) is not None and done[r["id"]] != record_hash(r):
-      raise FeatureMismatchError(f"{directory}: the features stored for trajectory {r['id']!r} were made from other "
-                                 "tokens than it now has; use another directory")
+  shards = _resumable(directory, header, records) if os.path.exists(path) else []
+  os.makedirs(directory, exist_ok=True)
+  manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **header,
+              "alignment": "next-token: token j from position j-1; response tokens only", "shards": shards,
+              "complete": False}
+  done = {tid for s in shards for tid in s["ids"]}
+  used = {s["file"] for s in shards}
   todo = [r for r in records if r["id"] not in done]
   total = -(-len(todo) // shard_size)
+  embedded = np.asarray(json.dumps(header, sort_keys=True))
   for k in range(total):
     chunk = todo[k * shard_size:(k + 1) * shard_size]
-    feats = _chunk_features(lm, chunk, spec, batch_size, captured or {})
+    feats = _chunk_features(lm, chunk, spec, batch_size, captured)
     offsets = np.cumsum([0] + [len(f) for f in feats])
-    data = np.concatenate(feats, axis=0) if feats else np.zeros((0, header["feature_dim"]), np.float32)
-    name = f"shard_{len(manifest['shards']):05d}.npz"
+    with np.errstate(over="ignore"):  # an overflow to inf is refused below, naming the record
+      data = np.concatenate(feats, axis=0).astype(dtype)
+    for r, f, lo, hi in zip(chunk, feats, offsets[:-1], offsets[1:]):
+      if not np.isfinite(data[lo:hi]).all():
+        if np.isfinite(f).all():
+          raise ConfigError(f"trajectory {r['id']!r}: its features reach {np.abs(f).max():.4g}, past what {dtype} "
+                            "holds; extract with dtype='float32'")
+        raise DataFormatError(f"trajectory {r['id']!r}: the model's features for it are not finite (NaN or inf)")
+    name = next(n for n in (f"shard_{i:05d}.npz" for i in range(len(used) + 1)) if n not in used)
+    used.add(name)
+    ids, hashes = [r["id"] for r in chunk], [record_hash(r) for r in chunk]
     buf = io.BytesIO()
-    np.savez(buf, features=data.astype(dtype), offsets=offsets, ids=np.asarray([r["id"] for r in chunk]))
-    _atomic_bytes(os.path.join(directory, name), buf.getvalue())
-    manifest["shards"].append({"file": name, "ids": [r["id"] for r in chunk], "hashes": [record_hash(r) for r in chunk],
-                               "tokens": int(offsets[-1])})
+    np.savez(buf, features=data, offsets=offsets, ids=np.asarray(ids, str), hashes=np.asarray(hashes, str),
+             header=embedded)
+    blob = buf.getvalue()
+    _atomic_bytes(os.path.join(directory, name), blob)
+    manifest["shards"].append({"file": name, "ids": ids, "hashes": hashes, "tokens": int(offsets[-1]),
+                               "sha256": hashlib.sha256(blob).hexdigest()})
     _atomic_bytes(path, json.dumps(manifest, indent=1).encode())
     if on_shard is not None:
       on_shard(k + 1, total)
@@ -277,4 +534,3 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
                         "tokens": sum(s["tokens"] for s in manifest["shards"])}
   _atomic_bytes(path, json.dumps(manifest, indent=1).encode())
   return FeatureStore(directory)
-

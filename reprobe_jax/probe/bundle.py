@@ -18,11 +18,12 @@ import numpy as np
 from flax import nnx, struct
 
 from reprobe_jax.atomic import atomic_folder
-from reprobe_jax.errors import CheckpointError, ConfigError, ReprobeError
+from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError, ReprobeError
 from reprobe_jax.features.extraction import FeatureMismatchError, FeatureSpec
 from reprobe_jax.models.checkpoint import SafetensorsFile, write_safetensors
 from reprobe_jax.models.forward import StaticGraph
 from reprobe_jax.probe.model import ProbeConfig, abstract_probe, score_steps
+from reprobe_jax.readers import read_json
 
 FORMAT = "reprobe-probe"
 FORMAT_VERSION = 1
@@ -134,12 +135,9 @@ def load_probe(directory: str, *, model_fingerprint: str | None = None) -> Probe
     if not os.path.exists(path):
       raise CheckpointError(f"{directory}: no {os.path.basename(path)} (not a probe folder)")
   try:
-    with open(cfg_path) as f:
-      meta = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from e
-  if not isinstance(meta, dict):
-    raise CheckpointError(f"{cfg_path}: must hold a JSON object")
+    meta = read_json(cfg_path, "probe config")
+  except DataFormatError as e:  # unreadable, not UTF-8, not JSON, not an object: named, as a checkpoint error
+    raise CheckpointError(str(e)) from None
   for key in ("format", "format_version", "probe", "features"):
     if key not in meta:
       raise CheckpointError(f"{cfg_path}: missing key {key!r}")
@@ -149,6 +147,8 @@ def load_probe(directory: str, *, model_fingerprint: str | None = None) -> Probe
   cfg = _config(ProbeConfig, meta["probe"], cfg_path, "probe")
   spec = _config(FeatureSpec, meta["features"], cfg_path, "features")
   fingerprint = meta.get("model_fingerprint")
+  if fingerprint is not None and not isinstance(fingerprint, str):
+    raise CheckpointError(f"{cfg_path}: 'model_fingerprint' must be a string or null, got {fingerprint!r}")
   if model_fingerprint is not None and fingerprint != model_fingerprint:
     raise FeatureMismatchError(f"{cfg_path}: the probe was trained on features of target model {fingerprint!r}, "
                                f"this model is {model_fingerprint!r}")

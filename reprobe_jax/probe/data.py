@@ -52,6 +52,8 @@ def examples(records: Sequence[Trajectory | Mapping[str, Any]], store: FeatureSt
                               f"the response's {len(feats)} tokens")
     spans = np.asarray(r.spans, np.int32).reshape(-1, 2)
     lab = r.label_array()
+    if len(lab) != len(spans):
+      raise DataFormatError(f"trajectory {r.id!r}: {len(lab)} labels for {len(spans)} steps")
     lab[spans[:, 1] <= spans[:, 0]] = np.nan  # a step with no tokens has no label
     out.append(Example(r.id, r.domain, feats, spans, lab))
   return out
@@ -65,7 +67,12 @@ def collate(batch: Sequence[Example], batch_size: int, feature_dim: int) -> dict
   mask = np.zeros((batch_size, t), bool)
   spans = np.zeros((batch_size, s, 2), np.int32)
   labels = np.full((batch_size, s), np.nan, np.float32)
+  if len(batch) > batch_size:
+    raise ValueError(f"collate: {len(batch)} examples for a batch of {batch_size}")  # a caller's bug, not bad data
   for i, e in enumerate(batch):
+    if e.features.ndim != 2 or e.features.shape[1] != feature_dim:
+      raise DataFormatError(f"trajectory {e.id!r}: features of shape {list(e.features.shape)}, the probe reads "
+                            f"[n_tokens, {feature_dim}]")
     n = len(e.features)
     feats[i, :n], mask[i, :n] = e.features, True
     spans[i, :len(e.spans)], labels[i, :len(e.labels)] = e.spans, e.labels

@@ -3,6 +3,10 @@
 The question labels each operation with the step that applies it ("Start at 12. Step 1: * 3. Step 2: + 4.
 ..."); a step applies its operation to the previous written result: "12 * 3 = 36". Every number of a generated chain
 stays in 0..30; only +, - and * are used, so a wrong value propagated through later steps still gives integers.
+
+A model can sample a number of any length ("= 999...9"): the checker reads numbers of up to Python's int-string
+limit (4300 digits); a step with a longer number is unparseable (label NaN), and an answer of any length is compared
+as a canonical digit string. A problem record whose chain reaches a value past that limit is refused.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, family_rng
+from reprobe_jax.readers import shown
+from reprobe_jax.tasks.base import (Problem, State, TaskFamily, advance_pointer, family_rng, integer_text,
+                                    read_int)
 
 _OPS = ("+", "-", "*")
 _WORDS = {"+": "+ {b}", "-": "- {b}", "*": "* {b}"}
@@ -24,6 +30,8 @@ _MAX_ADD = 6  # operands of + and -
 _MAX_MUL = 3
 _STEP = re.compile(r"^\s*(-?\d+)\s*([-+*x×−])\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
 _CANON = {"x": "*", "×": "*", "−": "-"}
+_MAX_DIGITS = 4300  # Python's default int-string limit: a problem's values stay below it
+_TOO_LONG = 10 ** _MAX_DIGITS
 
 
 def apply(op: str, a: int, b: int) -> int:
@@ -81,19 +89,24 @@ class Arithmetic(TaskFamily):
   def validate(self, problem: Problem, where: str) -> None:
     data = problem.data
     if not isinstance(data.get("start"), int) or isinstance(data.get("start"), bool):
-      raise self.data_error(where, f"'start' must be an integer, found {data.get('start')!r}")
+      raise self.data_error(where, f"'start' must be an integer, found {shown(data.get('start'))}")
     ops = data.get("ops")
     if not isinstance(ops, list) or not ops:
       raise self.data_error(where, f"'ops' must be a non-empty list of [op, number] pairs, found {ops!r}")
     for i, item in enumerate(ops):
+      # A step writes its operand unsigned ("12 - 3 = 9"), so a negative one could never be checked.
       if (not isinstance(item, list) or len(item) != 2 or item[0] not in _OPS or not isinstance(item[1], int)
-          or isinstance(item[1], bool)):
-        raise self.data_error(where, f"ops[{i}] must be [op, integer] with op one of + - *, found {item!r}")
+          or isinstance(item[1], bool) or item[1] < 0):
+        raise self.data_error(where, f"ops[{i}] must be [op, integer >= 0] with op one of + - *, found "
+                                     f"{shown(item)}")
     v = data["start"]
-    for op, b in ops:
+    for i, (op, b) in enumerate(ops):
       v = apply(op, v, b)
+      if abs(v) >= _TOO_LONG:  # past it str(v) raises, and a longer chain could grow without bound
+        raise self.data_error(where, f"the chain's value after ops[{i}] has more than {_MAX_DIGITS} digits")
     if self.normalize_answer(problem.answer) != str(v):
-      raise self.data_error(where, f"answer {problem.answer!r} does not match the chain's result {v}")
+      answer = problem.answer if len(problem.answer) <= 60 else problem.answer[:57] + "..."
+      raise self.data_error(where, f"answer {answer!r} does not match the chain's result {v}")
 
   def max_steps(self, problem: Problem) -> int:
     return len(problem.data["ops"])
@@ -109,7 +122,8 @@ class Arithmetic(TaskFamily):
     if m is None:
       return None
     op = _CANON.get(m.group(2), m.group(2))
-    return int(m.group(1)), op, int(m.group(3)), int(m.group(4))
+    a, b, r = read_int(m.group(1)), read_int(m.group(3)), read_int(m.group(4))
+    return None if None in (a, b, r) else (a, op, b, r)
 
   def step_key(self, parsed: Any) -> tuple[str, int] | None:
     return None if parsed is None else (parsed[1], parsed[2])
@@ -134,8 +148,7 @@ class Arithmetic(TaskFamily):
     return 2 if same_op and parsed[0] == v else int(same_op or parsed[0] == v)
 
   def normalize_answer(self, answer: str) -> str | None:
-    text = answer.strip().rstrip(".").replace(",", "").strip()
-    return str(int(text)) if re.fullmatch(r"-?\d+", text) else None
+    return integer_text(answer.strip().rstrip(".").replace(",", "").strip())
 
   @staticmethod
   def _body(a: int, op: str, b: int, r: int) -> str:

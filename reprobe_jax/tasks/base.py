@@ -13,6 +13,8 @@ import abc
 import copy
 import dataclasses
 import math
+import re
+import unicodedata
 import zlib
 from typing import Any, Hashable, Sequence
 
@@ -97,6 +99,26 @@ def first_error(labels: Sequence[float]) -> int | None:
     if not math.isnan(label) and label >= 0.5:
       return i
   return None
+
+
+def read_int(digits: str) -> int | None:
+  """The integer a step writes (an optional '-' and decimal digits), or None when it has more digits than Python
+  converts (its int-string limit, 4300 by default): a checker reads such a number as no number, so the step is
+  unparseable (label NaN) instead of crashing the labelling."""
+  try:
+    return int(digits)
+  except ValueError:
+    return None
+
+
+def integer_text(text: str) -> str | None:
+  """The canonical decimal form of an integer answer ('007' -> '7', '-0' -> '0', Unicode digits -> ASCII), or None
+  when `text` is not '-'? digits; no int() conversion, so an answer of any length is compared, never a crash."""
+  m = re.fullmatch(r"(-?)(\d+)", text)
+  if m is None:
+    return None
+  digits = "".join(str(unicodedata.decimal(c)) for c in m.group(2)).lstrip("0") or "0"
+  return ("-" if m.group(1) and digits != "0" else "") + digits
 
 
 def family_rng(name: str, seed: int, difficulty: int) -> np.random.Generator:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from reprobe_jax.tasks.base import Problem, State, TaskFamily, family_rng
+from reprobe_jax.tasks.base import Problem, State, TaskFamily, family_rng, integer_text
 
 # Rooms are numbered 1..12 (at most 7 per house). The checker takes any lower-case word or number as a room name;
 # the generator numbers them because the tiny built-in model copies number tokens (it does so in every arithmetic
@@ -143,7 +143,7 @@ class Planning(TaskFamily):
 
   def normalize_answer(self, answer: str) -> str | None:
     m = re.fullmatch(r"(\d+)(\s*moves?)?", answer.strip().rstrip(".").strip(), re.IGNORECASE)
-    return None if m is None else str(int(m.group(1)))
+    return None if m is None else integer_text(m.group(1))  # no int(): an answer of any length is compared
 
   def honest_step(self, problem: Problem, state: State, rng: np.random.Generator | None) -> tuple[str, State]:
     room, count = state

@@ -76,10 +76,12 @@ class MultiHopQA(TaskFamily):
   def validate(self, problem: Problem, where: str) -> None:
     data = problem.data
     people, relations = data.get("people"), data.get("relations")
-    for name, value, pattern in (("people", people, r"[A-Za-z]+|\d+"), ("relations", relations, r"[A-Za-z]+")):
+    # Named as a step's parse reads them (subject and object capitalised, relation lower case), so every fact can be
+    # checked.
+    for name, value, pattern in (("people", people, r"[A-Z][a-z]*|\d+"), ("relations", relations, r"[a-z]+")):
       if not isinstance(value, list) or not value or not all(isinstance(x, str) and re.fullmatch(pattern, x)
                                                              for x in value):
-        what = "words or numbers" if name == "people" else "words"
+        what = "capitalised words or numbers" if name == "people" else "lower-case words"
         raise self.data_error(where, f"'{name}' must be a non-empty list of {what}, found {value!r}")
     triples = data.get("facts")
     if not isinstance(triples, list) or not all(
