@@ -226,10 +226,13 @@ def _check_st_entries(path: str, header: dict, data_size: int) -> dict:
       raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
       raise CheckpointError(f"{where}: data_offsets must be two integers [begin, end], got {offsets!r}")
+    itemsize = np.dtype(_ST_DTYPES[dtype]).itemsize
+    if math.prod(d for d in shape if d) * itemsize >= 2**63:  # numpy refuses such a shape even with a 0 in it
+      raise CheckpointError(f"{where}: shape {shape} is too large for an array")
     begin, end = offsets
     if not 0 <= begin <= end:
       raise CheckpointError(f"{where}: data_offsets {offsets} must satisfy 0 <= begin <= end")
-    nbytes = math.prod(shape) * np.dtype(_ST_DTYPES[dtype]).itemsize
+    nbytes = math.prod(shape) * itemsize
     if end - begin != nbytes:
       raise CheckpointError(f"{where}: data_offsets {offsets} span {end - begin} bytes, but shape {shape} of "
                             f"{dtype} needs {nbytes}")
