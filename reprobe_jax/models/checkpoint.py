@@ -24,7 +24,7 @@ from flax import nnx
 
 from reprobe_jax.atomic import atomic_open
 from reprobe_jax.errors import CheckpointError
-from reprobe_jax.models.config import ModelConfig
+from reprobe_jax.models.config import ModelConfig, is_int
 from reprobe_jax.models.sharding import ShardingCtx
 from reprobe_jax.models.transformer import Decoder
 from reprobe_jax.readers import read_json
@@ -136,10 +136,6 @@ _ST_MAX_HEADER = 100_000_000  # the reference (Rust) reader's limit
 _ST_FIELDS = {"dtype", "shape", "data_offsets"}
 
 
-def _is_int(x) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _unique_keys(pairs):
   """json object_pairs_hook: a JSON object whose keys repeat is refused (json.loads would keep the last)."""
   out = {}
@@ -222,9 +218,9 @@ def _check_st_entries(path: str, header: dict, data_size: int) -> dict:
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(dtype, str) or dtype not in _ST_DTYPES:
       raise CheckpointError(f"{where}: unsupported dtype {dtype!r}; supported: {sorted(_ST_DTYPES)}")
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
       raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_int(o) for o in offsets)):
       raise CheckpointError(f"{where}: data_offsets must be two integers [begin, end], got {offsets!r}")
     itemsize = np.dtype(_ST_DTYPES[dtype]).itemsize
     if math.prod(d for d in shape if d) * itemsize >= 2**63:  # numpy refuses such a shape even with a 0 in it

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from typing import Any, Mapping
 
@@ -42,12 +43,13 @@ _ROPE_NEEDS = {
 }
 
 
-def _is_int(x) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
+def is_int(x) -> bool:
+  """An integer (numpy's included) that is not a bool: JSON `true` must not pass for 1."""
+  return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _is_number(x) -> bool:
-  return isinstance(x, (int, float)) and not isinstance(x, bool)
+  return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +80,7 @@ class RopeConfig:
       if v is not None and not (_is_number(v) and math.isfinite(v) and v > 0):
         raise ConfigError(f"rope {name} must be a finite number > 0, got {v!r}")
     orig = self.original_max_position_embeddings
-    if orig is not None and not (_is_int(orig) and orig >= 1):
+    if orig is not None and not (is_int(orig) and orig >= 1):
       raise ConfigError(f"rope original_max_position_embeddings must be an integer >= 1, got {orig!r}")
     for name in _ROPE_NEEDS.get(self.rope_type, ()):
       if getattr(self, name) is None:
@@ -139,7 +141,7 @@ class ModelConfig:
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                  "head_dim", "max_position_embeddings"):
       v = getattr(self, name)
-      if not (_is_int(v) and v >= 1):
+      if not (is_int(v) and v >= 1):
         raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
     if not (_is_number(self.rms_norm_eps) and math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
       raise ConfigError(f"rms_norm_eps must be a finite number > 0, got {self.rms_norm_eps!r}")
@@ -161,7 +163,7 @@ class ModelConfig:
     for name, ids in (("bos_token_id", (self.bos_token_id,)), ("pad_token_id", (self.pad_token_id,)),
                       ("eos_token_ids", self.eos_token_ids)):
       for i in ids:
-        if i is not None and not (_is_int(i) and 0 <= i < self.vocab_size):
+        if i is not None and not (is_int(i) and 0 <= i < self.vocab_size):
           raise ConfigError(f"{name}: {i!r} is not a token id in [0, vocab_size={self.vocab_size})")
     if self.num_heads % self.num_kv_heads:
       raise ConfigError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
@@ -171,7 +173,7 @@ class ModelConfig:
       object.__setattr__(self, "sliding_windows", (None,) * self.num_layers)
     if len(self.sliding_windows) != self.num_layers:
       raise ConfigError(f"sliding_windows has {len(self.sliding_windows)} entries for {self.num_layers} layers")
-    if not all(w is None or (_is_int(w) and w >= 1) for w in self.sliding_windows):
+    if not all(w is None or (is_int(w) and w >= 1) for w in self.sliding_windows):
       raise ConfigError(f"sliding_windows entries must be None or integers >= 1, got {self.sliding_windows}")
 
   @property
@@ -382,7 +384,7 @@ class _Fields:
     v = self._get(key, default)
     if v is None:
       return default
-    if not (_is_int(v) and v >= low):
+    if not (is_int(v) and v >= low):
       raise self._bad(key, f"an integer >= {low}", v)
     return v
 
@@ -422,7 +424,7 @@ class _Fields:
     v = self.d.get(key)
     if v is None:
       return None
-    ok = (lambda x: _is_int(x) and x >= 0) if kind is int else (lambda x: isinstance(x, kind))
+    ok = (lambda x: is_int(x) and x >= 0) if kind is int else (lambda x: isinstance(x, kind))
     if not isinstance(v, list) or not all(ok(x) for x in v):
       raise self._bad(key, f"a list of {'non-negative integers' if kind is int else kind.__name__ + 's'}", v)
     return v

@@ -1,6 +1,7 @@
 """GGUF (llama.cpp) checkpoints: metadata -> `ModelConfig`, tensors -> Hugging Face names, dequantised lazily.
 
-`read_gguf` feeds the same streaming loader as safetensors (`checkpoint.load_tensors`): it yields
+`open_gguf` parses the file's structure, every length, count and offset bounded by the file size before anything
+is allocated. `read_gguf` feeds the same streaming loader as safetensors (`checkpoint.load_tensors`): it yields
 (HF tensor name, zero-arg loader, HF shape), and each loader dequantises one tensor only when it is called, so
 a quantised 8B file never sits in memory as float32 all at once.
 
@@ -92,8 +93,6 @@ _STRING, _ARRAY, _BOOL = 8, 9, 7
 _INT_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)
 _FLOAT_TYPES = (6, 12)
 _REQUIRED = object()
-_TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32", 7: "bool",
-               8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +161,8 @@ class _Cursor:
     return n
 
 
-def _value(cur: _Cursor, vtype: int, key: str, top: bool = True) -> Any:
+def _value(cur: _Cursor, vtype: int, key: str) -> Any:
+  """One metadata value; an array is (items, item type), and its items may not be arrays."""
   if vtype in _SCALAR_DTYPES:
     dt = np.dtype(_SCALAR_DTYPES[vtype])
     v = np.frombuffer(cur.buf, dt, 1, cur.take(dt.itemsize, f"value of {key!r}"))[0].item()
@@ -173,7 +173,7 @@ def _value(cur: _Cursor, vtype: int, key: str, top: bool = True) -> Any:
     return v
   if vtype == _STRING:
     return cur.string(f"value of {key!r}")
-  if vtype == _ARRAY and top:
+  if vtype == _ARRAY:
     item = cur.scalar("I", f"item type of {key!r}")
     n = cur.scalar("Q", f"length of {key!r}")
     if item in _SCALAR_DTYPES:
@@ -277,9 +277,12 @@ class _Meta:
 
   def _get(self, key, types, want):
     """The value, or None if the key is absent; ConfigError if it has another GGUF type."""
+    from gguf import GGUFValueType
+
     f = self.g.fields.get(key)
     if f is not None and f.type not in types:
-      raise ConfigError(f"{self.g.path}: GGUF metadata {key!r} must be {want}, got a {_TYPE_NAMES.get(f.type)}")
+      raise ConfigError(f"{self.g.path}: GGUF metadata {key!r} must be {want}, got a "
+                        f"{GGUFValueType(f.type).name.lower()}")
     return None if f is None else f.value
 
   def _default(self, key, default):

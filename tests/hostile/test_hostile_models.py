@@ -7,7 +7,6 @@ import json
 import math
 import os
 import re
-import shutil
 import struct
 
 import numpy as np
@@ -21,7 +20,9 @@ from reprobe_jax.models.checkpoint import SafetensorsFile, export_tensors, write
 
 from test_errors import _CFG, _edit_config, copy, saved  # noqa: F401 (fixtures: a tiny Llama saved once)
 
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# FUZZ_EXAMPLES=3000 for a deeper run (about 4 minutes); the default keeps this file under a minute.
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _raw_safetensors(path, header, data=b"", length=None):
@@ -51,8 +52,8 @@ _BAD_HEADERS = {
     "trailing bytes": ({"w": _entry(shape=(1,), offsets=(0, 4))}, r"4 bytes after the last tensor"),
     "unknown dtype": ({"w": _entry(dtype="F7")}, r"tensor 'w': unsupported dtype 'F7'"),
     "dtype not a string": ({"w": _entry(dtype=4)}, r"tensor 'w': unsupported dtype 4"),
-    "huge empty shape": ({"w": _entry(shape=(0, 2**63), offsets=(0, 0))}, r"tensor 'w': shape \[0, 9223372036854775808\] "
-                                                                          r"is too large"),
+    "huge empty shape": ({"w": _entry(shape=(0, 2**63), offsets=(0, 0))},
+                         r"tensor 'w': shape \[0, 9223372036854775808\] is too large"),
     "negative dim": ({"w": _entry(shape=(-2,))}, r"tensor 'w': shape must be a list of non-negative integers"),
     "float dim": ({"w": _entry(shape=(2.0,))}, r"tensor 'w': shape must be a list of non-negative integers"),
     "bool dim": ({"w": {"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]}}, r"'w': shape must be a list"),
@@ -211,7 +212,8 @@ def test_file_holding_tensors_the_index_puts_elsewhere(copy):
 @pytest.mark.parametrize("content, error, match", [
     ('{"weight_map": {}}', CheckpointError, r"weight_map must be a non-empty object"),
     ('{"weight_map": ["a"]}', CheckpointError, r"weight_map must be a non-empty object"),
-    ('{"weight_map": {"model.norm.weight": 3}}', CheckpointError, r"weight_map\['model\.norm\.weight'\] must be a file"),
+    ('{"weight_map": {"model.norm.weight": 3}}', CheckpointError,
+     r"weight_map\['model\.norm\.weight'\] must be a file"),
     ('{"weight_map": ', DataFormatError, r"index\.json:1: safetensors index is not valid JSON"),
     ("[]", DataFormatError, r"index\.json: safetensors index must hold a JSON object"),
 ])
@@ -546,7 +548,8 @@ _BAD_GGUF_META = [
     ({"llama.context_length": (True, _BOOLT)}, r"'llama\.context_length' must be an integer, got a bool"),
     ({"llama.rope.freq_base": (float("nan"), _F32)}, r"'llama\.rope\.freq_base' must be a finite number > 0, got nan"),
     ({"llama.attention.layer_norm_rms_epsilon": (0.0, _F32)}, r"layer_norm_rms_epsilon' must be a finite number > 0"),
-    ({"tokenizer.ggml.eos_token_id": (2.0, _F32)}, r"'tokenizer\.ggml\.eos_token_id' must be an integer, got a float32"),
+    ({"tokenizer.ggml.eos_token_id": (2.0, _F32)},
+     r"'tokenizer\.ggml\.eos_token_id' must be an integer, got a float32"),
     ({"tokenizer.ggml.eos_token_id": (64, _U32)}, r"eos_token_ids: 64 is not a token id in \[0, vocab_size=64\)"),
     ({"llama.rope.scaling.type": ("linear", _STR)}, r"GGUF metadata key 'llama\.rope\.scaling\.factor' is missing"),
     ({"llama.rope.scaling.type": ("linear", _STR), "llama.rope.scaling.factor": (-1.0, _F32)},
