@@ -403,6 +403,7 @@ def _write_gguf(path, model, *, metadata=None, tokenizer=False, skip=()):
                            else None)
   tokens = [f"t{i}" for i in range(cfg.vocab_size)]
   writer.add_token_list(tokens)
+  writer.add_token_scores([-float(i) for i in range(cfg.vocab_size)])
   if tokenizer:
     writer.add_tokenizer_model("gpt2")
     writer.add_token_merges([])
@@ -482,9 +483,13 @@ def test_gguf_counts_and_lengths_are_bounded_by_the_file(tiny_gguf, tmp_path):
   data = open(tiny_gguf, "rb").read()
   tokens = _field_offset(data, "tokenizer.ggml.tokens")
   name_at = data.index(b"tokenizer.ggml.tokens") - 8
+  scores = _field_offset(data, "tokenizer.ggml.scores")
   cases = {
       "array count": ([(tokens + 8, struct.pack("<Q", 1 << 62))], r"length of array 'tokenizer\.ggml\.tokens' is "
                                                                   r"4611686018427387904, but"),
+      # gguf.GGUFReader loops without end on this one (a float array's count past the file).
+      "float array count": ([(scores + 8, struct.pack("<Q", 1 << 62))], r"length of array 'tokenizer\.ggml\.scores' "
+                                                                        r"is 4611686018427387904, but"),
       "string length": ([(name_at, struct.pack("<Q", 1 << 60))], r"truncated GGUF file: metadata key at byte \d+ "
                                                                  r"needs 1152921504606846976 bytes"),
       "tensor count": ([(8, struct.pack("<Q", 1 << 40))], r"tensor count is 1099511627776, but"),
