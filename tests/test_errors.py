@@ -7,7 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from reprobe_jax.errors import CacheFullError, CheckpointError, ConfigError, ReprobeError, UnsupportedModelError
+from reprobe_jax.errors import (CacheFullError, CheckpointError, ConfigError, DataFormatError, ReprobeError,
+                                UnsupportedModelError)
 from reprobe_jax.models import CaptureSpec, LanguageModel, ModelConfig, SamplingParams, load_pretrained
 from reprobe_jax.models import language_model as language_model_module
 from reprobe_jax.models.checkpoint import SafetensorsFile, write_safetensors
@@ -112,7 +113,7 @@ def test_unsupported_activation_is_named(copy):
 def test_invalid_json_config(copy):
   with open(os.path.join(copy, "config.json"), "w") as f:
     f.write('{"model_type": "llama",')
-  with pytest.raises(ConfigError, match=r"config\.json: not valid JSON"):
+  with pytest.raises(DataFormatError, match=r"config\.json:1: config\.json is not valid JSON"):
     load_pretrained(copy, tokenizer=False)
 
 

@@ -7,11 +7,13 @@ GGUF metadata (see `gguf_io.py`), and written back as a `config.json` that PyTor
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
+import numbers
 import os
 from typing import Any, Mapping
 
-from reprobe_jax.errors import ConfigError, UnsupportedModelError
+from reprobe_jax.errors import ConfigError, ReprobeError, UnsupportedModelError
+from reprobe_jax.readers import read_json
 
 # Hugging Face `model_type` -> our family name. Mistral and SmolLM2 are Llama-shaped.
 FAMILIES = {
@@ -29,6 +31,25 @@ _ARCHITECTURES = {
     "phi3": "Phi3ForCausalLM",
 }
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+
+# Fields each rope type cannot do without (HF's `rope_config_validation`); llama3/yarn/longrope also need
+# original_max_position_embeddings.
+_ROPE_NEEDS = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("original_max_position_embeddings",),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+}
+
+
+def is_int(x) -> bool:
+  """An integer (numpy's included) that is not a bool: JSON `true` must not pass for 1."""
+  return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+  return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +70,28 @@ class RopeConfig:
   truncate: bool = True  # yarn
   short_factor: tuple[float, ...] | None = None  # longrope
   long_factor: tuple[float, ...] | None = None  # longrope
+
+  def __post_init__(self):
+    if self.rope_type not in ROPE_TYPES:
+      raise UnsupportedModelError(f"rope type {self.rope_type!r} is not supported; supported: {ROPE_TYPES}")
+    for name in ("theta", "factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                 "attention_factor", "mscale", "mscale_all_dim"):
+      v = getattr(self, name)
+      if v is not None and not (_is_number(v) and math.isfinite(v) and v > 0):
+        raise ConfigError(f"rope {name} must be a finite number > 0, got {v!r}")
+    orig = self.original_max_position_embeddings
+    if orig is not None and not (is_int(orig) and orig >= 1):
+      raise ConfigError(f"rope original_max_position_embeddings must be an integer >= 1, got {orig!r}")
+    for name in _ROPE_NEEDS.get(self.rope_type, ()):
+      if getattr(self, name) is None:
+        raise ConfigError(f"rope type {self.rope_type!r} needs {name}")
+    if self.rope_type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+      raise ConfigError(f"rope type 'llama3' needs high_freq_factor > low_freq_factor, got {self.high_freq_factor} "
+                        f"and {self.low_freq_factor}")
+    for name in ("short_factor", "long_factor"):
+      v = getattr(self, name)
+      if v is not None and not all(_is_number(x) and math.isfinite(x) and x > 0 for x in v):
+        raise ConfigError(f"rope {name} must hold finite numbers > 0")
 
   def to_hf(self, partial_rotary_factor: float) -> dict[str, Any]:
     out: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.theta}
@@ -95,16 +138,43 @@ class ModelConfig:
     if self.family not in FAMILIES.values():
       raise UnsupportedModelError(
           f"model family {self.family!r} is not supported; supported: {sorted(set(FAMILIES.values()))}")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "max_position_embeddings"):
+      v = getattr(self, name)
+      if not (is_int(v) and v >= 1):
+        raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+    if not (_is_number(self.rms_norm_eps) and math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
+      raise ConfigError(f"rms_norm_eps must be a finite number > 0, got {self.rms_norm_eps!r}")
+    if not (_is_number(self.partial_rotary_factor) and 0 < self.partial_rotary_factor <= 1):
+      raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}")
+    if self.rotary_dim < 2 or self.rotary_dim % 2:
+      raise ConfigError(f"head_dim={self.head_dim} x partial_rotary_factor={self.partial_rotary_factor} gives "
+                        f"{self.rotary_dim} rotary dimensions; RoPE needs an even number >= 2")
+    if self.rope.rope_type == "dynamic" and self.rotary_dim < 4:
+      raise ConfigError(f"rope type 'dynamic' needs at least 4 rotary dimensions, got {self.rotary_dim}")
+    for name in ("short_factor", "long_factor"):
+      v = getattr(self.rope, name)
+      if self.rope.rope_type == "longrope" and (v is None or len(v) != self.rotary_dim // 2):
+        raise ConfigError(f"rope type 'longrope' needs {name} with rotary_dim / 2 = {self.rotary_dim // 2} "
+                          f"entries, got {None if v is None else len(v)}")
+    for name in ("tie_word_embeddings", "attention_bias", "qk_norm"):
+      if not isinstance(getattr(self, name), bool):
+        raise ConfigError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+    for name, ids in (("bos_token_id", (self.bos_token_id,)), ("pad_token_id", (self.pad_token_id,)),
+                      ("eos_token_ids", self.eos_token_ids)):
+      for i in ids:
+        if i is not None and not (is_int(i) and 0 <= i < self.vocab_size):
+          raise ConfigError(f"{name}: {i!r} is not a token id in [0, vocab_size={self.vocab_size})")
     if self.num_heads % self.num_kv_heads:
       raise ConfigError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
-    if self.rope.rope_type not in ROPE_TYPES:
-      raise UnsupportedModelError(f"rope type {self.rope.rope_type!r} is not supported; supported: {ROPE_TYPES}")
     if self.hidden_act != "silu":
       raise UnsupportedModelError(f"hidden_act {self.hidden_act!r} is not supported (only 'silu')")
     if not self.sliding_windows:
       object.__setattr__(self, "sliding_windows", (None,) * self.num_layers)
     if len(self.sliding_windows) != self.num_layers:
       raise ConfigError(f"sliding_windows has {len(self.sliding_windows)} entries for {self.num_layers} layers")
+    if not all(w is None or (is_int(w) and w >= 1) for w in self.sliding_windows):
+      raise ConfigError(f"sliding_windows entries must be None or integers >= 1, got {self.sliding_windows}")
 
   @property
   def rotary_dim(self) -> int:
@@ -126,111 +196,113 @@ class ModelConfig:
 
   @classmethod
   def from_hf_dict(cls, d: Mapping[str, Any], *, source: str = "config.json") -> "ModelConfig":
-    """Builds a config from a Hugging Face `config.json` dict; names the field that is missing or unsupported."""
+    """Builds a config from a Hugging Face `config.json` dict. Every field read is type- and range-checked (ints
+    are JSON integers, booleans JSON booleans, floats finite); errors name the source and the field."""
+    if not isinstance(d, Mapping):
+      raise ConfigError(f"{source}: must hold a JSON object, got {type(d).__name__}")
     model_type = d.get("model_type")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
       raise UnsupportedModelError(
           f"{source}: model_type {model_type!r} is not supported; supported: {sorted(FAMILIES)}")
     family = FAMILIES[model_type]
+    f = _Fields(d, source)
+    num_heads = f.integer("num_attention_heads")
+    hidden = f.integer("hidden_size")
+    head_dim = f.integer("head_dim", None)
+    if head_dim is None:
+      if hidden < num_heads:
+        raise ConfigError(f"{source}: hidden_size={hidden} < num_attention_heads={num_heads} gives head_dim 0")
+      head_dim = hidden // num_heads
+    num_layers = f.integer("num_hidden_layers")
 
-    def need(key):
-      if key not in d or d[key] is None:
-        raise ConfigError(f"{source}: required field {key!r} is missing")
-      return d[key]
-
-    num_heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
-    head_dim = d.get("head_dim") or hidden // num_heads
-    num_layers = int(need("num_hidden_layers"))
-    rope_params = dict(d.get("rope_parameters") or {})
-    legacy = d.get("rope_scaling") or {}
+    rope_params = dict(f.mapping("rope_parameters"))
+    legacy = f.mapping("rope_scaling")
     if legacy and not rope_params.get("rope_type"):
       rope_params.update(legacy)
     if "type" in rope_params and "rope_type" not in rope_params:
       rope_params["rope_type"] = rope_params.pop("type")
-    theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
-    partial = float(rope_params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0)
-    rope_type = rope_params.get("rope_type", "default") or "default"
+    r = _Fields(rope_params, source, "rope_parameters.")
+    rope_type = r.text("rope_type", "default")
     if rope_type == "su":  # old Phi-3 name
       rope_type = "longrope"
     if rope_type not in ROPE_TYPES:
       raise UnsupportedModelError(f"{source}: rope type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
-
-    def opt_tuple(key):
-      v = rope_params.get(key)
-      return tuple(float(x) for x in v) if v is not None else None
-
-    orig_max = rope_params.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
-    rope = RopeConfig(
+    # Each of these may sit in the rope dict or at the top level (older configs); the rope dict wins.
+    theta = _either(r.number("rope_theta", None), f.number("rope_theta", 10000.0))
+    partial = _either(r.number("partial_rotary_factor", None), f.number("partial_rotary_factor", 1.0))
+    orig_max = _either(r.integer("original_max_position_embeddings", None),
+                       f.integer("original_max_position_embeddings", None))
+    rope = _built(source, lambda: RopeConfig(
         rope_type=rope_type,
-        theta=float(theta),
-        factor=rope_params.get("factor"),
+        theta=theta,
+        factor=r.number("factor", None),
         original_max_position_embeddings=orig_max,
-        low_freq_factor=rope_params.get("low_freq_factor"),
-        high_freq_factor=rope_params.get("high_freq_factor"),
-        beta_fast=rope_params.get("beta_fast"),
-        beta_slow=rope_params.get("beta_slow"),
-        attention_factor=rope_params.get("attention_factor"),
-        mscale=rope_params.get("mscale"),
-        mscale_all_dim=rope_params.get("mscale_all_dim"),
-        truncate=bool(rope_params.get("truncate", True)),
-        short_factor=opt_tuple("short_factor"),
-        long_factor=opt_tuple("long_factor"),
-    )
-    if rope_type in ("yarn", "longrope", "llama3") and orig_max is None:
-      raise ConfigError(f"{source}: rope type {rope_type!r} needs original_max_position_embeddings")
+        low_freq_factor=r.number("low_freq_factor", None),
+        high_freq_factor=r.number("high_freq_factor", None),
+        beta_fast=r.number("beta_fast", None),
+        beta_slow=r.number("beta_slow", None),
+        attention_factor=r.number("attention_factor", None),
+        mscale=r.number("mscale", None),
+        mscale_all_dim=r.number("mscale_all_dim", None),
+        truncate=r.flag("truncate", True),
+        short_factor=r.numbers("short_factor"),
+        long_factor=r.numbers("long_factor"),
+    ))
 
     # Sliding windows, per layer, the way each family's HF code decides them.
-    window = d.get("sliding_window")
+    window = f.integer("sliding_window", None)
     if family in ("qwen2", "qwen3"):
-      layer_types = d.get("layer_types")
-      if d.get("use_sliding_window") and window:
+      layer_types = f.items("layer_types", str)
+      if f.flag("use_sliding_window", False) and window:
         if layer_types is None:
-          mwl = d.get("max_window_layers", num_layers)
+          mwl = f.integer("max_window_layers", num_layers, low=0)
           layer_types = ["sliding_attention" if i >= mwl else "full_attention" for i in range(num_layers)]
+        bad = sorted({t for t in layer_types if t not in ("sliding_attention", "full_attention")})
+        if bad or len(layer_types) != num_layers:
+          raise ConfigError(f"{source}: layer_types must list 'full_attention' / 'sliding_attention' for each of "
+                            f"the {num_layers} layers, got {len(layer_types)} entries{f' with {bad}' if bad else ''}")
         windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
       else:
         windows = (None,) * num_layers
     elif family in ("mistral", "phi3"):
-      windows = (int(window) if window else None,) * num_layers
+      windows = (window,) * num_layers
     else:
       windows = (None,) * num_layers
 
-    if d.get("mlp_bias"):
+    if f.flag("mlp_bias", False):
       raise UnsupportedModelError(f"{source}: mlp_bias=True is not supported")
-    eos = d.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-    return cls(
+    if isinstance(d.get("eos_token_id"), list):
+      eos_ids = tuple(f.items("eos_token_id", int))
+    else:
+      eos = f.integer("eos_token_id", None, low=0)
+      eos_ids = () if eos is None else (eos,)
+    return _built(source, lambda: cls(
         family=family,
-        vocab_size=int(need("vocab_size")),
+        vocab_size=f.integer("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(need("intermediate_size")),
+        intermediate_size=f.integer("intermediate_size"),
         num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=int(d.get("num_key_value_heads") or num_heads),
-        head_dim=int(head_dim),
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        num_kv_heads=f.integer("num_key_value_heads", num_heads),
+        head_dim=head_dim,
+        rms_norm_eps=f.number("rms_norm_eps", 1e-6),
         rope=rope,
         partial_rotary_factor=partial,
-        max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        attention_bias=bool(d.get("attention_bias", family == "qwen2")) and family != "phi3",
+        max_position_embeddings=f.integer("max_position_embeddings", 4096),
+        tie_word_embeddings=f.flag("tie_word_embeddings", False),
+        attention_bias=f.flag("attention_bias", family == "qwen2") and family != "phi3",
         qk_norm=family == "qwen3",
         sliding_windows=windows,
-        hidden_act=d.get("hidden_act", "silu"),
-        bos_token_id=d.get("bos_token_id"),
+        hidden_act=f.text("hidden_act", "silu"),
+        bos_token_id=f.integer("bos_token_id", None, low=0),
         eos_token_ids=eos_ids,
-        pad_token_id=d.get("pad_token_id"),
-    )
+        pad_token_id=f.integer("pad_token_id", None, low=0),
+    ))
 
   @classmethod
   def from_json_file(cls, path: str | os.PathLike) -> "ModelConfig":
-    try:
-      with open(path) as f:
-        d = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ConfigError(f"{path}: not valid JSON ({e})") from e
-    return cls.from_hf_dict(d, source=str(path))
+    """Reads a `config.json` (DataFormatError naming the file if it is not readable JSON) and checks it."""
+    return cls.from_hf_dict(read_json(path, "config.json"), source=str(path))
 
   def to_hf_dict(self) -> dict[str, Any]:
     """A `config.json` dict that PyTorch `transformers` reads back into the same model."""
@@ -274,3 +346,93 @@ class ModelConfig:
     if len(windows) > 1:
       raise UnsupportedModelError(f"cannot export several sliding-window sizes {sorted(windows)} to config.json")
     return d
+
+
+def _either(first, second):
+  return second if first is None else first
+
+
+def _built(source: str, make):
+  """Runs a config constructor, prefixing its error with the file it was read from."""
+  try:
+    return make()
+  except ReprobeError as e:
+    raise type(e)(f"{source}: {e}") from None
+
+
+_MISSING = object()
+
+
+class _Fields:
+  """Typed reads of a config dict: each names `source` and the field (`prefix` + key) when a value is missing or
+  of the wrong type or range. A JSON null reads as absent (the default)."""
+
+  def __init__(self, d: Mapping[str, Any], source: str, prefix: str = ""):
+    self.d, self.source, self.prefix = d, source, prefix
+
+  def _get(self, key, default):
+    v = self.d.get(key)
+    if v is None:
+      if default is _MISSING:
+        raise ConfigError(f"{self.source}: required field {self.prefix + key!r} is missing")
+    return v
+
+  def _bad(self, key, want, v):
+    return ConfigError(f"{self.source}: field {self.prefix + key!r} must be {want}, got {v!r}"[:300])
+
+  def integer(self, key, default=_MISSING, *, low: int = 1):
+    v = self._get(key, default)
+    if v is None:
+      return default
+    if not (is_int(v) and v >= low):
+      raise self._bad(key, f"an integer >= {low}", v)
+    return v
+
+  def number(self, key, default=_MISSING):
+    v = self._get(key, default)
+    if v is None:
+      return default
+    if not (_is_number(v) and math.isfinite(v)):
+      raise self._bad(key, "a finite number", v)
+    return float(v)
+
+  def flag(self, key, default=_MISSING):
+    v = self._get(key, default)
+    if v is None:
+      return default
+    if not isinstance(v, bool):
+      raise self._bad(key, "a JSON boolean (true / false)", v)
+    return v
+
+  def text(self, key, default=_MISSING):
+    v = self._get(key, default)
+    if v is None:
+      return default
+    if not isinstance(v, str):
+      raise self._bad(key, "a string", v)
+    return v
+
+  def mapping(self, key):
+    v = self.d.get(key)
+    if v is None:
+      return {}
+    if not isinstance(v, Mapping):
+      raise self._bad(key, "an object", v)
+    return v
+
+  def items(self, key, kind):
+    v = self.d.get(key)
+    if v is None:
+      return None
+    ok = (lambda x: is_int(x) and x >= 0) if kind is int else (lambda x: isinstance(x, kind))
+    if not isinstance(v, list) or not all(ok(x) for x in v):
+      raise self._bad(key, f"a list of {'non-negative integers' if kind is int else kind.__name__ + 's'}", v)
+    return v
+
+  def numbers(self, key):
+    v = self.d.get(key)
+    if v is None:
+      return None
+    if not isinstance(v, list) or not all(_is_number(x) and math.isfinite(x) for x in v):
+      raise self._bad(key, "a list of finite numbers", v)
+    return tuple(float(x) for x in v)

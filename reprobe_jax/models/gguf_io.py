@@ -1,6 +1,7 @@
 """GGUF (llama.cpp) checkpoints: metadata -> `ModelConfig`, tensors -> Hugging Face names, dequantised lazily.
 
-`read_gguf` feeds the same streaming loader as safetensors (`checkpoint.load_tensors`): it yields
+`open_gguf` parses the file's structure, every length, count and offset bounded by the file size before anything
+is allocated. `read_gguf` feeds the same streaming loader as safetensors (`checkpoint.load_tensors`): it yields
 (HF tensor name, zero-arg loader, HF shape), and each loader dequantises one tensor only when it is called, so
 a quantised 8B file never sits in memory as float32 all at once.
 
@@ -13,8 +14,12 @@ Two llama.cpp conventions are undone here, following `transformers`' own GGUF lo
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import mmap
 import os
 import re
+import struct
 from typing import Any, Callable, Iterator
 
 import ml_dtypes
@@ -76,105 +81,327 @@ def reverse_llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
   return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# -------------------------------------------------------------------------------------- file structure
+
+_MAGIC = b"GGUF"
+_VERSIONS = (2, 3)
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+# GGUF value type id -> numpy dtype of its scalars; 8 is STRING, 9 is ARRAY.
+_SCALAR_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8",
+                  11: "<i8", 12: "<f8"}
+_STRING, _ARRAY, _BOOL = 8, 9, 7
+_INT_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)
+_FLOAT_TYPES = (6, 12)
+_REQUIRED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFField:
+  """One metadata value: its GGUF type, and for an array the type of its items. Strings are str; arrays of
+  strings are lists of raw bytes (only their count is read here); other arrays are numpy arrays."""
+
+  type: int
+  value: Any
+  item_type: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFTensor:
+  """One tensor's header: ggml type, shape in ggml order (fastest dimension first) and its bytes, memory-mapped."""
+
+  name: str
+  tensor_type: Any  # gguf.GGMLQuantizationType
+  shape: tuple[int, ...]
+  data: np.ndarray  # uint8, [..., bytes per row] in HF (slowest-first) order
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFFile:
+  """A parsed GGUF file: metadata fields by key and tensor headers, every length, count and offset checked
+  against the file size before anything is allocated or read."""
+
+  path: str
+  fields: dict[str, GGUFField]
+  tensors: tuple[GGUFTensor, ...]
+
+
+class _Cursor:
+  """Bounded little-endian reads over the file's bytes; running past the end is a CheckpointError naming it."""
+
+  def __init__(self, path: str, buf):
+    self.path, self.buf, self.pos, self.size = path, buf, 0, len(buf)
+
+  def take(self, n: int, what: str) -> int:
+    """The offset of the next n bytes, which must lie in the file."""
+    if n > self.size - self.pos:
+      raise CheckpointError(f"{self.path}: truncated GGUF file: {what} at byte {self.pos} needs {n} bytes, the file "
+                            f"has {self.size}")
+    at, self.pos = self.pos, self.pos + n
+    return at
+
+  def scalar(self, fmt: str, what: str):
+    return struct.unpack_from("<" + fmt, self.buf, self.take(struct.calcsize(fmt), what))[0]
+
+  def raw_string(self, what: str) -> bytes:
+    n = self.scalar("Q", f"length of {what}")
+    return bytes(self.buf[self.take(n, what):self.pos])
+
+  def string(self, what: str) -> str:
+    raw = self.raw_string(what)
+    try:
+      return raw.decode("utf-8")
+    except UnicodeDecodeError:
+      raise CheckpointError(f"{self.path}: {what} at byte {self.pos - len(raw)} is not UTF-8 text") from None
+
+  def count(self, n: int, item_bytes: int, what: str) -> int:
+    """n, if n items of at least `item_bytes` each fit in the rest of the file (before anything is allocated)."""
+    if n * item_bytes > self.size - self.pos:
+      raise CheckpointError(f"{self.path}: corrupt GGUF file: {what} is {n}, but {n} x {item_bytes} bytes do not fit "
+                            f"the {self.size - self.pos} bytes left after byte {self.pos}")
+    return n
+
+
+def _value(cur: _Cursor, vtype: int, key: str) -> Any:
+  """One metadata value; an array is (items, item type), and its items may not be arrays."""
+  if vtype in _SCALAR_DTYPES:
+    dt = np.dtype(_SCALAR_DTYPES[vtype])
+    v = np.frombuffer(cur.buf, dt, 1, cur.take(dt.itemsize, f"value of {key!r}"))[0].item()
+    if vtype == _BOOL:
+      if v not in (0, 1):
+        raise CheckpointError(f"{cur.path}: GGUF metadata {key!r}: bool byte is {v}, not 0 or 1")
+      return bool(v)
+    return v
+  if vtype == _STRING:
+    return cur.string(f"value of {key!r}")
+  if vtype == _ARRAY:
+    item = cur.scalar("I", f"item type of {key!r}")
+    n = cur.scalar("Q", f"length of {key!r}")
+    if item in _SCALAR_DTYPES:
+      dt = np.dtype(_SCALAR_DTYPES[item])
+      n = cur.count(n, dt.itemsize, f"length of array {key!r}")
+      return np.frombuffer(cur.buf, dt, n, cur.take(n * dt.itemsize, f"array {key!r}")), item
+    if item == _STRING:
+      n = cur.count(n, 8, f"length of array {key!r}")
+      return [cur.raw_string(f"item {i} of {key!r}") for i in range(n)], item
+    raise CheckpointError(f"{cur.path}: GGUF metadata {key!r}: arrays of type {item} are not supported")
+  raise CheckpointError(f"{cur.path}: GGUF metadata {key!r} has unknown value type {vtype}")
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+  """Parses a GGUF (v2/v3, little-endian) file's header, metadata and tensor table; CheckpointError naming the
+  file for anything truncated, out of range, repeated or overlapping, before any tensor data is touched."""
+  from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+  path = os.fspath(path)
+  try:
+    with open(path, "rb") as f:
+      buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""
+  except OSError as e:
+    raise CheckpointError(f"{path}: cannot read GGUF file ({e.strerror or e})") from None
+  cur = _Cursor(path, buf)
+  if len(buf) < 4 or bytes(buf[:4]) != _MAGIC:
+    raise CheckpointError(f"{path}: not a readable GGUF file (no 'GGUF' magic at the start)")
+  cur.pos = 4
+  version = cur.scalar("I", "version")
+  if version not in _VERSIONS:
+    raise UnsupportedModelError(f"{path}: GGUF version {version} is not supported (little-endian v2 / v3 only)")
+  n_tensors = cur.scalar("Q", "tensor count")
+  n_fields = cur.scalar("Q", "metadata count")
+  cur.count(n_fields, 8 + 4 + 1, "metadata count")  # key length, type, at least one byte of value
+  fields: dict[str, GGUFField] = {}
+  for _ in range(n_fields):
+    key = cur.string("metadata key")
+    if key in fields:
+      raise CheckpointError(f"{path}: GGUF metadata key {key!r} appears twice")
+    vtype = cur.scalar("I", f"type of {key!r}")
+    v = _value(cur, vtype, key)
+    fields[key] = GGUFField(vtype, *v) if vtype == _ARRAY else GGUFField(vtype, v)
+
+  alignment = 32
+  if "general.alignment" in fields:
+    a = fields["general.alignment"]
+    if a.type != 4 or not a.value or a.value & (a.value - 1):
+      raise CheckpointError(f"{path}: general.alignment must be a uint32 power of two, got {a.value!r}")
+    alignment = a.value
+
+  cur.count(n_tensors, 8 + 4 + 8 + 4 + 8, "tensor count")  # name length, dims count, one dim, type, offset
+  infos = []
+  for i in range(n_tensors):
+    name = cur.string(f"name of tensor {i}")
+    n_dims = cur.scalar("I", f"dimension count of {name!r}")
+    if not 1 <= n_dims <= _MAX_DIMS:
+      raise CheckpointError(f"{path}: tensor {name!r} has {n_dims} dimensions (1 to {_MAX_DIMS} allowed)")
+    dims = tuple(cur.scalar("Q", f"dimensions of {name!r}") for _ in range(n_dims))
+    raw_type = cur.scalar("I", f"type of {name!r}")
+    offset = cur.scalar("Q", f"offset of {name!r}")
+    try:
+      qtype = GGMLQuantizationType(raw_type)
+      block, type_size = GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError):
+      raise CheckpointError(f"{path}: tensor {name!r} has unknown ggml type {raw_type}") from None
+    if not all(d >= 1 for d in dims) or dims[0] % block:
+      raise CheckpointError(f"{path}: tensor {name!r} has shape {list(dims)}; dimensions must be >= 1 and the first "
+                            f"a multiple of {qtype.name}'s block of {block}")
+    if offset % alignment:
+      raise CheckpointError(f"{path}: tensor {name!r} offset {offset} is not a multiple of the alignment {alignment}")
+    infos.append((name, qtype, dims, offset, math.prod(dims) // block * type_size, dims[0] // block * type_size))
+  data_start = -(-cur.pos // alignment) * alignment
+
+  tensors, seen, end, previous = [], set(), 0, None
+  for name, qtype, dims, offset, nbytes, row_bytes in sorted(infos, key=lambda t: t[3]):
+    if name in seen:
+      raise CheckpointError(f"{path}: tensor {name!r} appears twice")
+    seen.add(name)
+    if offset < end:
+      raise CheckpointError(f"{path}: tensor {name!r} (bytes {offset}..{offset + nbytes} of the data) overlaps "
+                            f"tensor {previous!r}")
+    if data_start + offset + nbytes > len(buf):
+      raise CheckpointError(f"{path}: truncated GGUF file: tensor {name!r} needs bytes {data_start + offset}.."
+                            f"{data_start + offset + nbytes}, the file has {len(buf)}")
+    end, previous = offset + nbytes, name
+    byte_shape = (*reversed(dims[1:]), row_bytes)  # HF order, the last axis in bytes
+    data = np.frombuffer(buf, np.uint8, nbytes, data_start + offset).reshape(byte_shape)
+    tensors.append(GGUFTensor(name, qtype, dims, data))
+  order = {name: i for i, (name, *_) in enumerate(infos)}
+  return GGUFFile(path, fields, tuple(sorted(tensors, key=lambda t: order[t.name])))
+
+
 # -------------------------------------------------------------------------------------- metadata
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-  f = reader.fields.get(key)
-  return default if f is None else f.contents()
+class _Meta:
+  """Typed reads of GGUF metadata: a value of the wrong GGUF type or out of range is a ConfigError naming the key."""
 
+  def __init__(self, g: GGUFFile):
+    self.g = g
 
-def _config_dict(reader, path: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-  """An HF `config.json`-style dict from GGUF metadata (the keys transformers' `GGUF_CONFIG_MAPPING` reads)."""
+  def _get(self, key, types, want):
+    """The value, or None if the key is absent; ConfigError if it has another GGUF type."""
+    from gguf import GGUFValueType
 
-  def need(suffix):
-    v = _field(reader, f"{arch}.{suffix}")
+    f = self.g.fields.get(key)
+    if f is not None and f.type not in types:
+      raise ConfigError(f"{self.g.path}: GGUF metadata {key!r} must be {want}, got a "
+                        f"{GGUFValueType(f.type).name.lower()}")
+    return None if f is None else f.value
+
+  def _default(self, key, default):
+    if default is _REQUIRED:
+      raise ConfigError(f"{self.g.path}: GGUF metadata key {key!r} is missing")
+    return default
+
+  def integer(self, key, default=_REQUIRED, low: int = 1):
+    v = self._get(key, _INT_TYPES, "an integer")
     if v is None:
-      raise ConfigError(f"{path}: GGUF metadata key {arch}.{suffix!r} is missing")
+      return self._default(key, default)
+    if v < low:
+      raise ConfigError(f"{self.g.path}: GGUF metadata {key!r} must be >= {low}, got {v}")
     return v
 
-  num_heads = int(need("attention.head_count"))
-  hidden = int(need("embedding_length"))
-  rope_dims = _field(reader, f"{arch}.rope.dimension_count")
+  def number(self, key, default=_REQUIRED):
+    v = self._get(key, _FLOAT_TYPES + _INT_TYPES, "a number")
+    if v is None:
+      return self._default(key, default)
+    if not (math.isfinite(v) and v > 0):
+      raise ConfigError(f"{self.g.path}: GGUF metadata {key!r} must be a finite number > 0, got {v}")
+    return float(v)
+
+  def text(self, key, default=_REQUIRED):
+    v = self._get(key, (_STRING,), "a string")
+    return self._default(key, default) if v is None else v
+
+  def count(self, key) -> int | None:
+    f = self.g.fields.get(key)
+    if f is not None and (f.type != _ARRAY or f.item_type != _STRING):
+      raise ConfigError(f"{self.g.path}: GGUF metadata {key!r} must be an array of strings")
+    return None if f is None else len(f.value)
+
+
+def _config_dict(g: GGUFFile, arch: str) -> dict[str, Any]:
+  """An HF `config.json`-style dict from GGUF metadata (the keys transformers' `GGUF_CONFIG_MAPPING` reads)."""
+  m, path = _Meta(g), g.path
+  tensor_names = {t.name for t in g.tensors}
+  num_heads = m.integer(f"{arch}.attention.head_count")
+  hidden = m.integer(f"{arch}.embedding_length")
+  rope_dims = m.integer(f"{arch}.rope.dimension_count", None)
   # transformers reads llama's rope.dimension_count as head_dim; other families rotate head_dim unless they say so.
-  head_dim = _field(reader, f"{arch}.attention.key_length")
+  head_dim = m.integer(f"{arch}.attention.key_length", None)
   if head_dim is None:
     head_dim = rope_dims if (arch == "llama" and rope_dims) else hidden // num_heads
-  head_dim = int(head_dim)
 
-  vocab = _field(reader, f"{arch}.vocab_size")
+  vocab = m.integer(f"{arch}.vocab_size", None)
   if vocab is None:
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is None:
+    vocab = m.count("tokenizer.ggml.tokens")  # one entry per token string; no need to decode them
+    if vocab is None:
       raise ConfigError(f"{path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens is present")
-    vocab = len(tokens.data)  # one entry per token string; no need to decode them
 
-  eos = _field(reader, "tokenizer.ggml.eos_token_id")
   d: dict[str, Any] = {
       "model_type": ARCHITECTURES[arch],
-      "vocab_size": int(vocab),
+      "vocab_size": vocab,
       "hidden_size": hidden,
-      "intermediate_size": int(need("feed_forward_length")),
-      "num_hidden_layers": int(need("block_count")),
+      "intermediate_size": m.integer(f"{arch}.feed_forward_length"),
+      "num_hidden_layers": m.integer(f"{arch}.block_count"),
       "num_attention_heads": num_heads,
-      "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", num_heads)),
+      "num_key_value_heads": m.integer(f"{arch}.attention.head_count_kv", num_heads),
       "head_dim": head_dim,
-      "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-      "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-      "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 4096)),
+      "rms_norm_eps": m.number(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+      "rope_theta": m.number(f"{arch}.rope.freq_base", 10000.0),
+      "max_position_embeddings": m.integer(f"{arch}.context_length", 4096),
       # transformers' rule: no output.weight means the head is the embedding.
       "tie_word_embeddings": "output.weight" not in tensor_names,
       "attention_bias": any(n.endswith(".attn_q.bias") for n in tensor_names),
-      "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-      "eos_token_id": int(eos) if eos is not None else None,
-      "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+      "bos_token_id": m.integer("tokenizer.ggml.bos_token_id", None, low=0),
+      "eos_token_id": m.integer("tokenizer.ggml.eos_token_id", None, low=0),
+      "pad_token_id": m.integer("tokenizer.ggml.padding_token_id", None, low=0),
   }
-  if rope_dims and arch != "llama" and int(rope_dims) != head_dim:
-    d["partial_rotary_factor"] = int(rope_dims) / head_dim
-  window = _field(reader, f"{arch}.attention.sliding_window")
+  if rope_dims and arch != "llama" and rope_dims != head_dim:
+    d["partial_rotary_factor"] = rope_dims / head_dim
+  window = m.integer(f"{arch}.attention.sliding_window", None, low=0)
   if window:
-    d["sliding_window"] = int(window)
+    d["sliding_window"] = window
     if arch in ("qwen2", "qwen3"):
       d["use_sliding_window"] = True
-  d["rope_scaling"] = _rope_scaling(reader, path, arch)
+  d["rope_scaling"] = _rope_scaling(g, m, arch)
   return d
 
 
-def _rope_scaling(reader, path: str, arch: str) -> dict[str, Any] | None:
+def _rope_scaling(g: GGUFFile, m: _Meta, arch: str) -> dict[str, Any] | None:
   """HF `rope_scaling` from `{arch}.rope.scaling.*` metadata and, for longrope, the rope_factors_* tensors."""
-  by_name = {t.name: t for t in reader.tensors}
+  path = g.path
+  by_name = {t.name: t for t in g.tensors}
   if "rope_freqs.weight" in by_name:
     # llama3-style scaling is stored only as precomputed per-frequency divisors, which RopeConfig cannot express.
     raise UnsupportedModelError(f"{path}: tensor 'rope_freqs.weight' (llama3-style rope scaling baked into "
                                 f"frequencies) is not supported; load the Hugging Face safetensors checkpoint")
   key = lambda s: f"{arch}.rope.scaling.{s}"
-  orig = _field(reader, key("original_context_length"))
+  orig = m.integer(key("original_context_length"), None)
   if all(n in by_name for n in _ROPE_FACTORS):
     if orig is None:
       raise ConfigError(f"{path}: longrope factors present but {key('original_context_length')!r} is missing")
-    out = {
-        "rope_type": "longrope",
-        "long_factor": [float(x) for x in np.asarray(by_name["rope_factors_long.weight"].data, np.float32)],
-        "short_factor": [float(x) for x in np.asarray(by_name["rope_factors_short.weight"].data, np.float32)],
-        "original_max_position_embeddings": int(orig),
-    }
-    attn = _field(reader, key("attn_factor"))
+    factors = {}
+    for n in _ROPE_FACTORS:
+      t = by_name[n]
+      if t.tensor_type.name != "F32" or len(t.shape) != 1:
+        raise CheckpointError(f"{path}: tensor {n!r} must be a 1-D F32 tensor, got {t.tensor_type.name} "
+                              f"{list(t.shape)}")
+      factors[n] = [float(x) for x in t.data.view(np.float32)]
+    out = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"],
+           "short_factor": factors["rope_factors_short.weight"], "original_max_position_embeddings": orig}
+    attn = m.number(key("attn_factor"), None)
     if attn is not None:
-      out["attention_factor"] = float(attn)
+      out["attention_factor"] = attn
     return out
-  kind = _field(reader, key("type"))
+  kind = m.text(key("type"), None)
   if kind in (None, "none"):
     return None
-  factor = _field(reader, key("factor"))
   if kind == "linear":
-    return {"rope_type": "linear", "factor": float(factor)}
+    return {"rope_type": "linear", "factor": m.number(key("factor"))}
   if kind == "yarn":
-    out = {"rope_type": "yarn", "factor": float(factor),
-           "original_max_position_embeddings": int(orig) if orig is not None else None}
+    out = {"rope_type": "yarn", "factor": m.number(key("factor"), None), "original_max_position_embeddings": orig}
     for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
-      v = _field(reader, key(gguf_key))
+      v = m.number(key(gguf_key), None)
       if v is not None:
-        out[hf_key] = float(v)
+        out[hf_key] = v
     return out
   raise UnsupportedModelError(f"{path}: {key('type')} = {kind!r} is not supported; supported: none, linear, yarn")
 
@@ -194,13 +421,13 @@ def _hf_name(name: str, arch: str) -> str | None:
 
 def _check_dequantisable(path: str, tensors) -> None:
   """Fails before any weight is loaded if some quant type has no dequantiser in the installed `gguf`."""
-  from gguf import GGMLQuantizationType, quants
+  from gguf import quants
 
   seen = {}
   for t in tensors:
     seen.setdefault(t.tensor_type, t)
   for qtype, t in seen.items():
-    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+    if qtype.name in _VIEWS:
       continue
     probe = t.data[:1] if t.data.ndim > 1 else t.data  # one row holds whole blocks; enough to test the type
     try:
@@ -210,20 +437,18 @@ def _check_dequantisable(path: str, tensors) -> None:
                                   f"gguf package cannot dequantise") from e
 
 
-def _loader(t, hf_shape: tuple[int, ...], unpermute_heads: int | None) -> Callable[[], np.ndarray]:
+# Float types read as views of their bytes (memory-mapped, in the stored dtype); the rest are dequantised.
+_VIEWS = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
+
+
+def _loader(t: GGUFTensor, hf_shape: tuple[int, ...], unpermute_heads: int | None) -> Callable[[], np.ndarray]:
   """A zero-arg loader of one tensor in HF layout: float types as stored (memory-mapped), quantised -> float32."""
 
   def load() -> np.ndarray:
-    from gguf import GGMLQuantizationType, quants
+    from gguf import quants
 
-    if t.tensor_type == GGMLQuantizationType.F32:
-      x = t.data.view(np.float32)
-    elif t.tensor_type == GGMLQuantizationType.F16:
-      x = t.data.view(np.float16)
-    elif t.tensor_type == GGMLQuantizationType.BF16:
-      x = t.data.view(ml_dtypes.bfloat16)  # the reader hands BF16 over as raw bytes
-    else:
-      x = quants.dequantize(t.data, t.tensor_type)
+    view = _VIEWS.get(t.tensor_type.name)
+    x = t.data.view(view) if view is not None else quants.dequantize(t.data, t.tensor_type)
     x = x.reshape(hf_shape)
     if unpermute_heads is not None:
       x = reverse_llama_cpp_permute(x, unpermute_heads)
@@ -232,28 +457,27 @@ def _loader(t, hf_shape: tuple[int, ...], unpermute_heads: int | None) -> Callab
   return load
 
 
-def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, TensorStream]:
+def has_tokenizer(g: GGUFFile) -> bool:
+  """Whether the file carries a llama.cpp tokenizer (`tokenizer.ggml.model`)."""
+  return "tokenizer.ggml.model" in g.fields
+
+
+def read_gguf(path: str | os.PathLike | GGUFFile) -> tuple[ModelConfig, TensorStream]:
   """Reads a GGUF file's config and returns it with a lazy (HF name, loader, HF shape) stream of its tensors.
 
-  Raises UnsupportedModelError naming the architecture, tensor or quant type that is not supported, before any
-  weight is dequantised.
+  Every metadata field read is type- and range-checked; raises UnsupportedModelError naming the architecture,
+  tensor or quant type that is not supported, before any weight is dequantised.
   """
-  from gguf import GGUFReader
-
-  path = str(path)
-  try:
-    reader = GGUFReader(path)
-  except (ValueError, OSError) as e:
-    raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from e
-  arch = _field(reader, "general.architecture")
+  g = path if isinstance(path, GGUFFile) else open_gguf(path)
+  path = g.path
+  arch = _Meta(g).text("general.architecture", None)
   if arch not in ARCHITECTURES:
     raise UnsupportedModelError(f"{path}: GGUF general.architecture {arch!r} is not supported; supported: "
                                 f"{sorted(ARCHITECTURES)}")
-  names = {t.name for t in reader.tensors}
-  cfg = ModelConfig.from_hf_dict(_config_dict(reader, path, arch, names), source=path)
+  cfg = ModelConfig.from_hf_dict(_config_dict(g, arch), source=path)
 
   plan = []
-  for t in reader.tensors:
+  for t in g.tensors:
     if t.name in _ROPE_FACTORS:
       continue
     hf = _hf_name(t.name, arch)
@@ -269,7 +493,9 @@ def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, TensorStream]:
     elif arch == "llama" and re.search(r"\.attn_k\.", t.name):
       heads = cfg.num_kv_heads  # k was permuted over its own (KV) heads
     # ggml lists dimensions fastest-first; HF (torch) lists them slowest-first.
-    hf_shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+    hf_shape = tuple(reversed(t.shape))
+    if heads is not None and hf_shape[0] % (2 * heads):
+      raise CheckpointError(f"{path}: tensor {t.name!r} has {hf_shape[0]} rows, not a multiple of 2 x {heads} heads")
     plan.append((hf, t, hf_shape, heads))
   _check_dequantisable(path, [t for _, t, _, _ in plan])
 

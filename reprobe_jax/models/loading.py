@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from absl import logging
 from jax.sharding import Mesh
 
-from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError
 from reprobe_jax.models.checkpoint import iter_hf_tensors, load_tensors
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.language_model import LanguageModel, resolve_dtype
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
+from reprobe_jax.readers import read_json
 
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
 
@@ -36,19 +36,28 @@ def resolve_path(path: str) -> str:
     raise ConfigError(f"{path}: not a local path, and the hub could not provide it ({type(e).__name__}: {e})") from e
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
 def load_tokenizer(directory: str, gguf_file: str | None = None):
-  """`transformers.AutoTokenizer` for the directory (chat template included); None if it has no tokenizer."""
+  """`transformers.AutoTokenizer` for the directory (chat template included), or for the GGUF file `gguf_file` in
+  it; None if the directory has no tokenizer files. Tokenizer files that are there but do not load (invalid JSON,
+  JSON the tokenizers library rejects) are a DataFormatError naming the file, raised now rather than later."""
   from transformers import AutoTokenizer
-  try:
-    if gguf_file is not None:
-      return AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
-    if not any(os.path.exists(os.path.join(directory, f))
-               for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+  if gguf_file is not None:
+    where, kwargs = os.path.join(directory, gguf_file), {"gguf_file": gguf_file}
+  else:
+    present = [f for f in _TOKENIZER_FILES if os.path.exists(os.path.join(directory, f))]
+    if not present:
       return None
-    return AutoTokenizer.from_pretrained(directory)
-  except Exception as e:
-    logging.warning("no tokenizer loaded from %s: %s", directory, e)
-    return None
+    for name in present:
+      if name.endswith(".json"):
+        read_json(os.path.join(directory, name), name)
+    where, kwargs = os.path.join(directory, present[0]), {}
+  try:
+    return AutoTokenizer.from_pretrained(directory, **kwargs)
+  except Exception as e:  # the tokenizers / transformers stack raises many types; name the file and the cause
+    raise DataFormatError(f"{where}: the tokenizer does not load ({type(e).__name__}: {str(e)[:200]})") from e
 
 
 def load_pretrained(path: str, *, dtype="float32", mesh: Mesh | None = None, rules=DEFAULT_RULES,
@@ -65,9 +74,11 @@ def load_pretrained(path: str, *, dtype="float32", mesh: Mesh | None = None, rul
     if not path.endswith(".gguf"):
       raise ConfigError(f"{path}: a file must be a .gguf checkpoint; for safetensors pass the directory")
     from reprobe_jax.models import gguf_io
-    cfg, tensors = gguf_io.read_gguf(path)
+    g = gguf_io.open_gguf(path)
+    cfg, tensors = gguf_io.read_gguf(g)
     graphdef, params = load_tensors(cfg, tensors, dtype=dt, shard=shard, source=path)
-    tok = load_tokenizer(os.path.dirname(path), os.path.basename(path)) if tokenizer else None
+    with_tok = tokenizer and gguf_io.has_tokenizer(g)
+    tok = load_tokenizer(os.path.dirname(path), os.path.basename(path)) if with_tok else None
     return LanguageModel(cfg, graphdef, params, tok, shard=shard, dtype=dt)
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
