@@ -3,10 +3,12 @@ checkpoint resumed with another model shape, out-of-vocabulary ids named by row.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from reprobe_jax import pipeline
-from reprobe_jax.errors import ConfigError
+from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.trajectories import TrajectoryConfig
 
 
@@ -28,3 +30,37 @@ def test_trajectory_config_accepts_the_edges():
   cfg = TrajectoryConfig(samples=1, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=1, batch_size=1, seed=0)
   assert (cfg.temperature, cfg.top_k, cfg.top_p) == (0.0, 0, 1.0)
   assert pipeline.config_from_dict({"trajectories": {"temperature": 0}}).trajectories.temperature == 0.0
+
+
+def test_target_lm_resume_with_another_model_shape_is_refused(tmp_path):
+  """Same parameter shapes (4 heads of 8 instead of 2 of 16, kv 2 x 8 instead of 1 x 16), other model: the stored
+  signature names the field, before any step runs."""
+  from reprobe_jax.models import ModelConfig
+  from reprobe_jax.synthetic.tokenizer import build_tokenizer
+  from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
+  pairs = [(f"q{i}", f"a {i % 7}") for i in range(16)]
+  tok = build_tokenizer([q + a for q, a in pairs], 300)
+  data = encode_examples(tok, pairs, (16,))
+  shape = dict(family="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=32, num_layers=1,
+               tie_word_embeddings=True)
+  tcfg = TrainLMConfig(steps=2, batch_size=4, checkpoint_every=1)
+  train_lm(ModelConfig(num_heads=2, num_kv_heads=1, head_dim=16, **shape), data, tcfg, str(tmp_path))
+  steps = []
+  with pytest.raises(CheckpointError, match=r"train_state.*made with model\.head_dim=16 \(this run: 8\)"):
+    train_lm(ModelConfig(num_heads=4, num_kv_heads=2, head_dim=8, **shape), data, tcfg, str(tmp_path),
+             on_step=lambda i, loss: steps.append(i))
+  assert steps == []
+  with pytest.raises(CheckpointError, match=r"made with train\.learning_rate=0\.003 \(this run: 0\.01\)"):
+    train_lm(ModelConfig(num_heads=2, num_kv_heads=1, head_dim=16, **shape), data,
+             dataclasses.replace(tcfg, learning_rate=0.01), str(tmp_path))
+
+
+def test_the_built_in_target_keeps_its_build_key():
+  """The checkpoint signature lives in the training state only: a target built before it is still found."""
+  import importlib.util
+
+  from reprobe_jax.synthetic.build import config_from_dict
+  spec = importlib.util.spec_from_file_location("target_synthetic", "configs/target_synthetic.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  assert config_from_dict(module.get_config()).key() == "1b0f9f8a4531"
