@@ -305,7 +305,7 @@ def _all(store):
     (lambda r: r[1].update(prompt_ids=[]), DataFormatError, r"<record 1>: trajectory 'r1': field 'prompt_ids' must be "
                                                             "a non-empty list"),
     (lambda r: r[2].update(response_ids=[5, 101]), DataFormatError,
-     r"trajectory 'r2': field 'response_ids': token id 101 is outside the vocabulary \[0, 101\)"),
+     r"trajectory 'r2': response_ids\[1\]: token id 101 is outside the vocabulary \[0, 101\)"),
     (lambda r: r[0].update(response_ids=[5] * 70), CacheFullError, r"trajectory 'r0': sequence of \d+ tokens exceeds"),
     (lambda r: r[3].update(id="r0"), DataFormatError, r"<record 3>: trajectory 'r0' is also record 0"),
     (lambda r: r[0].pop("id"), DataFormatError, r"<record 0>: trajectory: missing field 'id'"),

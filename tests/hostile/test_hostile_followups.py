@@ -4,6 +4,7 @@ checkpoint resumed with another model shape, out-of-vocabulary ids named by row.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -60,7 +61,32 @@ def test_the_built_in_target_keeps_its_build_key():
   import importlib.util
 
   from reprobe_jax.synthetic.build import config_from_dict
-  spec = importlib.util.spec_from_file_location("target_synthetic", "configs/target_synthetic.py")
+  path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "target_synthetic.py")
+  spec = importlib.util.spec_from_file_location("target_synthetic", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   assert config_from_dict(module.get_config()).key() == "1b0f9f8a4531"
+
+
+def test_out_of_vocabulary_ids_are_named_by_row_and_position():
+  """forward ([B, T] array), generate (ragged prompts), force (one list per row), one sequence: the message names
+  where the id is, the id and the vocabulary size."""
+  import numpy as np
+
+  from reprobe_jax.models import LanguageModel, ModelConfig, SamplingParams
+  lm = LanguageModel.random(ModelConfig(family="llama", vocab_size=64, hidden_size=16, intermediate_size=16,
+                                        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
+                                        max_position_embeddings=64, eos_token_ids=(0,), pad_token_id=0), seed=0)
+  with pytest.raises(ConfigError, match=r"^input_ids\[1, 2\]: token id 64 is outside the vocabulary \[0, 64\)$"):
+    lm.forward(np.array([[1, 2, 3], [4, 5, 64]], np.int32))
+  with pytest.raises(ConfigError, match=r"^input_ids\[0, 0\]: token id -1 is outside"):
+    lm.forward(np.array([[-1, 2, 3], [4, 5, 99]], np.int32))
+  with pytest.raises(ConfigError, match=r"^prompt\[2\]\[1\]: token id 100 is outside the vocabulary \[0, 64\)$"):
+    lm.generate([[1, 2], [3], [4, 100, 5]], SamplingParams(temperature=0.0), max_new_tokens=2)
+  smp = lm.sampler(SamplingParams(temperature=0.0))
+  state = smp.prefill([[1, 2], [3]], max_new_tokens=2, extra_slots=4)
+  with pytest.raises(ConfigError, match=r"^forced\[1\]\[0\]: token id 70 is outside the vocabulary \[0, 64\)$"):
+    smp.force(state, [[5], [70, 6]])
+  with pytest.raises(ConfigError, match=r"^response_ids\[3\]: token id 64 is outside"):
+    lm.check_ids([1, 2, 3, 64], "response_ids")
+  lm.check_ids([[1, 2], [], [63]], "prompt")  # every id in range: nothing raised
