@@ -1,13 +1,13 @@
 """One definition of where a step ends, for the sampler's on-device stop rule and the host alignment alike (METHOD A1).
 
-A `StepBoundary` (line, sentence, paragraph or a literal regex) is a finite automaton over the bytes of the decoded
-text, with a saturating character counter for sentence mode's `min_chars`. `compile` runs it over every vocabulary
-entry at once (numpy, each entry's bytes decoded once) into a `StopTable`: from automaton state s, token t moves to
-`transitions[s, t]` and ends a step before and/or after itself (`ends[s, t]`). `advance` is the jittable device rule
-over that table, carried per row in a sampler's `lax.while_loop` state. `StepBoundary.align` runs the same
-automaton over the actual ids, so every stop the sampler makes is a span end and every span end but the last is a
-stop. The character-level statement of each mode is `reprobe_jax.steps.segment`; docs/method.md says where it
-departs from the older prefix-decoding rules.
+A `StepBoundary` (line, sentence, paragraph or a literal regex) is a finite automaton over the bytes of the decoded text
+(behind a UTF-8 decoder state, so each character, U+FFFD included, is one symbol), with a saturating character counter
+for sentence mode's `min_chars`. `compile` runs it over every vocabulary entry at once (numpy, each entry's bytes
+decoded once) into a `StopTable`: from automaton state s, token t moves to `transitions[s, t]` and ends a step before
+and/or after itself (`ends[s, t]`). `advance` is the jittable device rule over that table, carried per row in a
+sampler's `lax.while_loop` state. `StepBoundary.align` runs the same automaton over the actual ids, so every stop the
+sampler makes is a span end and every span end but the last is a stop. The character-level statement of each mode is
+`reprobe_jax.steps.segment`; docs/method.md says where it departs from the older prefix-decoding rules.
 
 Ends codes: ENDS_AFTER (the token is the last of a step: it holds the step's final character, or in paragraph mode
 completes '.\\n\\n'), ENDS_BEFORE (the step ended just before the token: the token holds the character that showed
@@ -34,11 +34,37 @@ from reprobe_jax.steps import (ABBREVIATIONS, HEADER_WORDS, MODES, SENTENCE_ENDS
 ENDS_BEFORE, ENDS_AFTER = 1, 2
 COUNT_BITS = 16  # a row's state packs (automaton state << COUNT_BITS) | characters counted so far
 
-# Input symbols: an ASCII byte, LEAD (a byte that starts a non-ASCII character: the character, for every rule here),
-# CONT (a continuation byte: skipped, so a multi-byte character is one symbol).
-LEAD, CONT, NSYM = 128, 129, 130
-_SYM = np.array([b if b < 0x80 else CONT if b < 0xC0 else LEAD for b in range(256)], np.int64)
-_SYM_LIST = _SYM.tolist()
+# Input symbols of a mode's rules: an ASCII byte, or LEAD (a character that is not ASCII: a valid multi-byte
+# character or a U+FFFD the decoder writes, which every rule here treats alike). The automaton reads bytes: a UTF-8
+# decoder state in front of the mode's state sends LEAD on the byte that starts a character of the decoded text and
+# nothing on the bytes that continue it. It reads invalid bytes as Python's and Rust's lossy decoders do (one U+FFFD
+# per maximal subpart of a valid sequence: a stray continuation byte, C0, C1 or F5..FF is one character each).
+LEAD, NSYM = 128, 256
+_UTF8_FRESH = 0
+# decoder state -> (lowest, highest) byte that continues the pending character, and the state after it
+_UTF8_NEXT = {1: (0x80, 0xBF, 0), 2: (0x80, 0xBF, 1), 3: (0x80, 0xBF, 2), 4: (0xA0, 0xBF, 1), 5: (0x80, 0x9F, 1),
+              6: (0x90, 0xBF, 2), 7: (0x80, 0x8F, 2)}
+
+
+def _utf8_lead(b: int) -> int:
+  """The decoder state after byte b read at a character boundary (0: the byte is a whole character)."""
+  if 0xC2 <= b <= 0xDF:
+    return 1
+  if 0xE0 <= b <= 0xEF:
+    return {0xE0: 4, 0xED: 5}.get(b, 2)
+  if 0xF0 <= b <= 0xF4:
+    return {0xF0: 6, 0xF4: 7}.get(b, 3)
+  return _UTF8_FRESH
+
+
+def _utf8_step(u: int, b: int) -> tuple[int, int | None]:
+  """(decoder state, symbol or None) after byte b: None when b continues the pending character."""
+  if u != _UTF8_FRESH:
+    lo, hi, nxt = _UTF8_NEXT[u]
+    if lo <= b <= hi:
+      return nxt, None
+  return (_UTF8_FRESH, b) if b < 0x80 else (_utf8_lead(b), LEAD)
+
 
 # Automaton events on a byte.
 GATE = 1  # a step ends before this byte if it holds >= min_chars counted characters
@@ -235,22 +261,25 @@ class _Automaton:
 
 
 def _build(machine: _Machine) -> _Automaton:
-  """Explores the reachable states breadth first, then merges equivalent ones (Moore's partition refinement)."""
-  index, states, delta, events = {machine.start: 0}, [machine.start], [], []
+  """The mode's machine behind a UTF-8 decoder, over bytes: explores the reachable (decoder, mode) states breadth
+  first, then merges equivalent ones (Moore's partition refinement)."""
+  start = (_UTF8_FRESH, machine.start)
+  index, states, delta, events = {start: 0}, [start], [], []
   while len(delta) < len(states):
-    s = states[len(delta)]
+    u, core = states[len(delta)]
     row_d, row_e = [], []
-    for sym in range(LEAD + 1):
-      nxt, ev = machine.step(s, sym)
-      if nxt not in index:
-        index[nxt] = len(states)
-        states.append(nxt)
-      row_d.append(index[nxt])
+    for b in range(NSYM):
+      u2, sym = _utf8_step(u, b)
+      nxt, ev = (core, 0) if sym is None else machine.step(core, sym)
+      if (u2, nxt) not in index:
+        index[(u2, nxt)] = len(states)
+        states.append((u2, nxt))
+      row_d.append(index[(u2, nxt)])
       row_e.append(ev)
-    delta.append(row_d + [len(delta)])  # CONT: no change
-    events.append(row_e + [0])
+    delta.append(row_d)
+    events.append(row_e)
   delta, events = np.array(delta, np.int64), np.array(events, np.int64)
-  final = np.array([machine.final(s) for s in states])
+  final = np.array([machine.final(core) for _, core in states])
   block = np.unique(np.concatenate([final[:, None], events], 1), axis=0, return_inverse=True)[1].ravel()
   while True:
     refined = np.unique(np.concatenate([block[:, None], block[delta]], 1), axis=0, return_inverse=True)[1].ravel()
@@ -331,7 +360,7 @@ def _simulate(auto: _Automaton, pieces: Sequence[bytes], min_chars: int, closes:
   lens = np.array([len(p) for p in pieces], np.int64)
   order = np.argsort(-lens, kind="stable")
   lens_sorted = lens[order]
-  flat = _SYM[np.frombuffer(b"".join(pieces[i] for i in order), np.uint8)].astype(np.int32)
+  flat = np.frombuffer(b"".join(pieces[i] for i in order), np.uint8).astype(np.int32)
   starts = np.concatenate([[0], np.cumsum(lens_sorted)[:-1]]).astype(np.int64)
   delta, events = auto.delta.astype(np.int32).ravel(), auto.events.astype(np.int32).ravel()
   state = np.broadcast_to(np.arange(n_states, dtype=np.int32), (n, n_states)).copy()
@@ -479,8 +508,7 @@ class StepBoundary:
     mark, cuts, tail = None, [], None  # cuts: (byte where the step ends, byte where its text starts, token index)
     for j, t in enumerate(ids):
       for b in tb.piece(t)[0]:
-        s = _SYM_LIST[b]
-        ev = events[d][s]
+        ev = events[d][b]
         if ev:
           if ev & GATE and count >= m:
             cuts.append((pos, mark, j))
@@ -497,7 +525,7 @@ class StepBoundary:
           if ev & SINK:
             tail = (pos + 1 - len(THINK_CLOSE), final[d])
             break
-        d = delta[d][s]
+        d = delta[d][b]
         pos += 1
       if tail is not None:
         break

@@ -24,7 +24,7 @@ import numpy as np
 from reprobe_jax import baselines, runs
 from reprobe_jax.annotate import JudgePrompts, JudgeSettings, annotate, annotator_key, check_annotator
 from reprobe_jax.atomic import atomic_open
-from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.config import Int, OneOf, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, extract, model_fingerprint
 from reprobe_jax.models import CaptureSpec, LanguageModel
@@ -56,10 +56,6 @@ class ProbeShape:
     ProbeConfig(feature_dim=1, **dataclasses.asdict(self))  # ProbeConfig's checks, named at this config's path
 
 
-# What TrajectoryConfig's fields must be (METHOD A5 sampling; temperature 0 is greedy, top_k 0 and top_p 1 are off).
-TRAJECTORY_RULES = {"samples": Int(1), "temperature": Real(0.0), "top_k": Int(0),
-                    "top_p": Real(0.0, 1.0, low_open=True), "max_new_tokens": Int(1), "batch_size": Int(1),
-                    "seed": Int(0), "few_shot": Int(0)}
 FEATURE_PARTS = ("hidden", "attn", "logit")
 
 
@@ -111,7 +107,6 @@ class ReprobeConfig:
       cls = type(getattr(ReprobeConfig, name))
       if not isinstance(getattr(self, name), cls):
         raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
-    check_fields(self.trajectories, TRAJECTORY_RULES, where=field_name(self, "trajectories"))
     check_annotator(self.annotator, self.judge, self.labels_path)
 
 

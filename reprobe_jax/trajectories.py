@@ -26,6 +26,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 import numpy as np
 
 from reprobe_jax import steps as step_lib
+from reprobe_jax.config import Int, Real, check_fields
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.labels import labels_from_json, labels_to_json
 from reprobe_jax.features import FeatureSpec, union_capture
@@ -237,6 +238,13 @@ class TrajectoryConfig:
   # Worked examples (clean reference solutions of other problems of the same family, easiest difficulty) shown as
   # earlier chat turns: a pretrained model that never saw the format learns it in context. 0 for the built-in target.
   few_shot: int = 0
+
+  def __post_init__(self):
+    # temperature 0 is greedy, top_k 0 and top_p 1 are off; errors name config.trajectories.<field> when built by
+    # replace_fields, else TrajectoryConfig.<field>
+    check_fields(self, {"samples": Int(1), "temperature": Real(0.0), "top_k": Int(0),
+                        "top_p": Real(0.0, 1.0, low_open=True), "max_new_tokens": Int(1), "batch_size": Int(1),
+                        "seed": Int(0), "few_shot": Int(0)})
 
 
 SHOT_SEED = 3_000_017  # few-shot examples come from their own seed, disjoint from every split

@@ -190,6 +190,49 @@ def test_tables_of_the_same_shape_compile_once_and_unknown_ids_stay_put(bpe):
   assert texts(StepBoundary("line").align(bpe, padded)) == texts(StepBoundary("line").align(bpe, padded[:-1]))
 
 
+def lossy_text(tok, ids) -> str:
+  """The text the automaton reads: all the tokens' bytes as one UTF-8 string, one U+FFFD per maximal subpart of an
+  invalid sequence (the byte-level decoders' rule), less the decoder's leading strip. It is the decoded text but for
+  a SentencePiece byte run that is not UTF-8, which that decoder reads as one U+FFFD per byte."""
+  tb = S.token_bytes(tok)
+  raw = b"".join(tb.piece(t)[0] for t in ids).decode("utf-8", "replace")
+  k = 0
+  while k < tb.strip and raw[k:k + 1] == tb.strip_char:
+    k += 1
+  return raw[k:]
+
+
+def test_a_stray_continuation_byte_is_a_character(bpe):
+  """Token 100 decodes to U+FFFD (one byte 0x80..0xBF): it opens the step, in the host alignment and on device."""
+  assert bpe.decode([100]) == "\ufffd"
+  for ids, want in [([100, 318], "\ufffdab"), ([100], "\ufffd")]:
+    assert bpe.decode(ids) == want
+    steps = S.align(bpe, ids, "line")
+    assert [(s.text, s.char_start, s.start) for s in steps] == [(want, 0, 0)]
+    assert [r[2] for r in S.segment(want, "line")] == [want]
+    check_stops_are_span_ends(steps, device_ends_of(StepBoundary("line").compile(bpe), ids))
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_invalid_utf8_agrees_with_segment_and_the_device(bpe, data):
+  """Byte tokens in any order (stray continuations, overlong and surrogate leads, truncated characters, C0, F5..FF)
+  among text: align's steps are `segment`'s regions of the decoded text, and the device stops at their ends."""
+  tb = S.token_bytes(bpe)
+  single = sorted(i for i, p in enumerate(tb.pieces) if len(p) == 1)
+  text_ids = sorted({i for t in CORPUS[:5] for i in bpe(t, add_special_tokens=False)["input_ids"]})
+  ids = data.draw(st.lists(st.sampled_from(single) | st.sampled_from(text_ids), max_size=30))
+  text = bpe.decode(ids)
+  assert text == lossy_text(bpe, ids)
+  for boundary in BOUNDARIES:
+    steps = boundary.align(bpe, ids)
+    want = S.segment(text, boundary.mode, min_chars=boundary.min_chars, pattern=boundary.pattern)
+    if boundary.mode != "paragraph":  # there a step's text runs to the end of the token that closes it
+      assert [(s.char_start, s.char_end, s.text) for s in steps] == [(cs, ce, b) for cs, ce, b in want], boundary
+    assert len(steps) == len(want), boundary
+    check_stops_are_span_ends(steps, device_ends_of(boundary.compile(bpe), ids))
+
+
 def test_boundary_errors():
   with pytest.raises(ConfigError, match="unknown step mode"):
     StepBoundary("words")

@@ -197,9 +197,9 @@ def check_records(lm: LanguageModel, records: Sequence[Mapping[str, Any]]) -> No
     t = Trajectory.from_json(r, f"<record {index}>: ", required=_RECORD_FIELDS)
     for field in ("prompt_ids", "response_ids"):
       try:
-        lm.check_ids(getattr(t, field))
+        lm.check_ids(getattr(t, field), field)
       except ConfigError as e:
-        raise DataFormatError(f"trajectory {t.id!r}: field {field!r}: {e}") from None
+        raise DataFormatError(f"trajectory {t.id!r}: {e}") from None
     try:
       lm._check_length(len(t.prompt_ids) + len(t.response_ids))
     except CacheFullError as e:

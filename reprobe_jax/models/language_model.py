@@ -127,15 +127,21 @@ class LanguageModel:
       raise CacheFullError(f"sequence of {n} tokens exceeds the model's max_position_embeddings="
                            f"{self.config.max_position_embeddings}")
 
-  def check_ids(self, ids):
-    """Refuses token ids outside the vocabulary; checked on the host copy (no device round trip)."""
-    ids = np.asarray(ids)
-    if ids.size == 0:
-      return
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= self.config.vocab_size:
-      raise ConfigError(f"token id {hi if hi >= self.config.vocab_size else lo} is outside the vocabulary "
-                        f"[0, {self.config.vocab_size})")
+  def check_ids(self, ids, what: str = "input_ids"):
+    """ConfigError naming the first token id outside the vocabulary, where it is (`what[row, position]` of a [B, T]
+    array, `what[row][position]` of ragged rows such as prompts, `what[position]` of one sequence) and the vocabulary
+    size. Checked on the host copy (no device round trip)."""
+    ragged = isinstance(ids, (list, tuple)) and any(isinstance(r, (list, tuple, np.ndarray)) for r in ids)
+    for r, row in enumerate(ids if ragged else [ids]):
+      arr = np.asarray(row)
+      if arr.size == 0:
+        continue
+      bad = (arr < 0) | (arr >= self.config.vocab_size)
+      if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        index = ", ".join(map(str, at))
+        where = f"{what}[{r}][{index}]" if ragged else f"{what}[{index}]"
+        raise ConfigError(f"{where}: token id {arr[at]} is outside the vocabulary [0, {self.config.vocab_size})")
 
   # ------------------------------------------------------------------------------------------ caches
 

@@ -83,6 +83,7 @@ class Sampler:
     for j, p in enumerate(ids):
       if not p:
         raise ConfigError(f"generate: prompt {j} is empty")
+    lm.check_ids(ids, "prompt")
     longest = max(map(len, ids))
     if longest + max_new_tokens + extra_slots > lm.config.max_position_embeddings:
       forced = f" + extra_slots={extra_slots}" if extra_slots else ""
@@ -98,7 +99,6 @@ class Sampler:
     for j, p in enumerate(ids):
       arr[j, plen - len(p):] = p
       mask[j, plen - len(p):] = 1
-    lm.check_ids(arr)
     share = n > 1 if share is None else share
     budget = np.zeros(b * n if share else b, np.int32)
     budget[:n_prompts * (n if share else 1)] = max_new_tokens
@@ -149,13 +149,13 @@ class Sampler:
         seqs.append(list(self.lm.tokenizer(item, add_special_tokens=False)["input_ids"]))
       else:
         seqs.append([int(t) for t in item])
+    self.lm.check_ids(seqs, "forced")
     k = bucket(max(map(len, seqs)), minimum=1)
     arr = np.full((b, k), self.lm.pad_id(), np.int32)
     mask = np.zeros((b, k), np.int32)
     for r, s in enumerate(seqs):
       if s:
         arr[r, k - len(s):], mask[r, k - len(s):] = s, 1
-    self.lm.check_ids(arr)
     return decoding.force(self.lm.static_graph, self.lm.params, state, self.stop, arr, mask, capture=self.capture,
                           shard=self.lm.shard)
 

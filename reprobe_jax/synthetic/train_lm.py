@@ -112,7 +112,8 @@ def lm_loss(graphdef, treedef):
 def train_lm(model_cfg: ModelConfig, data: dict[int, tuple[np.ndarray, np.ndarray]], cfg: TrainLMConfig,
              workdir: str, *,
              on_step: Callable[[int, float], None] | None = None) -> tuple[LanguageModel, list[float]]:
-  """Trains from scratch (or resumes from `workdir`), returns the model (no tokenizer) and the loss history.
+  """Trains from scratch (or resumes from `workdir`), returns the model (no tokenizer) and the loss history; a
+  checkpoint made with another model config or TrainLMConfig is a CheckpointError naming the field.
 
   `on_step(step, loss)` is called for every step, in order, each time the losses are fetched from the device
   (every 10 steps and at checkpoints).
@@ -127,7 +128,8 @@ def train_lm(model_cfg: ModelConfig, data: dict[int, tuple[np.ndarray, np.ndarra
   batches = BatchSchedule(data, cfg)
   loop = TrainerConfig(steps=cfg.steps, seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, keep_latest=2)
   trainer = Trainer(lm_loss(lm.graphdef, treedef), tx, loop, workdir, learning_rate=schedule,
-                    on_step=None if on_step is None else lambda step, m: on_step(step, m["loss"]))
+                    on_step=None if on_step is None else lambda step, m: on_step(step, m["loss"]),
+                    signature={"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)})
   result = trainer.fit(leaves, lambda i: {k: jnp.asarray(v) for k, v in batches[i].items()})
   params = jax.tree.unflatten(treedef, result.params)
   return LanguageModel(model_cfg, lm.graphdef, params), result.metrics["loss"]
