@@ -22,7 +22,7 @@ from reprobe_jax.tasks.base import Problem, State, TaskFamily, family_rng, integ
 # step) but, within its CPU-minutes budget, never learned to copy room words (docs/tasks.md, "planning").
 ROOMS = tuple(str(i) for i in range(1, 13))
 _N_ROOMS = {1: 5, 2: 6, 3: 7}
-_DISTANCE = {1: (2, 2), 2: (2, 3), 3: (3, 4)}  # inclusive range of the shortest-route length per difficulty
+_DISTANCE = {1: (1, 2), 2: (2, 3), 3: (3, 4)}  # inclusive range of the shortest-route length per difficulty
 _ROOM = r"(?:room\s+)?([a-z]+|\d+)"
 _STEP = re.compile(rf"^\s*move\s+from\s+(?:the\s+)?{_ROOM}\s+to\s+(?:the\s+)?{_ROOM}\s*\.?\s*$", re.IGNORECASE)
 _INF = 10**9

@@ -176,5 +176,19 @@ class MultiHopQA(TaskFamily):
       return f"the {hops[p + 1]} of {entity} is {obj}", (p + 2, obj)
     return None
 
+  def bug_step(self, problem: Problem, state: State, noise: Any) -> tuple[str, str, State] | None:
+    """'inverse': a 'mentor' hop is read backwards, naming the person whose mentor the current one is ("The mentor
+    of 7 is 4." read as "the mentor of 4 is 7"); only where exactly one such person exists and differs from the
+    right answer. The condition is the relation word, which the model copies into the step before the lookup."""
+    p, entity = state
+    relation = problem.data["hops"][p]
+    if relation != "mentor" or "inverse" not in noise.bugs:
+      return None
+    base = facts(problem)
+    mentees = sorted(s for (s, r), o in base.items() if r == relation and o == entity)
+    if len(mentees) != 1 or mentees[0] == base[(entity, relation)]:
+      return None
+    return "inverse", f"the {relation} of {entity} is {mentees[0]}", (p + 1, mentees[0])
+
   def error_rates(self, noise: Any) -> list[tuple[str, float]]:
     return [("entity", noise.p_wrong_entity), ("relation", noise.p_wrong_relation), ("skip", noise.p_skip)]
