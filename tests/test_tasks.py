@@ -143,7 +143,7 @@ def test_planning_and_qa_sizes(seed, difficulty):
   assert len(qa.data["people"]) == {1: 3, 2: 4, 3: 4}[difficulty] and all(p.isdigit() for p in qa.data["people"])
   assert all(r.isdigit() for r in plan.data["rooms"])
   assert all(a != b for a, b in zip(qa.data["hops"], qa.data["hops"][1:]))
-  assert all(f"The {r} of {s} is {o}." in qa.question for s, r, o in qa.data["facts"])
+  assert all(f"the {r} of {s} is {o}" in qa.question for s, r, o in qa.data["facts"])
 
 
 def test_bad_arguments_raise_config_errors():
