@@ -1,6 +1,9 @@
 """Evaluation entry point: `python eval.py --config=configs/<job>.py [--config.a.b=value ...]`.
 
-Jobs: reprobe (PR-AUC of the probes against the uncertainty baselines; trains whatever is missing first).
+Jobs: reprobe (PR-AUC of the probes against the uncertainty baselines; trains whatever is missing first; prints
+the numbers beside the README's bands when the config is the one they were made with), seeds (the reprobe job
+once per `config.seeds`, then every number's mean and spread over seeds: `<workdir>/seeds/summary.md` and the
+band file `<workdir>/seeds/bands.json`).
 """
 
 from __future__ import annotations
@@ -10,28 +13,62 @@ import os
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.cli import ProgressBars, parse_flags, reprobe_setup, run_job
+from reprobe_jax.cli import ProgressBars, parse_flags, reprobe_setup, run_job, target_report, workdir_of
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.py", "Job configuration.")
 
 
-def run_reprobe(config) -> None:
+def _evaluate(config):
+  """(metrics, target report or None, run folder) of one reprobe run."""
   from reprobe_jax import pipeline
-  from reprobe_jax.report import table_markdown
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
     metrics = pipeline.evaluate(lm, cfg, workdir, progress=bars.update)
+  return metrics, target_report(config), workdir
+
+
+def run_reprobe(config) -> None:
+  from reprobe_jax import bands
+  from reprobe_jax.report import table_markdown
+  metrics, report, workdir = _evaluate(config)
   print("\nStep-level PR-AUC (positive = incorrect step):\n")
   print(table_markdown(metrics))
   timings = metrics.get("timings_s", {})
   if timings:
     print("Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
   print(f"Wrote {os.path.join(workdir, 'metrics.json')}, table.md, pr_curves.png; TensorBoard: {workdir}/probe")
+  print(bands.beside_bands(config, {"reprobe": metrics, "target": report or {}}, machine=metrics["machine"]))
+
+
+def run_seeds(config) -> None:
+  from reprobe_jax import bands
+  from reprobe_jax.machine import describe
+  seeds = bands.check_seeds(config.get("seeds"))
+  out = os.path.join(workdir_of(config), "seeds")
+  results = []
+  for seed in seeds:
+    one = config.copy_and_resolve_references()
+    one.seed = seed
+    if "target" in one:
+      one.target.seed = seed
+    print(f"\n=== seed {seed} ===")
+    metrics, report, _ = _evaluate(one)
+    results.append({"reprobe": metrics, "target": report or {}})
+  band_file = bands.BandFile(job="reprobe", seeds=seeds, machine=str(describe()), config_key=bands.band_key(config),
+                             bands=bands.over_seeds(results))
+  summary = bands.summary_markdown(band_file, results[0])
+  band_file.save(os.path.join(out, "bands.json"))
+  from reprobe_jax.atomic import atomic_open
+  with atomic_open(os.path.join(out, "summary.md")) as f:
+    f.write(summary)
+  print("\n" + summary)
+  print(f"Wrote {out}/summary.md and {out}/bands.json (copy it to {config.get('bands')} to make it the README's "
+        "bands)")
 
 
 def main(argv):
   del argv
-  run_job(_CONFIG.value, {"reprobe": run_reprobe})
+  run_job(_CONFIG.value, {"reprobe": run_reprobe, "seeds": run_seeds})
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from configs import reprobe_synthetic
 def get_config() -> ml_collections.ConfigDict:
   c = reprobe_synthetic.get_config()
   c.workdir = "artifacts/reprobe_smollm2"
+  c.bands = "configs/bands/reprobe_smollm2.json"
   c.target_path = "smollm2"
   c.mode = "line"
   c.train_problems = 48

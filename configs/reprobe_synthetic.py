@@ -2,6 +2,7 @@
 
     python train.py --config=configs/reprobe_synthetic.py      # target (cached), trajectories, features, probes
     python eval.py  --config=configs/reprobe_synthetic.py      # PR-AUC table, metrics.json, pr_curves.png
+    python eval.py  --config=configs/reprobe_synthetic.py --config.job=seeds   # every number over seeds 0, 1, 2
     python train.py --config=configs/reprobe_synthetic.py --config.probe.d_model=256
     python eval.py  --config=configs/reprobe_synthetic.py --config.annotator=self      # the target judges itself
     OPENAI_API_KEY=... python eval.py --config=configs/reprobe_synthetic.py --config.annotator=judge \
@@ -20,7 +21,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.workdir = "artifacts/reprobe_synthetic"
   c.target = target_synthetic.get_config()  # built (or reused from its cache) first
   c.target_path = ""  # or a HF directory / .gguf / hub id to probe another target model
-  c.seed = 0
+  c.seed = 0  # the build seed: the built-in target's seed follows it (one override reseeds the whole chain)
+  c.target.seed = c.get_ref("seed")
+  # `--config.job=seeds`: the whole job once per seed, then every number's mean and spread (a band file); the
+  # README's tables are made this way, and a single run prints its numbers beside `bands` (made on the machine it
+  # names, for this config only).
+  c.seeds = (0, 1, 2)
+  c.bands = "configs/bands/reprobe_synthetic.json"
   c.mode = "line"
   c.train_domains = ("arithmetic",)
   c.ood_domains = ("planning", "qa")
@@ -30,7 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.difficulties = (1, 2, 3)
   c.trajectories = ml_collections.ConfigDict(dict(samples=3, temperature=1.0, top_k=50, top_p=0.95,
                                                   max_new_tokens=96, batch_size=32, seed=0))
-  c.feature_sets = ("hidden", "attn+logit")
+  c.feature_sets = ("hidden", "hidden+logit", "attn+logit")
   c.hidden_layers = (-1,)
   # METHOD A4's paper shape is d_model=512, 16 heads; a smaller probe suits a 128-wide target on 2 CPU cores.
   c.probe = ml_collections.ConfigDict(dict(d_model=128, n_layers=1, n_heads=4, ff_dim=512, dropout=0.1))

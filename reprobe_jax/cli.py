@@ -100,6 +100,14 @@ def build_target(config):
   return load_pretrained(f"{out}/model")
 
 
+def target_report(config) -> dict | None:
+  """The built-in target's report (`synthetic.build`, reused from its cache), or None for a `target_path` job."""
+  if config.get("target_path"):
+    return None
+  from reprobe_jax.synthetic.build import build, config_from_dict, load_report
+  return load_report(build(config_from_dict(config.target, "config.target"), config.target.workdir))
+
+
 def run_dir(config, lm) -> str:
   """`<config.workdir>/<hash>`: one folder per (job config, target model, problems and prompts), so a rebuilt
   target, a changed config or a changed task generator starts afresh while a rerun of the same one resumes and

@@ -68,3 +68,47 @@ def pr_curve(labels, scores) -> tuple[np.ndarray, np.ndarray]:
   precision = tps / (tps + fps)
   recall = tps / max(tps[-1], 1)
   return np.r_[0.0, recall], np.r_[1.0, precision]
+
+
+def _weighted_ap(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
+  """Average precision of every row of weights `w` [B, n] over the same (y, s): integer weights give exactly the
+  PR-AUC of the sample that repeats step i w[b, i] times (ties stay ties), so a bootstrap needs one sort."""
+  order = np.argsort(-s, kind="mergesort")
+  y, s, w = y[order], s[order], w[:, order]
+  last_of_tie = np.r_[np.nonzero(np.diff(s))[0], y.size - 1]
+  tps = np.cumsum(w * y, axis=1)[:, last_of_tie]
+  all_ = np.cumsum(w, axis=1)[:, last_of_tie]
+  with np.errstate(invalid="ignore", divide="ignore"):
+    precision = np.where(all_ > 0, tps / np.where(all_ > 0, all_, 1), 0.0)
+    recall = tps / tps[:, -1:]
+  return np.sum(np.diff(np.c_[np.zeros(len(w)), recall], axis=1) * precision, axis=1)
+
+
+def bootstrap_pr_auc(labels, scores, groups, *, samples: int = 1000, seed: int = 0,
+                     level: float = 0.95) -> tuple[float, float]:
+  """Percentile bootstrap interval of PR-AUC, resampling `groups` (e.g. the problem of each step) with
+  replacement, so the steps of one problem, which are not independent, move together. (lo, hi); NaN when there
+  is no labelled step. Resamples with no incorrect step are left out of the percentiles."""
+  y = np.asarray(labels, np.float64).ravel()
+  g = np.asarray(groups).ravel()
+  if g.shape != y.shape:
+    raise ConfigError(f"groups ({g.size}) and labels ({y.size}) differ in length")
+  if not 0.0 < level < 1.0 or int(samples) != samples or samples < 1:
+    raise ConfigError(f"bootstrap needs samples >= 1 and 0 < level < 1, found {samples}, {level}")
+  keep = ~np.isnan(y)
+  y, s = _clean(labels, scores)
+  g = g[keep]
+  if y.size == 0:
+    return float("nan"), float("nan")
+  ids, index = np.unique(g, return_inverse=True)
+  rng = np.random.default_rng(seed)
+  draws = rng.integers(0, len(ids), size=(int(samples), len(ids)))
+  counts = np.zeros((int(samples), len(ids)))
+  np.add.at(counts, (np.arange(int(samples))[:, None], draws), 1.0)
+  w = counts[:, index]  # [B, n]: how often each step's group was drawn
+  ap = _weighted_ap(y, s, w)
+  ap = ap[np.isfinite(ap)]
+  if ap.size == 0:
+    return float("nan"), float("nan")
+  lo, hi = np.quantile(ap, [(1 - level) / 2, 1 - (1 - level) / 2])
+  return float(lo), float(hi)

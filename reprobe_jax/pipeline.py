@@ -27,6 +27,7 @@ from reprobe_jax.atomic import atomic_open
 from reprobe_jax.config import Int, OneOf, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, extract, model_fingerprint
+from reprobe_jax.machine import describe
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe import linear
@@ -36,6 +37,7 @@ from reprobe_jax.report import plot_pr_curves, scorer_metrics, table_markdown
 from reprobe_jax.runs import Progress, Run, no_progress
 from reprobe_jax.readers import read_json
 from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, make_problems
+from reprobe_jax.tasks import formats
 from reprobe_jax.tasks.formats import MODES
 from reprobe_jax.tasks.io import write_jsonl
 from reprobe_jax.trajectories import Trajectory, TrajectoryConfig, prompt_text, read_trajectories, \
@@ -86,7 +88,7 @@ class ReprobeConfig:
   test_problems: int = 120  # per test domain
   difficulties: tuple[int, ...] = (1, 2, 3)
   trajectories: TrajectoryConfig = TrajectoryConfig()
-  feature_sets: tuple[str, ...] = ("hidden", "attn+logit")
+  feature_sets: tuple[str, ...] = ("hidden", "hidden+logit", "attn+logit")
   hidden_layers: tuple[int, ...] = (-1,)
   probe: ProbeShape = ProbeShape()
   train: ProbeTrainConfig = ProbeTrainConfig()
@@ -139,7 +141,7 @@ def check_target(cfg: ReprobeConfig, lm: LanguageModel) -> None:
 def config_from_dict(c) -> ReprobeConfig:
   """The CLI's ConfigDict -> ReprobeConfig, checked whole (every field's type and range, named on error)."""
   d = plain(c)
-  for k in ("job", "workdir", "target", "target_path"):
+  for k in ("job", "workdir", "target", "target_path", "seeds", "bands"):  # what the CLI reads, not the run
     d.pop(k, None)
   return replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
 
@@ -299,9 +301,15 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: P
   rng = np.random.default_rng(cfg.seed)
   scores: dict[str, dict[str, np.ndarray]] = {}
   labels: dict[str, np.ndarray] = {}
+  groups: dict[str, np.ndarray] = {}
   for d in domains:
     recs = [r for r in test if r.domain == d]
     labels[d] = np.concatenate([np.asarray(r.labels, np.float64) for r in recs])
+    groups[d] = np.concatenate([[r.problem_id] * len(r.labels) for r in recs])
+    if cfg.mode == "line":  # the same steps without the '<Answer>' lines, whose base rate differs by domain
+      answer = np.concatenate([[formats.is_answer_line(s.text) for s in r.steps] for r in recs]).astype(bool)
+      labels[f"{d} (steps)"] = np.where(answer, np.nan, labels[d])
+      groups[f"{d} (steps)"] = groups[d]
     for b in baselines.BASELINES:
       scores.setdefault(b, {})[d] = np.concatenate([
           baselines.step_scores(b, np.asarray(r.logprobs), np.asarray(r.entropy), np.asarray(r.self_certainty),
@@ -315,12 +323,17 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: P
       scores.setdefault(f"probe[{name}]", {})[d] = np.concatenate(
           predict_examples(graphdef, params, rest, exs, cfg.train.batch_size, store.dim))
       scores.setdefault(f"logreg[{name}]", {})[d] = linear.step_scores(lr, exs)
-  metrics = scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains)
+  for per in scores.values():  # a dataset without the answer lines is scored by the same scores
+    for name in labels:
+      if name not in per:
+        per[name] = per[name.split(" ")[0]]
+  metrics = scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains, groups, seed=cfg.seed)
+  metrics["machine"] = str(describe())
   timings = run.timings()
   if timings:
     metrics["timings_s"] = timings
   runs.write_json(run.path("metrics.json"), metrics)
   with atomic_open(run.path("table.md")) as f:
     f.write(table_markdown(metrics))
-  plot_pr_curves(scores, labels, run.path("pr_curves.png"))
+  plot_pr_curves(scores, {d: labels[d] for d in domains}, run.path("pr_curves.png"))
   return metrics

@@ -12,16 +12,21 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from reprobe_jax.atomic import atomic_open
-from reprobe_jax.metrics import pr_auc, pr_curve, roc_auc
+from reprobe_jax.metrics import bootstrap_pr_auc, pr_auc, pr_curve, roc_auc
 
 Scores = Mapping[str, Mapping[str, np.ndarray]]
 
 
 def scorer_metrics(scores: Scores, labels: Mapping[str, np.ndarray], id_domains: Sequence[str],
-                   ood_domains: Sequence[str]) -> dict:
-  """{'datasets': {domain: {steps, incorrect_share}}, 'methods': {scorer: {domain: {pr_auc, roc_auc},
+                   ood_domains: Sequence[str], groups: Mapping[str, np.ndarray] | None = None, *,
+                   bootstrap: int = 1000, seed: int = 0) -> dict:
+  """{'datasets': {domain: {steps, incorrect_share}}, 'methods': {scorer: {domain: {pr_auc, roc_auc[, pr_auc_ci]},
   id_mean_pr_auc, ood_mean_pr_auc, overall_pr_auc, (the same for roc_auc)}}}; JSON-ready (a domain whose steps all
-  went unlabelled has a null incorrect share; no OOD domain gives NaN OOD means)."""
+  went unlabelled has a null incorrect share; no OOD domain gives NaN OOD means).
+
+  `labels` may hold more datasets than the domains (e.g. a domain without its answer lines): they get their own
+  numbers but stay out of the means. `groups` (dataset -> [num_steps] the problem of each step) adds `pr_auc_ci`,
+  the 95% bootstrap interval over problems (`metrics.bootstrap_pr_auc`, `bootstrap` resamples)."""
   id_d, ood_d = list(id_domains), list(ood_domains)
 
   def dataset(y):
@@ -34,6 +39,8 @@ def scorer_metrics(scores: Scores, labels: Mapping[str, np.ndarray], id_domains:
     m = {}
     for d in labels:
       m[d] = {"pr_auc": pr_auc(labels[d], per[d]), "roc_auc": roc_auc(labels[d], per[d])}
+      if groups is not None and d in groups:
+        m[d]["pr_auc_ci"] = list(bootstrap_pr_auc(labels[d], per[d], groups[d], samples=bootstrap, seed=seed))
     for key in ("pr_auc", "roc_auc"):
       m[f"id_mean_{key}"] = float(np.mean([m[d][key] for d in id_d]))
       m[f"ood_mean_{key}"] = float(np.mean([m[d][key] for d in ood_d])) if ood_d else float("nan")
@@ -47,14 +54,21 @@ def table_markdown(metrics: dict) -> str:
   datasets = list(metrics["datasets"])
   head = ["method"] + [f"{d} PR-AUC" for d in datasets] + ["ID mean", "OOD mean", "overall"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+  def cell(v):
+    ci = v.get("pr_auc_ci")
+    return f"{v['pr_auc']:.3f}" + ("" if ci is None else f" ({ci[0]:.2f}-{ci[1]:.2f})")
+
   for method, m in metrics["methods"].items():
-    cells = [f"{m[d]['pr_auc']:.3f}" for d in datasets]
+    cells = [cell(m[d]) for d in datasets]
     cells += [f"{m['id_mean_pr_auc']:.3f}", f"{m['ood_mean_pr_auc']:.3f}", f"{m['overall_pr_auc']:.3f}"]
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
   share = ", ".join(f"{d}: {v['steps']} steps, " + ("none labelled" if v["incorrect_share"] is None else
                                                       f"{100 * v['incorrect_share']:.0f}% incorrect")
                     for d, v in metrics["datasets"].items())
-  return "\n".join(lines) + f"\n\nTest steps ({share}).\n"
+  ci = any("pr_auc_ci" in v for m in metrics["methods"].values() for v in m.values() if isinstance(v, dict))
+  note = " In brackets: the 95% bootstrap interval over test problems." if ci else ""
+  return "\n".join(lines) + f"\n\nTest steps ({share}).{note}\n"
 
 
 def plot_pr_curves(scores: Scores, labels: Mapping[str, np.ndarray], path: str) -> None:

@@ -29,7 +29,7 @@ from reprobe_jax import steps as step_lib
 from reprobe_jax.config import Int, Real, check_fields
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.labels import labels_from_json, labels_to_json
-from reprobe_jax.features import FeatureSpec, union_capture
+from reprobe_jax.features import FeatureSpec, union_capture, with_logprobs
 from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
 from reprobe_jax.readers import shown
 from reprobe_jax.tasks import Problem
@@ -316,7 +316,7 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
     if feature_specs and on_features is not None:
       feats = {}
       for spec in feature_specs:
-        arr = np.asarray(spec.assemble(gen.features, lm.config.num_layers))  # [R, N, F]
+        arr = np.asarray(spec.assemble(with_logprobs(gen.features, gen.logprobs), lm.config.num_layers))  # [R, N, F]
         feats[spec.name] = {t.id: arr[row, :len(t.response_ids)] for row, t in enumerate(batch)}
       on_features(batch, feats)
     out += batch

@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from reprobe_jax.features import FeatureMismatchError, FeatureSpec, FeatureStore, extract, token_features
+from reprobe_jax.features import FeatureMismatchError, FeatureSpec, FeatureStore, extract, token_features, \
+    with_logprobs
 from reprobe_jax.features import extraction as extract_mod
 from reprobe_jax.models import CaptureSpec, LanguageModel, load_pretrained
 
@@ -28,7 +29,7 @@ def test_next_token_alignment_and_sets(lm):
   spec = FeatureSpec.from_name("hidden+attn+logit", hidden_layers=(0, -1))
   feats = token_features(lm, recs, spec, batch_size=4)
   L, H, D = lm.config.num_layers, lm.config.num_heads, lm.config.hidden_size
-  assert spec.dim(lm.config) == 2 * D + 5 * H * L + 4
+  assert spec.dim(lm.config) == 2 * D + 5 * H * L + 4 + 2
   for rec, f in zip(recs, feats):
     seq = np.asarray([rec["prompt_ids"] + rec["response_ids"]])
     ref = lm.forward(seq, capture=CaptureSpec(hidden_layers=(0, L), attn_window=5, top_k_probs=4))
@@ -37,8 +38,14 @@ def test_next_token_alignment_and_sets(lm):
     assert f.shape == (n, spec.dim(lm.config))
     np.testing.assert_allclose(f[:, :D], np.asarray(ref.hidden_states[0])[0, at], atol=1e-5)
     np.testing.assert_allclose(f[:, D:2 * D], np.asarray(ref.hidden_states[L])[0, at], atol=1e-4)
-    np.testing.assert_allclose(f[:, 2 * D:-4], np.asarray(ref.attn_window)[0, at].reshape(n, -1), atol=1e-5)
-    np.testing.assert_allclose(f[:, -4:], np.asarray(ref.top_probs)[0, at], atol=1e-5)
+    np.testing.assert_allclose(f[:, 2 * D:-6], np.asarray(ref.attn_window)[0, at].reshape(n, -1), atol=1e-5)
+    np.testing.assert_allclose(f[:, -6:-2], np.asarray(ref.top_probs)[0, at], atol=1e-5)
+    # Then the token's own log-probability and the entropy of the distribution it came from, from the logits.
+    z = np.asarray(ref.logits, np.float64)[0, at]
+    logp = z - z.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    np.testing.assert_allclose(f[:, -2], logp[np.arange(n), rec["response_ids"]], atol=1e-4)
+    np.testing.assert_allclose(f[:, -1], -(np.exp(logp) * logp).sum(-1), atol=1e-4)
   # The top-4 probabilities of token j's feature are those of the distribution that sampled it.
   logp = np.log(np.asarray(ref.top_probs)[0, p - 1, 0])
   assert logp <= 0
@@ -92,13 +99,13 @@ def test_sampler_captured_features_equal_teacher_forced(lm, tmp_path):
   recs = [{"id": f"r{r}", "prompt_ids": prompts[g.prompt_index[r]], "response_ids": g.token_ids(r)}
           for r in range(len(g.lengths))]
   for spec in specs:
-    sampled = np.asarray(spec.assemble(g.features, lm.config.num_layers))  # [R, N, F]
+    sampled = np.asarray(spec.assemble(with_logprobs(g.features, g.logprobs), lm.config.num_layers))  # [R, N, F]
     forced = token_features(lm, recs, spec, batch_size=4)
     for r, ref in enumerate(forced):  # 1e-5 of the tensor's scale (hidden states of this random model reach ~20)
       np.testing.assert_allclose(sampled[r, :len(ref)], ref, atol=1e-5 * max(1.0, np.abs(ref).max()),
                                  err_msg=f"{spec.name} row {r}")
   spec = specs[1]
-  sampled = np.asarray(spec.assemble(g.features, lm.config.num_layers))
+  sampled = np.asarray(spec.assemble(with_logprobs(g.features, g.logprobs), lm.config.num_layers))
   captured = {rec["id"]: sampled[r, :len(rec["response_ids"])] for r, rec in enumerate(recs)}
   calls = []
   real = extract_mod.token_features

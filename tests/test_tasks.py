@@ -1,5 +1,6 @@
 """Task families: deterministic generators, exact checkers (METHOD A2(a)), formats (A1, B1), noisy traces, JSONL."""
 
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from reprobe_jax.tasks import (FAMILIES, Problem, TraceNoise, check_response, ch
                                render_line, render_thinking, solve, solve_many, step_texts_for_check, user_prompt,
                                write_jsonl)
 from reprobe_jax.tasks import traces as traces_module
+from reprobe_jax.tasks.traces import BUG_KINDS
 from reprobe_jax.tasks.arithmetic import apply
 from reprobe_jax.tasks.formats import conclude_paragraph, reflect_paragraph, work_paragraph
 from reprobe_jax.tasks.planning import graph
@@ -129,14 +131,19 @@ def test_planning_and_qa_sizes(seed, difficulty):
   plan = get_family("planning").generate(seed, difficulty)
   _, dist = graph(plan)
   assert len(plan.data["rooms"]) == {1: 5, 2: 6, 3: 7}[difficulty]
-  assert dist[plan.data["start"]] == int(plan.answer) and {1: (2, 2), 2: (2, 3), 3: (3, 4)}[difficulty][0] <= int(plan.answer) <= difficulty + 1
+  lo, hi = {1: (1, 2), 2: (2, 3), 3: (3, 4)}[difficulty]
+  assert dist[plan.data["start"]] == int(plan.answer) and lo <= int(plan.answer) <= hi
   assert plan.data["start"] in plan.question and plan.data["goal"] in plan.question
+  adj, _ = graph(plan)  # every room's doors, listed as a step writes a move
+  for room, nbs in adj.items():
+    listed = next(part for part in plan.question.split("Doors: ")[1].split("; ") if part.startswith(f"from {room} "))
+    assert sorted(listed.split(" to ")[1].rstrip(". How many moves is that?").split(" or ")) == sorted(nbs)
   qa = get_family("qa").generate(seed, difficulty)
   assert len(qa.data["hops"]) == {1: 2, 2: 3, 3: 3}[difficulty]
   assert len(qa.data["people"]) == {1: 3, 2: 4, 3: 4}[difficulty] and all(p.isdigit() for p in qa.data["people"])
   assert all(r.isdigit() for r in plan.data["rooms"])
   assert all(a != b for a, b in zip(qa.data["hops"], qa.data["hops"][1:]))
-  assert all(f"The {r} of {s} is {o}." in qa.question for s, r, o in qa.data["facts"])
+  assert all(f"the {r} of {s} is {o}" in qa.question for s, r, o in qa.data["facts"])
 
 
 def test_bad_arguments_raise_config_errors():
@@ -440,8 +447,10 @@ def test_drafts_rarely_need_a_redraw():
 def test_errors_propagate_to_the_answer(noisy):
   for name in FAMILIES:
     _, traces = noisy[name, "line"]
+    slips = np.mean([x for t in traces for x, k in zip(t.labels, t.injected) if k not in BUG_KINDS])
+    assert 0.03 <= slips <= 0.15, (name, slips)
     step_errors = np.mean([x for t in traces for x in t.labels])
-    assert 0.03 <= step_errors <= 0.15, (name, step_errors)
+    assert step_errors <= (0.35 if name == "arithmetic" else 0.2), (name, step_errors)
     with_error = [t for t in traces if any(t.injected)]
     assert with_error, name
     wrong = np.mean([not t.correct for t in with_error])
@@ -564,3 +573,58 @@ def test_thinking_progress_agrees_with_the_solver():
       assert (progress.right_established and not trace.correct) == trace.r2w, (family, trace.text)
       if trace.rechecked and trace.answer_paragraph is not None:
         assert progress.rechecks_after > 0
+
+
+def _bug_condition(problem, state):
+  """Whether the arithmetic 'carry' or 'borrow' condition holds at `state`, written out from docs/tasks.md."""
+  p, v = state
+  op, b = problem.data["ops"][p]
+  return (op == "+" and v % 10 + b >= 10) or (op == "-" and v >= 10 and v % 10 < b)
+
+
+def test_buggy_procedures_fire_wherever_their_condition_holds():
+  """With p_bug=1 and no slips every step under a bug condition is the bug (labelled wrong), every other right."""
+  from reprobe_jax.tasks.arithmetic import apply
+  fam = get_family("arithmetic")
+  noise = dataclasses.replace(TraceNoise.clean(), p_bug=1.0, bugs=("carry", "borrow"))
+  problems = [p for d in (1, 2, 3) for p in make_problems("arithmetic", 40, 7, d)]
+  seen = {"carry": 0, "borrow": 0}
+  for problem, trace in zip(problems, solve_many(problems, "line", 0, noise)):
+    state = fam.initial_state(problem)
+    for body, label, kind in zip(trace.steps, trace.labels, trace.injected):
+      a, op, b, r = fam.parse_step(body)
+      if _bug_condition(problem, state):
+        assert kind in ("carry", "borrow") and label == 1.0
+        assert r == (a + b - 10 if op == "+" else a - a % 10 + (b - a % 10))  # 17 + 5 = 12; 23 - 5 = 22
+        seen[kind] += 1
+      else:
+        assert kind is None and label == 0.0 and r == apply(op, a, b)
+      state = (state[0] + 1, r)
+  assert min(seen.values()) >= 10, seen
+
+
+def test_bug_rate_follows_p_bug_and_qa_reads_mentor_backwards():
+  from reprobe_jax.tasks.qa import facts
+  noise = dataclasses.replace(TraceNoise.clean(), p_bug=0.5, bugs=("inverse",))
+  problems = [p for d in (1, 2, 3) for p in make_problems("qa", 200, 3, d)]
+  fired = 0
+  for problem, trace in zip(problems, solve_many(problems, "line", 0, noise)):
+    base = facts(problem)
+    for body, kind in zip(trace.steps, trace.injected):
+      if kind == "inverse":
+        relation, subject, obj = get_family("qa").parse_step(body)
+        assert relation == "mentor" and base[(obj, "mentor")] == subject != base[(subject, "mentor")]
+        fired += 1
+  eligible = 0
+  fam = get_family("qa")
+  for problem in problems:
+    state = fam.initial_state(problem)
+    while not fam.is_done(problem, state):
+      eligible += fam.bug_step(problem, state, noise) is not None
+      state = fam.honest_step(problem, state, None)[1]
+  assert eligible > 40 and abs(fired / eligible - 0.5) < 0.15, (fired, eligible)
+
+
+def test_unknown_bug_is_refused():
+  with pytest.raises(ConfigError, match="unknown bug"):
+    TraceNoise(bugs=("carry", "typo"))

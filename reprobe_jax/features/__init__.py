@@ -2,7 +2,7 @@
 
 from reprobe_jax.features.extraction import (FeatureMismatchError, FeatureSpec, FeatureStore, extract,
                                           forward_values, model_fingerprint, token_features, tokenizer_hash,
-                                          union_capture)
+                                          union_capture, with_logprobs)
 
 __all__ = ["FeatureMismatchError", "FeatureSpec", "FeatureStore", "extract", "forward_values", "model_fingerprint",
-           "token_features", "tokenizer_hash", "union_capture"]
+           "token_features", "tokenizer_hash", "union_capture", "with_logprobs"]

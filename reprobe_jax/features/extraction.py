@@ -3,7 +3,9 @@
 For every response token j the feature vector comes from position j-1 of the full sequence (prompt + response):
 the state that predicted token j. Feature sets concatenate, in this order: hidden states at the chosen layers
 (`hidden`), the attention window of every layer and head (`attn`: W x heads x layers), the top-K next-token
-probabilities (`logit`). Only response tokens are stored (see docs/method.md).
+probabilities followed by the token's own log-probability and the entropy of the distribution it was drawn from
+(`logit`: K + 2, so a probe sees what MaxProb and the entropy baselines read; docs/method.md). Only response tokens
+are stored (see docs/method.md).
 
 On disk, `<dir>/manifest.json` holds the format, the store's header (model fingerprint, tokenizer hash, spec,
 feature dim, dtype) and the finished shards: per shard its file name, record ids, record hashes (`record_hash`: the
@@ -111,15 +113,17 @@ class FeatureSpec:
   def capture(self) -> CaptureSpec:
     return CaptureSpec(hidden_layers=self.hidden_layers if "hidden" in self.parts else (),
                        attn_window=self.attn_window if "attn" in self.parts else 0,
-                       top_k_probs=self.top_k if "logit" in self.parts else 0)
+                       top_k_probs=self.top_k if "logit" in self.parts else 0, token_stats="logit" in self.parts)
 
   def assemble(self, values, num_layers: int):
     """The feature vectors [..., F] from captured per-token values, in the spec's part order (METHOD A3).
 
     values: {'hidden_<i>': [..., D] (HF layer index i), 'attn_window': [..., L, H, W'] (W' >= W, most recent key
-    first), 'top_probs': [..., K'] (K' >= K, sorted descending)}, as the sampler captures them (`DecodeState.
-    features`, `Generation.features`) and as `forward_values` turns a forward pass into. The one assembly used by
-    sampling, teacher-forced extraction and bench/; runs on device.
+    first), 'top_probs': [..., K'] (K' >= K, sorted descending), 'token_logprobs' and 'token_entropy': [...] (the
+    token's own log-probability at temperature 1 and the entropy of the distribution it was drawn from)}, as the
+    sampler captures them (`with_logprobs` adds the sampler's recorded log-probs to its `features`) and as
+    `forward_values` turns a forward pass into. The one assembly used by sampling, teacher-forced extraction and
+    bench/; runs on device.
     """
     parts = []
     if "hidden" in self.parts:
@@ -128,7 +132,8 @@ class FeatureSpec:
       aw = values["attn_window"][..., :self.attn_window]  # [..., L, H, W]
       parts.append(aw.reshape(aw.shape[:-3] + (-1,)))
     if "logit" in self.parts:
-      parts.append(values["top_probs"][..., :self.top_k])
+      parts += [values["top_probs"][..., :self.top_k], values["token_logprobs"][..., None],
+                values["token_entropy"][..., None]]
     return jnp.concatenate([jnp.asarray(p, jnp.float32) for p in parts], axis=-1)
 
   def dim(self, cfg) -> int:
@@ -138,7 +143,7 @@ class FeatureSpec:
     if "attn" in self.parts:
       d += self.attn_window * cfg.num_heads * cfg.num_layers
     if "logit" in self.parts:
-      d += self.top_k
+      d += self.top_k + 2
     return d
 
 
@@ -155,10 +160,16 @@ def forward_values(out: dict) -> dict:
   """A forward pass's captured dict ({'hidden_states': {i: ...}, 'attn_window', 'top_probs'}) in the sampler's
   naming, for `FeatureSpec.assemble`."""
   values = {f"hidden_{i}": h for i, h in out["hidden_states"].items()}
-  for k in ("attn_window", "top_probs"):
+  for k in ("attn_window", "top_probs", "token_logprobs", "token_entropy"):
     if out.get(k) is not None:
       values[k] = out[k]
   return values
+
+
+def with_logprobs(features: Mapping[str, Any], logprobs) -> dict:
+  """A sampler's captured `features` with its recorded per-token log-probs [..., N] added as 'token_logprobs' (the
+  sampler keeps them apart from the captured statistics), ready for `FeatureSpec.assemble`."""
+  return dict(features, token_logprobs=logprobs)
 
 
 def model_fingerprint(lm: LanguageModel) -> str:

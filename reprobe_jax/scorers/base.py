@@ -94,6 +94,7 @@ def inputs_from_state(state, spec=None, num_layers: int | None = None) -> ScoreI
   if spec is not None:
     if num_layers is None:
       raise ConfigError("inputs_from_state: a feature spec needs the model's num_layers")
-    features = spec.assemble(feats, num_layers)
+    from reprobe_jax.features import with_logprobs  # features build on the scorers' layer
+    features = spec.assemble(with_logprobs(feats, state.logprobs), num_layers)
   return ScoreInputs(token_mask=token_mask, features=features, logprobs=state.logprobs,
                      entropy=feats.get("token_entropy"), self_certainty=feats.get("token_self_certainty"))

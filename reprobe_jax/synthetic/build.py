@@ -242,8 +242,8 @@ def make_report(records: list[dict], cfg: SyntheticBuildConfig, lm: LanguageMode
 
 
 def report_markdown(report: dict) -> str:
-  cols = ["samples", "step_error_rate", "final_accuracy", "mean_tokens", "recheck_after_answer_share",
-          "right_to_wrong_rate"]
+  cols = ["samples", "step_error_rate", "aligned_error_rate", "confident_error_share", "final_accuracy",
+          "mean_tokens", "recheck_after_answer_share", "right_to_wrong_rate"]
   lines = ["| family/format | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
   for name, g in report["groups"].items():
     cells = []

@@ -3,6 +3,11 @@
 Per family and format: step error rate, final-answer accuracy, mean response length in tokens; thinking mode adds
 the share of correct trajectories that keep re-checking after the answer is established, and the right-to-wrong
 rate (METHOD B3). Labels come from the exact rule-based checkers, so the numbers are exact for the samples drawn.
+
+Confidence of a mistake: every aligned step (the probe's steps, METHOD A1: the '<Answer>' line included in line
+mode) records the lowest probability the model gave one of the tokens it sampled in that step. A wrong step is
+*confident* when that lowest probability is above `CONFIDENT` (0.5): no token of it was a long-shot draw, so the
+error is what the model believes rather than a slip of sampling at T=1, and MaxProb / Perplexity rank it low.
 """
 
 from __future__ import annotations
@@ -11,11 +16,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from reprobe_jax import steps as step_lib
+from reprobe_jax.annotate.rule import line_labels, match_labels
 from reprobe_jax.labels import labels_to_json
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.synthetic.tokenizer import chat_prompt
 from reprobe_jax.tasks import Problem
-from reprobe_jax.tasks.formats import check_response, parse_thinking, thinking_progress, user_prompt
+from reprobe_jax.tasks.formats import check_response, check_thinking, parse_thinking, thinking_progress, user_prompt
+from reprobe_jax.trajectories import STEP_MODE
+
+CONFIDENT = 0.5  # a wrong step whose every sampled token had at least this probability is a confident mistake
 
 
 def sample_responses(lm: LanguageModel, problems: Sequence[Problem], mode: str, *, temperature: float,
@@ -32,9 +42,12 @@ def sample_responses(lm: LanguageModel, problems: Sequence[Problem], mode: str, 
       ids = gen.token_ids(row)
       if ids and ids[-1] == lm.tokenizer.eos_token_id:
         ids = ids[:-1]
+      probs = np.exp(gen.logprobs[row, :len(ids)])
+      aligned = step_lib.align(lm.tokenizer, ids, STEP_MODE[mode])
       out.append({"id": problem.id, "domain": problem.domain, "mode": mode, "prompt": prompts[row],
                   "response": lm.tokenizer.decode(ids), "num_tokens": len(ids),
-                  "finish_reason": gen.finish_reason[row]})
+                  "finish_reason": gen.finish_reason[row], "aligned_steps": [a.text for a in aligned],
+                  "step_min_prob": [round(float(probs[a.start:a.end].min()), 6) for a in aligned]})
     if on_batch is not None:
       on_batch(len(chunk))
   return out
@@ -47,8 +60,14 @@ def label_samples(problems: Sequence[Problem], samples: Sequence[dict]) -> list[
   for s in samples:
     problem = by_id[s["id"]]
     checked = check_response(problem, s["response"], s["mode"])
+    if s["mode"] == "line":
+      aligned_labels = line_labels(problem, s["aligned_steps"])[0]
+    else:
+      paragraphs = parse_thinking(s["response"])[0]
+      aligned_labels = match_labels(s["aligned_steps"], paragraphs, check_thinking(problem, paragraphs))
     rec = dict(s, steps=checked.steps, labels=labels_to_json(checked.labels),
-               answer=checked.answer, correct=checked.correct, first_error=checked.first_error)
+               answer=checked.answer, correct=checked.correct, first_error=checked.first_error,
+               aligned_labels=labels_to_json(aligned_labels))
     if s["mode"] == "thinking":
       progress = thinking_progress(problem, parse_thinking(s["response"])[0])
       rec.update(established=progress.established, right_established=progress.right_established,
@@ -72,6 +91,13 @@ def summarise_samples(records: Sequence[dict]) -> dict:
       "unparsed_answer_rate": float(np.mean([r["answer"] is None for r in records])),
       "truncated_rate": float(np.mean([r["finish_reason"] == "length" for r in records])),
   }
+  pairs = np.array([(x, p) for r in records for x, p in zip(r["aligned_labels"], r["step_min_prob"])
+                    if x is not None], float).reshape(-1, 2)
+  wrong = pairs[pairs[:, 0] == 1.0, 1]
+  # The probe's steps (the '<Answer>' line included in line mode): the base rate every PR-AUC is measured against.
+  out["aligned_steps"] = int(len(pairs))
+  out["aligned_error_rate"] = float(pairs[:, 0].mean()) if len(pairs) else float("nan")
+  out["confident_error_share"] = float(np.mean(wrong > CONFIDENT)) if wrong.size else float("nan")
   if records and records[0]["mode"] == "thinking":
     ok = [r for r in records if r["correct"] and r["established"] is not None]
     right = [r for r in records if r["right_established"]]

@@ -198,6 +198,19 @@ class Arithmetic(TaskFamily):
       return self._body(v, op2, b2, r), (p + 2, r)
     return None
 
+  def bug_step(self, problem: Problem, state: State, noise: Any) -> tuple[str, str, State] | None:
+    """'carry': `a + b` whose units cross a ten is written without the carry (17 + 5 = 12); 'borrow': `a - b` whose
+    units need a borrow takes the smaller units digit from the larger (23 - 5 = 22). Both are bugs of Brown and
+    Burton's BUGGY catalogue; the condition is in the operands, which the model reads as it writes the result."""
+    p, v = state
+    op, b = self.keys(problem)[p]
+    if op == "+" and "carry" in noise.bugs and v % 10 + b >= 10:
+      return "carry", self._body(v, op, b, v + b - 10), (p + 1, v + b - 10)
+    if op == "-" and "borrow" in noise.bugs and v >= 10 and v % 10 < b:
+      r = v - v % 10 + (b - v % 10)
+      return "borrow", self._body(v, op, b, r), (p + 1, r)
+    return None
+
   def error_rates(self, noise: Any) -> list[tuple[str, float]]:
     return [("result", noise.p_wrong_result), ("operand", noise.p_wrong_operand),
             ("operation", noise.p_wrong_operation), ("skip", noise.p_skip)]

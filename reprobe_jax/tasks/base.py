@@ -216,6 +216,13 @@ class TaskFamily(abc.ABC):
     """(error kind, per-step probability) pairs this family reads from a TraceNoise."""
     ...
 
+  def bug_step(self, problem: Problem, state: State, noise: Any) -> tuple[str, str, State] | None:
+    """(bug kind, body, state) when one of this family's buggy procedures applies at `state` and gives another step
+    than the honest one, else None. A bug is a systematic misconception under a condition the question makes
+    visible (docs/tasks.md, "Buggy procedures"): the scripted solver applies it with `noise.p_bug` wherever the
+    condition holds, so a model trained on the traces writes those wrong steps with high confidence."""
+    return None
+
   # --- shared -------------------------------------------------------------------------------------------------
 
   def reference_steps(self, problem: Problem) -> list[str]:

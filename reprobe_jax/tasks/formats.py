@@ -69,6 +69,11 @@ def parse_line(text: str) -> tuple[list[str], str | None]:
   return steps, None
 
 
+def is_answer_line(text: str) -> bool:
+  """Whether a line-mode step (an aligned line, METHOD A1) is the '<Answer>: X' line rather than a reasoning step."""
+  return _LINE_ANSWER.match((text or "").strip()) is not None
+
+
 # --- thinking mode -----------------------------------------------------------------------------------------------
 
 def _with_period(paragraph: str) -> str:

@@ -22,7 +22,7 @@ from reprobe_jax.tasks.base import Problem, State, TaskFamily, family_rng, integ
 # step) but, within its CPU-minutes budget, never learned to copy room words (docs/tasks.md, "planning").
 ROOMS = tuple(str(i) for i in range(1, 13))
 _N_ROOMS = {1: 5, 2: 6, 3: 7}
-_DISTANCE = {1: (2, 2), 2: (2, 3), 3: (3, 4)}  # inclusive range of the shortest-route length per difficulty
+_DISTANCE = {1: (1, 2), 2: (2, 3), 3: (3, 4)}  # inclusive range of the shortest-route length per difficulty
 _ROOM = r"(?:room\s+)?([a-z]+|\d+)"
 _STEP = re.compile(rf"^\s*move\s+from\s+(?:the\s+)?{_ROOM}\s+to\s+(?:the\s+)?{_ROOM}\s*\.?\s*$", re.IGNORECASE)
 _INF = 10**9
@@ -58,7 +58,7 @@ class Planning(TaskFamily):
   flip_kinds = ("detour", "illegal")
 
   def generate(self, seed: int, difficulty: int) -> Problem:
-    """A connected house of 5/6/7 rooms (difficulty extra doors) with start and goal 2/2-3/3-4 doors apart."""
+    """A connected house of 5/6/7 rooms (difficulty extra doors) with start and goal 1-2/2-3/3-4 doors apart."""
     rng = family_rng(self.name, seed, difficulty)
     lo, hi = _DISTANCE[difficulty]
     while True:  # redraw the house until a start/goal pair at the wanted distance exists
@@ -81,14 +81,21 @@ class Planning(TaskFamily):
       if starts:
         break
     start = starts[int(rng.integers(len(starts)))]
-    order = [doors[i] for i in rng.permutation(len(doors))]
-    # The doors name every room (the house is connected), so the question does not list the rooms again. A room is
-    # written as the steps write it (" 4 and 7", not "4-7", which would tokenize differently), so a step can copy
-    # its rooms from the question.
+    adj, _ = _graph(tuple(doors), goal)
+    # Each room's doors are listed the way a step writes a move ("from 4 to 7 or 9"), rooms and their doors in a
+    # random order: finding where the walk can go is then one look-up of "from <room> to" in the question, which
+    # the tiny built-in model learns; from an unordered list of door pairs it mostly named doors that do not exist
+    # (docs/tasks.md, "planning"). Which door is closer to the goal it still has to work out.
+    listed = []
+    for i in rng.permutation(len(rooms)):
+      room = rooms[int(i)]
+      nbs = sorted(adj[room])
+      nbs = [nbs[int(j)] for j in rng.permutation(len(nbs))]
+      listed.append(f"from {room} to {' or '.join(nbs)}")
     # The task comes first and opens like the other families' questions ("Start at X."), so the start room stands
     # where an arithmetic chain's start value does and a step copies it the same way.
-    question = (f"Start at {start}. Go to room {goal} by a shortest route, one door per move. Doors join these "
-                f"numbered rooms, both ways: {', '.join(f'{a} and {b}' for a, b in order)}. How many moves is that?")
+    question = (f"Start at {start}. Go to room {goal} by a shortest route, one door per move. Doors: "
+                f"{'; '.join(listed)}. How many moves is that?")
     return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name, question=question,
                    answer=str(dist[start]),
                    data={"rooms": sorted(rooms), "doors": [list(d) for d in doors], "start": start, "goal": goal,

@@ -62,7 +62,10 @@ class MultiHopQA(TaskFamily):
     for r in hops:
       entity = base[(entity, r)]
     order = [triples[i] for i in rng.permutation(len(triples))]
-    text = " ".join(f"The {r} of {s} is {o}." for s, r, o in order)
+    # Each fact is written exactly as a step writes the look-up ("the boss of 4 is 9"), so a right step copies
+    # the fact that starts with its relation and subject; with a capital "The" the built-in model got 29% of its
+    # line steps right (docs/tasks.md, "qa").
+    text = "; ".join(f"the {r} of {s} is {o}" for s, r, o in order) + "."
     # Laid out like an arithmetic chain: the start, then each hop labelled with the step that follows it, so the
     # tiny built-in model finds a step's person and relation the way it finds an arithmetic step's value and
     # operation; only the lookup in the facts is new to it.
@@ -175,6 +178,20 @@ class MultiHopQA(TaskFamily):
       obj = base[(entity, hops[p + 1])]
       return f"the {hops[p + 1]} of {entity} is {obj}", (p + 2, obj)
     return None
+
+  def bug_step(self, problem: Problem, state: State, noise: Any) -> tuple[str, str, State] | None:
+    """'inverse': a 'mentor' hop is read backwards, naming the person whose mentor the current one is ("The mentor
+    of 7 is 4." read as "the mentor of 4 is 7"); only where exactly one such person exists and differs from the
+    right answer. The condition is the relation word, which the model copies into the step before the lookup."""
+    p, entity = state
+    relation = problem.data["hops"][p]
+    if relation != "mentor" or "inverse" not in noise.bugs:
+      return None
+    base = facts(problem)
+    mentees = sorted(s for (s, r), o in base.items() if r == relation and o == entity)
+    if len(mentees) != 1 or mentees[0] == base[(entity, relation)]:
+      return None
+    return "inverse", f"the {relation} of {entity} is {mentees[0]}", (p + 1, mentees[0])
 
   def error_rates(self, noise: Any) -> list[tuple[str, float]]:
     return [("entity", noise.p_wrong_entity), ("relation", noise.p_wrong_relation), ("skip", noise.p_skip)]

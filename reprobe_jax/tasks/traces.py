@@ -23,6 +23,11 @@ from reprobe_jax.tasks import formats
 from reprobe_jax.tasks.base import Problem, State, TaskFamily
 
 _RETRIES = 8
+# Every buggy procedure a family implements (TaskFamily.bug_step), by name.
+BUG_KINDS = {"carry": "arithmetic: a + b that crosses a ten is written without the carry (17 + 5 = 12)",
+             "borrow": "arithmetic: a - b that needs a borrow subtracts the smaller units digit from the larger "
+                       "(23 - 5 = 22)",
+             "inverse": "qa: the mentor relation is read backwards (the mentor of X is the person X mentors)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +52,19 @@ class TraceNoise:
   max_recheck: int = 3
   p_r2w: float = 0.1  # given a re-check of a right answer: 'find' a non-existent error and switch to a wrong answer
   p_w2r: float = 0.3  # given a re-check of a trace with an error: find the first error and fix it
+  # Buggy procedures (docs/tasks.md): systematic misconceptions, each applied with p_bug wherever its condition
+  # holds. `bugs` names the ones in use (arithmetic: 'carry', 'borrow'; qa: 'inverse').
+  p_bug: float = 0.9
+  bugs: tuple[str, ...] = ("carry", "borrow", "inverse")
 
   def __post_init__(self):
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
       if f.name.startswith("p_") and not 0.0 <= value <= 1.0:
         raise ConfigError(f"TraceNoise.{f.name} must be in [0, 1], found {value}")
+    unknown = sorted(set(self.bugs) - set(BUG_KINDS))
+    if unknown:
+      raise ConfigError(f"TraceNoise.bugs: unknown bug(s) {unknown}; known: {list(BUG_KINDS)}")
     if self.max_recheck < 1:
       raise ConfigError(f"TraceNoise.max_recheck must be at least 1, found {self.max_recheck}")
     for family, total in (("arithmetic", self.p_wrong_result + self.p_wrong_operand + self.p_wrong_operation
@@ -64,7 +76,7 @@ class TraceNoise:
   @classmethod
   def clean(cls) -> TraceNoise:
     """No errors, no re-checks: the reference solution in either format."""
-    return cls(**{f.name: 0.0 for f in dataclasses.fields(cls) if f.name.startswith("p_")})
+    return cls(**{f.name: 0.0 for f in dataclasses.fields(cls) if f.name.startswith("p_")}, bugs=())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,12 +130,18 @@ def _walk(family: TaskFamily, problem: Problem, state: State, rng: np.random.Gen
   bodies, injected, snapshots = [], [], []
   rates = [] if noise is None else family.error_rates(noise)
   while not family.is_done(problem, state) and len(bodies) < limit:
-    kind = _draw_kind(rates, rng)
-    out = None if kind is None else family.error_step(problem, state, kind, rng)
-    if out is None:
-      kind = None
-      out = family.honest_step(problem, state, rng)
-    body, new = out
+    # A buggy procedure is drawn before the slips: where its condition holds it fires with p_bug, every time the
+    # solver meets that condition, which is what makes it a confident mistake of the trained model.
+    bug = None if noise is None or noise.p_bug <= 0.0 else family.bug_step(problem, state, noise)
+    if bug is not None and rng.random() < noise.p_bug:
+      kind, body, new = bug
+    else:
+      kind = _draw_kind(rates, rng)
+      out = None if kind is None else family.error_step(problem, state, kind, rng)
+      if out is None:
+        kind = None
+        out = family.honest_step(problem, state, rng)
+      body, new = out
     bodies.append(body)
     injected.append(kind)
     snapshots.append((state, new))

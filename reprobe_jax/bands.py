@@ -1,0 +1,206 @@
+"""Results over seeds and the README's bands: the mean and spread of every number of a job over build seeds, stored
+as a band file, and a user's own single-seed numbers printed beside those bands.
+
+A band is `mean +- 2 sd` over the seeds, widened to their min..max: with 3 seeds the standard deviation is itself
+uncertain, so the band never excludes a value a seed actually gave. Numbers are flattened to dotted keys
+(`methods.maxprob.arithmetic.pr_auc`, `groups.qa/line.step_error_rate`), so one file format serves the target
+report and the ReProbe metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from reprobe_jax.config import plain
+from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.readers import read_json
+from reprobe_jax.runs import run_key, write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class Band:
+  """One number over seeds."""
+  mean: float
+  sd: float    # sample standard deviation (ddof=1); 0 for one seed
+  min: float
+  max: float
+  n: int
+
+  @property
+  def lo(self) -> float:
+    return min(self.mean - 2 * self.sd, self.min)
+
+  @property
+  def hi(self) -> float:
+    return max(self.mean + 2 * self.sd, self.max)
+
+  def holds(self, value: float) -> bool:
+    return self.lo <= value <= self.hi
+
+  def __str__(self) -> str:
+    return f"{self.mean:.3f} +- {self.sd:.3f}"
+
+
+def summarise(values: Sequence[float]) -> Band:
+  """The band of one number's values over seeds (NaN values are left out)."""
+  v = np.asarray([x for x in values if x is not None and not math.isnan(x)], float)
+  if v.size == 0:
+    return Band(math.nan, math.nan, math.nan, math.nan, 0)
+  return Band(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0, float(v.min()), float(v.max()),
+              int(v.size))
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+  """Every number of a nested dict under its dotted key (booleans and strings left out)."""
+  out = {}
+  for k, v in tree.items():
+    key = f"{prefix}.{k}" if prefix else str(k)
+    if isinstance(v, Mapping):
+      out.update(flatten(v, key))
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+      out[key] = float(v)
+    elif isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                    for x in v):
+      out.update({f"{key}.{i}": float(x) for i, x in enumerate(v)})  # e.g. an interval: key.0, key.1
+  return out
+
+
+def over_seeds(results: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None) -> dict[str, Band]:
+  """{dotted key: Band} over the results of several seeds (the keys of the first result, or `keys`)."""
+  flat = [flatten(r) for r in results]
+  names = list(keys) if keys is not None else list(flat[0]) if flat else []
+  return {k: summarise([f.get(k, math.nan) for f in flat]) for k in names}
+
+
+@dataclasses.dataclass(frozen=True)
+class BandFile:
+  """What a README table was made from: the job, its seeds, the machine, and the band of every number."""
+  job: str
+  seeds: tuple[int, ...]
+  machine: str
+  config_key: str  # hash of the job's config without its seed and workdir: a band applies only to that config
+  bands: Mapping[str, Band]
+
+  def save(self, path: str) -> None:
+    write_json(path, {"job": self.job, "seeds": list(self.seeds), "machine": self.machine,
+                      "config_key": self.config_key,
+                      "bands": {k: dataclasses.asdict(b) for k, b in self.bands.items()}}, indent=1)
+
+  @classmethod
+  def load(cls, path: str) -> BandFile:
+    d = read_json(path, "band file")
+    try:
+      bands = {k: Band(**{f: (float(b[f]) if f != "n" else int(b[f])) for f in ("mean", "sd", "min", "max", "n")})
+               for k, b in d["bands"].items()}
+      return cls(job=str(d["job"]), seeds=tuple(int(s) for s in d["seeds"]), machine=str(d["machine"]),
+                 config_key=str(d["config_key"]), bands=bands)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+      raise DataFormatError(f"{path}: not a band file ({type(e).__name__}: {e})") from None
+
+
+def grid_markdown(rows: Sequence[str], cols: Sequence[str], key: Callable[[str, str], str],
+                  bands: Mapping[str, Band], values: Mapping[str, float] | None = None, corner: str = "") -> str:
+  """A Markdown grid whose cell (row, col) shows the band of `key(row, col)` as `mean +- sd`, or, given `values`
+  (a single run's flattened numbers), that value beside its band, `value (mean +- sd)`, with `!` after a value
+  outside the band. Cells without a band or a value are empty."""
+  lines = [f"| {corner} | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+  for r in rows:
+    cells = []
+    for c in cols:
+      k = key(r, c)
+      b = bands.get(k)
+      has_band = b is not None and b.n > 0
+      if values is None:
+        cells.append(str(b) if has_band else "")
+        continue
+      v = values.get(k)
+      if v is None or math.isnan(v):
+        cells.append("")
+      elif not has_band:
+        cells.append(f"{v:.3f}")
+      else:
+        cells.append(f"{v:.3f}{'' if b.holds(v) else ' !'} ({b})")
+    lines.append(f"| {r} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def check_seeds(seeds) -> tuple[int, ...]:
+  """`config.seeds` as a tuple: at least two distinct non-negative integers (ConfigError naming it otherwise)."""
+  ok = (isinstance(seeds, (tuple, list)) and len(seeds) >= 2 and len(set(seeds)) == len(seeds)
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds))
+  if not ok:
+    raise ConfigError(f"config.seeds: expected two or more distinct non-negative integers, got {seeds!r}")
+  return tuple(seeds)
+
+
+_RUN_ONLY = ("job", "workdir", "seed", "seeds", "bands")  # what changes per run, not what the bands depend on
+
+
+def band_key(config) -> str:
+  """Hash of a job config without its seed, workdir and the CLI's own fields: bands apply to exactly this config."""
+  d = plain(config)
+  for k in _RUN_ONLY:
+    d.pop(k, None)
+  extra = []
+  if isinstance(d.get("target"), Mapping):
+    d["target"] = {k: v for k, v in d["target"].items() if k not in _RUN_ONLY}
+    if not d.get("target_path"):  # the built-in target's build key also hashes what the task code makes
+      from reprobe_jax.synthetic.build import config_from_dict
+      extra.append(config_from_dict(dict(d["target"], seed=0), "config.target").key())
+  return run_key(d, *extra)
+
+
+TARGET_COLUMNS = ("step_error_rate", "aligned_error_rate", "confident_error_share", "final_accuracy", "mean_tokens",
+                  "recheck_after_answer_share")
+
+
+def _grids(result: Mapping[str, Any], bands: Mapping[str, Band], values: Mapping[str, float] | None) -> str:
+  """The target report grid and the ReProbe PR-AUC grid (rows and columns from `result`, one run's numbers)."""
+  out = []
+  groups = list(result.get("target", {}).get("groups", {}))
+  if groups:
+    out.append("Target model, its own samples on held-out problems:\n")
+    out.append(grid_markdown(groups, TARGET_COLUMNS, lambda r, c: f"target.groups.{r}.{c}", bands, values,
+                             "family/format"))
+  reprobe = result.get("reprobe", {})
+  methods, datasets = list(reprobe.get("methods", {})), list(reprobe.get("datasets", {}))
+  if methods:
+    cols = datasets + ["ID mean", "OOD mean", "overall"]
+    means = {"ID mean": "id_mean_pr_auc", "OOD mean": "ood_mean_pr_auc", "overall": "overall_pr_auc"}
+
+    def key(m, c):
+      return f"reprobe.methods.{m}.{means[c]}" if c in means else f"reprobe.methods.{m}.{c}.pr_auc"
+
+    out.append("Step-level PR-AUC (positive = incorrect step):\n")
+    out.append(grid_markdown(methods, cols, key, bands, values, "method"))
+    out.append(grid_markdown(["incorrect share"], datasets, lambda r, c: f"reprobe.datasets.{c}.incorrect_share",
+                             bands, values, "test steps"))
+  return "\n".join(out)
+
+
+def summary_markdown(band_file: BandFile, example: Mapping[str, Any]) -> str:
+  """The README's tables: every number of the job as `mean +- sd` over the band file's seeds, with the machine."""
+  return (f"Mean +- standard deviation over seeds {', '.join(map(str, band_file.seeds))} (config "
+          f"{band_file.config_key}), on {band_file.machine}.\n\n" + _grids(example, band_file.bands, None))
+
+
+def beside_bands(config, result: Mapping[str, Any], *, machine: str) -> str:
+  """A single run's numbers beside the README's bands (`config.bands`), or a line saying why they are not
+  compared: no band file, or bands made with another config."""
+  path = config.get("bands") if hasattr(config, "get") else None
+  if not path:
+    return ""
+  if not isinstance(path, str) or not os.path.exists(path):
+    return f"(No band file at {path!r}: `--config.job=seeds` makes one.)"
+  band_file = BandFile.load(path)
+  if band_file.config_key != band_key(config):
+    return (f"(The bands in {path} were made with another config ({band_file.config_key}, this one "
+            f"{band_key(config)}); not compared.)")
+  return (f"\nThis run ({machine}) beside the README's bands (mean +- sd over seeds "
+          f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside mean +- 2 sd and the seeds' "
+          f"range):\n\n" + _grids(result, band_file.bands, flatten(result)))

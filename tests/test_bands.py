@@ -1,0 +1,84 @@
+"""Bands over seeds: mean and spread, the stored file, and the user's numbers beside them."""
+
+import math
+
+import numpy as np
+import pytest
+
+from reprobe_jax.bands import Band, BandFile, flatten, grid_markdown, over_seeds, summarise
+from reprobe_jax.errors import DataFormatError
+
+
+def test_summarise_is_mean_and_sample_sd_widened_to_the_range():
+  b = summarise([0.60, 0.64, 0.71])
+  assert b.mean == pytest.approx(np.mean([0.60, 0.64, 0.71]))
+  assert b.sd == pytest.approx(np.std([0.60, 0.64, 0.71], ddof=1))
+  assert b.lo == pytest.approx(b.mean - 2 * b.sd) and b.hi == pytest.approx(b.mean + 2 * b.sd)
+  assert b.holds(0.60) and b.holds(0.71) and not b.holds(0.90)
+  one = summarise([0.5, math.nan])
+  assert (one.sd, one.n, one.lo, one.hi) == (0.0, 1, 0.5, 0.5)
+  assert summarise([]).n == 0
+
+
+def test_flatten_and_over_seeds_follow_dotted_keys():
+  runs = [{"methods": {"maxprob": {"arithmetic": {"pr_auc": x, "name": "s"}}}, "ok": True} for x in (0.5, 0.7)]
+  assert flatten(runs[0]) == {"methods.maxprob.arithmetic.pr_auc": 0.5}
+  bands = over_seeds(runs)
+  assert bands["methods.maxprob.arithmetic.pr_auc"].mean == pytest.approx(0.6)
+
+
+def test_band_file_round_trips_and_refuses_a_damaged_one(tmp_path):
+  f = BandFile("reprobe", (0, 1, 2), "Intel(R) Xeon(R) Processor (AVX-512+AMX)", "abc123",
+               {"a.b": Band(0.6, 0.05, 0.55, 0.66, 3)})
+  path = str(tmp_path / "bands.json")
+  f.save(path)
+  assert BandFile.load(path) == f
+  (tmp_path / "bad.json").write_text('{"job": "x", "seeds": [0], "machine": "m", "config_key": "k", "bands": {"a": {"mean": 1}}}')
+  with pytest.raises(DataFormatError, match=r"bad\.json: not a band file"):
+    BandFile.load(str(tmp_path / "bad.json"))
+
+
+def test_grid_shows_bands_and_marks_values_outside_them():
+  bands = {"m.x.pr": Band(0.6, 0.01, 0.59, 0.61, 3), "m.y.pr": Band(0.3, 0.1, 0.2, 0.4, 3)}
+  key = lambda r, c: f"{r}.{c}.pr"
+  summary = grid_markdown(["m"], ["x", "y", "z"], key, bands)
+  assert summary.splitlines()[2] == "| m | 0.600 +- 0.010 | 0.300 +- 0.100 |  |"
+  mine = grid_markdown(["m"], ["x", "y", "z"], key, bands, {"m.x.pr": 0.7, "m.y.pr": 0.35, "m.z.pr": 0.1})
+  assert mine.splitlines()[2] == "| m | 0.700 ! (0.600 +- 0.010) | 0.350 (0.300 +- 0.100) | 0.100 |"
+
+
+def _result(x):
+  return {"target": {"groups": {"arithmetic/line": {"step_error_rate": x, "confident_error_share": 0.4}}},
+          "reprobe": {"datasets": {"arithmetic": {"steps": 10, "incorrect_share": 0.3}},
+                      "methods": {"maxprob": {"arithmetic": {"pr_auc": x, "roc_auc": 0.5, "pr_auc_ci": [x - .1, x + .1]},
+                                              "id_mean_pr_auc": x, "ood_mean_pr_auc": x, "overall_pr_auc": x}}}}
+
+
+def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
+  import ml_collections
+  from reprobe_jax.bands import band_key, beside_bands, summary_markdown
+  runs = [_result(x) for x in (0.5, 0.6, 0.7)]
+  config = ml_collections.ConfigDict({"job": "reprobe", "seed": 0, "workdir": "w", "target_path": "m", "lr": 1.0,
+                                      "bands": str(tmp_path / "bands.json")})
+  f = BandFile("reprobe", (0, 1, 2), "machine A", band_key(config), over_seeds(runs))
+  assert "reprobe.methods.maxprob.arithmetic.pr_auc_ci.1" in f.bands  # intervals flatten to .0 / .1
+  summary = summary_markdown(f, runs[0])
+  assert "| arithmetic/line | 0.600 +- 0.100 |" in summary and "| maxprob | 0.600 +- 0.100 |" in summary
+  f.save(config.bands)
+  mine = beside_bands(config, _result(0.95), machine="machine B")
+  assert "machine B" in mine and "machine A" in mine and "| maxprob | 0.950 ! (0.600 +- 0.100) |" in mine
+  config.seed = 5  # the seed and workdir are not part of what a band depends on
+  assert "0.950 !" in beside_bands(config, _result(0.95), machine="B")
+  config.lr = 2.0
+  assert "made with another config" in beside_bands(config, _result(0.95), machine="B")
+  config.bands = str(tmp_path / "none.json")
+  assert "No band file" in beside_bands(config, _result(0.95), machine="B")
+
+
+def test_seeds_are_checked():
+  from reprobe_jax.bands import check_seeds
+  from reprobe_jax.errors import ConfigError
+  assert check_seeds((0, 1, 2)) == (0, 1, 2)
+  for bad in ((0,), (1, 1), (0, -1), (0, 1.5), "012", None):
+    with pytest.raises(ConfigError, match="config.seeds"):
+      check_seeds(bad)
