@@ -54,12 +54,14 @@ def parse_args(argv):
 
 def environment() -> dict:
   import jax
+  from reprobe_jax.machine import describe
   import torch
   import transformers
   return {"jax": jax.__version__, "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
           "torch": torch.__version__, "torch_device": "cuda" if torch.cuda.is_available() else "cpu",
           "torch_threads": torch.get_num_threads(), "transformers": transformers.__version__,
-          "cpu_count": os.cpu_count(), "platform": platform.platform(), "load_start": list(os.getloadavg())}
+          "cpu_count": os.cpu_count(), "platform": platform.platform(), "machine": str(describe()),
+          "load_start": list(os.getloadavg())}
 
 
 def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> dict:

@@ -22,6 +22,7 @@ from reprobe_jax.atomic import atomic_open
 from reprobe_jax.config import Int, OneOf, Pairs, Real, Seq, check_fields, field_name, plain, replace_fields, \
     sorted_pairs
 from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.machine import describe
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
 from reprobe_jax.readers import read_json
 from reprobe_jax.runs import Progress, Run, no_progress, run_key, write_json
@@ -238,7 +239,7 @@ def make_report(records: list[dict], cfg: SyntheticBuildConfig, lm: LanguageMode
       rs = [r for r in records if r["mode"] == mode and r["domain"] == family]
       groups[f"{family}/{mode}"] = evaluate.summarise_samples(rs)
   return {"config_key": cfg.key(), "model_parameters": lm.config.num_params, "temperature": cfg.eval_temperature,
-          "groups": groups}
+          "machine": str(describe()), "groups": groups}
 
 
 def report_markdown(report: dict) -> str:
