@@ -13,9 +13,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.train_problems_per_difficulty = 600  # per difficulty (1, 2, 3), times the family's weight
   # In-domain arithmetic gets most of the budget: the tiny model learns its table of facts (and the buggy
-  # procedures, docs/tasks.md) only past a threshold of examples; at 3.0 two of three builds fell below it (83-94%
-  # of arithmetic steps wrong, against 50% for the third). The out-of-domain families' questions list what a step
-  # looks up in the step's own words (docs/tasks.md), so they need less.
+  # procedures, docs/tasks.md) only past a threshold of examples: with weights 2.5-3.0 (and 2.5-3.5 for planning
+  # and qa) two of three trial builds fell below it (83% and 94% of arithmetic steps wrong, against 50% for the
+  # third). The out-of-domain families' questions list what a step looks up in the step's own words
+  # (docs/tasks.md), so they need less.
   c.family_weights = ml_collections.ConfigDict({"arithmetic": 6.0, "planning": 1.5, "qa": 2.0})
   c.prompt_loss_weight = 0.1
   c.thinking_fraction = 0.4  # share of training problems that also get a thinking-mode trace
