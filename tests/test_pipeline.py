@@ -51,7 +51,15 @@ def test_pipeline_end_to_end(lm, tmp_path):
   for f in ("trajectories_train.jsonl", "trajectories_test.jsonl", "metrics.json", "table.md", "pr_curves.png",
             "features/hidden/manifest.json", "features/attn+logit/manifest.json", "probe/hidden/history.json"):
     assert os.path.exists(tmp_path / f), f
-  assert set(metrics["datasets"]) == {"arithmetic", "planning", "qa"}
+  # Each domain also without its '<Answer>' lines: the same steps with those unlabelled.
+  assert set(metrics["datasets"]) == {f"{d}{s}" for d in ("arithmetic", "planning", "qa") for s in ("", " (steps)")}
+  test_recs = [json.loads(line) for line in open(tmp_path / "trajectories_test.jsonl")]
+  for d in ("arithmetic", "planning", "qa"):
+    known = [(lab, st["text"]) for r in test_recs if r["domain"] == d for lab, st in zip(r["labels"], r["steps"])
+             if lab is not None]
+    assert metrics["datasets"][d]["steps"] == len(known)
+    assert metrics["datasets"][f"{d} (steps)"]["steps"] == sum(not t.strip().startswith("<Answer>") for _, t in known)
+  assert "machine" in metrics and "cores" in metrics["machine"]
   # The features were recorded by the sampler: every trajectory is in both stores and none needed a forward.
   n_traj = sum(1 for split in ("train", "val", "test") for _ in open(tmp_path / f"trajectories_{split}.jsonl"))
   for name in ("hidden", "attn+logit"):
