@@ -1,0 +1,63 @@
+"""The configuration every test-time-scaling strategy shares (METHOD A7), checked whole before any work starts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from reprobe_jax.config import Int, OneOf, Real, check_fields, field_name
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.models.sampling import SamplingParams
+
+STRATEGIES = ("best_of_n", "beam", "dvts")
+# How a trajectory's per-step scores (higher = more likely incorrect) become one trajectory score (higher = worse):
+# 'min' is the paper's min over steps of P(correct), i.e. the worst step's score; 'product' is 1 - prod P(correct)
+# and needs scores that are probabilities (the probe, a PRM).
+AGGREGATIONS = ("min", "mean", "last", "product")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+  """One strategy's shape. n: trajectories per prompt (best_of_n) or candidate next steps sampled from each beam
+  (beam, dvts); beams: the beam width B (beam) or the number of independent subtrees (dvts), 1 for best_of_n;
+  max_steps: steps per trajectory before a row is finished; max_new_tokens: each trajectory's token budget;
+  lookahead: greedy steps taken past a candidate before it is scored (beam, dvts; the candidate is kept, not the
+  lookahead); aggregation: the trajectory score that picks the final answer; seed: the search's base seed (each
+  prompt's randomness comes from its own seed, so a prompt gets the same result in any batch)."""
+
+  strategy: str = "beam"
+  n: int = 4
+  beams: int = 1
+  max_steps: int = 12
+  max_new_tokens: int = 96
+  lookahead: int = 0
+  aggregation: str = "min"
+  temperature: float = 1.0
+  top_k: int = 50
+  top_p: float = 0.95
+  seed: int = 0
+
+  def __post_init__(self):
+    check_fields(self, {"strategy": OneOf(STRATEGIES), "n": Int(1), "beams": Int(1), "max_steps": Int(1),
+                        "max_new_tokens": Int(1), "lookahead": Int(0), "aggregation": OneOf(AGGREGATIONS),
+                        "temperature": Real(0), "top_k": Int(0), "top_p": Real(0, 1, low_open=True),
+                        "seed": Int(0)})
+    if self.strategy == "best_of_n" and self.beams != 1:
+      raise ConfigError(f"{field_name(self, 'beams')}: best_of_n has no beams (use n for its trajectories), "
+                        f"got {self.beams}")
+    if self.strategy == "best_of_n" and self.lookahead:
+      raise ConfigError(f"{field_name(self, 'lookahead')}: best_of_n scores whole trajectories, it has no lookahead")
+
+  @property
+  def sampling(self) -> SamplingParams:
+    return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+  @property
+  def rows_per_prompt(self) -> int:
+    """Decode rows a prompt holds at once: its N trajectories, or its B beams x N candidates."""
+    return self.n * self.beams
+
+  @property
+  def steps_per_round(self) -> int:
+    """Steps a prompt samples per search round (beam, dvts): B x N candidates, each extended by the lookahead.
+    Best-of-N samples rows_per_prompt whole trajectories instead; equal budgets compare PromptResult.sampled_steps."""
+    return self.n * self.beams * (1 + self.lookahead)
