@@ -64,6 +64,47 @@ def test_a_step_does_not_see_what_follows_it_or_padding():
                              atol=1e-5)
 
 
+def test_packed_steps_score_what_the_padded_layout_scores():
+  """pack_steps + Probe.packed (what training and evaluation run) against the padded reference `score_steps`:
+  windows of several trajectories share rows, steps with no tokens get no window, unknown labels are left out of
+  a labelled-only pack, and dropout draws per packed slot only in training."""
+  from reprobe_jax.probe.data import Example, collate, pack_shape, pack_steps
+  from reprobe_jax.probe.model import score_packed
+  probe, graphdef, params, *_ = _setup()
+  rng = np.random.default_rng(3)
+  exs = []
+  for i in range(6):
+    n = int(rng.integers(4, 30))
+    cuts = np.sort(rng.choice(np.arange(1, n), size=min(3, n - 1), replace=False))
+    b = np.r_[0, cuts, n]
+    spans = np.stack([b[:-1], b[1:]], 1).astype(np.int32)
+    spans = np.concatenate([spans, [[n, n]]]).astype(np.int32)  # a step with no tokens
+    labels = rng.integers(0, 2, len(spans)).astype(np.float32)
+    labels[0], labels[-1] = np.nan, np.nan
+    exs.append(Example(f"e{i}", "arithmetic", rng.normal(size=(n, 12)).astype(np.float32), spans, labels))
+  c = collate(exs, 8, 12)
+  ref = np.asarray(score_steps(graphdef, params, jnp.asarray(c["features"]), jnp.asarray(c["token_mask"]),
+                               jnp.asarray(c["spans"])))
+  shape = pack_shape([exs], 8, labelled_only=False)
+  feats, pack, labels, chosen = pack_steps(exs, shape, 12, labelled_only=False)
+  assert shape.rows * shape.slots < 8 * c["spans"].shape[1] * c["features"].shape[1]  # less compute than padded
+  assert len(chosen) == sum(len(e.spans) - 1 for e in exs)  # every step but the empty ones
+  got = np.asarray(score_packed(graphdef, params, jnp.asarray(feats), jax.tree.map(jnp.asarray, pack)))
+  for p, (i, k) in enumerate(chosen):
+    np.testing.assert_allclose(got[p], ref[i, k], atol=1e-5)
+    np.testing.assert_array_equal(labels[p], exs[i].labels[k])
+  assert np.all(np.isnan(labels[len(chosen):]))
+  lab_shape = pack_shape([exs], 8, labelled_only=True)
+  _, _, lab, lab_chosen = pack_steps(exs, lab_shape, 12, labelled_only=True)
+  assert [ik for ik in chosen if not np.isnan(exs[ik[0]].labels[ik[1]])] == lab_chosen
+  assert not np.any(np.isnan(lab[:len(lab_chosen)]))
+  jpack = jax.tree.map(jnp.asarray, pack)
+  a = probe.packed(jnp.asarray(feats), jpack, deterministic=False, rngs=nnx.Rngs(dropout=0))
+  b = probe.packed(jnp.asarray(feats), jpack, deterministic=False, rngs=nnx.Rngs(dropout=0))
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert not np.allclose(np.asarray(a)[:len(chosen)], got[:len(chosen)])
+
+
 def test_dropout_only_in_training():
   probe, _, _, feats, mask, spans = _setup()
   a = probe(feats, mask, spans, deterministic=True)
@@ -86,7 +127,8 @@ def test_probe_holds_parameters_only_and_one_graph_per_config():
 
 def test_predict_examples_compiles_once_per_shape():
   from reprobe_jax.probe.data import Example
-  from reprobe_jax.probe.model import _probabilities
+  from reprobe_jax.probe.data import pack_shape
+  from reprobe_jax.probe.model import _packed_probabilities
   from reprobe_jax.probe.train import new_probe, predict_examples
   cfg = ProbeConfig(feature_dim=6, d_model=16, n_layers=1, n_heads=2, ff_dim=32)
   rng = np.random.default_rng(0)
@@ -102,20 +144,25 @@ def test_predict_examples_compiles_once_per_shape():
     return out
 
   g, params, rest = new_probe(cfg, 0)
-  first = predict_examples(g, params, rest, exs(5), 4, 6)
-  size = _probabilities._cache_size()
+  first_ex, second_ex = exs(5), exs(7)
+  chunks = lambda e: [e[s:s + 4] for s in range(0, len(e), 4)]
+  # new examples that pack into the same shape (the shape is the precondition of "compiles nothing")
+  assert pack_shape(chunks(first_ex), 4, labelled_only=False) == pack_shape(chunks(second_ex), 4, labelled_only=False)
+  first = predict_examples(g, params, rest, first_ex, 4, 6)
+  size = _packed_probabilities._cache_size()
   assert size >= 1
-  g2, params2, rest2 = new_probe(cfg, 1)  # another probe of the same config, new examples of the same buckets
-  second = predict_examples(g2, params2, rest2, exs(7), 4, 6)
-  assert _probabilities._cache_size() == size, "predict_examples compiled again for the same shapes"
+  g2, params2, rest2 = new_probe(cfg, 1)  # another probe of the same config
+  second = predict_examples(g2, params2, rest2, second_ex, 4, 6)
+  assert _packed_probabilities._cache_size() == size, "predict_examples compiled again for the same shapes"
   assert len(first) == 5 and len(second) == 7 and all(np.all((p > 0) & (p < 1)) for p in first + second)
-  # the same path as score_steps on the module's own split
-  e = exs(1)
+  # the packed path gives what the padded reference path (score_steps) gives, step for step
   from reprobe_jax.probe.data import collate
-  b = collate(e, 4, 6)
-  direct = score_steps(g2, params2, jnp.asarray(b["features"]), jnp.asarray(b["token_mask"]), jnp.asarray(b["spans"]))
-  np.testing.assert_array_equal(predict_examples(g2, params2, rest2, e, 4, 6)[0], np.asarray(direct)[0, :len(e[0].spans)])
-  assert _probabilities._cache_size() == size
+  for e in chunks(second_ex):
+    b = collate(e, 4, 6)
+    direct = np.asarray(score_steps(g2, params2, jnp.asarray(b["features"]), jnp.asarray(b["token_mask"]),
+                                    jnp.asarray(b["spans"])))
+    for i, p in enumerate(predict_examples(g2, params2, rest2, e, 4, 6)):
+      np.testing.assert_allclose(p, direct[i, :len(e[i].spans)], atol=1e-6)
 
 
 def _bundle(seed=0):

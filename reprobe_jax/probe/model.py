@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,9 @@ from flax import nnx
 from reprobe_jax.config import Int, Real, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.forward import StaticGraph
+
+if TYPE_CHECKING:
+  from reprobe_jax.probe.data import PackedSteps
 
 _XAVIER = nnx.initializers.xavier_uniform()
 _ZEROS = nnx.initializers.zeros_init()
@@ -112,9 +116,33 @@ class Probe(nnx.Module):
       x = layer(x, attn_mask, deterministic=deterministic, rngs=rngs)
     w = in_step.reshape(b * s, t, 1).astype(x.dtype)
     pooled = jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)  # [B*S, d]
+    return self.classify(pooled, deterministic=deterministic, rngs=rngs).reshape(b, s)
+
+  def classify(self, pooled, *, deterministic: bool, rngs: nnx.Rngs | None = None):
+    """Pooled step vectors [..., d] -> logits [...] (step 5 of A4)."""
     z = jax.nn.gelu(self.cls_norm(self.cls1(pooled)), approximate=False)
-    z = self.cls2(self.drop(z, deterministic=deterministic, rngs=rngs))
-    return z.reshape(b, s)
+    return self.cls2(self.drop(z, deterministic=deterministic, rngs=rngs))[..., 0]
+
+  def packed(self, features, pack: "PackedSteps", *, deterministic: bool = True, rngs: nnx.Rngs | None = None):
+    """Logits [P] of the packed steps of `pack` (`reprobe_jax.probe.data.pack_steps`): the same function as
+    `__call__`, computed over each step's window [0, step end) only. Windows sit side by side in rows of L slots
+    and attend within themselves (block-diagonal masks), so no compute goes to padding steps or to the tokens past
+    a step's end. features [B, T, F]; padding steps (step -1 in every slot) give arbitrary logits."""
+    h = self.project(features, deterministic=deterministic, rngs=rngs)  # [B, T, d]
+    seg = pack.segment  # [R, L] int32: the packed step whose window holds the slot, -1 = empty
+    filled = seg >= 0
+    x = h[pack.row, pack.token] * filled[..., None]  # [R, L, d]
+    x = x + self.marker(pack.in_step.astype(jnp.int32))
+    r, l = seg.shape
+    same = (seg[:, :, None] == seg[:, None, :]) & filled[:, :, None]  # [R, L, L]
+    attn_mask = (same | jnp.eye(l, dtype=bool)[None])[:, None]  # [R, 1, L, L]
+    for layer in self.layers:
+      x = layer(x, attn_mask, deterministic=deterministic, rngs=rngs)
+    p = pack.num_steps
+    ids = jnp.where(pack.in_step & filled, seg, p).reshape(-1)  # a slot outside every step pools into bin P
+    total = jax.ops.segment_sum(x.reshape(r * l, -1), ids, num_segments=p + 1)[:p]  # [P, d]
+    count = jax.ops.segment_sum(jnp.ones((r * l, 1), x.dtype), ids, num_segments=p + 1)[:p]
+    return self.classify(total / jnp.maximum(count, 1.0), deterministic=deterministic, rngs=rngs)
 
 
 def count_params(module: nnx.Module) -> int:
@@ -133,6 +161,22 @@ def abstract_probe(cfg: ProbeConfig) -> tuple[StaticGraph, nnx.State]:
 def _probabilities(graph: StaticGraph, state, features, token_mask, spans):
   probe = nnx.merge(graph.value, *state)
   return jax.nn.sigmoid(probe(features, token_mask, spans, deterministic=True))
+
+
+@functools.partial(jax.jit, static_argnames=("graph",))
+def _packed_probabilities(graph: StaticGraph, state, features, pack):
+  probe = nnx.merge(graph.value, *state)
+  return jax.nn.sigmoid(probe.packed(features, pack, deterministic=True))
+
+
+def score_packed(graphdef, params, features, pack: "PackedSteps"):
+  """P(step incorrect) [P] of the packed steps of a batch (`reprobe_jax.probe.data.pack_steps`): the same values
+  as `score_steps`, with compute only on each step's window [0, step end). Compiles once per (config, B, T, R, L,
+  P); params as for `score_steps`."""
+  graph = graphdef if isinstance(graphdef, StaticGraph) else StaticGraph(graphdef)
+  state = tuple(params) if isinstance(params, (tuple, list)) else (params,)
+  state = tuple(x for x in state if jax.tree.leaves(x))
+  return _packed_probabilities(graph, state, features, pack)
 
 
 def score_steps(graphdef, params, features, token_mask, spans):

@@ -24,9 +24,9 @@ from reprobe_jax.atomic import atomic_open
 from reprobe_jax.config import Int, Real, check_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.metrics import pr_auc, roc_auc
-from reprobe_jax.probe.data import Example, collate
+from reprobe_jax.probe.data import Example, pack_shape, pack_steps
 from reprobe_jax.models.forward import StaticGraph
-from reprobe_jax.probe.model import Probe, ProbeConfig, score_steps
+from reprobe_jax.probe.model import Probe, ProbeConfig, score_packed
 from reprobe_jax.trainer import Trainer, TrainerConfig
 
 
@@ -66,33 +66,38 @@ def new_probe(cfg: ProbeConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State, nnx
 
 
 def probe_loss(graphdef, pos_weight: float):
-  """loss(params, batch, key, rest): weighted BCE of the probe with dropout drawn from `key` (METHOD A5)."""
+  """loss(params, batch, key, rest): weighted BCE of the probe with dropout drawn from `key` (METHOD A5), over the
+  labelled steps of a packed batch (`pack_steps`: features, pack, labels [P])."""
 
   def loss(params, batch, key, rest):
     probe = nnx.merge(graphdef, params, rest)
-    logits = probe(batch["features"], batch["token_mask"], batch["spans"], deterministic=False,
-                   rngs=nnx.Rngs(dropout=key))
+    logits = probe.packed(batch["features"], batch["pack"], deterministic=False, rngs=nnx.Rngs(dropout=key))
     return weighted_bce(logits, batch["labels"], pos_weight)
 
   return loss
 
 
-def _predict_batch(graph: StaticGraph, params, rest, batch):
-  """P(incorrect) [B, S] of a collated batch through the module-level `score_steps` (compiled once per shape)."""
-  return score_steps(graph, (params, rest), batch["features"], batch["token_mask"], batch["spans"])
+def _predict_batch(graph: StaticGraph, params, rest, features, pack):
+  """P(incorrect) [P] of a packed batch through the module-level `score_packed` (compiled once per shape)."""
+  return score_packed(graph, (params, rest), features, pack)
 
 
 def predict_examples(graphdef, params, rest, exs: Sequence[Example], batch_size: int, feature_dim: int,
                      predict=None) -> list[np.ndarray]:
-  """P(incorrect) per step [S_i] for each example, through `score_steps` (`predict` is a stand-in for it)."""
+  """P(incorrect) per step [S_i] for each example (NaN for steps with no tokens), in packed batches of one shape
+  through `score_packed` (`predict(params, rest, features, pack)` is a stand-in for it)."""
   if predict is None:
     predict = functools.partial(_predict_batch, StaticGraph(graphdef))
+  chunks = [exs[s:s + batch_size] for s in range(0, len(exs), batch_size)]
+  shape = pack_shape(chunks, batch_size, labelled_only=False)
   out = []
-  for s in range(0, len(exs), batch_size):
-    chunk = exs[s:s + batch_size]
-    b = collate(chunk, batch_size, feature_dim)
-    p = np.asarray(predict(params, rest, {k: jnp.asarray(v) for k, v in b.items()}))
-    out += [p[i, :len(e.spans)] for i, e in enumerate(chunk)]
+  for chunk in chunks:
+    feats, pack, _, chosen = pack_steps(chunk, shape, feature_dim, labelled_only=False)
+    p = np.asarray(predict(params, rest, jnp.asarray(feats), jax.tree.map(jnp.asarray, pack)))
+    scores = [np.full(len(e.spans), np.nan, np.float32) for e in chunk]
+    for j, (i, k) in enumerate(chosen):
+      scores[i][k] = p[j]
+    out += scores
   return out
 
 
@@ -128,10 +133,16 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
   def epoch_order(epoch: int) -> np.ndarray:
     return np.random.default_rng([tcfg.seed, epoch]).permutation(len(train))
 
-  def batch(i: int) -> dict:
+  def chunk(i: int) -> list[Example]:
     epoch, k = divmod(i, steps_per_epoch)
-    chunk = [train[j] for j in epoch_order(epoch)[k * tcfg.batch_size:(k + 1) * tcfg.batch_size]]
-    return {n: jnp.asarray(v) for n, v in collate(chunk, tcfg.batch_size, feature_dim).items()}
+    return [train[j] for j in epoch_order(epoch)[k * tcfg.batch_size:(k + 1) * tcfg.batch_size]]
+
+  # One packed shape for every batch of the run: the training step compiles once.
+  shape = pack_shape([chunk(i) for i in range(total)], tcfg.batch_size, labelled_only=True)
+
+  def batch(i: int) -> dict:
+    feats, pack, labels, _ = pack_steps(chunk(i), shape, feature_dim, labelled_only=True)
+    return {"features": jnp.asarray(feats), "pack": jax.tree.map(jnp.asarray, pack), "labels": jnp.asarray(labels)}
 
   def evaluate(p) -> dict[str, float]:
     return evaluate_examples(predict_examples(graphdef, p, rest, val, tcfg.batch_size, feature_dim, predict), val)
