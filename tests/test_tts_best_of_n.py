@@ -18,7 +18,8 @@ from reprobe_jax.probe import Probe, ProbeBundle, ProbeConfig
 from reprobe_jax.scorers import get_scorer, score_rows
 from reprobe_jax.tasks import Problem, make_problems
 from reprobe_jax.tts import SearchConfig
-from reprobe_jax.tts.best_of_n import best_of_n, decode_trajectories
+from reprobe_jax.synthetic.tokenizer import build_tokenizer
+from reprobe_jax.tts.best_of_n import best_of_n, decode_trajectories, trajectory_steps
 from reprobe_jax.trajectories import prompt_text
 from reprobe_jax.tts.select import select
 
@@ -53,9 +54,10 @@ def test_step_scores_equal_each_trajectory_scored_alone_on_a_fresh_forward(lm, p
                                                                                             rq.candidates)]
   records = [{"id": f"t{i}", "prompt_ids": p, "response_ids": list(c.response_ids)} for i, (p, c, _) in
              enumerate(cands)]
-  feats = token_features(lm, records, probe.bundle.features, batch_size=16)  # [n, F] each, from a full forward
-  # the same forward's log p(token): FeatureSpec 'logit' with top_k 1 assembles [top-1 prob, log p, entropy]
-  logps = [f[:, 1] for f in token_features(lm, records, FeatureSpec(("logit",), top_k=1), batch_size=16)]
+  # One teacher-forced forward of each prompt + response: [n, 64 + 3] = the probe's last hidden state, then 'logit'
+  # with top_k 1: [top-1 prob, log p(token), entropy]
+  both = token_features(lm, records, FeatureSpec(("hidden", "logit"), top_k=1), batch_size=16)
+  feats, logps = [f[:, :64] for f in both], [f[:, 65] for f in both]
   spans = [np.asarray(c.steps, np.int32) for _, c, _ in cands]
   alone_probe = score_rows(probe, [{"features": f} for f in feats], spans, batch_size=1)  # one row per call
   alone_ppl = score_rows(ppl, [{"logprobs": x} for x in logps], spans, batch_size=1)
@@ -77,7 +79,8 @@ def test_step_scores_equal_each_trajectory_scored_alone_on_a_fresh_forward(lm, p
 
 
 def test_a_batch_gives_each_prompt_the_result_it_gets_alone(lm):
-  scorer, spec = get_scorer("mean_entropy"), FeatureSpec()  # the probe's capture: the programs compiled above
+  # the random baseline keys its draws by the row's index in the scorer: per prompt, so batch-invariant too
+  scorer, spec = get_scorer("random", seed=1), FeatureSpec()  # the probe's capture: the programs compiled above
   together = best_of_n(lm, scorer, PROMPTS, CFG, prompt_seeds=[11, 22, 33], feature_spec=spec)
   alone = best_of_n(lm, scorer, PROMPTS, CFG, prompt_seeds=[11, 22, 33], feature_spec=spec, batch_size=1)
   for a, res in zip(alone, together):
@@ -126,6 +129,20 @@ def test_a_second_search_in_the_same_buckets_compiles_nothing(lm, probe, compile
   res = best_of_n(lm, probe, [rng.integers(3, 90, t).tolist() for t in (13, 3, 16)], other)
   assert compile_counter.count == before, f"{compile_counter.count - before} compilations on a same-bucket search"
   assert max(len(c.response_ids) for r in res for c in r.candidates) <= 36
+
+
+def test_candidates_end_at_the_answer_line_and_after_max_steps():
+  tok = build_tokenizer(["- Step 1: 3 + 4 = 7\n<Answer>: 7\n", "Step 2: 7 * 2 = 14.\n\n"] * 10, 300)
+  ids = tok("- Step 1: 3 + 4 = 7\n<Answer>: 7\n- Step 2: 7 * 2 = 14\n")["input_ids"]
+  got, spans, reason = trajectory_steps(tok, ids, "length", mode="line", max_steps=12)
+  assert reason == "answer" and tok.decode(got) == "- Step 1: 3 + 4 = 7\n<Answer>: 7\n" and len(spans) == 2
+  got, spans, reason = trajectory_steps(tok, ids, "length", mode="line", max_steps=1)
+  assert reason == "max_steps" and tok.decode(got) == "- Step 1: 3 + 4 = 7\n" and spans == [(0, len(got))]
+  end = tok("- Step 1: 3 + 4 = 7\n<Answer>: 7")["input_ids"]  # nothing after the answer: the row's own reason
+  assert trajectory_steps(tok, end, "eos", mode="line", max_steps=12) == (end, [(0, spans[0][1]), (spans[0][1],
+                                                                                                  len(end))], "eos")
+  think = tok("Step 2: 7 * 2 = 14.\n\n<Answer>: 7\nStep 2: 7 * 2 = 14.\n\n")["input_ids"]  # no answer lines here
+  assert trajectory_steps(tok, think, "length", mode="thinking", max_steps=12)[2] == "length"
 
 
 def test_bad_input_fails_before_any_decoding(lm, monkeypatch):

@@ -10,8 +10,9 @@ are then aligned on the host with `steps.align`, the same automaton the sampler'
 would make is a span end), so the spans are exactly the boundaries a stepwise decode would pause at, and they are
 the spans the probe was trained on (a stepwise decode's newest-step span would also hold the blank lines between
 steps). All steps of all rows are then scored in one jitted call on the captured features (no second forward).
-A trajectory with more than `max_steps` steps is cut after its max_steps-th step (finish reason 'max_steps'); its
-row decoded on past the cut, which costs device time but is not counted in the result's budget.
+A trajectory is cut after its '<Answer>' line (line mode, finish reason 'answer': where beam search ends a row)
+and after its max_steps-th step ('max_steps'); its row decoded on past the cut, which costs device time but is not
+counted in the result's budget (the budget is what the kept trajectories hold, as a stepwise decode would spend).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from reprobe_jax.models.decoding import FINISH_NAMES, DecodeState
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.scorers import ProbeScorer, StepScorer, inputs_from_state
 from reprobe_jax.tasks import Problem
-from reprobe_jax.tasks.formats import MODES
+from reprobe_jax.tasks.formats import MODES, is_answer_line
 from reprobe_jax.trajectories import STEP_MODE, prompt_text
 from reprobe_jax.tts.config import SearchConfig
 from reprobe_jax.tts.result import Candidate, PromptResult
@@ -69,17 +70,23 @@ def scorer_features(lm: LanguageModel, scorer: StepScorer, feature_spec: Feature
   return spec
 
 
-def default_prompt_seeds(prompts: Sequence[Problem | str | Sequence[int]]) -> list[int]:
-  """One seed per prompt from what it is (a problem's id, a prompt's text or ids), so a prompt draws the same
-  trajectories in any batch and any order without the caller naming seeds (SearchConfig.seed is the base key)."""
-  key = lambda p: p.id if isinstance(p, Problem) else p if isinstance(p, str) else repr([int(t) for t in p])
-  return [zlib.crc32(key(p).encode()) for p in prompts]
+def default_prompt_seeds(ids: Sequence[Sequence[int]]) -> list[int]:
+  """One seed per prompt from its token ids (CRC-32; the seeds beam search and DVTS default to), so a prompt draws
+  the same trajectories in any batch and any order without the caller naming seeds (SearchConfig.seed is the base
+  key)."""
+  return [zlib.crc32(np.asarray(p, np.int64).tobytes()) for p in ids]
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "num_layers"))
-def _score_steps(scorer: StepScorer, state: DecodeState, spans, *, spec: FeatureSpec | None, num_layers: int):
-  """Step scores [B, S] of a decode state's rows for spans [B, S, 2], from its captured values, on device."""
-  return scorer.score(inputs_from_state(state, spec, num_layers), spans).astype(jnp.float32)
+@functools.partial(jax.jit, static_argnames=("n", "spec", "num_layers"))
+def _score_steps(scorer: StepScorer, state: DecodeState, spans, *, n: int, spec: FeatureSpec | None,
+                 num_layers: int):
+  """Step scores [B, S] of a decode state's rows for spans [B, S, 2], from its captured values, on device. The
+  scorer sees one prompt's n rows at a time (vmapped over prompts), so a row's index in the scorer (the random
+  baseline's key) is its index within its prompt, whatever the batch."""
+  inputs = inputs_from_state(state, spec, num_layers)
+  per_prompt = lambda x: x.reshape((-1, n) + x.shape[1:])  # [B, ...] -> [P, n, ...]
+  scores = jax.vmap(scorer.score)(jax.tree.map(per_prompt, inputs), per_prompt(spans))  # [P, n, S]
+  return scores.reshape(spans.shape[:2]).astype(jnp.float32)
 
 
 def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem | str | Sequence[int]],
@@ -91,7 +98,8 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
   problems: Problems (prompted with `trajectories.prompt_text` in `mode`, after `few_shot` worked examples; their
   family must check answers) or prompts (texts or token ids). Greedy is cfg with temperature 0 and n = 1.
   prompt_seeds: one integer in [0, 2**32) per prompt (default `default_prompt_seeds`); row s of prompt p draws
-  from its own key, so a prompt gets the same result in any batch. batch_size: prompts per prefill (default all).
+  from its own key, so a prompt gets the same result in any batch. A candidate ends at EOS, its token budget, its
+  max_steps-th step ('max_steps') or, in line mode, its '<Answer>' line ('answer'; as beam search ends a row). batch_size: prompts per prefill (default all).
   Every check (config, scorer and features, answer checkers, cache room, seeds) runs before any decoding.
   """
   if not isinstance(cfg, SearchConfig) or cfg.strategy != "best_of_n":
@@ -118,7 +126,7 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
   if longest + cfg.max_new_tokens > room:
     raise CacheFullError(f"SearchConfig.max_new_tokens={cfg.max_new_tokens}: the longest prompt ({longest} tokens) "
                          f"plus the budget exceeds the target's context of {room} tokens")
-  seeds = default_prompt_seeds(problems) if prompt_seeds is None else list(prompt_seeds)
+  seeds = default_prompt_seeds(ids) if prompt_seeds is None else list(prompt_seeds)
   if len(seeds) != len(problems) or not all(
       isinstance(s, (int, np.integer)) and not isinstance(s, bool) and 0 <= s < 2 ** 32 for s in seeds):
     raise ConfigError(f"prompt_seeds: need one integer in [0, 2**32) per prompt ({len(problems)}), got {seeds!r}")
@@ -144,6 +152,23 @@ def decode_trajectories(sampler, prompt_ids: Sequence[Sequence[int]], cfg: Searc
   return sampler.decode(state)
 
 
+def trajectory_steps(tokenizer, ids: Sequence[int], finish_reason: str, *, mode: str, max_steps: int
+                     ) -> tuple[list[int], list[tuple[int, int]], str]:
+  """A decoded row (ids without EOS) as a candidate: (response ids, step spans [(start, end)], finish reason). Steps
+  are `steps.align`'s (METHOD A1); in line mode the response ends with its first '<Answer>' line ('answer'), and
+  it keeps at most max_steps steps ('max_steps'). A cut drops the tokens after the kept steps."""
+  ids = list(ids)
+  steps = step_lib.align(tokenizer, ids, STEP_MODE[mode])
+  answer = next((k for k, st in enumerate(steps) if mode == "line" and is_answer_line(st.text)), None)
+  if answer is not None and steps[answer].end < len(ids):  # the answer line ends the candidate
+    steps, ids, finish_reason = steps[:answer + 1], ids[:steps[answer].end], "answer"
+  spans = [(st.start, st.end) for st in steps]
+  if len(spans) > max_steps:
+    spans = spans[:max_steps]
+    ids, finish_reason = ids[:spans[-1][1]], "max_steps"
+  return ids, spans, finish_reason
+
+
 def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, n_prompts: int, cfg: SearchConfig,
              mode: str, spec: FeatureSpec | None) -> list[PromptResult]:
   """The state's rows as PromptResults: EOS dropped, steps aligned and cut at max_steps, all scored in one call."""
@@ -156,10 +181,7 @@ def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, n_prompt
     reason = FINISH_NAMES[int(host["finish"][r])]
     if reason == "eos" and ids and eos[ids[-1]]:
       ids = ids[:-1]
-    steps = [(s.start, s.end) for s in step_lib.align(lm.tokenizer, ids, STEP_MODE[mode])]
-    if len(steps) > cfg.max_steps:
-      steps = steps[:cfg.max_steps]
-      ids, reason = ids[:steps[-1][1]], "max_steps"
+    ids, steps, reason = trajectory_steps(lm.tokenizer, ids, reason, mode=mode, max_steps=cfg.max_steps)
     responses.append(ids)
     spans.append(steps)
     reasons.append(reason)
@@ -167,7 +189,7 @@ def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, n_prompt
   for r, sp in enumerate(spans):
     if sp:
       padded[r, :len(sp)] = sp
-  scores = np.asarray(_score_steps(scorer, state, jnp.asarray(padded), spec=spec,
+  scores = np.asarray(_score_steps(scorer, state, jnp.asarray(padded), n=cfg.n, spec=spec,
                                    num_layers=lm.config.num_layers))  # [B, S]
   out = []
   for p in range(n_prompts):
