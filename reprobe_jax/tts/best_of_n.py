@@ -98,8 +98,9 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
   problems: Problems (prompted with `trajectories.prompt_text` in `mode`, after `few_shot` worked examples; their
   family must check answers) or prompts (texts or token ids). Greedy is cfg with temperature 0 and n = 1.
   prompt_seeds: one integer in [0, 2**32) per prompt (default `default_prompt_seeds`); row s of prompt p draws
-  from its own key, so a prompt gets the same result in any batch. A candidate ends at EOS, its token budget, its
-  max_steps-th step ('max_steps') or, in line mode, its '<Answer>' line ('answer'; as beam search ends a row). batch_size: prompts per prefill (default all).
+  from its own key, so a prompt gets the same result in any batch. batch_size: prompts per prefill (default all).
+  A candidate ends at EOS, its token budget, its max_steps-th step ('max_steps') or, in line mode, its '<Answer>'
+  line ('answer', where beam search ends a row).
   Every check (config, scorer and features, answer checkers, cache room, seeds) runs before any decoding.
   """
   if not isinstance(cfg, SearchConfig) or cfg.strategy != "best_of_n":
