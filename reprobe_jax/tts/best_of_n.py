@@ -11,7 +11,7 @@ would make is a span end), so the spans are exactly the boundaries a stepwise de
 the spans the probe was trained on (a stepwise decode's newest-step span would also hold the blank lines between
 steps). All steps of all rows are then scored in one jitted call on the captured features (no second forward).
 A trajectory is cut after its '<Answer>' line (line mode, finish reason 'answer': where beam search ends a row)
-and after its max_steps-th step ('max_steps'); its row decoded on past the cut, which costs device time but is not
+and after its max_steps-th step ('max_steps'); its row decodes on past a cut, which costs device time but is not
 counted in the result's budget (the budget is what the kept trajectories hold, as a stepwise decode would spend).
 """
 
@@ -172,7 +172,7 @@ def trajectory_steps(tokenizer, ids: Sequence[int], finish_reason: str, *, mode:
 
 def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, n_prompts: int, cfg: SearchConfig,
              mode: str, spec: FeatureSpec | None) -> list[PromptResult]:
-  """The state's rows as PromptResults: EOS dropped, steps aligned and cut at max_steps, all scored in one call."""
+  """The state's rows as PromptResults: EOS dropped, steps aligned and cut (`trajectory_steps`), all scored at once."""
   host = jax.device_get({"tokens": state.tokens, "lengths": state.lengths, "finish": state.finish})
   rows = n_prompts * cfg.n
   eos = lm.eos_mask()
