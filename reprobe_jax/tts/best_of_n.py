@@ -1,0 +1,203 @@
+"""Best-of-N (METHOD A7): N whole trajectories per prompt from one prefill, every step scored on device.
+
+    results = best_of_n(lm, get_scorer("probe", path=...), problems, SearchConfig("best_of_n", n=16))
+    outcomes = [select.select(p, r, lm.tokenizer, mode="line", aggregation="min", probabilities=True)
+                for p, r in zip(problems, results)]
+
+Each prompt is prefilled once; its N rows read that prefill as a shared prefix and decode to their end (EOS or
+the token budget) in one jitted loop with no step boundary, so no row waits for another at a boundary. The steps
+are then aligned on the host with `steps.align`, the same automaton the sampler's StopTable runs (every stop it
+would make is a span end), so the spans are exactly the boundaries a stepwise decode would pause at, and they are
+the spans the probe was trained on (a stepwise decode's newest-step span would also hold the blank lines between
+steps). All steps of all rows are then scored in one jitted call on the captured features (no second forward).
+A trajectory is cut after its '<Answer>' line (line mode, finish reason 'answer': where beam search ends a row)
+and after its max_steps-th step ('max_steps'); its row decodes on past a cut, which costs device time but is not
+counted in the result's budget (the budget is what the kept trajectories hold, as a stepwise decode would spend).
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reprobe_jax import steps as step_lib
+from reprobe_jax.errors import CacheFullError, ConfigError
+from reprobe_jax.features import FeatureMismatchError, FeatureSpec, model_fingerprint, union_capture
+from reprobe_jax.models import CaptureSpec, LanguageModel
+from reprobe_jax.models.decoding import FINISH_NAMES, DecodeState
+from reprobe_jax.models.sampling import bucket
+from reprobe_jax.scorers import ProbeScorer, StepScorer, inputs_from_state
+from reprobe_jax.tasks import Problem
+from reprobe_jax.tasks.formats import MODES, is_answer_line
+from reprobe_jax.trajectories import STEP_MODE, prompt_text
+from reprobe_jax.tts.config import SearchConfig
+from reprobe_jax.tts.result import Candidate, PromptResult
+from reprobe_jax.tts.select import answer_checker, candidate_cost, check_aggregation
+
+
+def scorer_features(lm: LanguageModel, scorer: StepScorer, feature_spec: FeatureSpec | None = None
+                    ) -> FeatureSpec | None:
+  """The FeatureSpec a scorer reads (a probe's own; else `feature_spec`), checked against the target: its layers
+  exist, a probe's feature width is what this model's features have, and a probe trained on another target is
+  refused. ConfigError / FeatureMismatchError before any work."""
+  if not isinstance(scorer, StepScorer):
+    raise ConfigError(f"scorer must be a StepScorer (reprobe_jax.scorers.get_scorer), got {type(scorer).__name__}")
+  spec = feature_spec
+  if isinstance(scorer, ProbeScorer):
+    bundle = scorer.bundle
+    if feature_spec is not None and feature_spec != bundle.features:
+      raise ConfigError(f"feature_spec {feature_spec} differs from the probe's own {bundle.features}")
+    spec = bundle.features
+  if spec is None:
+    return None
+  try:
+    spec.capture().resolve_layers(lm.config.num_layers)
+  except ConfigError as e:
+    raise ConfigError(f"scorer {scorer.name!r} reads {spec.name} features this target cannot capture: {e}") from None
+  if isinstance(scorer, ProbeScorer):
+    width = spec.dim(lm.config)
+    if width != scorer.bundle.config.feature_dim:
+      raise ConfigError(f"scorer 'probe' reads {scorer.bundle.config.feature_dim} features per token; this target's "
+                        f"{spec.name} features have {width} (a probe of another model size?)")
+    if scorer.bundle.model_fingerprint is not None and scorer.bundle.model_fingerprint != model_fingerprint(lm):
+      raise FeatureMismatchError(f"scorer 'probe' was trained on target model {scorer.bundle.model_fingerprint!r}, "
+                                 f"this model is {model_fingerprint(lm)!r}")
+  return spec
+
+
+def default_prompt_seeds(ids: Sequence[Sequence[int]]) -> list[int]:
+  """One seed per prompt from its token ids (CRC-32; the seeds beam search and DVTS default to), so a prompt draws
+  the same trajectories in any batch and any order without the caller naming seeds (SearchConfig.seed is the base
+  key)."""
+  return [zlib.crc32(np.asarray(p, np.int64).tobytes()) for p in ids]
+
+
+@functools.partial(jax.jit, static_argnames=("n", "spec", "num_layers"))
+def _score_steps(scorer: StepScorer, state: DecodeState, spans, *, n: int, spec: FeatureSpec | None,
+                 num_layers: int):
+  """Step scores [B, S] of a decode state's rows for spans [B, S, 2], from its captured values, on device. The
+  scorer sees one prompt's n rows at a time (vmapped over prompts), so a row's index in the scorer (the random
+  baseline's key) is its index within its prompt, whatever the batch."""
+  inputs = inputs_from_state(state, spec, num_layers)
+  per_prompt = lambda x: x.reshape((-1, n) + x.shape[1:])  # [B, ...] -> [P, n, ...]
+  scores = jax.vmap(scorer.score)(jax.tree.map(per_prompt, inputs), per_prompt(spans))  # [P, n, S]
+  return scores.reshape(spans.shape[:2]).astype(jnp.float32)
+
+
+def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem | str | Sequence[int]],
+              cfg: SearchConfig, *, mode: str = "line", feature_spec: FeatureSpec | None = None,
+              prompt_seeds: Sequence[int] | None = None, few_shot: int = 0,
+              batch_size: int | None = None) -> list[PromptResult]:
+  """N = cfg.n trajectories per prompt, each step scored (METHOD A7 Best-of-N); one PromptResult per prompt.
+
+  problems: Problems (prompted with `trajectories.prompt_text` in `mode`, after `few_shot` worked examples; their
+  family must check answers) or prompts (texts or token ids). Greedy is cfg with temperature 0 and n = 1.
+  prompt_seeds: one integer in [0, 2**32) per prompt (default `default_prompt_seeds`); row s of prompt p draws
+  from its own key, so a prompt gets the same result in any batch. batch_size: prompts per prefill (default all).
+  A candidate ends at EOS, its token budget, its max_steps-th step ('max_steps') or, in line mode, its '<Answer>'
+  line ('answer', where beam search ends a row).
+  Every check (config, scorer and features, answer checkers, cache room, seeds) runs before any decoding.
+  """
+  if not isinstance(cfg, SearchConfig) or cfg.strategy != "best_of_n":
+    got = cfg.strategy if isinstance(cfg, SearchConfig) else type(cfg).__name__
+    raise ConfigError(f"SearchConfig.strategy: best_of_n needs a SearchConfig with strategy 'best_of_n', got {got!r}")
+  if mode not in MODES:
+    raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+  spec = scorer_features(lm, scorer, feature_spec)
+  check_aggregation(cfg.aggregation, scorer)
+  if lm.tokenizer is None:
+    raise ConfigError("best_of_n aligns steps on the tokenizer's text; this model has none")
+  problems = list(problems)
+  if not problems:
+    raise ConfigError("best_of_n: no problems")
+  for i, p in enumerate(problems):
+    if isinstance(p, Problem):
+      answer_checker(p, f"problems[{i}]: ")
+  ids = lm.encode([prompt_text(lm, p, mode, few_shot) if isinstance(p, Problem) else p for p in problems])
+  for j, p in enumerate(ids):
+    if not p:
+      raise ConfigError(f"best_of_n: prompt {j} is empty")
+  longest = max(map(len, ids))
+  room = lm.config.max_position_embeddings
+  if longest + cfg.max_new_tokens > room:
+    raise CacheFullError(f"SearchConfig.max_new_tokens={cfg.max_new_tokens}: the longest prompt ({longest} tokens) "
+                         f"plus the budget exceeds the target's context of {room} tokens")
+  seeds = default_prompt_seeds(ids) if prompt_seeds is None else list(prompt_seeds)
+  if len(seeds) != len(problems) or not all(
+      isinstance(s, (int, np.integer)) and not isinstance(s, bool) and 0 <= s < 2 ** 32 for s in seeds):
+    raise ConfigError(f"prompt_seeds: need one integer in [0, 2**32) per prompt ({len(problems)}), got {seeds!r}")
+  chunk = len(problems) if batch_size is None else batch_size
+  if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+    raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+
+  capture = union_capture([spec]) if spec is not None else CaptureSpec(token_stats=True)
+  sampler = lm.sampler(cfg.sampling, capture=capture)
+  out: list[PromptResult] = []
+  for start in range(0, len(ids), chunk):
+    state = decode_trajectories(sampler, ids[start:start + chunk], cfg, seeds[start:start + chunk])
+    out += _results(lm, scorer, state, len(ids[start:start + chunk]), cfg, mode, spec)
+  return out
+
+
+def decode_trajectories(sampler, prompt_ids: Sequence[Sequence[int]], cfg: SearchConfig,
+                        prompt_seeds: Sequence[int]) -> DecodeState:
+  """The decode state of cfg.n rows per prompt (prompt-major), each decoded to EOS or its token budget: one
+  prefill per prompt, read by its rows as a shared prefix, and one jitted decode loop."""
+  state = sampler.prefill(list(prompt_ids), max_new_tokens=cfg.max_new_tokens, n=cfg.n, seed=cfg.seed,
+                          prompt_seeds=list(prompt_seeds))
+  return sampler.decode(state)
+
+
+def trajectory_steps(tokenizer, ids: Sequence[int], finish_reason: str, *, mode: str, max_steps: int
+                     ) -> tuple[list[int], list[tuple[int, int]], str]:
+  """A decoded row (ids without EOS) as a candidate: (response ids, step spans [(start, end)], finish reason). Steps
+  are `steps.align`'s (METHOD A1); in line mode the response ends with its first '<Answer>' line ('answer'), and
+  it keeps at most max_steps steps ('max_steps'). A cut drops the tokens after the kept steps."""
+  ids = list(ids)
+  steps = step_lib.align(tokenizer, ids, STEP_MODE[mode])
+  answer = next((k for k, st in enumerate(steps) if mode == "line" and is_answer_line(st.text)), None)
+  if answer is not None and steps[answer].end < len(ids):  # the answer line ends the candidate
+    steps, ids, finish_reason = steps[:answer + 1], ids[:steps[answer].end], "answer"
+  spans = [(st.start, st.end) for st in steps]
+  if len(spans) > max_steps:
+    spans = spans[:max_steps]
+    ids, finish_reason = ids[:spans[-1][1]], "max_steps"
+  return ids, spans, finish_reason
+
+
+def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, n_prompts: int, cfg: SearchConfig,
+             mode: str, spec: FeatureSpec | None) -> list[PromptResult]:
+  """The state's rows as PromptResults: EOS dropped, steps aligned and cut (`trajectory_steps`), all scored at once."""
+  host = jax.device_get({"tokens": state.tokens, "lengths": state.lengths, "finish": state.finish})
+  rows = n_prompts * cfg.n
+  eos = lm.eos_mask()
+  responses, spans, reasons = [], [], []
+  for r in range(rows):
+    ids = host["tokens"][r, :int(host["lengths"][r])].tolist()
+    reason = FINISH_NAMES[int(host["finish"][r])]
+    if reason == "eos" and ids and eos[ids[-1]]:
+      ids = ids[:-1]
+    ids, steps, reason = trajectory_steps(lm.tokenizer, ids, reason, mode=mode, max_steps=cfg.max_steps)
+    responses.append(ids)
+    spans.append(steps)
+    reasons.append(reason)
+  padded = np.zeros((state.batch, bucket(max(map(len, spans)) or 1, minimum=4), 2), np.int32)  # [B, S, 2]
+  for r, sp in enumerate(spans):
+    if sp:
+      padded[r, :len(sp)] = sp
+  scores = np.asarray(_score_steps(scorer, state, jnp.asarray(padded), n=cfg.n, spec=spec,
+                                   num_layers=lm.config.num_layers))  # [B, S]
+  out = []
+  for p in range(n_prompts):
+    cands = tuple(Candidate(response_ids=tuple(responses[r]), steps=tuple(spans[r]),
+                            step_scores=tuple(float(x) for x in scores[r, :len(spans[r])]), finish_reason=reasons[r])
+                  for r in range(p * cfg.n, (p + 1) * cfg.n))
+    costs = [candidate_cost(c) for c in cands]
+    out.append(PromptResult(candidates=cands, sampled_steps=sum(s for s, _ in costs),
+                            generated_tokens=sum(t for _, t in costs)))
+  return out
