@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import CaptureSpec, SamplingParams, load_pretrained
 from reprobe_jax.models import decoding
 from reprobe_jax.models.decoding import StopRule
@@ -197,3 +198,58 @@ def test_flatten_copies_the_shared_prefix_and_changes_nothing(lm):
   rows = smp.read(smp.force(forks, [95, 96]))
   for r in range(4):
     assert_matches_forward(lm, PROMPTS[r // 2] + traj[r].tokens[:4], rows[r])
+
+
+# The scalar-key path's tokens, recorded from the code before per-row keys existed (main 814a1a7): one key for the
+# batch must keep drawing exactly what it drew.
+_PINNED_SCALAR_KEY = [[84, 80, 98, 52, 45, 52, 27, 71], [91, 7, 82, 21, 78, 70, 1, 62], [38, 97, 20, 70, 1, 38, 40, 97],
+                      [21, 97, 20, 75, 91, 32, 67, 8], [1, 32, 49, 90, 90, 94, 13, 21], [1, 40, 80, 95, 8, 6, 26, 20]]
+
+
+def test_one_key_for_the_batch_draws_what_it_drew_before_per_row_keys(lm):
+  smp = lm.sampler(SamplingParams(1.0, 20, 0.9))
+  state = smp.decode(smp.prefill(PROMPTS, max_new_tokens=8, n=2, seed=5))
+  assert state.rng.shape == ()
+  assert [r.tokens for r in smp.read(state)][:6] == _PINNED_SCALAR_KEY
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_per_row_keys_give_a_prompt_the_same_samples_in_any_batch(lm, n):
+  """With prompt_seeds, a prompt in a batch of 3 (padded to 4) draws what it draws alone (batch bucket 1), through
+  step pauses, take, resume and a re-key of its rows; without them the batch's one key does not."""
+  smp = lm.sampler(SamplingParams(1.5, 30), stop=_stop_rule(lm))
+  seeds = [7, 11, 13]
+
+  def run(prompts, prompt_seeds):
+    state = smp.prefill(prompts, max_new_tokens=14, n=n, seed=2, prompt_seeds=prompt_seeds)
+    state = smp.decode(state)
+    rows = np.arange(state.batch).reshape(-1, n)[:, ::-1].reshape(-1)  # reverse each prompt's rows
+    state = smp.take(state, rows)
+    fresh = decoding.row_keys(jax.vmap(lambda k: jax.random.fold_in(k, 1))(
+        decoding.prompt_keys(2, list(prompt_seeds) + [0] * (state.batch // n - len(prompt_seeds)))), n)
+    state = smp.decode(smp.resume(decoding.rekey(state, fresh)))
+    return [r.tokens for r in smp.read(state)]
+
+  batched = run(PROMPTS, seeds)
+  assert len(batched) == 4 * n
+  for p in range(3):
+    alone = run([PROMPTS[p]], [seeds[p]])
+    assert len(alone) == n
+    assert batched[p * n:(p + 1) * n] == alone
+  if n == 3:
+    assert len({tuple(t) for t in batched[:3]}) == 3, "a prompt's rows must draw distinct streams"
+  # the second prompt alone with the batch's one key draws something else than at its place in the batch
+  one_key = lambda prompts: [r.tokens for r in smp.read(smp.decode(smp.prefill(prompts, max_new_tokens=14, n=n,
+                                                                                  seed=2)))]
+  assert one_key(PROMPTS)[n:2 * n] != one_key([PROMPTS[1]])
+
+
+def test_per_row_key_arguments_are_checked(lm):
+  smp = lm.sampler(SamplingParams(1.0))
+  with pytest.raises(ConfigError, match="one seed per prompt"):
+    smp.prefill(PROMPTS, max_new_tokens=4, prompt_seeds=[1, 2])
+  with pytest.raises(ConfigError, match=r"prompt_seeds\[1\]"):
+    smp.prefill(PROMPTS, max_new_tokens=4, prompt_seeds=[1, -2, 3])
+  state = smp.prefill(PROMPTS, max_new_tokens=4)
+  with pytest.raises(ConfigError, match="rekey: need \\[4\\] typed PRNG keys"):
+    decoding.rekey(state, decoding.row_keys(decoding.prompt_keys(0, [1, 2]), 1))

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.forward import logit_stats
 from reprobe_jax.models.kv_cache import KVCache
@@ -81,7 +82,7 @@ class DecodeState:
   done: jax.Array  # [B] bool
   finish: jax.Array  # [B] int32 finish code (meaningful where done)
   stop_state: jax.Array  # [B] int32 state of the stop automaton
-  rng: jax.Array  # PRNG key
+  rng: jax.Array  # a PRNG key for the whole batch, or [B] keys: one stream per row (`rekey`, `row_keys`)
 
   @property
   def batch(self) -> int:
@@ -177,8 +178,15 @@ def decode(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, tempe
 
   def body(c):
     s, i = c
-    rng, sub = jax.random.split(s.rng)
-    tok = sample_token(s.logits, sub, temperature, top_p, greedy=greedy, top_k=top_k, filtered=filtered)  # [B]
+    if s.rng.ndim == 0:  # one key for the batch: a row's draws depend on the batch it sits in
+      rng, sub = jax.random.split(s.rng)
+      tok = sample_token(s.logits, sub, temperature, top_p, greedy=greedy, top_k=top_k, filtered=filtered)  # [B]
+    else:  # [B] keys: each row splits its own key per token and draws alone, whatever the batch
+      pair = jax.vmap(jax.random.split)(s.rng)  # [B, 2]
+      rng = pair[:, 0]
+      draw = lambda lg, k: sample_token(lg[None], k, temperature, top_p, greedy=greedy, top_k=top_k,
+                                        filtered=filtered)[0]
+      tok = jax.vmap(draw)(s.logits, pair[:, 1])  # [B]
     live = ~s.done
     z = s.logits.astype(jnp.float32)
     lse = jax.nn.logsumexp(z, axis=-1)
@@ -310,21 +318,49 @@ _ROW_FIELDS = ("logits", "pending", "tokens", "logprobs", "features", "slots", "
                "again", "budget", "done", "finish", "stop_state")
 
 
+def _row_rng(rng, f):
+  """f applied to per-row keys [B]; one key for the batch is kept as is."""
+  return rng if rng.ndim == 0 else f(rng)
+
+
 @jax.jit
 def take(state: DecodeState, rows) -> DecodeState:
-  """Gathers rows [B'] of the state (branch N samples, keep beam survivors). The rng is kept as is."""
+  """Gathers rows [B'] of the state (branch N samples, keep beam survivors). One key for the batch is kept as is;
+  per-row keys go with their rows (the copies of a row then draw the same stream until they are `rekey`ed)."""
   g = lambda x: jnp.take(x, rows, axis=0)
   fields = {f: jax.tree.map(g, getattr(state, f)) for f in _ROW_FIELDS}
-  return state.replace(cache=state.cache.take(rows), **fields)
+  return state.replace(cache=state.cache.take(rows), rng=_row_rng(state.rng, g), **fields)
 
 
 @functools.partial(jax.jit, static_argnames=("n", "suffix_size"))
 def share(state: DecodeState, *, n: int, suffix_size: int) -> DecodeState:
   """n continuations of every row that read the row's cache as a shared read-only prefix (no copy) and write into
-  their own `suffix_size` slots. Rows p * n .. p * n + n - 1 continue row p."""
+  their own `suffix_size` slots. Rows p * n .. p * n + n - 1 continue row p (and repeat its key, if it has one)."""
   rep = lambda x: jnp.repeat(x, n, axis=0)
   fields = {f: jax.tree.map(rep, getattr(state, f)) for f in _ROW_FIELDS}
-  return state.replace(cache=state.cache.share(n, suffix_size), **fields)
+  return state.replace(cache=state.cache.share(n, suffix_size), rng=_row_rng(state.rng, rep), **fields)
+
+
+def prompt_keys(seed: int, prompt_seeds) -> jax.Array:
+  """[P] PRNG keys fold_in(key(seed), prompt_seeds[p]): each prompt's randomness from its own seed, so a prompt
+  draws the same in any batch."""
+  seeds = jnp.asarray(prompt_seeds, jnp.uint32)  # [P]
+  return jax.vmap(lambda s: jax.random.fold_in(jax.random.key(seed), s))(seeds)
+
+
+def row_keys(keys, n: int) -> jax.Array:
+  """[P * n] keys: row p * n + s draws from fold_in(keys[p], s) (keys [P], e.g. `prompt_keys`, or those folded
+  with a search round: every copy of a row gets its own stream, the same in any batch)."""
+  return jax.vmap(lambda k: jax.vmap(lambda s: jax.random.fold_in(k, s))(jnp.arange(n, dtype=jnp.uint32)))(
+      keys).reshape(-1)
+
+
+def rekey(state: DecodeState, keys) -> DecodeState:
+  """The same rows with per-row PRNG keys [B] (a typed key array, e.g. `row_keys`): from here each row samples
+  from its own stream, independent of the batch it sits in."""
+  if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key) or keys.shape != (state.batch,):
+    raise ConfigError(f"rekey: need [{state.batch}] typed PRNG keys (jax.random.key), got {keys.dtype}{keys.shape}")
+  return state.replace(rng=keys)
 
 
 def newest_step_spans(state: DecodeState):
@@ -372,5 +408,5 @@ def fork(graphdef, params, state: DecodeState, cut_token, *, n: int, suffix_size
   ids = state.tokens[rows, tok][:, None]
   logits, captured, cache = extend(graphdef, params, cache, ids, jnp.ones_like(ids), capture=capture, shard=shard)
   bn, nbuf = rows.shape[0], state.buffer_len
-  return _fresh_state(cache, logits[:, -1], _last(captured), jnp.full((bn,), nbuf, jnp.int32), state.rng, nbuf,
-                      capture)
+  rng = _row_rng(state.rng, lambda r: r[rows])  # per-row keys: each new row starts from its source row's key
+  return _fresh_state(cache, logits[:, -1], _last(captured), jnp.full((bn,), nbuf, jnp.int32), rng, nbuf, capture)

@@ -69,17 +69,25 @@ class Sampler:
   # ------------------------------------------------------------------------------------------ operations
 
   def prefill(self, prompts, *, max_new_tokens: int, n: int = 1, seed: int = 0, extra_slots: int = 0,
-              share: bool | None = None) -> DecodeState:
+              share: bool | None = None, prompt_seeds: Sequence[int] | None = None) -> DecodeState:
     """Prefills each prompt (text or token ids) once and opens `n` rows per prompt (prompt-major: row = prompt * n
     + sample; rows past len(prompts) * n are batch padding and start finished). max_new_tokens: each row's token
     budget; extra_slots: cache room for forced text beyond it. With n > 1 the rows read their prompt's cache as a
-    shared prefix (share=False copies it per row instead)."""
+    shared prefix (share=False copies it per row instead).
+
+    Randomness: without prompt_seeds the batch draws from one key, key(seed). With prompt_seeds (one integer in
+    [0, 2**32) per prompt) every row has its own key: row p * n + s draws from fold_in(fold_in(key(seed),
+    prompt_seeds[p]), s), so a prompt gets the same samples in any batch (`decoding.prompt_keys`, `row_keys`)."""
     max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
     n = _positive_int("n", n)
     if isinstance(extra_slots, bool) or not isinstance(extra_slots, (int, np.integer)) or extra_slots < 0:
       raise ConfigError(f"extra_slots must be an integer >= 0, got {extra_slots!r}")
     lm = self.lm
     ids = lm.encode(prompts)
+    if prompt_seeds is not None:
+      prompt_seeds = [_seed(f"prompt_seeds[{j}]", v) for j, v in enumerate(prompt_seeds)]
+      if len(prompt_seeds) != len(ids):
+        raise ConfigError(f"prompt_seeds: need one seed per prompt ({len(ids)}), got {len(prompt_seeds)}")
     for j, p in enumerate(ids):
       if not p:
         raise ConfigError(f"generate: prompt {j} is empty")
@@ -118,6 +126,10 @@ class Sampler:
         state = decoding.take(state, jnp.repeat(jnp.arange(b), n))
         state = state.replace(done=jnp.repeat(jnp.asarray(budget) <= 0, n),
                               budget=jnp.repeat(jnp.asarray(budget), n))
+    if prompt_seeds is not None:  # batch padding prompts take seed 0: any fixed key will do, they start finished
+      seeds = np.zeros(b, np.uint32)
+      seeds[:n_prompts] = prompt_seeds
+      state = decoding.rekey(state, decoding.row_keys(decoding.prompt_keys(seed, seeds), n))
     return decoding.start_rule(state)
 
   def decode(self, state: DecodeState, max_steps: int | None = None) -> DecodeState:
@@ -188,6 +200,12 @@ class Sampler:
                      finish_reason=decoding.FINISH_NAMES[int(host["finish"][r])] if host["done"][r] else None,
                      step_start=int(host["step_start"][r]), step_end=int(host["step_end"][r])))
     return out
+
+
+def _seed(name: str, value) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2 ** 32:
+    raise ConfigError(f"{name} must be an integer in [0, 2**32), got {value!r}")
+  return int(value)
 
 
 def _positive_int(name: str, value) -> int:
