@@ -376,10 +376,14 @@ def test_bad_input_gets_one_clear_error_before_any_work(lm, compile_counter):
 _SHARDED = textwrap.dedent('''
     import sys, tempfile
     import jax
+    import numpy as np
+    from flax import nnx
     sys.path.insert(0, sys.argv[1])
     from test_tts_search import MODEL, PROMPTS, make_tokenizer
+    from reprobe_jax.features import FeatureSpec, forward_values
     from reprobe_jax.models import LanguageModel, load_pretrained, make_mesh
-    from reprobe_jax.scorers import get_scorer
+    from reprobe_jax.probe import Probe, ProbeBundle, ProbeConfig
+    from reprobe_jax.scorers import ScoreInputs, get_scorer, score
     from reprobe_jax.tts import SearchConfig
     from reprobe_jax.tts.beam import beam_search
 
@@ -388,21 +392,40 @@ _SHARDED = textwrap.dedent('''
     LanguageModel.random(MODEL, seed=0, tokenizer=make_tokenizer()).save_pretrained(directory)
     plain = load_pretrained(directory)
     sharded = load_pretrained(directory, mesh=make_mesh(data=8, fsdp=1, tensor=1))
+    spec = FeatureSpec(parts=("hidden", "attn", "logit"), hidden_layers=(-1,), attn_window=3, top_k=4)
+    pc = ProbeConfig(feature_dim=spec.dim(plain.config), d_model=16, n_layers=1, n_heads=2, ff_dim=16)
+    probe = get_scorer("probe", bundle=ProbeBundle.create(pc, nnx.split(Probe(pc, rngs=nnx.Rngs(0)))[1], spec))
     cfg = SearchConfig(n=2, beams=2, max_steps=4, max_new_tokens=24, seed=1)
     prompts = PROMPTS + [[1, 40, 41]]  # 4 prompts x 4 rows: 2 per device
-    a = beam_search(plain, get_scorer("mean_entropy"), prompts, cfg)
-    b = beam_search(sharded, get_scorer("mean_entropy"), prompts, cfg)
+    a = beam_search(plain, probe, prompts, cfg)
+    b = beam_search(sharded, probe, prompts, cfg)
     for x, y in zip(a, b):
       assert [c.response_ids for c in x.candidates] == [c.response_ids for c in y.candidates]
       assert [c.steps for c in x.candidates] == [c.steps for c in y.candidates]
       assert (x.sampled_steps, x.generated_tokens) == (y.sampled_steps, y.generated_tokens)
       for c, d in zip(x.candidates, y.candidates):
-        assert max(abs(u - v) for u, v in zip(c.step_scores, d.step_scores)) < 1e-4
+        np.testing.assert_allclose(c.step_scores, d.step_scores, atol=1e-5)
+    # the probe's scores inside the loop are those of a fresh forward of the kept response (a last step that ended
+    # on EOS was scored with it)
+    for prompt, res in zip(prompts, a):
+      c = res.candidates[0]
+      ids = list(c.response_ids) + ([2] if c.finish_reason == "eos" else [])
+      spans = [list(s) for s in c.steps]
+      if c.finish_reason == "eos":
+        spans[-1][1] = len(ids)
+      out = plain.forward(np.asarray(prompt + ids)[None], capture=spec.capture())
+      feats = spec.assemble(forward_values(vars(out)), plain.config.num_layers)
+      feats = np.asarray(feats)[:, len(prompt) - 1:len(prompt) - 1 + len(ids)]
+      fresh = score(probe, ScoreInputs(token_mask=np.ones(feats.shape[:2], bool), features=feats),
+                    np.asarray([spans], np.int32))
+      np.testing.assert_allclose(np.asarray(fresh)[0], c.step_scores, atol=1e-5)
     print("SHARDED SEARCH OK")
 ''')
 
 
 def test_sharded_search_on_8_devices_makes_the_same_selections(tmp_path):
+  """Probe-guided beam search with the prompts over the data axis of 8 CPU devices selects what one device selects,
+  and the probe's in-loop step scores equal the probe on a fresh forward of each kept response."""
   script = tmp_path / "sharded_search.py"
   script.write_text(_SHARDED)
   env = dict(os.environ)
