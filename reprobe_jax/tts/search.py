@@ -20,7 +20,8 @@ Finishing: a row is finished by EOS, its token budget ('length'), the cache ('ca
 mode: a step with a line that starts with '<Answer>', 'answer'; the answer line is a step like the others, scored
 when it is sampled) or its max_steps-th step ('max_steps'). A finished row is not expanded again: it keeps its slot
 in its group to the end, and of its N copies only the first stands in later selections. The step that holds only a
-final EOS token is not a step of the returned candidate (its response drops the EOS, as Best-of-N's does).
+final EOS token is not a step of the returned candidate (its response drops the EOS, as Best-of-N's does); a last
+step that ended on EOS keeps the score it was selected by, which read the EOS token too.
 """
 
 from __future__ import annotations
