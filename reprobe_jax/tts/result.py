@@ -11,7 +11,7 @@ import numpy as np
 class Candidate:
   """One finished trajectory: its response token ids (EOS dropped), its steps as half-open token spans
   [start, end) into them, each step's score (higher = more likely incorrect; NaN = a step with no tokens), and why
-  it ended ('eos', 'length', 'cache_full', or 'max_steps')."""
+  it ended ('eos', 'length', 'cache_full', 'max_steps', or 'answer': a step search's row that wrote its answer line)."""
 
   response_ids: tuple[int, ...]
   steps: tuple[tuple[int, int], ...]

@@ -1,0 +1,389 @@
+"""The on-device step-level search that beam search and DVTS share (METHOD A7), batched across prompts.
+
+Per prompt, G groups each keep W rows. Every round each kept row samples N candidate next steps (to the step
+boundary), only the newest step of each candidate is scored (after an optional greedy lookahead of k steps, whose
+last step is scored instead; the candidate is kept, not the lookahead), and each group keeps its top W of its W x N
+candidates (lowest score first: scores are "higher = more likely incorrect"). Beam search is G = 1, W = B (`beam`);
+DVTS is G = B, W = 1 (`dvts`). A prompt holds G * W * N = B * N decode rows throughout.
+
+The whole search is one jitted program: `lax.while_loop` over rounds, each round = decode to the next boundary
+(`decoding.decode`), lookahead, scoring (`scorer.score_newest` on `inputs_from_state`: the features captured while
+decoding, no second forward, no host round-trip), selection, `take` of the survivors (each repeated N times) and a
+re-key of every row. Shapes are static (prompt, batch and budget buckets; B, N, k; the step buffer); seeds,
+temperature, top_p and max_steps are traced, so a second search in the same buckets compiles nothing.
+
+Randomness: row j of prompt p draws from fold_in(key(seed), prompt_seeds[p]) folded with j (round 0, the prefill's
+`row_keys`) or with the round r and then j (`round_keys`), so a prompt gets the same result in any batch. The
+scorer is applied per prompt (vmapped over prompts), so its row index, too, is the row's index within its prompt.
+
+Finishing: a row is finished by EOS, its token budget ('length'), the cache ('cache_full'), an answer line (line
+mode: a step with a line that starts with '<Answer>', 'answer'; the answer line is a step like the others, scored
+when it is sampled) or its max_steps-th step ('max_steps'). A finished row is not expanded again: it keeps its slot
+in its group to the end, and of its N copies only the first stands in later selections. The step that holds only a
+final EOS token is not a step of the returned candidate (its response drops the EOS, as Best-of-N's does); a last
+step that ended on EOS keeps the score it was selected by, which read the EOS token too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+import zlib
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from reprobe_jax.boundary import StepBoundary
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.features import FeatureSpec, union_capture
+from reprobe_jax.models import CaptureSpec, LanguageModel
+from reprobe_jax.models import decoding
+from reprobe_jax.models.decoding import FINISH_CACHE_FULL, FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+from reprobe_jax.models.sampling import bucket
+from reprobe_jax.scorers import ScoreInputs, StepScorer, inputs_from_state
+from reprobe_jax.steps import token_bytes
+from reprobe_jax.trajectories import STEP_MODE
+from reprobe_jax.tts.config import SearchConfig
+from reprobe_jax.tts.result import Candidate, PromptResult
+
+FINISH_ANSWER, FINISH_MAX_STEPS = 4, 5
+REASONS = {FINISH_LENGTH: "length", FINISH_EOS: "eos", FINISH_CACHE_FULL: "cache_full", FINISH_ANSWER: "answer",
+           FINISH_MAX_STEPS: "max_steps"}
+GOES_ON = -1  # the reason of a row that is not finished
+# The text a line-mode answer line starts with (tasks.formats' '<Answer>: X', case-insensitive); thinking mode ends
+# its rows on EOS (after '</think>' no boundary is a step, so the answer section closes the last step).
+ANSWER_PREFIX = {"line": "<answer>", "thinking": None}
+
+# ------------------------------------------------------------------------------------------------ answer lines
+
+_ANSWER_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # TokenBytes -> {(prefix, V): table}
+_BLANK = frozenset(b" \t\r\f\v")
+
+
+def answer_table(tokenizer, vocab_size: int, prefix: str = ANSWER_PREFIX["line"]) -> jax.Array:
+  """[S, V] int32 token-level automaton for "a line of the text read so far starts with `prefix` (ASCII,
+  case-insensitive, after blanks)". States 0..m-1: at a line start with k prefix bytes matched; m: found (it stays);
+  m + 1: inside a line that does not start with it. Built once per tokenizer, prefix and vocabulary size."""
+  tb = token_bytes(tokenizer)
+  cache = _ANSWER_TABLES.setdefault(tb, {})
+  if (prefix, vocab_size) in cache:
+    return cache[(prefix, vocab_size)]
+  pat = prefix.lower().encode()
+  m = len(pat)
+  by_byte = np.empty((m + 2, 256), np.int32)  # the automaton over one byte
+  for q in range(m + 2):
+    for b in range(256):
+      low = ord(chr(b).lower()) if b < 128 else b
+      if q == m:
+        by_byte[q, b] = m
+      elif b == ord("\n"):
+        by_byte[q, b] = 0
+      elif q < m and low == pat[q]:
+        by_byte[q, b] = q + 1
+      elif q == 0 and b in _BLANK:
+        by_byte[q, b] = 0
+      else:
+        by_byte[q, b] = m + 1
+  pieces = tb.pieces[:vocab_size]
+  longest = max([len(p) for p in pieces] + [1])
+  data = np.zeros((len(pieces), longest), np.int32)
+  mask = np.zeros((len(pieces), longest), bool)
+  for t, p in enumerate(pieces):
+    data[t, :len(p)] = np.frombuffer(p, np.uint8)
+    mask[t, :len(p)] = True
+  state = np.broadcast_to(np.arange(m + 2, dtype=np.int32), (len(pieces), m + 2)).copy()  # [V, S]
+  for j in range(longest):
+    state = np.where(mask[:, j:j + 1], by_byte[state, data[:, j:j + 1]], state)
+  table = np.broadcast_to(np.arange(m + 2, dtype=np.int32)[:, None], (m + 2, vocab_size)).copy()
+  table[:, :len(pieces)] = state.T  # ids the tokenizer lacks change nothing
+  cache[(prefix, vocab_size)] = jnp.asarray(table)
+  return cache[(prefix, vocab_size)]
+
+
+def answer_lines(table: jax.Array | None, tokens, spans):
+  """[B] bool: the span [start, end) of each row's tokens [B, N] (spans [B, 2]) holds an answer line (`answer_table`);
+  all False without a table. Pure; runs inside the search's jit."""
+  b = tokens.shape[0]
+  if table is None:
+    return jnp.zeros((b,), bool)
+  found = table.shape[0] - 2
+  start, end = spans[:, 0], spans[:, 1]
+
+  def body(j, q):
+    tok = jnp.take_along_axis(tokens, jnp.full((b, 1), j, jnp.int32), axis=1, mode="clip")[:, 0]
+    return jnp.where((j >= start) & (j < end), table[q, tok], q)
+
+  q = jax.lax.fori_loop(jnp.min(start), jnp.max(end), body, jnp.zeros((b,), jnp.int32))
+  return q == found
+
+
+# ------------------------------------------------------------------------------------------------ keys
+
+
+def round_keys(prompt_keys, round_, rows_per_prompt: int) -> jax.Array:
+  """[P * rows] keys of the rows after round `round_` - 1's selection (round_ >= 1): row j of prompt p draws from
+  fold_in(fold_in(prompt_keys[p], round_), j), so the N copies of a survivor sample distinct next steps and a prompt's
+  streams do not depend on the batch. Round 0's keys are the prefill's `decoding.row_keys(prompt_keys, rows)`."""
+  folded = jax.vmap(lambda k: jax.random.fold_in(k, round_))(prompt_keys)
+  return decoding.row_keys(folded, rows_per_prompt)
+
+
+def default_prompt_seeds(ids: Sequence[Sequence[int]]) -> list[int]:
+  """One seed per prompt from its token ids (CRC-32): the same prompt gets the same randomness in any batch."""
+  return [zlib.crc32(np.asarray(p, np.int64).tobytes()) for p in ids]
+
+
+# ------------------------------------------------------------------------------------------------ the device loop
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Everything static about one search program (it keys the jit cache)."""
+
+  groups: int
+  width: int
+  n: int
+  lookahead: int
+  history: int  # step slots per row (max_steps, bucketed)
+  spec: FeatureSpec | None
+  num_layers: int
+  capture: CaptureSpec
+  greedy: bool
+  top_k: int
+  filtered: bool
+
+  @property
+  def rows_per_prompt(self) -> int:
+    return self.groups * self.width * self.n
+
+
+@struct.dataclass
+class _Book:
+  """Per-row search bookkeeping carried (and gathered) with the decode rows; R rows, H = history."""
+
+  ended: jax.Array  # [R] bool: finished (not expanded again)
+  reason: jax.Array  # [R] int32 REASONS code, GOES_ON while not ended
+  primary: jax.Array  # [R] bool: the first copy of its source row (of a finished row only it stands)
+  n_steps: jax.Array  # [R] int32 steps selected so far
+  scores: jax.Array  # [R, H] float32: each selected step's score
+  spans: jax.Array  # [R, H, 2] int32: each selected step's token span
+  last: jax.Array  # [R] float32: the newest selected step's score (the row's rank)
+  sampled: jax.Array  # [P] int32: steps sampled per prompt (discarded candidates and lookahead included)
+  generated: jax.Array  # [P] int32: tokens generated per prompt (lookahead included)
+
+
+def _decode(plan: _Plan, graphdef, params, shard, state, rule, eos_mask, temperature, top_p, *, greedy: bool):
+  return decoding.decode(graphdef, params, state, rule, eos_mask, temperature, top_p, jnp.int32(state.buffer_len),
+                         greedy=greedy, top_k=plan.top_k, filtered=plan.filtered, capture=plan.capture, shard=shard)
+
+
+def _per_prompt(x, p: int):
+  return x.reshape((p, -1) + x.shape[1:])
+
+
+def _score(plan: _Plan, scorer, state, spans, p: int):
+  """[R] scores of each row's step spans [R, 2], the scorer vmapped over prompts (row index = index in its prompt)."""
+  inputs = inputs_from_state(state, plan.spec, plan.num_layers)
+  split = jax.tree.map(lambda x: _per_prompt(x, p), inputs)
+  out = jax.vmap(scorer.score_newest)(split, _per_prompt(spans, p))  # [P, rows]
+  return out.reshape(-1).astype(jnp.float32)
+
+
+def _reason(state, answer, spans, steps, max_steps):
+  """[R] int32: why each row that just decoded is finished, or GOES_ON (paused at a boundary with room to go on)."""
+  hit = answer_lines(answer, state.tokens, spans)
+  paused = jnp.where(hit, FINISH_ANSWER, jnp.where(steps >= max_steps, FINISH_MAX_STEPS,
+                                                   jnp.where(state.lengths >= state.budget, FINISH_LENGTH, GOES_ON)))
+  return jnp.where(state.finish == FINISH_STOP, paused, state.finish).astype(jnp.int32)
+
+
+def _lookahead(plan, graphdef, params, shard, state, go, spans, rule, answer, eos_mask, temperature, top_p):
+  """Extends the rows `go` [R] by up to plan.lookahead greedy steps on a copy of the state: (the copy, the span of
+  each row's last step [R, 2] (the candidate's own where no lookahead step came), lookahead steps [R], tokens [R])."""
+  steps = jnp.zeros(go.shape, jnp.int32)
+  tokens = jnp.zeros(go.shape, jnp.int32)
+  for _ in range(plan.lookahead):
+    state = decoding.resume(state, go)
+    before = state.lengths
+    state = _decode(plan, graphdef, params, shard, state, rule, eos_mask, temperature, top_p, greedy=True)
+    newest = decoding.newest_step_spans(state)
+    new = go & (newest[:, 1] > newest[:, 0])  # a resumed row spent at its budget gets no step
+    spans = jnp.where(new[:, None], newest, spans)
+    steps += new
+    tokens += state.lengths - before
+    go = new & (state.finish == FINISH_STOP) & ~answer_lines(answer, state.tokens, newest) & (
+        state.lengths < state.budget)
+  return state, spans, steps, tokens
+
+
+def _round(plan: _Plan, graphdef, params, shard, scorer, rule, answer, eos_mask, temperature, top_p, max_steps,
+           prompt_keys, carry):
+  """One search round over all R = P * B * N rows: decode, lookahead, score, select, take, re-key, resume."""
+  state, book, rnd = carry
+  r_rows = state.batch
+  p = r_rows // plan.rows_per_prompt
+  live = ~book.ended  # every copy of a live survivor samples a candidate
+  before = state.lengths
+  state = _decode(plan, graphdef, params, shard, state, rule, eos_mask, temperature, top_p, greedy=plan.greedy)
+  spans = decoding.newest_step_spans(state)  # [R, 2] the candidates' steps
+  reason = _reason(state, answer, spans, book.n_steps + 1, max_steps)
+  scored, score_spans = state, spans
+  la_steps = la_tokens = jnp.zeros((r_rows,), jnp.int32)
+  if plan.lookahead:
+    scored, score_spans, la_steps, la_tokens = _lookahead(plan, graphdef, params, shard, state,
+                                                          live & (reason == GOES_ON), spans, rule, answer, eos_mask,
+                                                          temperature, top_p)
+  score = _score(plan, scorer, scored, score_spans, p)  # [R]
+
+  # Selection: per group, the rows finished before this round (first copies only) keep their slots, then the
+  # candidates by score (NaN = no tokens: last), ties by row order; duplicate copies of finished rows never.
+  rows_per_group = plan.width * plan.n
+  cls = jnp.where(book.ended, jnp.where(book.primary, 0, 2), 1)
+  key = jnp.where(book.ended, 0.0, jnp.where(jnp.isnan(score), jnp.inf, score))
+  order = jnp.lexsort((key.reshape(-1, rows_per_group), cls.reshape(-1, rows_per_group)), axis=-1)
+  kept = order[:, :plan.width]  # [P * G, W]
+  src = jnp.repeat((jnp.arange(kept.shape[0])[:, None] * rows_per_group + kept).reshape(-1), plan.n)  # [R]
+
+  now = live & (reason != GOES_ON)
+  slot = jnp.where(live, book.n_steps, plan.history)  # out of range = dropped
+  rows = jnp.arange(r_rows)
+  book = book.replace(
+      ended=book.ended | now, reason=jnp.where(now, reason, book.reason),
+      scores=book.scores.at[rows, slot].set(score, mode="drop"),
+      spans=book.spans.at[rows, slot].set(spans, mode="drop"),
+      n_steps=book.n_steps + live, last=jnp.where(live, score, book.last),
+      sampled=book.sampled + jnp.sum(_per_prompt(live + la_steps, p), axis=1, dtype=jnp.int32),
+      generated=book.generated + jnp.sum(_per_prompt(state.lengths - before + la_tokens, p), axis=1,
+                                         dtype=jnp.int32))
+  g = lambda x: jnp.take(x, src, axis=0)
+  book = book.replace(ended=g(book.ended), reason=g(book.reason), n_steps=g(book.n_steps), scores=g(book.scores),
+                      spans=g(book.spans), last=g(book.last), primary=rows % plan.n == 0)
+  state = decoding.take(state, src)
+  state = decoding.rekey(state, round_keys(prompt_keys, rnd + 1, plan.rows_per_prompt))
+  state = decoding.resume(state, ~book.ended)
+  return state, book, rnd + 1
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "plan", "shard"), donate_argnames=("state",))
+def _search(graphdef, params, state, prompt_keys, scorer, rule, answer, eos_mask, temperature, top_p, max_steps, *,
+            plan: _Plan, shard=None):
+  """Rounds until every kept row is finished (at most max_steps, traced): (the final state, the rows' book). The
+  state (donated) is returned so that the loop runs in its buffers."""
+  r_rows = state.batch
+  p = r_rows // plan.rows_per_prompt
+  book = _Book(ended=state.done, reason=jnp.where(state.done, FINISH_LENGTH, GOES_ON).astype(jnp.int32),
+               primary=jnp.ones((r_rows,), bool), n_steps=jnp.zeros((r_rows,), jnp.int32),
+               scores=jnp.full((r_rows, plan.history), jnp.nan, jnp.float32),
+               spans=jnp.zeros((r_rows, plan.history, 2), jnp.int32), last=jnp.full((r_rows,), jnp.nan, jnp.float32),
+               sampled=jnp.zeros((p,), jnp.int32), generated=jnp.zeros((p,), jnp.int32))
+  body = functools.partial(_round, plan, graphdef, params, shard, scorer, rule, answer, eos_mask, temperature, top_p,
+                           max_steps, prompt_keys)
+  cond = lambda c: (c[2] < max_steps) & jnp.any(~c[1].ended)
+  state, book, _ = jax.lax.while_loop(cond, body, (state, book, jnp.zeros((), jnp.int32)))
+  return state, book
+
+
+# ------------------------------------------------------------------------------------------------ the host shell
+
+
+def check_scorer(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = None) -> FeatureSpec | None:
+  """The feature spec the scorer reads (given, or a probe's own), checked against the target before any work: its
+  layers exist, and the scorer traces on ScoreInputs of this target's shapes (a probe's feature dimension)."""
+  if not isinstance(scorer, StepScorer):
+    raise ConfigError(f"scorer must be a reprobe_jax.scorers StepScorer, got {type(scorer).__name__}")
+  name = getattr(scorer, "name", type(scorer).__name__)
+  spec = feature_spec if feature_spec is not None else getattr(getattr(scorer, "bundle", None), "features", None)
+  if spec is not None and not isinstance(spec, FeatureSpec):
+    raise ConfigError(f"feature_spec must be a FeatureSpec, got {type(spec).__name__}")
+  t = 16
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  try:
+    dim = spec.dim(lm.config) if spec is not None else None
+    inputs = ScoreInputs(token_mask=jax.ShapeDtypeStruct((1, t), jnp.bool_),
+                         features=None if dim is None else f32(1, t, dim), logprobs=f32(1, t), entropy=f32(1, t),
+                         self_certainty=f32(1, t))
+    jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, jax.ShapeDtypeStruct((1, 2), jnp.int32))
+  except (ConfigError, TypeError, ValueError) as e:
+    feats = f"{spec.name} features (layers {spec.hidden_layers})" if spec is not None else "no features"
+    raise ConfigError(f"scorer {name!r} cannot score this target ({lm.config.num_layers} layers, hidden size "
+                      f"{lm.config.hidden_size}) with {feats}: {e}") from e
+  return spec
+
+
+def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig, *, groups: int, width: int,
+               mode: str = "line", feature_spec: FeatureSpec | None = None,
+               prompt_seeds: Sequence[int] | None = None) -> list[PromptResult]:
+  """Runs the search of METHOD A7 with `groups` groups of `width` rows per prompt (groups * width = cfg.beams) over
+  all prompts (text or token ids) at once; one PromptResult per prompt: its groups' kept rows (each group's best
+  first) with every selected step's span and score, and the steps and tokens it sampled. mode: 'line' (a step is a
+  line; the '<Answer>' line ends a row) or 'thinking' (paragraph steps; EOS ends a row). prompt_seeds: one integer
+  in [0, 2**32) per prompt (default: from its token ids); a prompt's result depends on it, not on the batch."""
+  if not isinstance(cfg, SearchConfig):
+    raise ConfigError(f"cfg must be a SearchConfig, got {type(cfg).__name__}")
+  if groups * width != cfg.beams:
+    raise ConfigError(f"{groups} groups of width {width} do not make SearchConfig.beams={cfg.beams}")
+  if mode not in STEP_MODE:
+    raise ConfigError(f"mode must be one of {sorted(STEP_MODE)}, got {mode!r}")
+  if lm.tokenizer is None:
+    raise ConfigError("a step search needs the model's tokenizer (its step boundary is compiled from it)")
+  spec = check_scorer(lm, scorer, feature_spec)
+  ids = lm.encode(prompts)
+  if not ids:
+    raise ConfigError("no prompts to search")
+  seeds = default_prompt_seeds(ids) if prompt_seeds is None else list(prompt_seeds)
+  capture = union_capture([spec]) if spec is not None else CaptureSpec(token_stats=True)
+  smp = lm.sampler(cfg.sampling, capture=capture, stop=StepBoundary(STEP_MODE[mode]))
+  rows = cfg.beams * cfg.n
+  state = smp.prefill(ids, max_new_tokens=cfg.max_new_tokens, n=rows, seed=cfg.seed, prompt_seeds=seeds)
+  padded = np.zeros(state.batch // rows, np.uint32)
+  padded[:len(ids)] = seeds
+  prefix = ANSWER_PREFIX[mode]
+  answer = None if prefix is None else answer_table(lm.tokenizer, lm.config.vocab_size, prefix)
+  p = cfg.sampling
+  plan = _Plan(groups=groups, width=width, n=cfg.n, lookahead=cfg.lookahead, history=bucket(cfg.max_steps, 8),
+               spec=spec, num_layers=lm.config.num_layers, capture=capture, greedy=p.greedy, top_k=p.top_k,
+               filtered=p.filtered)
+  state, book = _search(lm.static_graph, lm.params, state, decoding.prompt_keys(cfg.seed, padded), scorer, smp.stop,
+                        answer, jnp.asarray(lm.eos_mask()), jnp.float32(p.temperature), jnp.float32(p.top_p),
+                        jnp.int32(cfg.max_steps), plan=plan, shard=lm.shard)
+  out = jax.device_get({"tokens": state.tokens, "lengths": state.lengths, "book": book})
+  return _results(out, len(ids), plan, lm.eos_mask())
+
+
+def _results(out: dict, n_prompts: int, plan: _Plan, eos: np.ndarray) -> list[PromptResult]:
+  book = out["book"]
+  results = []
+  for p in range(n_prompts):
+    cands = []
+    for g in range(plan.groups):
+      rows = [(p * plan.groups + g) * plan.width * plan.n + w * plan.n for w in range(plan.width)]
+      last = book.last
+      rows.sort(key=lambda r: (bool(np.isnan(last[r])), 0.0 if np.isnan(last[r]) else float(last[r])))
+      cands += [_candidate(out, r, eos) for r in rows]
+    results.append(PromptResult(candidates=tuple(cands), sampled_steps=int(book.sampled[p]),
+                                generated_tokens=int(book.generated[p])))
+  return results
+
+
+def _candidate(out: dict, r: int, eos: np.ndarray) -> Candidate:
+  book = out["book"]
+  reason = int(book.reason[r])
+  ids = [int(t) for t in out["tokens"][r, :int(out["lengths"][r])]]
+  if reason == FINISH_EOS and ids and eos[ids[-1]]:
+    ids = ids[:-1]
+  steps, scores = [], []
+  n = int(book.n_steps[r])
+  for k in range(n):
+    start, end = (int(v) for v in book.spans[r, k])
+    end = min(end, len(ids))
+    start = min(start, end)
+    if k == n - 1 and start == end == len(ids) and reason == FINISH_EOS and n > 1:
+      continue  # the step that held only the final EOS
+    steps.append((start, end))
+    scores.append(float(book.scores[r, k]))
+  return Candidate(response_ids=tuple(ids), steps=tuple(steps), step_scores=tuple(scores),
+                   finish_reason=REASONS[reason])
