@@ -3,7 +3,8 @@
 Jobs: reprobe (PR-AUC of the probes against the uncertainty baselines; trains whatever is missing first; prints
 the numbers beside the README's bands when the config is the one they were made with), seeds (the reprobe job
 once per `config.seeds`, then every number's mean and spread over seeds: `<workdir>/seeds/summary.md` and the
-band file `<workdir>/seeds/bands.json`).
+band file `<workdir>/seeds/bands.json`), tts (test-time scaling: greedy, votes, Best-of-N, beam search and DVTS
+with each step scorer at equal budgets; configs/tts_synthetic.py).
 """
 
 from __future__ import annotations
@@ -66,9 +67,20 @@ def run_seeds(config) -> None:
         "bands)")
 
 
+def run_tts(config) -> None:
+  from reprobe_jax.tts import job, report
+  tcfg = job.tts_config_from_dict(config.get("tts", {}))
+  lm, cfg, workdir = reprobe_setup(config)
+  with ProgressBars() as bars:
+    metrics = job.evaluate(lm, cfg, tcfg, workdir, progress=bars.update)
+  print("\nTest-time scaling (accuracy; the step scorer after the comma):\n")
+  print(report.table_markdown(metrics))
+  print(f"Wrote {metrics['directory']}/metrics.json, table.md, accuracy.png")
+
+
 def main(argv):
   del argv
-  run_job(_CONFIG.value, {"reprobe": run_reprobe, "seeds": run_seeds})
+  run_job(_CONFIG.value, {"reprobe": run_reprobe, "seeds": run_seeds, "tts": run_tts})
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def check_target(cfg: ReprobeConfig, lm: LanguageModel) -> None:
 def config_from_dict(c) -> ReprobeConfig:
   """The CLI's ConfigDict -> ReprobeConfig, checked whole (every field's type and range, named on error)."""
   d = plain(c)
-  for k in ("job", "workdir", "target", "target_path", "seeds", "bands"):  # what the CLI reads, not the run
+  for k in ("job", "workdir", "target", "target_path", "seeds", "bands", "tts"):  # what the CLI reads, not the run
     d.pop(k, None)
   return replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
 

@@ -352,9 +352,9 @@ def test_bad_input_gets_one_clear_error_before_any_work(lm, compile_counter):
   before = compile_counter.count
   with pytest.raises(CacheFullError, match="max_position_embeddings=256"):
     beam_search(lm, get_scorer("perplexity"), PROMPTS, SearchConfig(max_new_tokens=252))  # 5 + 252 > 256
-  with pytest.raises(ConfigError, match=r"scorer 'probe' cannot score this target \(2 layers.*index 5 is outside"):
+  with pytest.raises(ConfigError, match=r"scorer 'probe' reads hidden features this target cannot capture.*index 5 is outside"):
     beam_search(lm, deep, PROMPTS, ok)
-  with pytest.raises(ConfigError, match=r"scorer 'probe'.*features has 32 dims, the probe expects 6"):
+  with pytest.raises(ConfigError, match=r"scorer 'probe' reads 6 features per token; this target's hidden features have 32"):
     beam_search(lm, narrow, PROMPTS, ok)
   with pytest.raises(ConfigError, match="scorer 'word'.*reads ScoreInputs.features, which is None"):
     beam_search(lm, word, PROMPTS, ok)  # a scorer that reads features, given no feature spec
@@ -366,7 +366,7 @@ def test_bad_input_gets_one_clear_error_before_any_work(lm, compile_counter):
     dvts(lm, get_scorer("perplexity"), PROMPTS, ok)
   with pytest.raises(ConfigError, match="mode must be one of"):
     beam_search(lm, get_scorer("perplexity"), PROMPTS, ok, mode="sentence")
-  with pytest.raises(ConfigError, match=r"prompt_seeds\[0\]"):
+  with pytest.raises(ConfigError, match=r"prompt_seeds: need one integer in \[0, 2\*\*32\) per prompt \(3\), got \[-1, 0, 0\]"):
     beam_search(lm, get_scorer("perplexity"), PROMPTS, ok, prompt_seeds=[-1, 0, 0])
   assert compile_counter.count == before, "a bad input was found only after work had started"
 

@@ -18,7 +18,6 @@ counted in the result's budget (the budget is what the kept trajectories hold, a
 from __future__ import annotations
 
 import functools
-import zlib
 from typing import Sequence
 
 import jax
@@ -27,54 +26,18 @@ import numpy as np
 
 from reprobe_jax import steps as step_lib
 from reprobe_jax.errors import CacheFullError, ConfigError
-from reprobe_jax.features import FeatureMismatchError, FeatureSpec, model_fingerprint, union_capture
+from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.decoding import FINISH_NAMES, DecodeState
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.scorers import ProbeScorer, StepScorer, inputs_from_state
+from reprobe_jax.scorers import StepScorer, inputs_from_state
 from reprobe_jax.tasks import Problem
 from reprobe_jax.tasks.formats import MODES, is_answer_line
 from reprobe_jax.trajectories import STEP_MODE, prompt_text
+from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
 from reprobe_jax.tts.config import SearchConfig
 from reprobe_jax.tts.result import Candidate, PromptResult
 from reprobe_jax.tts.select import answer_checker, candidate_cost, check_aggregation
-
-
-def scorer_features(lm: LanguageModel, scorer: StepScorer, feature_spec: FeatureSpec | None = None
-                    ) -> FeatureSpec | None:
-  """The FeatureSpec a scorer reads (a probe's own; else `feature_spec`), checked against the target: its layers
-  exist, a probe's feature width is what this model's features have, and a probe trained on another target is
-  refused. ConfigError / FeatureMismatchError before any work."""
-  if not isinstance(scorer, StepScorer):
-    raise ConfigError(f"scorer must be a StepScorer (reprobe_jax.scorers.get_scorer), got {type(scorer).__name__}")
-  spec = feature_spec
-  if isinstance(scorer, ProbeScorer):
-    bundle = scorer.bundle
-    if feature_spec is not None and feature_spec != bundle.features:
-      raise ConfigError(f"feature_spec {feature_spec} differs from the probe's own {bundle.features}")
-    spec = bundle.features
-  if spec is None:
-    return None
-  try:
-    spec.capture().resolve_layers(lm.config.num_layers)
-  except ConfigError as e:
-    raise ConfigError(f"scorer {scorer.name!r} reads {spec.name} features this target cannot capture: {e}") from None
-  if isinstance(scorer, ProbeScorer):
-    width = spec.dim(lm.config)
-    if width != scorer.bundle.config.feature_dim:
-      raise ConfigError(f"scorer 'probe' reads {scorer.bundle.config.feature_dim} features per token; this target's "
-                        f"{spec.name} features have {width} (a probe of another model size?)")
-    if scorer.bundle.model_fingerprint is not None and scorer.bundle.model_fingerprint != model_fingerprint(lm):
-      raise FeatureMismatchError(f"scorer 'probe' was trained on target model {scorer.bundle.model_fingerprint!r}, "
-                                 f"this model is {model_fingerprint(lm)!r}")
-  return spec
-
-
-def default_prompt_seeds(ids: Sequence[Sequence[int]]) -> list[int]:
-  """One seed per prompt from its token ids (CRC-32; the seeds beam search and DVTS default to), so a prompt draws
-  the same trajectories in any batch and any order without the caller naming seeds (SearchConfig.seed is the base
-  key)."""
-  return [zlib.crc32(np.asarray(p, np.int64).tobytes()) for p in ids]
 
 
 @functools.partial(jax.jit, static_argnames=("n", "spec", "num_layers"))
@@ -97,7 +60,7 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
 
   problems: Problems (prompted with `trajectories.prompt_text` in `mode`, after `few_shot` worked examples; their
   family must check answers) or prompts (texts or token ids). Greedy is cfg with temperature 0 and n = 1.
-  prompt_seeds: one integer in [0, 2**32) per prompt (default `default_prompt_seeds`); row s of prompt p draws
+  prompt_seeds: one integer in [0, 2**32) per prompt (default `checks.prompt_seeds_for`); row s of prompt p draws
   from its own key, so a prompt gets the same result in any batch. batch_size: prompts per prefill (default all).
   A candidate ends at EOS, its token budget, its max_steps-th step ('max_steps') or, in line mode, its '<Answer>'
   line ('answer', where beam search ends a row).
@@ -108,7 +71,7 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
     raise ConfigError(f"SearchConfig.strategy: best_of_n needs a SearchConfig with strategy 'best_of_n', got {got!r}")
   if mode not in MODES:
     raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-  spec = scorer_features(lm, scorer, feature_spec)
+  spec = scorer_spec(lm, scorer, feature_spec)
   check_aggregation(cfg.aggregation, scorer)
   if lm.tokenizer is None:
     raise ConfigError("best_of_n aligns steps on the tokenizer's text; this model has none")
@@ -127,10 +90,7 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
   if longest + cfg.max_new_tokens > room:
     raise CacheFullError(f"SearchConfig.max_new_tokens={cfg.max_new_tokens}: the longest prompt ({longest} tokens) "
                          f"plus the budget exceeds the target's context of {room} tokens")
-  seeds = default_prompt_seeds(ids) if prompt_seeds is None else list(prompt_seeds)
-  if len(seeds) != len(problems) or not all(
-      isinstance(s, (int, np.integer)) and not isinstance(s, bool) and 0 <= s < 2 ** 32 for s in seeds):
-    raise ConfigError(f"prompt_seeds: need one integer in [0, 2**32) per prompt ({len(problems)}), got {seeds!r}")
+  seeds = prompt_seeds_for(ids, prompt_seeds)
   chunk = len(problems) if batch_size is None else batch_size
   if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
     raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")

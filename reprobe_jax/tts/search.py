@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
-import zlib
 from typing import Sequence
 
 import jax
@@ -44,9 +43,10 @@ from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models import decoding
 from reprobe_jax.models.decoding import FINISH_CACHE_FULL, FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.scorers import ScoreInputs, StepScorer, inputs_from_state
+from reprobe_jax.scorers import StepScorer, inputs_from_state
 from reprobe_jax.steps import token_bytes
 from reprobe_jax.trajectories import STEP_MODE
+from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
 from reprobe_jax.tts.config import SearchConfig
 from reprobe_jax.tts.result import Candidate, PromptResult
 
@@ -130,11 +130,6 @@ def round_keys(prompt_keys, round_, rows_per_prompt: int) -> jax.Array:
   streams do not depend on the batch. Round 0's keys are the prefill's `decoding.row_keys(prompt_keys, rows)`."""
   folded = jax.vmap(lambda k: jax.random.fold_in(k, round_))(prompt_keys)
   return decoding.row_keys(folded, rows_per_prompt)
-
-
-def default_prompt_seeds(ids: Sequence[Sequence[int]]) -> list[int]:
-  """One seed per prompt from its token ids (CRC-32): the same prompt gets the same randomness in any batch."""
-  return [zlib.crc32(np.asarray(p, np.int64).tobytes()) for p in ids]
 
 
 # ------------------------------------------------------------------------------------------------ the device loop
@@ -290,30 +285,6 @@ def _search(graphdef, params, state, prompt_keys, scorer, rule, answer, eos_mask
 # ------------------------------------------------------------------------------------------------ the host shell
 
 
-def check_scorer(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = None) -> FeatureSpec | None:
-  """The feature spec the scorer reads (given, or a probe's own), checked against the target before any work: its
-  layers exist, and the scorer traces on ScoreInputs of this target's shapes (a probe's feature dimension)."""
-  if not isinstance(scorer, StepScorer):
-    raise ConfigError(f"scorer must be a reprobe_jax.scorers StepScorer, got {type(scorer).__name__}")
-  name = getattr(scorer, "name", type(scorer).__name__)
-  spec = feature_spec if feature_spec is not None else getattr(getattr(scorer, "bundle", None), "features", None)
-  if spec is not None and not isinstance(spec, FeatureSpec):
-    raise ConfigError(f"feature_spec must be a FeatureSpec, got {type(spec).__name__}")
-  t = 16
-  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  try:
-    dim = spec.dim(lm.config) if spec is not None else None
-    inputs = ScoreInputs(token_mask=jax.ShapeDtypeStruct((1, t), jnp.bool_),
-                         features=None if dim is None else f32(1, t, dim), logprobs=f32(1, t), entropy=f32(1, t),
-                         self_certainty=f32(1, t))
-    jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, jax.ShapeDtypeStruct((1, 2), jnp.int32))
-  except (ConfigError, TypeError, ValueError) as e:
-    feats = f"{spec.name} features (layers {spec.hidden_layers})" if spec is not None else "no features"
-    raise ConfigError(f"scorer {name!r} cannot score this target ({lm.config.num_layers} layers, hidden size "
-                      f"{lm.config.hidden_size}) with {feats}: {e}") from e
-  return spec
-
-
 def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig, *, groups: int, width: int,
                mode: str = "line", feature_spec: FeatureSpec | None = None,
                prompt_seeds: Sequence[int] | None = None) -> list[PromptResult]:
@@ -330,11 +301,11 @@ def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig
     raise ConfigError(f"mode must be one of {sorted(STEP_MODE)}, got {mode!r}")
   if lm.tokenizer is None:
     raise ConfigError("a step search needs the model's tokenizer (its step boundary is compiled from it)")
-  spec = check_scorer(lm, scorer, feature_spec)
+  spec = scorer_spec(lm, scorer, feature_spec)
   ids = lm.encode(prompts)
   if not ids:
     raise ConfigError("no prompts to search")
-  seeds = default_prompt_seeds(ids) if prompt_seeds is None else list(prompt_seeds)
+  seeds = prompt_seeds_for(ids, prompt_seeds)
   capture = union_capture([spec]) if spec is not None else CaptureSpec(token_stats=True)
   smp = lm.sampler(cfg.sampling, capture=capture, stop=StepBoundary(STEP_MODE[mode]))
   rows = cfg.beams * cfg.n

@@ -1,0 +1,72 @@
+"""What every test-time-scaling strategy checks before any work: the scorer against the target, prompt seeds."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.features import FeatureMismatchError, FeatureSpec, model_fingerprint
+from reprobe_jax.models import LanguageModel
+from reprobe_jax.scorers import ProbeScorer, ScoreInputs, StepScorer
+
+
+def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = None) -> FeatureSpec | None:
+  """The FeatureSpec a scorer reads (a probe's own, else `feature_spec`), checked against the target before any
+  work: its layers exist, a probe's feature width is what this model's features have, a probe trained on another
+  target is refused (FeatureMismatchError), and the scorer traces on ScoreInputs of this target's shapes (which
+  also catches a scorer that reads features when none are given). ConfigError naming the scorer otherwise."""
+  if not isinstance(scorer, StepScorer):
+    raise ConfigError(f"scorer must be a StepScorer (reprobe_jax.scorers.get_scorer), got {type(scorer).__name__}")
+  name = getattr(scorer, "name", type(scorer).__name__)
+  if feature_spec is not None and not isinstance(feature_spec, FeatureSpec):
+    raise ConfigError(f"feature_spec must be a FeatureSpec, got {type(feature_spec).__name__}")
+  spec = feature_spec
+  if isinstance(scorer, ProbeScorer):
+    bundle = scorer.bundle
+    if feature_spec is not None and feature_spec != bundle.features:
+      raise ConfigError(f"feature_spec {feature_spec} differs from the probe's own {bundle.features}")
+    spec = bundle.features
+  if spec is not None:
+    try:
+      spec.capture().resolve_layers(lm.config.num_layers)
+    except ConfigError as e:
+      raise ConfigError(f"scorer {name!r} reads {spec.name} features this target cannot capture: {e}") from None
+  if isinstance(scorer, ProbeScorer):
+    width = spec.dim(lm.config)
+    if width != scorer.bundle.config.feature_dim:
+      raise ConfigError(f"scorer 'probe' reads {scorer.bundle.config.feature_dim} features per token; this target's "
+                        f"{spec.name} features have {width} (a probe of another model size?)")
+    if scorer.bundle.model_fingerprint is not None and scorer.bundle.model_fingerprint != model_fingerprint(lm):
+      raise FeatureMismatchError(f"scorer 'probe' was trained on target model {scorer.bundle.model_fingerprint!r}, "
+                                 f"this model is {model_fingerprint(lm)!r}")
+  t = 16
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  try:
+    dim = spec.dim(lm.config) if spec is not None else None
+    inputs = ScoreInputs(token_mask=jax.ShapeDtypeStruct((1, t), jnp.bool_),
+                         features=None if dim is None else f32(1, t, dim), logprobs=f32(1, t), entropy=f32(1, t),
+                         self_certainty=f32(1, t))
+    jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, jax.ShapeDtypeStruct((1, 2), jnp.int32))
+  except (ConfigError, TypeError, ValueError) as e:
+    feats = f"{spec.name} features (layers {spec.hidden_layers})" if spec is not None else "no features"
+    raise ConfigError(f"scorer {name!r} cannot score this target ({lm.config.num_layers} layers, hidden size "
+                      f"{lm.config.hidden_size}) with {feats}: {e}") from e
+  return spec
+
+
+def prompt_seeds_for(ids: Sequence[Sequence[int]], given: Sequence[int] | None = None) -> list[int]:
+  """One seed per prompt: `given` (checked: integers in [0, 2**32), one per prompt) or, by default, CRC-32 of the
+  prompt's token ids, so a prompt draws the same samples in any batch and any order without the caller naming
+  seeds (SearchConfig.seed is the base key)."""
+  if given is None:
+    return [zlib.crc32(np.asarray(p, np.int64).tobytes()) for p in ids]
+  seeds = list(given)
+  if len(seeds) != len(ids) or not all(
+      isinstance(s, (int, np.integer)) and not isinstance(s, bool) and 0 <= s < 2 ** 32 for s in seeds):
+    raise ConfigError(f"prompt_seeds: need one integer in [0, 2**32) per prompt ({len(ids)}), got {seeds!r}")
+  return [int(s) for s in seeds]

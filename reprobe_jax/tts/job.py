@@ -1,0 +1,229 @@
+"""The test-time-scaling evaluation (issue 14): accuracy per strategy x scorer at equal sample budgets.
+
+For each domain (in domain: the probes' training domain; out of domain: the held-out ones) `problems` test problems
+of the ReProbe split (spread evenly over its difficulties) are solved by greedy decoding, Best-of-N (one run at the largest budget; the
+smaller budgets are its first k trajectories, `select.first_k`), majority and score-weighted votes, pass@N, and
+step-level beam search and DVTS at every budget b with B x N = b (so every strategy samples about b steps per step
+of a trajectory; the table reports the steps each really sampled). The probes are the ReProbe job's, reused from its
+run folder. Each cell (domain, scorer, strategy, budget) is stored as it finishes, so an interrupted job resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from reprobe_jax import pipeline, runs
+from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.models import LanguageModel
+from reprobe_jax.probe.bundle import ProbeBundle
+from reprobe_jax.probe.model import ProbeConfig
+from reprobe_jax.readers import read_json
+from reprobe_jax.runs import Progress, Run, no_progress
+from reprobe_jax.scorers import BASELINES, ProbeScorer, StepScorer, UncertaintyScorer
+from reprobe_jax.trajectories import prompt_text
+from reprobe_jax.tts import select
+from reprobe_jax.tts.beam import beam_search
+from reprobe_jax.tts.best_of_n import best_of_n
+from reprobe_jax.tts.config import AGGREGATIONS, SearchConfig
+from reprobe_jax.tts.dvts import dvts
+from reprobe_jax.tts.result import PromptResult
+
+STRATEGIES = ("best_of_n", "beam", "dvts")
+DVTS_CANDIDATES = 4  # N per subtree; the budget's rest is subtrees (search-and-learn's DVTS default shape)
+
+
+class ScorerName:
+  """A config rule: a baseline name (scorers.BASELINES) or 'probe[<feature set>]'."""
+
+  def ok(self, v) -> bool:
+    return isinstance(v, str) and (v in BASELINES or (v.startswith("probe[") and v.endswith("]")))
+
+  def __str__(self) -> str:
+    return f"one of {BASELINES} or 'probe[<feature set>]'"
+
+
+@dataclasses.dataclass(frozen=True)
+class TTSConfig:
+  """The grid. problems: per domain, spread evenly over the ReProbe split (all difficulties); budgets: trajectories per problem for
+  Best-of-N and the votes, B x N for beam search and DVTS; scorers: the step scorers each strategy is run with;
+  aggregation: the trajectory score that picks Best-of-N's answer and ranks finished beams; max_steps: steps per
+  trajectory; lookahead: greedy steps before a candidate is scored (beam, DVTS); temperature: of every sampled
+  strategy (top-k and top-p are the ReProbe trajectories'); split: 'test' for the reported numbers, 'val' to
+  choose settings (the test split is never used to choose anything)."""
+
+  problems: int = 60
+  domains: tuple[str, ...] = ("arithmetic", "planning", "qa")
+  scorers: tuple[str, ...] = ("probe[attn+logit]", "probe[hidden]", "maxprob", "perplexity", "mean_entropy",
+                              "random")
+  strategies: tuple[str, ...] = STRATEGIES
+  budgets: tuple[int, ...] = (1, 2, 4, 8, 16)
+  aggregation: str = "min"
+  max_steps: int = 12
+  lookahead: int = 0
+  temperature: float = 1.0
+  split: str = "test"
+
+  def __post_init__(self):
+    check_fields(self, {"problems": Int(1), "domains": Seq(OneOf(pipeline.DOMAINS)), "scorers": Seq(ScorerName()),
+                        "strategies": Seq(OneOf(STRATEGIES)), "budgets": Seq(Int(1)),
+                        "aggregation": OneOf(AGGREGATIONS), "max_steps": Int(1), "lookahead": Int(0),
+                        "temperature": Real(0.0, low_open=True), "split": OneOf(("val", "test"))})
+    if tuple(sorted(self.budgets)) != self.budgets:
+      raise ConfigError(f"{field_name(self, 'budgets')}: expected increasing budgets, got {self.budgets}")
+
+
+def beam_shape(budget: int) -> tuple[int, int]:
+  """(B, N) with B x N = budget and B <= N as close as powers of two allow: 4 -> (2, 2), 8 -> (2, 4), 16 -> (4, 4).
+  A budget that is not a power of two gets B = 1."""
+  if budget & (budget - 1):
+    return 1, budget
+  b = 1 << ((budget.bit_length() - 1) // 2)
+  return b, budget // b
+
+
+def dvts_shape(budget: int) -> tuple[int, int]:
+  """(subtrees B, candidates N) with B x N = budget: N = DVTS_CANDIDATES where the budget allows."""
+  n = DVTS_CANDIDATES if budget % DVTS_CANDIDATES == 0 else budget
+  return budget // n, n
+
+
+def tts_config_from_dict(d) -> TTSConfig:
+  from reprobe_jax.config import plain, replace_fields
+  return replace_fields(TTSConfig(), plain(d), root="config.tts")
+
+
+def scorers_for(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, workdir: str, *,
+                progress: Progress | None = None) -> dict[str, StepScorer]:
+  """Every scorer the grid names: the probes trained by the ReProbe job in `workdir` (trained there first if
+  missing), the uncertainty baselines."""
+  wanted = [s[len("probe["):-1] for s in tcfg.scorers if s.startswith("probe[")]
+  unknown = sorted(set(wanted) - set(cfg.feature_sets))
+  if unknown:
+    raise ConfigError(f"config.tts.scorers: probes {unknown} are not among config.feature_sets {cfg.feature_sets}")
+  out: dict[str, StepScorer] = {}
+  if wanted:
+    probes = pipeline.train_probes(lm, cfg, workdir, progress=progress)
+    specs = {s.name: s for s in pipeline.feature_specs(cfg)}
+    fingerprint = pipeline.model_fingerprint(lm)
+    for name in wanted:
+      graphdef, params, rest, _ = probes[name]
+      spec_file = read_json(os.path.join(workdir, "probe", name, "probe_spec.json"), "probe spec")
+      pcfg = ProbeConfig(**spec_file["probe"])
+      out[f"probe[{name}]"] = ProbeScorer(ProbeBundle.create(pcfg, params, specs[name], fingerprint))
+  for name in tcfg.scorers:
+    if name in BASELINES:
+      out[name] = UncertaintyScorer.create(name, seed=cfg.seed)
+  return out
+
+
+def _search_config(strategy: str, budget: int, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig,
+                   greedy: bool = False) -> SearchConfig:
+  t = cfg.trajectories
+  if strategy == "best_of_n":
+    beams, n = 1, budget
+  elif strategy == "beam":
+    beams, n = beam_shape(budget)
+  else:
+    beams, n = dvts_shape(budget)
+  return SearchConfig(strategy=strategy, n=n, beams=beams, max_steps=tcfg.max_steps, max_new_tokens=t.max_new_tokens,
+                      lookahead=0 if strategy == "best_of_n" else tcfg.lookahead, aggregation=tcfg.aggregation,
+                      temperature=0.0 if greedy else tcfg.temperature, top_k=t.top_k, top_p=t.top_p, seed=cfg.seed)
+
+
+def _run(strategy: str, lm, scorer, prompts, scfg: SearchConfig, mode: str) -> list[PromptResult]:
+  """One strategy over all prompts; each prompt's randomness is its own (seeded by its token ids), whatever the
+  batch."""
+  fn = {"best_of_n": best_of_n, "beam": beam_search, "dvts": dvts}[strategy]
+  return fn(lm, scorer, prompts, scfg, mode=mode)
+
+
+def _cell(run: Run, key: str, make) -> dict:
+  """A grid cell's stored summary, made (and stored atomically) if missing."""
+  path = run.path("cells", f"{key}.json")
+  if os.path.exists(path):
+    return read_json(path, "tts cell")
+  cell = make()
+  runs.write_json(path, cell)
+  return cell
+
+
+def _summaries(problems, results, lm, mode, aggregation, probabilities, seconds) -> dict:
+  outcomes = [select.select(p, r, lm.tokenizer, mode=mode, aggregation=aggregation, probabilities=probabilities)
+              for p, r in zip(problems, results)]
+  out = select.summarize(outcomes)
+  out["seconds_per_problem"] = seconds / len(problems)
+  return out
+
+
+def evaluate(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, workdir: str, *,
+             progress: Progress | None = None) -> dict:
+  """Runs (or resumes) the grid in `<workdir>/tts/<key>/`; writes metrics.json, table.md and accuracy.png there and
+  returns the metrics: {domain: {method: {budget: summary}}} under 'results', plus the run's settings."""
+  tick = progress or no_progress
+  scorers = scorers_for(lm, cfg, tcfg, workdir, progress=progress)
+  key = runs.run_key(dataclasses.asdict(tcfg))
+  run = Run(os.path.join(workdir, "tts", key))
+  os.makedirs(run.path("cells"), exist_ok=True)
+  test = pipeline.split_problems(cfg)[tcfg.split]
+  mode = cfg.mode
+  results: dict[str, dict[str, dict[str, dict]]] = {}
+  total = len(tcfg.domains) * (1 + len(tcfg.scorers) * len(tcfg.strategies))
+  done = 0
+  for domain in tcfg.domains:
+    every = [p for p in test if p.domain == domain]
+    # An even spread over the split (it lists difficulty 1, then 2, then 3), not its first problems.
+    problems = [every[i * len(every) // tcfg.problems] for i in range(min(tcfg.problems, len(every)))]
+    if not problems:
+      raise ConfigError(f"config.tts.domains: the {tcfg.split} split has no {domain!r} problems")
+    prompts = [prompt_text(lm, p, mode, cfg.trajectories.few_shot) for p in problems]
+    per = results.setdefault(domain, {})
+    any_scorer = next(iter(scorers.values()))
+
+    def greedy():
+      t0 = time.perf_counter()
+      res = _run("best_of_n", lm, any_scorer, prompts, _search_config("best_of_n", 1, cfg, tcfg, greedy=True), mode)
+      return {"1": _summaries(problems, res, lm, mode, tcfg.aggregation,
+                              select.is_probability_scorer(any_scorer), time.perf_counter() - t0)}
+
+    per["greedy"] = _cell(run, f"{domain}.greedy", greedy)
+    done += 1
+    tick(f"tts {domain}", done, total)
+    for sname, scorer in scorers.items():
+      probabilities = select.is_probability_scorer(scorer)
+      for strategy in tcfg.strategies:
+        def make(strategy=strategy, scorer=scorer, probabilities=probabilities):
+          cell = {}
+          if strategy == "best_of_n":  # one run at the largest budget; smaller budgets are its first k
+            t0 = time.perf_counter()
+            res = _run(strategy, lm, scorer, prompts, _search_config(strategy, max(tcfg.budgets), cfg, tcfg), mode)
+            seconds = time.perf_counter() - t0
+            for b in tcfg.budgets:
+              cut = [select.first_k(r, b) for r in res]
+              cell[str(b)] = _summaries(problems, cut, lm, mode, tcfg.aggregation, probabilities,
+                                        seconds * b / max(tcfg.budgets))
+            return cell
+          for b in tcfg.budgets:
+            if b == 1:  # B = N = 1 has nothing to choose between: it is one sampled trajectory (Best-of-1)
+              continue
+            t0 = time.perf_counter()
+            res = _run(strategy, lm, scorer, prompts, _search_config(strategy, b, cfg, tcfg), mode)
+            cell[str(b)] = _summaries(problems, res, lm, mode, tcfg.aggregation, probabilities,
+                                      time.perf_counter() - t0)
+          return cell
+
+        per[f"{strategy}[{sname}]"] = _cell(run, f"{domain}.{strategy}.{sname}", make)
+        done += 1
+        tick(f"tts {domain}", done, total)
+  from reprobe_jax.machine import describe
+  from reprobe_jax.tts import report
+  metrics = {"results": results, "config": dataclasses.asdict(tcfg), "train_domains": list(cfg.train_domains),
+             "machine": str(describe())}
+  runs.write_json(run.path("metrics.json"), metrics)
+  from reprobe_jax.atomic import atomic_open
+  with atomic_open(run.path("table.md")) as f:
+    f.write(report.table_markdown(metrics))
+  report.plot_budgets(metrics, run.path("accuracy.png"))
+  metrics["directory"] = run.directory
+  return metrics

@@ -1,0 +1,94 @@
+"""Tables and the budget plot of the test-time-scaling job (`tts.job.evaluate`'s metrics)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+STRATEGY_TITLES = {"best_of_n": "Best-of-N", "beam": "Beam search", "dvts": "DVTS"}
+
+
+def _rows(per: dict) -> Iterator[tuple[str, str, str]]:
+  """(row title, cell name, selection) of every method, in the paper's table order."""
+  yield "Greedy", "greedy", "first"
+  bon = sorted(k for k in per if k.startswith("best_of_n["))
+  if bon:
+    yield "Majority vote", bon[0], "majority"
+  for cell in bon:
+    yield f"Best-of-N, {cell[len('best_of_n['):-1]}", cell, "best"
+  for cell in bon:
+    yield f"Weighted vote, {cell[len('best_of_n['):-1]}", cell, "weighted"
+  for strategy in ("beam", "dvts"):
+    for cell in sorted(k for k in per if k.startswith(f"{strategy}[")):
+      yield f"{STRATEGY_TITLES[strategy]}, {cell[len(strategy) + 1:-1]}", cell, "best"
+  if bon:
+    yield "pass@N (upper bound)", bon[0], "pass@n"
+
+
+def _at(cell: dict, budget: int) -> dict | None:
+  if str(budget) in cell:
+    return cell[str(budget)]
+  return cell.get("1") if len(cell) == 1 else None  # greedy is one trajectory at every budget
+
+
+def table_markdown(metrics: dict) -> str:
+  """Accuracy per method (rows) and domain (columns) at the largest budget, then the in-domain accuracy at every
+  budget with what each method sampled."""
+  results = metrics["results"]
+  domains = list(results)
+  budgets = metrics["config"]["budgets"]
+  top = max(budgets)
+  ids = set(metrics.get("train_domains", ()))
+  head = [f"{d} ({'ID' if d in ids else 'OOD'})" for d in domains]
+  lines = [f"Accuracy at N = {top} sampled trajectories per problem (beam search and DVTS: B x N = {top}):", "",
+           "| method | " + " | ".join(head) + " |", "|---" * (len(domains) + 1) + "|"]
+  first = results[domains[0]]
+  for title, cell, sel in _rows(first):
+    vals = []
+    for d in domains:
+      s = _at(results[d].get(cell, {}), top)
+      vals.append("" if s is None else f"{s[sel]:.3f}")
+    lines.append(f"| {title} | " + " | ".join(vals) + " |")
+  ref = domains[0]
+  lines += ["", f"{ref}: accuracy by budget (sampled steps per problem at the largest budget, seconds per problem):",
+            "", "| method | " + " | ".join(f"N={b}" for b in budgets) + " | steps | tokens | s/problem |",
+            "|---" * (len(budgets) + 4) + "|"]
+  for title, cell, sel in _rows(results[ref]):
+    c = results[ref].get(cell, {})
+    vals = ["" if _at(c, b) is None else f"{_at(c, b)[sel]:.3f}" for b in budgets]
+    last = _at(c, top) or {}
+    cost = [f"{last['sampled_steps']:.1f}", f"{last['generated_tokens']:.0f}", f"{last['seconds_per_problem']:.2f}"] \
+        if last else ["", "", ""]
+    lines.append(f"| {title} | " + " | ".join(vals + cost) + " |")
+  lines += ["", f"Machine: {metrics.get('machine', '?')}.", ""]
+  return "\n".join(lines)
+
+
+def plot_budgets(metrics: dict, path: str) -> None:
+  """accuracy.png: accuracy against the sample budget, one panel per domain, one line per strategy x scorer."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from reprobe_jax.atomic import atomic_open
+  results = metrics["results"]
+  budgets = metrics["config"]["budgets"]
+  fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+  for ax, (domain, per) in zip(axes[0], results.items()):
+    for title, cell, sel in _rows(per):
+      c = per.get(cell, {})
+      xs = [b for b in budgets if _at(c, b) is not None]
+      if not xs or cell == "greedy":
+        continue
+      style = "--" if sel in ("majority", "pass@n") else "-"
+      ax.plot(xs, [_at(c, b)[sel] for b in xs], style, marker="o", ms=3, label=title)
+    g = _at(per.get("greedy", {}), 1)
+    if g is not None:
+      ax.axhline(g["first"], color="k", lw=0.8, ls=":", label="Greedy")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sampled trajectories per problem (B x N)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(domain)
+  axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+  fig.tight_layout()
+  with atomic_open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=120)
+  plt.close(fig)
