@@ -4,7 +4,8 @@ Jobs: reprobe (PR-AUC of the probes against the uncertainty baselines; trains wh
 the numbers beside the README's bands when the config is the one they were made with), seeds (the reprobe job
 once per `config.seeds`, then every number's mean and spread over seeds: `<workdir>/seeds/summary.md` and the
 band file `<workdir>/seeds/bands.json`), tts (test-time scaling: greedy, votes, Best-of-N, beam search and DVTS
-with each step scorer at equal budgets; configs/tts_synthetic.py).
+with each step scorer at equal budgets; configs/tts_synthetic.py), tts_seeds (the tts job once per
+`config.seeds`, then mean +- sd: `<workdir>/tts_seeds/<key>/summary.md`).
 """
 
 from __future__ import annotations
@@ -78,9 +79,41 @@ def run_tts(config) -> None:
   print(f"Wrote {metrics['directory']}/metrics.json, table.md, accuracy.png")
 
 
+def run_tts_seeds(config) -> None:
+  """The tts job once per config.seeds (each seed its own target, probes and samples), then mean +- sd."""
+  from reprobe_jax import bands, runs
+  from reprobe_jax.atomic import atomic_open
+  from reprobe_jax.tts import job, report
+  seeds = bands.check_seeds(config.get("seeds"))
+  tcfg = job.tts_config_from_dict(config.get("tts", {}))
+  per_seed = []
+  for seed in seeds:
+    one = config.copy_and_resolve_references()
+    one.seed = seed
+    if "target" in one:
+      one.target.seed = seed
+    print(f"\n=== seed {seed} ===")
+    lm, cfg, workdir = reprobe_setup(one)
+    with ProgressBars() as bars:
+      metrics = job.evaluate(lm, cfg, tcfg, workdir, progress=bars.update)
+    metrics.pop("directory")
+    per_seed.append(metrics)
+  merged = report.over_seeds(per_seed)
+  out = os.path.join(workdir_of(config), "tts_seeds", runs.run_key({"tts": tcfg.__dict__, "seeds": seeds}))
+  os.makedirs(out, exist_ok=True)
+  table = report.table_markdown(merged)
+  runs.write_json(os.path.join(out, "per_seed.json"), per_seed)
+  with atomic_open(os.path.join(out, "summary.md")) as f:
+    f.write(table)
+  report.plot_budgets(merged, os.path.join(out, "accuracy.png"))
+  print("\n" + table)
+  print(f"Wrote {out}/summary.md, per_seed.json, accuracy.png")
+
+
 def main(argv):
   del argv
-  run_job(_CONFIG.value, {"reprobe": run_reprobe, "seeds": run_seeds, "tts": run_tts})
+  run_job(_CONFIG.value, {"reprobe": run_reprobe, "seeds": run_seeds, "tts": run_tts,
+                         "tts_seeds": run_tts_seeds})
 
 
 if __name__ == "__main__":

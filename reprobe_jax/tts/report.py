@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
+
+from reprobe_jax.bands import Band, summarise
 
 STRATEGY_TITLES = {"best_of_n": "Best-of-N", "beam": "Beam search", "dvts": "DVTS"}
 
@@ -30,9 +32,29 @@ def _at(cell: dict, budget: int) -> dict | None:
   return cell.get("1") if len(cell) == 1 else None  # greedy is one trajectory at every budget
 
 
+def _fmt(x, digits: int = 3) -> str:
+  """A number, or a Band over seeds as 'mean +- sd'."""
+  if isinstance(x, Band):
+    return f"{x.mean:.{digits}f} +- {x.sd:.{digits}f}"
+  return f"{x:.{digits}f}"
+
+
+def over_seeds(per_seed: Sequence[dict]) -> dict:
+  """The metrics of several seeds as one metrics dict whose numbers are Bands (mean, sd, min, max over seeds); the
+  grid (domains, cells, budgets) is the first seed's."""
+  first = per_seed[0]
+  results = {}
+  for domain, per in first["results"].items():
+    for cell, budgets in per.items():
+      for b, summary in budgets.items():
+        results.setdefault(domain, {}).setdefault(cell, {})[b] = {
+            k: summarise([m["results"][domain][cell][b][k] for m in per_seed]) for k in summary}
+  return {**first, "results": results, "seeds": len(per_seed)}
+
+
 def table_markdown(metrics: dict) -> str:
   """Accuracy per method (rows) and domain (columns) at the largest budget, then the in-domain accuracy at every
-  budget with what each method sampled."""
+  budget with what each method sampled. Over seeds (`over_seeds`): every number is mean +- sd."""
   results = metrics["results"]
   domains = list(results)
   budgets = metrics["config"]["budgets"]
@@ -46,7 +68,7 @@ def table_markdown(metrics: dict) -> str:
     vals = []
     for d in domains:
       s = _at(results[d].get(cell, {}), top)
-      vals.append("" if s is None else f"{s[sel]:.3f}")
+      vals.append("" if s is None else _fmt(s[sel]))
     lines.append(f"| {title} | " + " | ".join(vals) + " |")
   ref = domains[0]
   lines += ["", f"{ref}: accuracy by budget (sampled steps per problem at the largest budget, seconds per problem):",
@@ -54,12 +76,13 @@ def table_markdown(metrics: dict) -> str:
             "|---" * (len(budgets) + 4) + "|"]
   for title, cell, sel in _rows(results[ref]):
     c = results[ref].get(cell, {})
-    vals = ["" if _at(c, b) is None else f"{_at(c, b)[sel]:.3f}" for b in budgets]
+    vals = ["" if _at(c, b) is None else _fmt(_at(c, b)[sel]) for b in budgets]
     last = _at(c, top) or {}
-    cost = [f"{last['sampled_steps']:.1f}", f"{last['generated_tokens']:.0f}", f"{last['seconds_per_problem']:.2f}"] \
+    cost = [_fmt(last["sampled_steps"], 1), _fmt(last["generated_tokens"], 0), _fmt(last["seconds_per_problem"], 2)] \
         if last else ["", "", ""]
     lines.append(f"| {title} | " + " | ".join(vals + cost) + " |")
-  lines += ["", f"Machine: {metrics.get('machine', '?')}.", ""]
+  seeds = f" Mean +- sd over {metrics['seeds']} seeds." if metrics.get("seeds") else ""
+  lines += ["", f"Machine: {metrics.get('machine', '?')}.{seeds}", ""]
   return "\n".join(lines)
 
 
@@ -79,10 +102,16 @@ def plot_budgets(metrics: dict, path: str) -> None:
       if not xs or cell == "greedy":
         continue
       style = "--" if sel in ("majority", "pass@n") else "-"
-      ax.plot(xs, [_at(c, b)[sel] for b in xs], style, marker="o", ms=3, label=title)
+      ys = [_at(c, b)[sel] for b in xs]
+      mean = [y.mean if isinstance(y, Band) else y for y in ys]
+      line, = ax.plot(xs, mean, style, marker="o", ms=3, label=title)
+      if ys and isinstance(ys[0], Band):  # over seeds: the spread as a shaded band
+        ax.fill_between(xs, [y.mean - y.sd for y in ys], [y.mean + y.sd for y in ys], color=line.get_color(),
+                        alpha=0.12)
     g = _at(per.get("greedy", {}), 1)
     if g is not None:
-      ax.axhline(g["first"], color="k", lw=0.8, ls=":", label="Greedy")
+      ax.axhline(g["first"].mean if isinstance(g["first"], Band) else g["first"], color="k", lw=0.8, ls=":",
+                 label="Greedy")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("sampled trajectories per problem (B x N)")
     ax.set_ylabel("accuracy")

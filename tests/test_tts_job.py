@@ -1,0 +1,119 @@
+"""The test-time-scaling job: budget shapes, its config checks, the tables over one seed and over seeds, and a tiny
+grid end to end (cells stored and reused, Best-of-N's smaller budgets the first k of one run)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from reprobe_jax import pipeline
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.models import LanguageModel, ModelConfig
+from reprobe_jax.probe.train import ProbeTrainConfig
+from reprobe_jax.synthetic.tokenizer import build_tokenizer
+from reprobe_jax.tasks import make_problems
+from reprobe_jax.tasks.formats import user_prompt
+from reprobe_jax.tasks.traces import solve_many
+from reprobe_jax.trajectories import TrajectoryConfig
+from reprobe_jax.tts import job, report
+
+
+def test_budget_shapes_multiply_to_the_budget():
+  assert [job.beam_shape(b) for b in (1, 2, 4, 8, 16, 32, 6)] == [(1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8),
+                                                                  (1, 6)]
+  assert [job.dvts_shape(b) for b in (1, 2, 4, 8, 16, 6)] == [(1, 1), (1, 2), (1, 4), (2, 4), (4, 4), (1, 6)]
+
+
+def test_config_is_checked_whole():
+  with pytest.raises(ConfigError, match="config.tts.budgets: expected increasing budgets"):
+    job.tts_config_from_dict({"budgets": (4, 2)})
+  with pytest.raises(ConfigError, match=r"config.tts.scorers: expected .*probe\[<feature set>\]"):
+    job.tts_config_from_dict({"scorers": ("prm-7b",)})
+  with pytest.raises(ConfigError, match="config.tts.split"):
+    job.tts_config_from_dict({"split": "train"})
+  with pytest.raises(ConfigError, match=r"config.tts: unknown field\(s\) \[.nope.\]"):
+    job.tts_config_from_dict({"nope": 1})
+
+
+def _summary(acc: dict, steps=10.0) -> dict:
+  return {"first": acc.get("first", 0.0), "best": acc.get("best", 0.0), "majority": acc.get("majority", 0.0),
+          "weighted": acc.get("weighted", 0.0), "pass@n": acc.get("pass@n", 0.0), "sampled_steps": steps,
+          "generated_tokens": 10 * steps, "problems": 4, "seconds_per_problem": 0.5}
+
+
+def _metrics(shift: float = 0.0) -> dict:
+  per = {"greedy": {"1": _summary({"first": 0.5 + shift})},
+         "best_of_n[maxprob]": {"1": _summary({"best": 0.25 + shift, "majority": 0.25}),
+                                "4": _summary({"best": 0.5 + shift, "majority": 0.75, "weighted": 0.5,
+                                               "pass@n": 1.0}, 40.0)},
+         "beam[maxprob]": {"4": _summary({"best": 0.75 + shift}, 38.0)}}
+  return {"results": {"arithmetic": per, "qa": per}, "config": {"budgets": [1, 4]}, "train_domains": ["arithmetic"],
+          "machine": "test cpu"}
+
+
+def test_table_rows_read_their_selection_at_the_largest_budget():
+  table = report.table_markdown(_metrics())
+  lines = {}
+  for line in table.splitlines():  # the first table's rows (the budget table repeats the titles)
+    if line.startswith("| "):
+      lines.setdefault(line.split(" | ")[0].strip("| "), line)
+  assert "| 0.500 | 0.500 |" in lines["Greedy"]  # greedy is one trajectory at every budget
+  assert lines["Majority vote"].startswith("| Majority vote | 0.750 | 0.750 |")
+  assert lines["Best-of-N, maxprob"].startswith("| Best-of-N, maxprob | 0.500 |")
+  assert lines["Beam search, maxprob"].startswith("| Beam search, maxprob | 0.750 |")
+  assert lines["pass@N (upper bound)"].startswith("| pass@N (upper bound) | 1.000 |")
+  assert "arithmetic (ID)" in table and "qa (OOD)" in table
+  # the budget table: beam search has no N = 1 cell; its cost at the largest budget
+  beam = [line for line in table.splitlines() if line.startswith("| Beam search, maxprob |")][1]
+  assert beam == "| Beam search, maxprob |  | 0.750 | 38.0 | 380 | 0.50 |"
+
+
+def test_over_seeds_gives_mean_and_sample_sd():
+  merged = report.over_seeds([_metrics(0.0), _metrics(0.1), _metrics(0.2)])
+  band = merged["results"]["arithmetic"]["beam[maxprob]"]["4"]["best"]
+  assert band.mean == pytest.approx(0.85) and band.sd == pytest.approx(0.1) and band.n == 3
+  table = report.table_markdown(merged)
+  assert "| Beam search, maxprob | 0.850 +- 0.100 |" in table and "Mean +- sd over 3 seeds." in table
+
+
+@pytest.fixture(scope="module")
+def lm():
+  texts = []
+  for fam in ("arithmetic", "planning", "qa"):
+    ps = make_problems(fam, 10, 0, 1)
+    texts += [user_prompt(p, "line") + t.text for p, t in zip(ps, solve_many(ps, "line", 0))]
+  tok = build_tokenizer(texts, 500)
+  cfg = ModelConfig(family="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=2,
+                    num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True,
+                    eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id)
+  return LanguageModel.random(cfg, seed=0, tokenizer=tok)
+
+
+def test_a_tiny_grid_end_to_end_and_resumed(lm, tmp_path, monkeypatch):
+  cfg = pipeline.ReprobeConfig(train_problems=4, val_problems=2, test_problems=3, difficulties=(1,),
+                               trajectories=TrajectoryConfig(samples=1, max_new_tokens=24, batch_size=8),
+                               train=ProbeTrainConfig(batch_size=4, epochs=1))
+  tcfg = job.TTSConfig(problems=2, domains=("arithmetic",), scorers=("perplexity",), budgets=(1, 2, 4), max_steps=4)
+  metrics = job.evaluate(lm, cfg, tcfg, str(tmp_path))
+  per = metrics["results"]["arithmetic"]
+  assert set(per) == {"greedy", "best_of_n[perplexity]", "beam[perplexity]", "dvts[perplexity]"}
+  assert set(per["best_of_n[perplexity]"]) == {"1", "2", "4"} and set(per["beam[perplexity]"]) == {"2", "4"}
+  bon = per["best_of_n[perplexity]"]
+  for b in ("1", "2", "4"):
+    s = bon[b]
+    assert s["problems"] == 2 and 0 <= s["best"] <= s["pass@n"] <= 1
+  # the first k of one run: the cost grows with k, and pass@k cannot drop
+  assert bon["1"]["sampled_steps"] <= bon["2"]["sampled_steps"] <= bon["4"]["sampled_steps"]
+  assert bon["1"]["pass@n"] <= bon["2"]["pass@n"] <= bon["4"]["pass@n"]
+  for f in ("metrics.json", "table.md", "accuracy.png", "cells/arithmetic.greedy.json"):
+    assert os.path.exists(os.path.join(metrics["directory"], f)), f
+  stored = json.load(open(os.path.join(metrics["directory"], "metrics.json")))
+  assert stored["results"] == metrics["results"]
+  # a rerun reads every cell back and searches nothing
+  monkeypatch.setattr(job, "_run", lambda *a, **k: pytest.fail("a stored cell was searched again"))
+  again = job.evaluate(lm, cfg, tcfg, str(tmp_path))
+  assert again["results"] == metrics["results"]
+  assert np.isfinite(again["results"]["arithmetic"]["beam[perplexity]"]["4"]["sampled_steps"])
