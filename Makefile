@@ -20,14 +20,17 @@ $(STAMP): pyproject.toml | $(PY)
 install: $(STAMP)
 
 # ReProbe end to end on the built-in default: builds (or reuses) the tiny target, then trajectories, labels,
-# features, probes and the PR-AUC table against the uncertainty baselines.
+# features, probes and the PR-AUC table against the uncertainty baselines; then a small grid of test-time scaling
+# with the probe as the step scorer (greedy, votes, Best-of-N, beam search; the probes reused from the first job).
 demo: $(STAMP)
 	$(PY) eval.py --config=configs/reprobe_synthetic.py
+	$(PY) eval.py --config=configs/tts_synthetic.py:demo
 
-# The README's tables: the demo's job once per build seed (0, 1, 2; about 45 minutes on 2 CPU cores), then every
-# number's mean and spread (artifacts/reprobe_synthetic/seeds/summary.md, bands.json).
+# The README's tables: the demo's jobs once per build seed (0, 1, 2), then every number's mean and spread
+# (artifacts/reprobe_synthetic/seeds/summary.md, bands.json; artifacts/reprobe_synthetic/tts_seeds/<key>/summary.md).
 results: $(STAMP)
 	$(PY) eval.py --config=configs/reprobe_synthetic.py --config.job=seeds
+	$(PY) eval.py --config=configs/tts_synthetic.py --config.job=tts_seeds
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -4,6 +4,8 @@ search and DVTS with the probes and the uncertainty baselines as step scorers, a
     python eval.py --config=configs/tts_synthetic.py                     # the whole grid (reuses the ReProbe run)
     python eval.py --config=configs/tts_synthetic.py --config.tts.problems=20 --config.tts.budgets=1,2,4
     python eval.py --config=configs/tts_synthetic.py --config.tts.lookahead=1
+    python eval.py --config=configs/tts_synthetic.py:demo                # make demo's small grid (about 2 minutes)
+    python eval.py --config=configs/tts_synthetic.py --config.job=tts_seeds   # the README's tables: seeds 0, 1, 2
 
 The target and the probes come from the ReProbe job's cache (configs/reprobe_synthetic.py: same workdir, same run
 folder); what is missing is built first. Outputs: <run folder>/tts/<key>/{metrics.json, table.md, accuracy.png}.
@@ -14,7 +16,11 @@ import ml_collections
 from configs import reprobe_synthetic
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(grid: str = "full") -> ml_collections.ConfigDict:
+  """grid: 'full' (every scorer, strategy and budget; about 30 minutes per seed on 2 CPU cores) or 'demo' (in
+  domain, the attention+logit probe, Best-of-N / votes and beam search at N = 1, 4, 16)."""
+  if grid not in ("full", "demo"):
+    raise ValueError(f"configs/tts_synthetic.py:<grid>: expected 'full' or 'demo', got {grid!r}")
   c = reprobe_synthetic.get_config()
   c.job = "tts"
   c.tts = ml_collections.ConfigDict(dict(
@@ -28,4 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
       lookahead=0,
       temperature=1.0,  # of every sampled strategy; chosen on the validation split (README)
       split="test"))  # 'val' to choose settings: the test split is never used to choose anything
+  if grid == "demo":
+    c.tts.domains = ("arithmetic",)
+    c.tts.scorers = ("probe[attn+logit]",)
+    c.tts.strategies = ("best_of_n", "beam")
+    c.tts.budgets = (1, 4, 16)
   return c

@@ -12,7 +12,7 @@ from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.tasks import Problem, make_problems
 from reprobe_jax.tts import Candidate, PromptResult
 from reprobe_jax.tts.select import (Choice, Outcome, answer_checker, check_aggregation, choose, first_k,
-                                    log_vote_weight, select, summarize, trajectory_score)
+                                    log_vote_weight, select, selection_auroc, summarize, trajectory_score)
 
 STEPS = [0.2, math.nan, 0.5, 0.1]  # P(step incorrect); the NaN step had no tokens
 
@@ -132,11 +132,16 @@ def test_select_votes_on_the_familys_normalised_answers():
 
 def test_summarize_and_unknown_families():
   right, wrong = Choice("1", True, 0), Choice("2", False, 0)
-  o1 = Outcome("p1", right, wrong, right, wrong, right, 4, 10, 100)
-  o2 = Outcome("p2", wrong, wrong, right, right, right, 4, 20, 300)
+  # p1's scores rank its wrong candidates (1, 3) above its right ones: 3 of the 4 (wrong, right) pairs in order and
+  # one tie -> AUROC 3.5 / 4; p2's all-right candidates say nothing about ranking and are left out.
+  o1 = Outcome("p1", right, wrong, right, wrong, right, 4, 10, 100, scores=(0.1, 0.9, 0.5, 0.5),
+               correct=(True, False, True, False))
+  o2 = Outcome("p2", wrong, wrong, right, right, right, 4, 20, 300, scores=(0.1, 0.2, 0.3, 0.4),
+               correct=(True, True, True, True))
   s = summarize([o1, o2])
   assert s == {"first": 0.5, "best": 0.0, "majority": 1.0, "weighted": 0.5, "pass@n": 1.0, "sampled_steps": 15.0,
-               "generated_tokens": 200.0, "problems": 2}
+               "generated_tokens": 200.0, "problems": 2, "selection_auroc": 0.875, "mixed_problems": 1}
+  assert selection_auroc([o2]) == (pytest.approx(float("nan"), nan_ok=True), 0)
   with pytest.raises(DataFormatError, match="no outcomes"):
     summarize([])
   with pytest.raises(ConfigError, match="problem 'x1': no answer checker for domain 'chess'"):

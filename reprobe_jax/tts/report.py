@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Iterator, Sequence
 
 from reprobe_jax.bands import Band, summarise
@@ -72,17 +73,21 @@ def table_markdown(metrics: dict) -> str:
     lines.append(f"| {title} | " + " | ".join(vals) + " |")
   ref = domains[0]
   lines += ["", f"{ref}: accuracy by budget (sampled steps per problem at the largest budget, seconds per problem):",
-            "", "| method | " + " | ".join(f"N={b}" for b in budgets) + " | steps | tokens | s/problem |",
-            "|---" * (len(budgets) + 4) + "|"]
+            "", "| method | " + " | ".join(f"N={b}" for b in budgets) + " | steps | tokens | s/problem | "
+            "selection AUROC |", "|---" * (len(budgets) + 5) + "|"]
   for title, cell, sel in _rows(results[ref]):
     c = results[ref].get(cell, {})
     vals = ["" if _at(c, b) is None else _fmt(_at(c, b)[sel]) for b in budgets]
     last = _at(c, top) or {}
     cost = [_fmt(last["sampled_steps"], 1), _fmt(last["generated_tokens"], 0), _fmt(last["seconds_per_problem"], 2)] \
         if last else ["", "", ""]
+    auroc = last.get("selection_auroc") if sel in ("best", "weighted") else None
+    cost.append("" if auroc is None or (not isinstance(auroc, Band) and math.isnan(auroc)) else _fmt(auroc))
     lines.append(f"| {title} | " + " | ".join(vals + cost) + " |")
   seeds = f" Mean +- sd over {metrics['seeds']} seeds." if metrics.get("seeds") else ""
-  lines += ["", f"Machine: {metrics.get('machine', '?')}.{seeds}", ""]
+  lines += ["", "selection AUROC: how well the scorer's trajectory scores rank each problem's own candidates (wrong "
+            "answers above right ones), averaged over problems with both; 0.5 is chance.", "",
+            f"Machine: {metrics.get('machine', '?')}.{seeds}", ""]
   return "\n".join(lines)
 
 

@@ -15,6 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
+from reprobe_jax.metrics import roc_auc
+
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.tasks import Problem, TaskFamily, get_family
 from reprobe_jax.tasks.formats import check_response
@@ -105,6 +107,8 @@ class Outcome:
   n: int
   sampled_steps: int
   generated_tokens: int
+  scores: tuple[float, ...] = ()  # each candidate's trajectory score (higher = worse)
+  correct: tuple[bool, ...] = ()  # each candidate's answer checked
 
   def choice(self, selection: str) -> Choice:
     if selection not in SELECTIONS:
@@ -175,14 +179,27 @@ def select(problem: Problem, result: PromptResult, tokenizer, *, mode: str, aggr
   picks = choose([a for a, _ in checked], [ok for _, ok in checked], scores, probabilities=probabilities)
   return Outcome(problem_id=problem.id, first=picks["first"], best=picks["best"], majority=picks["majority"],
                  weighted=picks["weighted"], pass_at_n=picks["pass@n"], n=len(result.candidates),
-                 sampled_steps=result.sampled_steps, generated_tokens=result.generated_tokens)
+                 sampled_steps=result.sampled_steps, generated_tokens=result.generated_tokens,
+                 scores=tuple(float(x) for x in scores), correct=tuple(ok for _, ok in checked))
+
+
+def selection_auroc(outcomes: Sequence[Outcome]) -> tuple[float, int]:
+  """How well trajectory scores rank a prompt's own candidates: the mean over prompts with both right and wrong
+  candidates of ROC-AUC(wrong answer, trajectory score), and the number of such prompts (NaN, 0 if none). 0.5 is
+  chance; this is what picking among candidates needs, unlike a ranking across problems, which an easy-vs-hard
+  signal already wins."""
+  aucs = [roc_auc([not c for c in o.correct], o.scores) for o in outcomes
+          if len(o.correct) == len(o.scores) and 0 < sum(o.correct) < len(o.correct)]
+  return (float(np.mean(aucs)), len(aucs)) if aucs else (math.nan, 0)
 
 
 def summarize(outcomes: Sequence[Outcome]) -> dict[str, float]:
-  """Accuracy of every selection over the prompts, and their mean sampled steps and generated tokens."""
+  """Accuracy of every selection over the prompts, their mean sampled steps and generated tokens, and how well
+  the scores rank each prompt's own candidates (`selection_auroc`)."""
   if not outcomes:
     raise DataFormatError("summarize: no outcomes")
   out = {s: float(np.mean([o.choice(s).correct for o in outcomes])) for s in SELECTIONS}
+  out["selection_auroc"], out["mixed_problems"] = selection_auroc(outcomes)
   out["sampled_steps"] = float(np.mean([o.sampled_steps for o in outcomes]))
   out["generated_tokens"] = float(np.mean([o.generated_tokens for o in outcomes]))
   out["problems"] = len(outcomes)
