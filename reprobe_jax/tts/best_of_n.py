@@ -44,11 +44,13 @@ from reprobe_jax.tts.select import answer_checker, candidate_cost, check_aggrega
 def _score_steps(scorer: StepScorer, state: DecodeState, spans, *, n: int, spec: FeatureSpec | None,
                  num_layers: int):
   """Step scores [B, S] of a decode state's rows for spans [B, S, 2], from its captured values, on device. The
-  scorer sees one prompt's n rows at a time (vmapped over prompts), so a row's index in the scorer (the random
+  scorer sees one prompt's n rows at a time (mapped over prompts), so a row's index in the scorer (the random
   baseline's key) is its index within its prompt, whatever the batch."""
   inputs = inputs_from_state(state, spec, num_layers)
   per_prompt = lambda x: x.reshape((-1, n) + x.shape[1:])  # [B, ...] -> [P, n, ...]
-  scores = jax.vmap(scorer.score)(jax.tree.map(per_prompt, inputs), per_prompt(spans))  # [P, n, S]
+  # One prompt at a time (lax.map, not vmap): the n rows of a prompt are scored in one batched call, and memory
+  # holds one prompt's [n * S, T] probe windows, not every prompt's (960 rows of 32 steps would need ~10 GB).
+  scores = jax.lax.map(lambda a: scorer.score(*a), (jax.tree.map(per_prompt, inputs), per_prompt(spans)))  # [P, n, S]
   return scores.reshape(spans.shape[:2]).astype(jnp.float32)
 
 
