@@ -33,7 +33,8 @@ def get_config(grid: str = "full") -> ml_collections.ConfigDict:
       max_steps=12,
       lookahead=0,
       temperature=1.0,  # of every sampled strategy; chosen on the validation split (README)
-      split="test"))  # 'val' to choose settings: the test split is never used to choose anything
+      split="test",  # 'val' to choose settings: the test split is never used to choose anything
+      dedupe=False))  # beam search: keep distinct trajectories (chosen on the validation split, docs/method.md)
   if grid == "demo":
     c.tts.domains = ("arithmetic",)
     c.tts.scorers = ("probe[attn+logit]",)

@@ -292,6 +292,22 @@ def test_a_second_search_in_the_same_buckets_compiles_nothing(lm, beam_runs, com
   assert len(again) == 3 and again != results
 
 
+def test_dedupe_keeps_distinct_beams_where_plain_beam_search_keeps_copies(lm):
+  """Where a beam's N candidates are often one text (2 tokens to choose from, T = 0.5), plain beam search keeps
+  copies of one trajectory; with dedupe a copy is kept only when its group has no distinct candidate left."""
+  base = dict(n=4, beams=3, max_steps=4, max_new_tokens=6, temperature=0.5, top_k=2, top_p=1.0, seed=5)
+  scorer = get_scorer("perplexity")
+  plain = beam_search(lm, scorer, PROMPTS, SearchConfig(**base))
+  deduped = beam_search(lm, scorer, PROMPTS, SearchConfig(**base, dedupe=True))
+  distinct = lambda res: len({tuple(c.response_ids) for c in res.candidates})
+  assert any(distinct(r) < 3 for r in plain), "no copies to remove: the test would not see dedupe work"
+  assert sum(map(distinct, deduped)) > sum(map(distinct, plain))
+  for r in deduped:
+    assert len(r.candidates) == 3
+  with pytest.raises(ConfigError, match="SearchConfig.dedupe: best_of_n samples independent trajectories"):
+    SearchConfig(strategy="best_of_n", dedupe=True)
+
+
 def test_dvts_keeps_each_subtrees_best_candidate_after_a_lookahead(lm):
   """DVTS B=2 subtrees, N=3 candidates, lookahead 1: equal to the host loop; every kept step is its subtree's argmin
   among its own N candidates of that round (scored on the lookahead step); candidates, not lookahead steps, are

@@ -35,15 +35,19 @@ class SearchConfig:
   top_k: int = 50
   top_p: float = 0.95
   seed: int = 0
+  dedupe: bool = False  # beam, dvts: a candidate whose whole response equals a better one's of its group is kept
+  #                       only when the group has no other candidate left (search-and-learn's filter_duplicates)
 
   def __post_init__(self):
     check_fields(self, {"strategy": OneOf(STRATEGIES), "n": Int(1), "beams": Int(1), "max_steps": Int(1),
                         "max_new_tokens": Int(1), "lookahead": Int(0), "aggregation": OneOf(AGGREGATIONS),
                         "temperature": Real(0), "top_k": Int(0), "top_p": Real(0, 1, low_open=True),
-                        "seed": Int(0)})
+                        "seed": Int(0), "dedupe": OneOf((False, True))})
     if self.strategy == "best_of_n" and self.beams != 1:
       raise ConfigError(f"{field_name(self, 'beams')}: best_of_n has no beams (use n for its trajectories), "
                         f"got {self.beams}")
+    if self.strategy == "best_of_n" and self.dedupe:
+      raise ConfigError(f"{field_name(self, 'dedupe')}: best_of_n samples independent trajectories, nothing to dedupe")
     if self.strategy == "best_of_n" and self.lookahead:
       raise ConfigError(f"{field_name(self, 'lookahead')}: best_of_n scores whole trajectories, it has no lookahead")
 

@@ -51,7 +51,8 @@ class TTSConfig:
   aggregation: the trajectory score that picks Best-of-N's answer and ranks finished beams; max_steps: steps per
   trajectory; lookahead: greedy steps before a candidate is scored (beam, DVTS); temperature: of every sampled
   strategy (top-k and top-p are the ReProbe trajectories'); split: 'test' for the reported numbers, 'val' to
-  choose settings (the test split is never used to choose anything)."""
+  choose settings (the test split is never used to choose anything); dedupe: beam search keeps distinct
+  trajectories (`SearchConfig.dedupe`)."""
 
   problems: int = 60
   domains: tuple[str, ...] = ("arithmetic", "planning", "qa")
@@ -64,12 +65,14 @@ class TTSConfig:
   lookahead: int = 0
   temperature: float = 1.0
   split: str = "test"
+  dedupe: bool = False
 
   def __post_init__(self):
     check_fields(self, {"problems": Int(1), "domains": Seq(OneOf(pipeline.DOMAINS)), "scorers": Seq(ScorerName()),
                         "strategies": Seq(OneOf(STRATEGIES)), "budgets": Seq(Int(1)),
                         "aggregation": OneOf(AGGREGATIONS), "max_steps": Int(1), "lookahead": Int(0),
-                        "temperature": Real(0.0, low_open=True), "split": OneOf(("val", "test"))})
+                        "temperature": Real(0.0, low_open=True), "split": OneOf(("val", "test")),
+                        "dedupe": OneOf((False, True))})
     if tuple(sorted(self.budgets)) != self.budgets:
       raise ConfigError(f"{field_name(self, 'budgets')}: expected increasing budgets, got {self.budgets}")
 
@@ -129,7 +132,8 @@ def _search_config(strategy: str, budget: int, cfg: pipeline.ReprobeConfig, tcfg
     beams, n = dvts_shape(budget)
   return SearchConfig(strategy=strategy, n=n, beams=beams, max_steps=tcfg.max_steps, max_new_tokens=t.max_new_tokens,
                       lookahead=0 if strategy == "best_of_n" else tcfg.lookahead, aggregation=tcfg.aggregation,
-                      temperature=0.0 if greedy else tcfg.temperature, top_k=t.top_k, top_p=t.top_p, seed=cfg.seed)
+                      temperature=0.0 if greedy else tcfg.temperature, top_k=t.top_k, top_p=t.top_p, seed=cfg.seed,
+                      dedupe=tcfg.dedupe and strategy == "beam")
 
 
 def _run(strategy: str, lm, scorer, prompts, scfg: SearchConfig, mode: str) -> list[PromptResult]:

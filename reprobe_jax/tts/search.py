@@ -150,6 +150,7 @@ class _Plan:
   greedy: bool
   top_k: int
   filtered: bool
+  dedupe: bool = False
 
   @property
   def rows_per_prompt(self) -> int:
@@ -215,6 +216,24 @@ def _lookahead(plan, graphdef, params, shard, state, go, spans, rule, answer, eo
   return state, spans, steps, tokens
 
 
+def _duplicates(state, key, live, rows_per_group: int):
+  """[R] bool: the row's whole response equals that of a live row of its group ranked before it (lower key, ties
+  by row order). Responses are compared by length and two 32-bit position-weighted hashes of their tokens."""
+  pos = jnp.arange(state.buffer_len, dtype=jnp.uint32)
+  mask = pos[None, :] < state.lengths[:, None].astype(jnp.uint32)
+  tok = jnp.where(mask, state.tokens.astype(jnp.uint32) + 1, 0)
+  u = lambda c: jnp.uint32(c)
+  h1 = jnp.sum(tok * (pos * u(2654435761) + u(97531)), axis=1, dtype=jnp.uint32)  # wraps mod 2**32
+  h2 = jnp.sum(tok * ((pos + u(1)) * u(40503) + u(1)) * (tok + u(7)), axis=1, dtype=jnp.uint32)
+  g = lambda x: x.reshape(-1, rows_per_group)
+  same = ((g(h1)[:, :, None] == g(h1)[:, None, :]) & (g(h2)[:, :, None] == g(h2)[:, None, :])
+          & (g(state.lengths)[:, :, None] == g(state.lengths)[:, None, :]) & g(live)[:, None, :])  # [G, i, j]
+  idx = jnp.arange(rows_per_group)
+  k = g(key)
+  before = (k[:, None, :] < k[:, :, None]) | ((k[:, None, :] == k[:, :, None]) & (idx[None, :] < idx[:, None]))
+  return jnp.any(same & before, axis=-1).reshape(-1)
+
+
 def _round(plan: _Plan, graphdef, params, shard, scorer, rule, answer, eos_mask, temperature, top_p, max_steps,
            prompt_keys, carry):
   """One search round over all R = P * B * N rows: decode, lookahead, score, select, take, re-key, resume."""
@@ -237,8 +256,10 @@ def _round(plan: _Plan, graphdef, params, shard, scorer, rule, answer, eos_mask,
   # Selection: per group, the rows finished before this round (first copies only) keep their slots, then the
   # candidates by score (NaN = no tokens: last), ties by row order; duplicate copies of finished rows never.
   rows_per_group = plan.width * plan.n
-  cls = jnp.where(book.ended, jnp.where(book.primary, 0, 2), 1)
+  cls = jnp.where(book.ended, jnp.where(book.primary, 0, 3), 1)
   key = jnp.where(book.ended, 0.0, jnp.where(jnp.isnan(score), jnp.inf, score))
+  if plan.dedupe:  # a candidate equal to a better-ranked live one of its group goes after every distinct one
+    cls = jnp.where(live & _duplicates(state, key, live, rows_per_group), 2, cls)
   order = jnp.lexsort((key.reshape(-1, rows_per_group), cls.reshape(-1, rows_per_group)), axis=-1)
   kept = order[:, :plan.width]  # [P * G, W]
   src = jnp.repeat((jnp.arange(kept.shape[0])[:, None] * rows_per_group + kept).reshape(-1), plan.n)  # [R]
@@ -316,6 +337,7 @@ def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig
   answer = None if prefix is None else answer_table(lm.tokenizer, lm.config.vocab_size, prefix)
   p = cfg.sampling
   plan = _Plan(groups=groups, width=width, n=cfg.n, lookahead=cfg.lookahead, history=bucket(cfg.max_steps, 8),
+               dedupe=cfg.dedupe,
                spec=spec, num_layers=lm.config.num_layers, capture=capture, greedy=p.greedy, top_k=p.top_k,
                filtered=p.filtered)
   state, book = _search(lm.static_graph, lm.params, state, decoding.prompt_keys(cfg.seed, padded), scorer, smp.stop,
