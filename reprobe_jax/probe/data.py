@@ -144,6 +144,32 @@ def pack_shape(batches: Sequence[Sequence[Example]], batch_size: int, *, labelle
   return PackShape(batch_size, t, bucket(rows, minimum=1), t, bucket(steps, minimum=4))
 
 
+def pack_spans(spans: Sequence[np.ndarray], chosen: Sequence[tuple[int, int]], shape: PackShape) -> PackedSteps:
+  """The PackedSteps of the chosen (row, step) pairs of a batch whose rows have these step spans [S_i, 2]; each
+  step's window [0, end) is placed by first fit (`pack_shape` sizes `shape`)."""
+  ends = [int(spans[i][k][1]) for i, k in chosen]
+  place = _first_fit(ends, shape.slots)
+  if len(chosen) > shape.steps or any(r >= shape.rows for r, _ in place) or max(ends, default=0) > shape.slots:
+    raise ValueError(f"pack_spans: the batch does not fit {shape}")  # a caller's bug: the shape sizes it
+  row = np.zeros((shape.rows, shape.slots), np.int32)
+  token = np.zeros((shape.rows, shape.slots), np.int32)
+  segment = np.full((shape.rows, shape.slots), -1, np.int32)
+  in_step = np.zeros((shape.rows, shape.slots), bool)
+  for p, ((i, k), e, (r, off)) in enumerate(zip(chosen, ends, place)):
+    start = int(spans[i][k][0])
+    row[r, off:off + e], token[r, off:off + e], segment[r, off:off + e] = i, np.arange(e), p
+    in_step[r, off + start:off + e] = True
+  return PackedSteps(row=row, token=token, segment=segment, in_step=in_step, num_steps=shape.steps)
+
+
+def spans_shape(spans: Sequence[np.ndarray], batch: int, tokens: int) -> PackShape:
+  """The PackShape of one batch of `batch` rows of `tokens` positions whose steps (all with tokens) are `spans`."""
+  chosen = [(i, k) for i, sp in enumerate(spans) for k in range(len(sp))]
+  place = _first_fit([int(spans[i][k][1]) for i, k in chosen], tokens)
+  rows = 1 + max((r for r, _ in place), default=0)
+  return PackShape(batch, tokens, bucket(rows, minimum=1), tokens, bucket(len(chosen), minimum=4))
+
+
 def pack_steps(batch: Sequence[Example], shape: PackShape, feature_dim: int, *, labelled_only: bool):
   """A batch of examples packed for `Probe.packed`: (features [B, T, F], PackedSteps, labels [P] (NaN for padding
   steps), the (example, step) pair of each packed step). labelled_only: leave out steps with unknown labels (for
@@ -157,19 +183,8 @@ def pack_steps(batch: Sequence[Example], shape: PackShape, feature_dim: int, *, 
                             f"[n_tokens, {feature_dim}]")
     feats[i, :len(e.features)] = e.features
   chosen = _packed_steps(batch, labelled_only)
-  ends = [int(batch[i].spans[k, 1]) for i, k in chosen]
-  place = _first_fit(ends, shape.slots)
-  if len(chosen) > shape.steps or any(r >= shape.rows for r, _ in place) or max(ends, default=0) > shape.slots:
-    raise ValueError(f"pack_steps: the batch does not fit {shape}")  # a caller's bug: pack_shape sizes it
-  row = np.zeros((shape.rows, shape.slots), np.int32)
-  token = np.zeros((shape.rows, shape.slots), np.int32)
-  segment = np.full((shape.rows, shape.slots), -1, np.int32)
-  in_step = np.zeros((shape.rows, shape.slots), bool)
+  pack = pack_spans([e.spans for e in batch], chosen, shape)
   labels = np.full(shape.steps, np.nan, np.float32)
-  for p, ((i, k), e, (r, off)) in enumerate(zip(chosen, ends, place)):
-    start = int(batch[i].spans[k, 0])
-    row[r, off:off + e], token[r, off:off + e], segment[r, off:off + e] = i, np.arange(e), p
-    in_step[r, off + start:off + e] = True
+  for p, (i, k) in enumerate(chosen):
     labels[p] = batch[i].labels[k]
-  pack = PackedSteps(row=row, token=token, segment=segment, in_step=in_step, num_steps=shape.steps)
   return feats, pack, labels, chosen
