@@ -48,7 +48,7 @@ def build_tiny(directory: str) -> str:
   import transformers
   torch.manual_seed(0)
   cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                                  initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
   transformers.LlamaForCausalLM(cfg).eval().save_pretrained(directory)
   return directory

@@ -2,8 +2,9 @@
 
 Loads the same weights into reprobe-jax and PyTorch `transformers` (float32; CUDA for PyTorch and JAX's default
 backend when an accelerator is present) and measures, in one run: prefill with capture, plain prefill, batched
-greedy decoding at batch 1, 8 and 32, and step scoring (PRM-style scorer vs the probe), plus this machine's matmul
-peak and memory bandwidth as a roofline. Writes results.json, results.md and results.png into --out.
+greedy decoding at batch 1, 8 and 32, step scoring (PRM-style scorer vs the probe), step-level beam search (ours vs a
+search-and-learn-style loop in PyTorch, and vs our Best-of-N), plus this machine's matmul peak and memory bandwidth
+as a roofline. Writes results.json, results.md and results.png into --out.
 """
 
 from __future__ import annotations
@@ -36,10 +37,21 @@ class Sizes:
   shared_context_len: int = 1024  # N continuations of one context: shared prefix vs copied caches (issue 11)
   shared_continuations: int = 16
   shared_new_tokens: int = 16
+  # Step-level beam search (issue 14): problems searched at once, beams B, candidates N per beam, rounds (max steps),
+  # each trajectory's token budget, timed repeats (each a whole search: tens of seconds on SmolLM2's reference side),
+  # rounds of the greedy same-steps check.
+  search_problems: int = 2
+  search_beams: int = 2
+  search_n: int = 2
+  search_steps: int = 3
+  search_new_tokens: int = 64
+  search_repeats: int = 2
+  search_check_steps: int = 3
 
 
 QUICK = Sizes(prefill_batch=2, prefill_len=32, prompt_len=16, new_tokens=8, prm_batch=4, prm_len=32, matmul_n=512,
-              bandwidth_mib=64, shared_context_len=64, shared_continuations=4, shared_new_tokens=4)
+              bandwidth_mib=64, shared_context_len=64, shared_continuations=4, shared_new_tokens=4, search_steps=2,
+              search_new_tokens=32, search_check_steps=2)
 
 
 def parse_args(argv):
@@ -69,7 +81,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
   import jax
   import numpy as np
 
-  from bench import cases, report, timing
+  from bench import cases, report, search, timing
   from bench.pair import load_pair, token_stream, windows
 
   t_start = time.perf_counter()
@@ -107,6 +119,9 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
                                   sizes.shared_new_tokens, sizes.repeats)
     log(f"  shared prefix {shared['speedup']:.2f}x the speed of copied caches, {shared['memory_ratio']:.1f}x less "
         "cache memory")
+    searched = search.run_all(pair, problems=sizes.search_problems, beams=sizes.search_beams, n=sizes.search_n,
+                              steps=sizes.search_steps, new_tokens=sizes.search_new_tokens,
+                              repeats=sizes.search_repeats, check_steps=sizes.search_check_steps, log=log)
     by_name = {r["name"]: r for r in rows}
     flops = {name: timing.forward_flops(cfg, sizes.prefill_batch, sizes.prefill_len)
              for name in ("prefill_plain", "prefill_capture")}
@@ -117,7 +132,8 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
               "model_config": {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
                                "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size,
                                "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(pair.lm.params)))},
-              "rows": rows, "shared_context": shared, "roofline": roof, "goals": report.goals(by_name, roof)}
+              "rows": rows, "shared_context": shared, "search": searched, "roofline": roof,
+              "goals": report.goals(by_name, roof, searched)}
   finally:
     pair.close()
   result["wall_s"] = time.perf_counter() - t_start
