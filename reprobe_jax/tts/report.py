@@ -82,7 +82,8 @@ def table_markdown(metrics: dict) -> str:
     cost = [_fmt(last["sampled_steps"], 1), _fmt(last["generated_tokens"], 0), _fmt(last["seconds_per_problem"], 2)] \
         if last else ["", "", ""]
     auroc = last.get("selection_auroc") if sel in ("best", "weighted") else None
-    cost.append("" if auroc is None or (not isinstance(auroc, Band) and math.isnan(auroc)) else _fmt(auroc))
+    value = auroc.mean if isinstance(auroc, Band) else auroc
+    cost.append("" if value is None or math.isnan(value) else _fmt(auroc))
     lines.append(f"| {title} | " + " | ".join(vals + cost) + " |")
   seeds = f" Mean +- sd over {metrics['seeds']} seeds." if metrics.get("seeds") else ""
   lines += ["", "selection AUROC: how well the scorer's trajectory scores rank each problem's own candidates (wrong "
