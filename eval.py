@@ -42,18 +42,24 @@ def run_reprobe(config) -> None:
   print(bands.beside_bands(config, {"reprobe": metrics, "target": report or {}}, machine=metrics["machine"]))
 
 
-def run_seeds(config) -> None:
-  from reprobe_jax import bands
-  from reprobe_jax.machine import describe
-  seeds = bands.check_seeds(config.get("seeds"))
-  out = os.path.join(workdir_of(config), "seeds")
-  results = []
+def _per_seed(config, seeds):
+  """The config once per build seed (the built-in target's seed follows it), announcing each."""
   for seed in seeds:
     one = config.copy_and_resolve_references()
     one.seed = seed
     if "target" in one:
       one.target.seed = seed
     print(f"\n=== seed {seed} ===")
+    yield one
+
+
+def run_seeds(config) -> None:
+  from reprobe_jax import bands
+  from reprobe_jax.machine import describe
+  seeds = bands.check_seeds(config.get("seeds"))
+  out = os.path.join(workdir_of(config), "seeds")
+  results = []
+  for one in _per_seed(config, seeds):
     metrics, report, _ = _evaluate(one)
     results.append({"reprobe": metrics, "target": report or {}})
   band_file = bands.BandFile(job="reprobe", seeds=seeds, machine=str(describe()), config_key=bands.band_key(config),
@@ -87,12 +93,7 @@ def run_tts_seeds(config) -> None:
   seeds = bands.check_seeds(config.get("seeds"))
   tcfg = job.tts_config_from_dict(config.get("tts", {}))
   per_seed = []
-  for seed in seeds:
-    one = config.copy_and_resolve_references()
-    one.seed = seed
-    if "target" in one:
-      one.target.seed = seed
-    print(f"\n=== seed {seed} ===")
+  for one in _per_seed(config, seeds):
     lm, cfg, workdir = reprobe_setup(one)
     with ProgressBars() as bars:
       metrics = job.evaluate(lm, cfg, tcfg, workdir, progress=bars.update)

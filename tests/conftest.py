@@ -64,3 +64,22 @@ class CompileCounter:
 def compile_counter():
   """One listener for the session: `compile_counter.count` grows by one per XLA compilation."""
   return CompileCounter()
+
+
+@pytest.fixture(scope="session")
+def synthetic_lm():
+  """A random tiny Llama with a tokenizer of the synthetic worlds (its outputs are noise: mechanics only)."""
+  from reprobe_jax.models import LanguageModel, ModelConfig
+  from reprobe_jax.synthetic.tokenizer import build_tokenizer
+  from reprobe_jax.tasks import make_problems
+  from reprobe_jax.tasks.formats import user_prompt
+  from reprobe_jax.tasks.traces import solve_many
+  texts = []
+  for fam in ("arithmetic", "planning", "qa"):
+    ps = make_problems(fam, 10, 0, 1)
+    texts += [user_prompt(p, "line") + t.text for p, t in zip(ps, solve_many(ps, "line", 0))]
+  tok = build_tokenizer(texts, 500)
+  cfg = ModelConfig(family="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=2,
+                    num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True,
+                    eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id)
+  return LanguageModel.random(cfg, seed=0, tokenizer=tok)

@@ -14,13 +14,11 @@ import pytest
 from reprobe_jax import pipeline, report
 from reprobe_jax.features import FeatureMismatchError
 from reprobe_jax.labels import labels_to_json
-from reprobe_jax.models import ModelConfig, LanguageModel
+from reprobe_jax.models import LanguageModel
 from reprobe_jax.probe import linear
 from reprobe_jax.probe.train import ProbeTrainConfig
-from reprobe_jax.synthetic.tokenizer import build_tokenizer
 from reprobe_jax.tasks import make_problems
 from reprobe_jax.tasks.formats import user_prompt
-from reprobe_jax.tasks.traces import solve_many
 from reprobe_jax.trajectories import TrajectoryConfig, read_trajectories
 
 TINY = pipeline.ReprobeConfig(
@@ -31,17 +29,9 @@ TINY = pipeline.ReprobeConfig(
 
 
 @pytest.fixture(scope="module")
-def lm():
+def lm(synthetic_lm):
   """A random tiny model with a tokenizer of the synthetic worlds (outputs are noise; mechanics only)."""
-  texts = []
-  for fam in ("arithmetic", "planning", "qa"):
-    ps = make_problems(fam, 10, 0, 1)
-    texts += [user_prompt(p, "line") + t.text for p, t in zip(ps, solve_many(ps, "line", 0))]
-  tok = build_tokenizer(texts, 500)
-  cfg = ModelConfig(family="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=2,
-                    num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True,
-                    eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id)
-  return LanguageModel.random(cfg, seed=0, tokenizer=tok)
+  return synthetic_lm
 
 
 def test_pipeline_end_to_end(lm, tmp_path):
