@@ -56,11 +56,14 @@ class PRMHead:
   w2: jax.Array  # [H, 2]
   b2: jax.Array  # [2]
 
-  def __call__(self, h):
-    """P(step correct) [...] from hidden states [..., H] (float32)."""
+  def logits(self, h):
+    """[..., 2] logits (index 1 = correct) from hidden states [..., H] (float32)."""
     h = h.astype(jnp.float32)
-    z = jax.nn.relu(h @ self.w1 + self.b1) @ self.w2 + self.b2
-    return jax.nn.softmax(z, axis=-1)[..., 1]
+    return jax.nn.relu(h @ self.w1 + self.b1) @ self.w2 + self.b2
+
+  def __call__(self, h):
+    """P(step correct) [...] from hidden states [..., H]: softmax(logits)[..., 1]."""
+    return jax.nn.softmax(self.logits(h), axis=-1)[..., 1]
 
 
 @struct.dataclass
@@ -197,8 +200,8 @@ def save_prm(prm: PRM, directory: str, *, tokenizer=None, separator: str | None 
 # ------------------------------------------------------------------------------------------------ scoring
 
 
-def _valid_spans(spans, t: int):
-  """[B, S] bool: the step has tokens and lies in the buffer (start < end <= t)."""
+def valid_spans(spans, t: int):
+  """[B, S] bool: the step has tokens and lies in a buffer of t tokens (0 <= start < end <= t)."""
   return (spans[..., 1] > spans[..., 0]) & (spans[..., 0] >= 0) & (spans[..., 1] <= t)
 
 
@@ -209,7 +212,7 @@ def join_steps(prompt_ids, prompt_mask, tokens, spans, separator_id: int):
   separator (its position is 0 and must not be read)."""
   b, tp = prompt_ids.shape
   t, s = tokens.shape[1], spans.shape[1]
-  ok = _valid_spans(spans, t)  # [B, S]
+  ok = valid_spans(spans, t)  # [B, S]
   pos = jnp.arange(t)
   in_step = jnp.any((pos[None, None, :] >= spans[..., 0:1]) & (pos[None, None, :] < spans[..., 1:2]) & ok[..., None],
                     axis=1)  # [B, T]
@@ -239,13 +242,19 @@ def hidden_states(prm: PRM, ids, mask):
   return next(iter(captured["hidden_states"].values()))
 
 
+def step_logits(prm: PRM, prompt_ids, prompt_mask, tokens, spans):
+  """[B, S, 2] head logits at every step's separator (index 1 = correct), the whole text in one forward; the
+  entries of steps without tokens are meaningless (mask them with `valid_spans`). What training differentiates."""
+  ids, mask, sep_at = join_steps(prompt_ids, prompt_mask, tokens, spans, prm.separator_id)
+  h = hidden_states(prm, ids, mask)
+  return prm.head.logits(jnp.take_along_axis(h, sep_at[..., None], axis=1))
+
+
 def step_rewards(prm: PRM, prompt_ids, prompt_mask, tokens, spans):
   """[B, S] P(step correct) of every step, the whole text in one forward (METHOD A7); NaN for steps without
   tokens. Pure: callable inside another jitted program; `rewards` below is the jitted entry point."""
-  ids, mask, sep_at = join_steps(prompt_ids, prompt_mask, tokens, spans, prm.separator_id)
-  h = hidden_states(prm, ids, mask)
-  r = prm.head(jnp.take_along_axis(h, sep_at[..., None], axis=1))  # [B, S]
-  return jnp.where(_valid_spans(spans, tokens.shape[1]), r, jnp.nan)
+  r = jax.nn.softmax(step_logits(prm, prompt_ids, prompt_mask, tokens, spans), axis=-1)[..., 1]
+  return jnp.where(valid_spans(spans, tokens.shape[1]), r, jnp.nan)
 
 
 rewards = jax.jit(step_rewards)
@@ -265,7 +274,7 @@ def append_step(prm: PRM, cache: KVCache, tokens, span):
   """Appends each row's step tokens[span] [B, 2] and a separator to its cache: (P(step correct) [B], cache). Only
   the new tokens are read (in chunks of CHUNK); a row whose span is empty gets NaN and an unchanged cache. Pure."""
   t = tokens.shape[1]
-  ok = _valid_spans(span[:, None, :], t)[:, 0]  # [B]
+  ok = valid_spans(span[:, None, :], t)[:, 0]  # [B]
   start = span[:, 0]
   width = jnp.where(ok, span[:, 1] - span[:, 0] + 1, 0)  # step tokens + the separator
   chunks = (jnp.max(width) + CHUNK - 1) // CHUNK
