@@ -107,8 +107,8 @@ def fit_fusion(probe_scores, prm_scores, labels, l2: float = 1.0) -> Fusion:
   y = np.asarray(labels, np.float64)
   if y.shape != probe.shape:
     raise ConfigError(f"labels ({y.size}) and step scores ({probe.size}) differ in length")
-  if not (isinstance(l2, numbers.Real) and l2 >= 0):
-    raise ConfigError(f"l2 must be a number >= 0, found {shown(l2)}")
+  if isinstance(l2, bool) or not (isinstance(l2, numbers.Real) and 0 <= l2 < math.inf):
+    raise ConfigError(f"l2 must be a finite number >= 0, found {shown(l2)}")
   return Fusion(fit_logistic(np.c_[_logit(probe, EPS), _logit(prm, EPS)], y, l2=float(l2)))
 
 
