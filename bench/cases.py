@@ -191,70 +191,81 @@ def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_ti
 
 
 def _probe_side(pair: Pair, ids, mask, spans, repeats: int) -> dict:
-  """The probe (METHOD A4, paper defaults: d=512, 1 layer, 16 heads; random weights: only cost matters) scoring
-  every step from the last layer's hidden states (A3's default feature set).
+  """The probe (METHOD A4, paper shape) over packed windows [0, step end) of the response's captured last-layer
+  hidden states (next-token aligned, METHOD A3); the features are the generation pass's, not timed."""
+  from flax import nnx
 
-  The features are what generation already captured (the hidden state that predicted each token), so they are
-  computed once here and not timed: the probe's cost is `score_steps`, one batched call for all steps.
-  """
-  try:
-    from flax import nnx
-
-    from reprobe_jax.probe import Probe, ProbeConfig, count_params, score_steps
-  except ImportError:
-    return {"status": "pending: probe not built"}
   from reprobe_jax.features import FeatureSpec, forward_values
+  from reprobe_jax.probe import Probe, ProbeConfig, count_params
+  from reprobe_jax.probe.data import pack_spans, spans_shape
+  from reprobe_jax.probe.model import score_packed
   lm = pair.lm
   spec = FeatureSpec.from_name("hidden")
   out = lm.forward(ids, mask, capture=spec.capture())
-  h = spec.assemble(forward_values({"hidden_states": out.hidden_states}), lm.config.num_layers)  # [B, T, D]
-  # METHOD A3 alignment: token j's feature is the state at j - 1; the first token has none.
-  feats = jax.numpy.pad(h[:, :-1], ((0, 0), (1, 0), (0, 0)))  # [B, T, D]
-  token_mask = jax.numpy.asarray(mask, bool)
-  spans_j = jax.numpy.asarray(spans)
+  h = np.asarray(spec.assemble(forward_values({"hidden_states": out.hidden_states}), lm.config.num_layers))
+  _, _, tokens, rel_spans, first = prm.split_rows(ids, mask, spans)  # the steps the PRM scores
+  t = tokens.shape[1]
+  feats = np.zeros((len(ids), t, h.shape[-1]), np.float32)  # response token j reads position first + j - 1
+  for i in range(len(ids)):
+    n = int(mask[i].sum() - first[i])
+    feats[i, :n] = h[i, first[i] - 1:first[i] - 1 + n]
+  rel = [np.asarray([(a, e) for a, e in sp if e > a], np.int32) for sp in rel_spans]
+  chosen = [(i, k) for i, sp in enumerate(rel) for k in range(len(sp))]
+  pack = jax.tree.map(jax.numpy.asarray, pack_spans(rel, chosen, spans_shape(rel, len(ids), t)))
   probe = Probe(ProbeConfig(feature_dim=lm.config.hidden_size), rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(probe)
-  t, _ = time_call(lambda: score_steps(graphdef, params, feats, token_mask, spans_j).block_until_ready(), repeats)
-  steps = float(np.sum(spans[..., 1] > spans[..., 0]))
+  feats_j = jax.numpy.asarray(feats)
+  timing, _ = time_call(lambda: score_packed(graphdef, params, feats_j, pack).block_until_ready(), repeats)
   cfg = probe.config
-  return {"status": "measured", **_side(t, steps, "steps"), "params": count_params(probe),
+  return {"status": "measured", **_side(timing, float(len(chosen)), "steps"), "params": count_params(probe),
           "config": {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
                      "feature_dim": cfg.feature_dim},
-          "encoder_tokens": int(spans.shape[0] * spans.shape[1] * ids.shape[1]),
-          "features": "last-layer hidden states captured by the generation pass (not timed)"}
+          "window_tokens": int(sum(int(rel[i][k][1]) for i, k in chosen)),
+          "features": "last-layer hidden states captured by the generation pass (not timed)"}, cfg
 
 
 def step_scoring(pair: Pair, batch: int, length: int, repeats: int) -> dict:
-  """PRM-style scorer (a second full forward of a same-size model + head) in both frameworks, and the probe over
-  captured features. Work unit: steps scored."""
+  """Step scoring (issue 15): the PRM (target backbone + Linear-ReLU-Linear head) on the whole text in both
+  frameworks and incrementally in ours, against the probe over packed windows. Work unit: steps scored; the
+  probe's ratio is against the PRM's fastest path."""
   torch = _torch()
+  from reprobe_jax.prm.model import from_target
   lm = pair.lm
-  ids, mask, ends, valid, spans = step_trajectories(pair, batch, length)
-  head = prm.head_weights(lm.config.hidden_size)
-  head_j = jax.tree.map(jax.numpy.asarray, head)
-  t_ours, r_ours = time_call(
-      lambda: prm.jax_step_rewards(lm.static_graph, lm.params, head_j, ids, mask, ends).block_until_ready(), repeats)
-  head_t = {k: torch.from_numpy(v).to(pair.device) for k, v in head.items()}
-  ids_t, mask_t, ends_t = (torch.from_numpy(x).long().to(pair.device) for x in (ids, mask, ends))
+  ids, mask, _, valid, spans = step_trajectories(pair, batch, length)
+  model = from_target(lm, separator_id=lm.pad_id(), seed=0)
+  prompt, pmask, tokens, rel = (jax.numpy.asarray(x) for x in prm.split_rows(ids, mask, spans)[:4])
+  t_ours, r_ours = time_call(lambda: prm.rewards_whole(model, prompt, pmask, tokens, rel).block_until_ready(),
+                             repeats)
+  room = int(tokens.shape[1] + rel.shape[1])
+  t_inc, r_inc = time_call(lambda: prm.rewards_incremental(model, prompt, pmask, tokens, rel,
+                                                           room=room).block_until_ready(), repeats)
+  head = {k: torch.from_numpy(np.array(v)).to(pair.device) for k, v in
+          {"w1": model.head.w1, "b1": model.head.b1, "w2": model.head.w2, "b2": model.head.b2}.items()}
+  j_ids, j_mask, j_pos, j_sep = (torch.from_numpy(x).long().to(pair.device)
+                                 for x in prm.joined_inputs(model, prompt, pmask, tokens, rel))
 
   def hf():
     with torch.inference_mode():
-      out = prm.torch_step_rewards(pair.hf, head_t, ids_t, mask_t, ends_t)
+      out = prm.torch_step_rewards(pair.hf, head, j_ids, j_mask, j_pos, j_sep)
     _sync(pair)
     return out
 
   t_hf, r_hf = time_call(hf, repeats)
   steps = float(valid.sum())
-  ours, hf_side = _side(t_ours, steps, "steps"), _side(t_hf, steps, "steps")
+  ours, hf_side, inc = (_side(t, steps, "steps") for t in (t_ours, t_hf, t_inc))
+  tokens_read = float(np.asarray(j_mask).sum())
   for side in (ours, hf_side):
-    side["tokens_per_s"] = float(mask.sum()) / side["median_s"]
-  probe = _probe_side(pair, ids, mask, spans, repeats)
-  if "steps_per_s" in probe:
-    probe["vs_best_prm"] = probe["steps_per_s"] / max(ours["steps_per_s"], hf_side["steps_per_s"])
-  return _row("step_scoring", "Step scoring: PRM-style scorer (second full forward + Linear-ReLU-Linear head), "
-              "reprobe-jax vs PyTorch", {"batch": batch, "seq": ids.shape[1], "steps": int(steps)},
-              ours, hf_side, unit="steps", probe=probe,
-              parity={"step_reward_max_abs": float(np.max(np.abs(np.asarray(r_ours) - r_hf.cpu().numpy())[valid]))})
+    side["tokens_per_s"] = tokens_read / side["median_s"]
+  probe, pcfg = _probe_side(pair, ids, mask, spans, repeats)
+  fastest = max(ours["steps_per_s"], hf_side["steps_per_s"], inc["steps_per_s"])
+  probe["vs_best_prm"] = probe["steps_per_s"] / fastest
+  r_ours, r_inc = np.asarray(r_ours), np.asarray(r_inc)
+  return _row("step_scoring", "Step scoring: PRM (target backbone + Linear-ReLU-Linear head, whole text), "
+              "reprobe-jax vs PyTorch", {"batch": batch, "seq": int(j_ids.shape[1]), "steps": int(steps)},
+              ours, hf_side, unit="steps", probe=probe, prm_incremental=inc,
+              flops=prm.flops(lm.config, pcfg, np.asarray(rel)),
+              parity={"step_reward_max_abs": float(np.max(np.abs(r_ours - r_hf.cpu().numpy())[valid])),
+                      "incremental_max_abs": float(np.max(np.abs(r_inc - r_ours)[valid]))})
 
 
 # ---------------------------------------------------------------------------------------------- shared context

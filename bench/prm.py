@@ -1,8 +1,15 @@
-"""PRM-style step scorer (METHOD A7 baseline): a second full forward of a same-size decoder over question + steps,
-then Linear(H, H), ReLU, Linear(H, 2) at each step's separator; step reward = softmax(head)[1].
+"""Step-scoring cost (issue 15 item 4): the PRM of `reprobe_jax.prm` (the target's backbone, a random head: only
+its cost matters here) against the probe, each on its fastest path, and the PRM in PyTorch for the framework ratio.
 
-Only its cost matters here, so the backbone reuses the target's weights and the head is random; both frameworks
-get the same head weights, which lets the harness check that they agree.
+- PRM, whole text: prompt + steps joined by separators, one forward per trajectory, the reward read at each
+  separator (what Best-of-N pays); in PyTorch the same joined ids through `model.model` plus the same head.
+- PRM, incremental: its own KV cache of the prompt, each step appended when it is the newest (what a search pays;
+  search-and-learn re-reads the whole text instead).
+- Probe (METHOD A4 at the paper's shape) over the captured features of the response, packed windows [0, step end)
+  (`probe.data.pack_spans`); the features come from the generation pass and are not timed.
+
+`flops` gives each side's multiply-adds per scored step from the shapes, so the measured ratio can be read against
+the ratio the arithmetic allows.
 """
 
 from __future__ import annotations
@@ -13,40 +20,77 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.models import CaptureSpec
-from reprobe_jax.models.forward import positions_from_mask, run_decoder
+from reprobe_jax.prm.model import append_step, join_steps, prefill, step_rewards
 
 
-def head_weights(hidden: int, seed: int = 0) -> dict[str, np.ndarray]:
-  """Random head: w1 [H, H], b1 [H], w2 [H, 2], b2 [2] (kernels stored [in, out])."""
-  rng = np.random.default_rng(seed)
-  scale = hidden**-0.5
-  return {"w1": (rng.standard_normal((hidden, hidden)) * scale).astype(np.float32),
-          "b1": np.zeros(hidden, np.float32),
-          "w2": (rng.standard_normal((hidden, 2)) * scale).astype(np.float32),
-          "b2": np.zeros(2, np.float32)}
+def split_rows(ids, mask, spans):
+  """bench.pair.step_trajectories' rows (question then steps, right-padded) as PRM inputs: prompts [B, Tp]
+  left-padded with their mask, response tokens [B, T] (from the first step on), response-relative spans [B, S, 2]
+  and each row's prompt length [B]."""
+  first = np.maximum(spans[:, 0, 0], 1)  # random-id rows start with a step: their first token is the prompt
+  spans = np.where(spans[..., 1:2] > spans[..., 0:1], np.maximum(spans, first[:, None, None]), spans)
+  lens = mask.sum(1)
+  tp, t = int(first.max()), int((lens - first).max())
+  prompt = np.zeros((len(ids), tp), np.int32)
+  pmask = np.zeros((len(ids), tp), bool)
+  tokens = np.zeros((len(ids), t), np.int32)
+  rel = np.where(spans[..., 1:2] > spans[..., 0:1], spans - first[:, None, None], 0).astype(np.int32)
+  for i in range(len(ids)):
+    prompt[i, tp - first[i]:], pmask[i, tp - first[i]:] = ids[i, :first[i]], True
+    tokens[i, :lens[i] - first[i]] = ids[i, first[i]:lens[i]]
+  return prompt, pmask, tokens, rel, first
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def jax_step_rewards(graphdef, params, head, input_ids, mask, step_ends):
-  """[B, T] tokens -> step rewards [B, S] read at step_ends [B, S].
-
-  Only the last hidden state is used, so XLA drops the unused LM-head matmul: the PRM pays for the backbone and
-  its own head, not for vocabulary logits.
-  """
-  key_valid = mask.astype(bool)
-  _, _, captured = run_decoder(graphdef, params, input_ids, positions_from_mask(mask), key_valid,
-                               capture=CaptureSpec(hidden_layers=(-1,)), shard=None)
-  h = next(iter(captured["hidden_states"].values()))  # [B, T, D], after the final norm
-  h = jnp.take_along_axis(h, step_ends[..., None], axis=1)  # [B, S, D]
-  z = jax.nn.relu(h @ head["w1"] + head["b1"]) @ head["w2"] + head["b2"]  # [B, S, 2]
-  return jax.nn.softmax(z, axis=-1)[..., 1]
+rewards_whole = jax.jit(step_rewards)
 
 
-def torch_step_rewards(hf_model, head, input_ids, mask, step_ends):
-  """Same as `jax_step_rewards` with PyTorch: the decoder body (`model.model`, no LM head) plus the head."""
+@functools.partial(jax.jit, static_argnames=("room",))
+def rewards_incremental(prm, prompt, pmask, tokens, spans, *, room: int):
+  """[B, S] rewards with each step appended to the PRM's cache in turn (a scan over the step axis)."""
+  cache = prefill(prm, prompt, pmask, room)
+
+  def body(cache, span):
+    r, cache = append_step(prm, cache, tokens, span)
+    return cache, r
+
+  _, r = jax.lax.scan(body, cache, jnp.swapaxes(spans, 0, 1))
+  return jnp.swapaxes(r, 0, 1)
+
+
+def joined_inputs(prm, prompt, pmask, tokens, spans):
+  """(ids [B, L], mask [B, L], positions [B, L], separator positions [B, S]) on the host: the PRM's own input
+  layout (`join_steps`), for the PyTorch side."""
+  ids, mask, sep = join_steps(jnp.asarray(prompt), jnp.asarray(pmask), jnp.asarray(tokens), jnp.asarray(spans),
+                              prm.separator_id)
+  mask = np.asarray(mask)
+  pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+  return np.array(ids), mask.astype(np.int64), pos, np.array(sep)
+
+
+def torch_step_rewards(hf_model, head, ids, mask, positions, seps):
+  """The same rewards in PyTorch: the decoder body (`model.model`, no LM head) plus the head, at the separators."""
   import torch
-  h = hf_model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # [B, T, D]
-  h = torch.gather(h, 1, step_ends[..., None].expand(-1, -1, h.shape[-1]))  # [B, S, D]
+  h = hf_model.model(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state  # [B, L, D]
+  h = torch.gather(h, 1, seps[..., None].expand(-1, -1, h.shape[-1]))  # [B, S, D]
   z = torch.relu(h @ head["w1"] + head["b1"]) @ head["w2"] + head["b2"]
   return torch.softmax(z, dim=-1)[..., 1]
+
+
+def flops(cfg, probe_cfg, spans) -> dict:
+  """Multiply-adds per scored step from the shapes: the PRM's per new token (its non-embedding weights plus
+  attention over the prefix) times the step's tokens and separator, the probe's per window token (projection,
+  encoder layer, its attention over the window) times the window [0, end)."""
+  valid = spans[..., 1] > spans[..., 0]
+  steps = int(valid.sum())
+  width = np.where(valid, spans[..., 1] - spans[..., 0] + 1, 0)
+  end = np.where(valid, spans[..., 1], 0)
+  h, f, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+  q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+  per_token = layers * (h * (q + 2 * kv) + q * h + 3 * h * f)
+  # attention: each new token reads every earlier one (prompt excluded: a lower bound for the PRM)
+  prm_attn = layers * 2 * q * float(np.sum(width * (end + np.arange(spans.shape[1])[None, :])))
+  prm = per_token * float(width.sum()) + prm_attn
+  d, ff, fd = probe_cfg.d_model, probe_cfg.ff_dim, probe_cfg.feature_dim
+  probe_per_token = fd * 2 * d + 2 * d * d + probe_cfg.n_layers * (4 * d * d + 2 * d * ff)
+  probe = probe_per_token * float(end.sum()) + probe_cfg.n_layers * 2 * d * float(np.sum(end ** 2))
+  return {"prm_macs_per_step": prm / steps, "probe_macs_per_step": probe / steps, "ratio": prm / probe}

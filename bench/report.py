@@ -66,8 +66,7 @@ def goals(rows: dict, roof: dict, search: dict | None = None) -> list[dict]:
     probe = s["probe"]
     g = {"goal": f"probe step scoring >= {PROBE_GOAL:g}x cheaper than the PRM", "target": PROBE_GOAL}
     if "steps_per_s" in probe:
-      best_prm = max(s["ours"]["steps_per_s"], s["hf"]["steps_per_s"])
-      g["measured"] = probe["steps_per_s"] / best_prm
+      g["measured"] = probe["vs_best_prm"]
       g["status"] = "met" if g["measured"] >= PROBE_GOAL else "missed"
     else:
       g["measured"], g["status"] = None, probe["status"]
@@ -110,10 +109,17 @@ def markdown(result: dict) -> str:
       p = r["probe"]
       if "steps_per_s" in p:
         c = p["config"]
+        inc = r["prm_incremental"]
+        fastest = max(r["ours"]["steps_per_s"], r["hf"]["steps_per_s"], inc["steps_per_s"])
+        lines.append(f"| Step scoring: PRM incremental (its own KV cache, each step appended when newest), "
+                     f"reprobe-jax vs our whole-text PRM | {shape} | {_fmt(inc['steps_per_s'])} steps/s | (whole "
+                     f"text) {_fmt(r['ours']['steps_per_s'])} steps/s | "
+                     f"{inc['steps_per_s'] / r['ours']['steps_per_s']:.2f}x | {inc['first_call_s']:.1f} / "
+                     f"{inc['xla_compile_s']:.1f} |")
         lines.append(f"| Step scoring: probe (METHOD A4, d={c['d_model']}, {c['n_layers']} layer, {p['params']:,} "
-                     f"params) over captured last-layer hidden states vs the faster PRM | {shape} | "
-                     f"{_fmt(p['steps_per_s'])} steps/s | (PRM) {_fmt(max(r['ours']['steps_per_s'], r['hf']['steps_per_s']))} "
-                     f"steps/s | {p['vs_best_prm']:.2f}x | {p['first_call_s']:.1f} / {p['xla_compile_s']:.1f} |")
+                     f"params) over packed windows of captured last-layer hidden states vs the PRM's fastest path "
+                     f"| {shape} | {_fmt(p['steps_per_s'])} steps/s | (PRM) {_fmt(fastest)} steps/s | "
+                     f"{p['vs_best_prm']:.2f}x | {p['first_call_s']:.1f} / {p['xla_compile_s']:.1f} |")
       else:
         lines.append(f"| Step scoring: probe over captured features | | {p['status']} | | | |")
   sc = result.get("shared_context")
@@ -146,6 +152,13 @@ def markdown(result: dict) -> str:
       lines.append(f"- {name}: {p['model_flops'] / 1e9:.1f} model GFLOP; reprobe-jax "
                    f"{p['ours_flops_per_s'] / 1e9:.0f} GFLOP/s ({p['ours_of_jax_peak']:.0%} of the JAX peak), "
                    f"PyTorch {p['hf_flops_per_s'] / 1e9:.0f} GFLOP/s ({p['hf_of_torch_peak']:.0%} of the torch peak).")
+  step = next((r for r in rows if r["name"] == "step_scoring" and "flops" in r), None)
+  if step is not None:
+    f = step["flops"]
+    lines.append(f"- step scoring: the PRM does {f['prm_macs_per_step'] / 1e6:.1f} M multiply-adds per scored step "
+                 f"(backbone per step token and separator), the probe {f['probe_macs_per_step'] / 1e6:.1f} M (per "
+                 f"window token, windows [0, step end)): at equal FLOP rates the probe is {f['ratio']:.1f}x cheaper; "
+                 "the probe's windows grow with the step's position, the PRM's work with the step's length.")
   if "ours_step_s" in d:
     lines.append(f"- batch-1 decode reads {d['param_bytes_per_token'] / 1e6:.0f} MB of parameters per token; bound "
                  f"{d['bound_bytes_per_s'] / 1e9:.1f} GB/s = {d['bound_tokens_per_s']:.1f} tokens/s. reprobe-jax "
