@@ -5,37 +5,60 @@ per configuration) and its arrays (a probe's parameters, a random key) are trace
 `score_newest` are pure functions of fixed shapes, so a search loop can call them inside its own jitted
 `while_loop`; the module-level `score` / `score_newest` below are the jitted entry points for everything else.
 Every score is "higher = more likely incorrect"; a step with no tokens scores NaN.
+
+A *stateful* scorer (`stateful = True`, a PRM with its own KV cache) also keeps per-row state across the rounds of a
+search: `init_carry` builds each row's state from its prompt, `advance` scores a row's next step from that state and
+returns it extended by the step, and a search gathers the carries of its survivors (`take_carry`) with their decode
+rows. Contract: advancing a row's steps one by one from `init_carry` gives the scores `score` gives on the whole row.
 """
 
 from __future__ import annotations
 
 import abc
+from typing import ClassVar, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.models.sampling import bucket
 
 
 @struct.dataclass
 class ScoreInputs:
   """What a scorer may read per token, next-token aligned (entry j is about token j, METHOD A3): token_mask
   [B, T] bool (True = a real token); features [B, T, F] (a probe's FeatureSpec assembly); logprobs (log p of the
-  token), entropy and self_certainty (KL(U || p)) of the distribution that produced it, [B, T] each. Fields a
-  scorer does not read may be None."""
+  token), entropy and self_certainty (KL(U || p)) of the distribution that produced it, [B, T] each; tokens [B, T]
+  int32 the response token ids (entry j = token j, as token_mask and spans index them); prompt_ids [B, Tp] int32
+  each row's prompt, LEFT-padded, with prompt_mask [B, Tp] bool (True = a real prompt token). Fields a scorer does
+  not read may be None."""
 
   token_mask: jax.Array
   features: jax.Array | None = None
   logprobs: jax.Array | None = None
   entropy: jax.Array | None = None
   self_certainty: jax.Array | None = None
+  tokens: jax.Array | None = None
+  prompt_ids: jax.Array | None = None
+  prompt_mask: jax.Array | None = None
 
   def get(self, field: str, scorer: str) -> jax.Array:
-    """The named per-token array, checked against token_mask's [B, T]; ConfigError if absent or misshapen."""
+    """The named array, checked: per-token fields against token_mask's [B, T], prompt_ids / prompt_mask as a pair
+    of one [B, Tp]; ConfigError if absent or misshapen."""
     x = getattr(self, field)
     if x is None:
       raise ConfigError(f"scorer {scorer!r} reads ScoreInputs.{field}, which is None")
+    if field in ("prompt_ids", "prompt_mask"):
+      other = "prompt_mask" if field == "prompt_ids" else "prompt_ids"
+      y = getattr(self, other)
+      if y is None:
+        raise ConfigError(f"scorer {scorer!r} reads ScoreInputs.{field}, whose {other} is None")
+      if x.ndim != 2 or x.shape[0] != self.token_mask.shape[0] or tuple(y.shape) != tuple(x.shape):
+        raise ConfigError(f"ScoreInputs.{field} has shape {tuple(x.shape)} and {other} {tuple(y.shape)}; both must "
+                          f"be [B, Tp] with B = {self.token_mask.shape[0]} (token_mask's)")
+      return x
     if tuple(x.shape[:2]) != tuple(self.token_mask.shape):
       raise ConfigError(f"ScoreInputs.{field} has shape {tuple(x.shape)}; token_mask is {tuple(self.token_mask.shape)}")
     return x
@@ -56,9 +79,11 @@ def check_spans(spans, inputs: ScoreInputs, what: str = "spans") -> None:
 
 class StepScorer(abc.ABC):
   """One step scorer (probe, uncertainty baseline, PRM). Subclasses are flax struct dataclasses with a static
-  `name` (their registry name) and any arrays as pytree fields."""
+  `name` (their registry name) and any arrays as pytree fields. A stateful one sets `stateful = True` and overrides
+  `init_carry` and `advance` (see the module docstring); the defaults keep no state."""
 
   name: str
+  stateful: ClassVar[bool] = False
 
   @abc.abstractmethod
   def score(self, inputs: ScoreInputs, spans: jax.Array) -> jax.Array:
@@ -68,6 +93,25 @@ class StepScorer(abc.ABC):
     """Scores [B] of one step per row (the newest, in a search); newest_span [B, 2]. Equals the last column of
     `score` for scorers whose step score reads only that step's span and the tokens before it (all of ours)."""
     return self.score(inputs, newest_span[:, None, :])[:, 0]
+
+  def init_carry(self, inputs: ScoreInputs, room: int):
+    """Each row's state before its first step: a pytree whose every leaf has leading dim B (it may read
+    inputs.prompt_ids / prompt_mask). room (static): the most tokens a row may append after its prompt (its
+    response tokens + one per step). Stateless scorers keep none: ()."""
+    del inputs, room
+    return ()
+
+  def advance(self, carry, inputs: ScoreInputs, span: jax.Array):
+    """(scores [B] float32, new carry): the step span [B, 2] of each row scored given the carry of the row's steps
+    before it, and that carry extended by the step. A row whose span is empty (end <= start) scores NaN and keeps
+    its carry. Stateful scorers override it so that advancing a row's steps one by one from `init_carry` equals
+    `score` on the whole row; the default reads no carry: (score_newest, carry)."""
+    return self.score_newest(inputs, span), carry
+
+
+def take_carry(carry, rows):
+  """A scorer carry's rows [B'] (int32 indices), gathered on every leaf along axis 0 (a search's survivors)."""
+  return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), carry)
 
 
 @jax.jit
@@ -84,10 +128,17 @@ def score_newest(scorer: StepScorer, inputs: ScoreInputs, newest_span: jax.Array
   return scorer.score_newest(inputs, newest_span).astype(jnp.float32)
 
 
-def inputs_from_state(state, spec=None, num_layers: int | None = None) -> ScoreInputs:
+def inputs_from_state(state, spec=None, num_layers: int | None = None, prompts=None) -> ScoreInputs:
   """ScoreInputs of a decode state's rows (`reprobe_jax.models.decoding.DecodeState`), on device: the tokens the
   sampler recorded, their log-probs and captured statistics, and, given a FeatureSpec (with the model's layer
-  count), the probe's features assembled from the captured values. No second forward."""
+  count), the probe's features assembled from the captured values; given prompts = (ids [B, Tp], mask [B, Tp]),
+  one per row (`prompt_rows`), the rows' prompts. No second forward."""
+  prompt_ids = prompt_mask = None
+  if prompts is not None:
+    prompt_ids, prompt_mask = prompts
+    if prompt_ids.ndim != 2 or prompt_ids.shape[0] != state.batch or prompt_mask.shape != prompt_ids.shape:
+      raise ConfigError(f"inputs_from_state: prompts must be (ids, mask) of one [{state.batch}, Tp]; got "
+                        f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
   feats = state.features
   token_mask = jnp.arange(state.buffer_len)[None, :] < state.lengths[:, None]  # [B, N]
   features = None
@@ -97,4 +148,22 @@ def inputs_from_state(state, spec=None, num_layers: int | None = None) -> ScoreI
     from reprobe_jax.features import with_logprobs  # features build on the scorers' layer
     features = spec.assemble(with_logprobs(feats, state.logprobs), num_layers)
   return ScoreInputs(token_mask=token_mask, features=features, logprobs=state.logprobs,
-                     entropy=feats.get("token_entropy"), self_certainty=feats.get("token_self_certainty"))
+                     entropy=feats.get("token_entropy"), self_certainty=feats.get("token_self_certainty"),
+                     tokens=state.tokens, prompt_ids=prompt_ids, prompt_mask=prompt_mask)
+
+
+def prompt_rows(prompt_ids: Sequence[Sequence[int]], n: int, batch: int,
+                pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """The prompts of a batch of prompt-major rows (prompt p on rows p * n .. p * n + n - 1, rows past them padding):
+  (ids [batch, Tp] int32 LEFT-padded with pad_id, mask [batch, Tp] bool), Tp = bucket(longest prompt), the
+  prefill's own prompt bucket, so a second batch in the same buckets has the same shapes."""
+  if len(prompt_ids) * n > batch:
+    raise ConfigError(f"prompt_rows: {len(prompt_ids)} prompts x {n} rows do not fit a batch of {batch}")
+  tp = bucket(max([len(p) for p in prompt_ids] + [1]))
+  ids = np.full((batch, tp), pad_id, np.int32)
+  mask = np.zeros((batch, tp), bool)
+  for j, p in enumerate(prompt_ids):
+    if len(p):
+      ids[j * n:(j + 1) * n, tp - len(p):] = np.asarray(p, np.int32)
+      mask[j * n:(j + 1) * n, tp - len(p):] = True
+  return ids, mask

@@ -32,7 +32,7 @@ from reprobe_jax.models.decoding import FINISH_NAMES, DecodeState
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.probe.data import pack_spans, spans_shape
 from reprobe_jax.probe.model import score_packed
-from reprobe_jax.scorers import ProbeScorer, StepScorer, inputs_from_state
+from reprobe_jax.scorers import ProbeScorer, StepScorer, inputs_from_state, prompt_rows
 from reprobe_jax.tasks import Problem
 from reprobe_jax.tasks.formats import MODES, is_answer_line
 from reprobe_jax.trajectories import STEP_MODE, prompt_text
@@ -43,12 +43,13 @@ from reprobe_jax.tts.select import answer_checker, candidate_cost, check_aggrega
 
 
 @functools.partial(jax.jit, static_argnames=("n", "spec", "num_layers"))
-def _score_steps(scorer: StepScorer, state: DecodeState, spans, *, n: int, spec: FeatureSpec | None,
+def _score_steps(scorer: StepScorer, state: DecodeState, spans, prompts, *, n: int, spec: FeatureSpec | None,
                  num_layers: int):
-  """Step scores [B, S] of a decode state's rows for spans [B, S, 2], from its captured values, on device. The
-  scorer sees one prompt's n rows at a time (mapped over prompts), so a row's index in the scorer (the random
-  baseline's key) is its index within its prompt, whatever the batch."""
-  inputs = inputs_from_state(state, spec, num_layers)
+  """Step scores [B, S] of a decode state's rows for spans [B, S, 2], from its captured values and the rows'
+  prompts = (ids, mask) [B, Tp] (`scorers.prompt_rows`), on device. The scorer sees one prompt's n rows at a time
+  (mapped over prompts), so a row's index in the scorer (the random baseline's key) is its index within its prompt,
+  whatever the batch."""
+  inputs = inputs_from_state(state, spec, num_layers, prompts)
   per_prompt = lambda x: x.reshape((-1, n) + x.shape[1:])  # [B, ...] -> [P, n, ...]
   # One prompt at a time (lax.map, not vmap): the n rows of a prompt are scored in one batched call, and memory
   # holds one prompt's [n * S, T] probe windows, not every prompt's (960 rows of 32 steps would need ~10 GB).
@@ -130,7 +131,7 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
   out: list[PromptResult] = []
   for start in range(0, len(ids), chunk):
     state = decode_trajectories(sampler, ids[start:start + chunk], cfg, seeds[start:start + chunk])
-    out += _results(lm, scorer, state, len(ids[start:start + chunk]), cfg, mode, spec)
+    out += _results(lm, scorer, state, ids[start:start + chunk], cfg, mode, spec)
   return out
 
 
@@ -160,9 +161,11 @@ def trajectory_steps(tokenizer, ids: Sequence[int], finish_reason: str, *, mode:
   return ids, spans, finish_reason
 
 
-def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, n_prompts: int, cfg: SearchConfig,
-             mode: str, spec: FeatureSpec | None) -> list[PromptResult]:
-  """The state's rows as PromptResults: EOS dropped, steps aligned and cut (`trajectory_steps`), all scored at once."""
+def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, prompt_ids: Sequence[Sequence[int]],
+             cfg: SearchConfig, mode: str, spec: FeatureSpec | None) -> list[PromptResult]:
+  """The state's rows (those of prompt_ids, cfg.n each) as PromptResults: EOS dropped, steps aligned and cut
+  (`trajectory_steps`), all scored at once."""
+  n_prompts = len(prompt_ids)
   host = jax.device_get({"tokens": state.tokens, "lengths": state.lengths, "finish": state.finish})
   rows = n_prompts * cfg.n
   eos = lm.eos_mask()
@@ -183,7 +186,8 @@ def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, n_prompt
     for r, sp in enumerate(spans):
       if sp:
         padded[r, :len(sp)] = sp
-    scores = np.asarray(_score_steps(scorer, state, jnp.asarray(padded), n=cfg.n, spec=spec,
+    prompts = tuple(jnp.asarray(a) for a in prompt_rows(prompt_ids, cfg.n, state.batch, lm.pad_id()))
+    scores = np.asarray(_score_steps(scorer, state, jnp.asarray(padded), prompts, n=cfg.n, spec=spec,
                                      num_layers=lm.config.num_layers))  # [B, S]
   out = []
   for p in range(n_prompts):

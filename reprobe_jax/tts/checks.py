@@ -19,7 +19,9 @@ def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = No
   """The FeatureSpec a scorer reads (a probe's own, else `feature_spec`), checked against the target before any
   work: its layers exist, a probe's feature width is what this model's features have, a probe trained on another
   target is refused (FeatureMismatchError), and the scorer traces on ScoreInputs of this target's shapes (which
-  also catches a scorer that reads features when none are given). ConfigError naming the scorer otherwise."""
+  also catches a scorer that reads features when none are given); a stateful scorer's init_carry and advance trace
+  too, with a carry of [B, ...] leaves that advance returns in the same shapes. ConfigError naming the scorer
+  otherwise."""
   if not isinstance(scorer, StepScorer):
     raise ConfigError(f"scorer must be a StepScorer (reprobe_jax.scorers.get_scorer), got {type(scorer).__name__}")
   name = getattr(scorer, "name", type(scorer).__name__)
@@ -44,19 +46,41 @@ def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = No
     if scorer.bundle.model_fingerprint is not None and scorer.bundle.model_fingerprint != model_fingerprint(lm):
       raise FeatureMismatchError(f"scorer 'probe' was trained on target model {scorer.bundle.model_fingerprint!r}, "
                                  f"this model is {model_fingerprint(lm)!r}")
-  t = 16
+  b, t, tp = 2, 16, 16
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  span = jax.ShapeDtypeStruct((b, 2), jnp.int32)
   try:
     dim = spec.dim(lm.config) if spec is not None else None
-    inputs = ScoreInputs(token_mask=jax.ShapeDtypeStruct((1, t), jnp.bool_),
-                         features=None if dim is None else f32(1, t, dim), logprobs=f32(1, t), entropy=f32(1, t),
-                         self_certainty=f32(1, t))
-    jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, jax.ShapeDtypeStruct((1, 2), jnp.int32))
+    inputs = ScoreInputs(token_mask=jax.ShapeDtypeStruct((b, t), jnp.bool_),
+                         features=None if dim is None else f32(b, t, dim), logprobs=f32(b, t), entropy=f32(b, t),
+                         self_certainty=f32(b, t), tokens=jax.ShapeDtypeStruct((b, t), jnp.int32),
+                         prompt_ids=jax.ShapeDtypeStruct((b, tp), jnp.int32),
+                         prompt_mask=jax.ShapeDtypeStruct((b, tp), jnp.bool_))
+    jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, span)
+    if scorer.stateful:
+      _check_carry(scorer, inputs, span, t + 8)
   except (ConfigError, TypeError, ValueError) as e:
     feats = f"{spec.name} features (layers {spec.hidden_layers})" if spec is not None else "no features"
     raise ConfigError(f"scorer {name!r} cannot score this target ({lm.config.num_layers} layers, hidden size "
                       f"{lm.config.hidden_size}) with {feats}: {e}") from e
   return spec
+
+
+def _check_carry(scorer: StepScorer, inputs: ScoreInputs, span, room: int) -> None:
+  """A stateful scorer's init_carry and advance traced on abstract inputs of B rows: ConfigError unless every
+  carry leaf is [B, ...], advance returns scores [B] and a carry of init_carry's structure, shapes and dtypes."""
+  b = inputs.token_mask.shape[0]
+  carry = jax.eval_shape(lambda s, i: s.init_carry(i, room), scorer, inputs)
+  shapes = lambda c: [(tuple(x.shape), jnp.dtype(x.dtype)) for x in jax.tree.leaves(c)]
+  bad = [shape for shape, _ in shapes(carry) if not shape or shape[0] != b]
+  if bad:
+    raise ConfigError(f"init_carry must return leaves of leading dim B = {b} (one per row); got leaves of shapes {bad}")
+  scores, after = jax.eval_shape(lambda s, c, i, sp: s.advance(c, i, sp), scorer, carry, inputs, span)
+  if not hasattr(scores, "shape") or tuple(scores.shape) != (b,):
+    raise ConfigError(f"advance must return (scores [B] = [{b}], carry); its scores are {scores}")
+  if jax.tree.structure(after) != jax.tree.structure(carry) or shapes(after) != shapes(carry):
+    raise ConfigError(f"advance must return a carry of init_carry's structure and shapes {shapes(carry)}; got "
+                      f"{shapes(after)}")
 
 
 def prompt_seeds_for(ids: Sequence[Sequence[int]], given: Sequence[int] | None = None) -> list[int]:

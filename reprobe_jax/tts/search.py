@@ -15,6 +15,15 @@ temperature, top_p and max_steps are traced, so a second search in the same buck
 Randomness: row j of prompt p draws from fold_in(key(seed), prompt_seeds[p]) folded with j (round 0, the prefill's
 `row_keys`) or with the round r and then j (`round_keys`), so a prompt gets the same result in any batch. The
 scorer is applied per prompt (vmapped over prompts), so its row index, too, is the row's index within its prompt.
+The scorer's inputs hold each row's response tokens and its prompt (left-padded [R, Tp], the prefill's bucket).
+
+A stateful scorer (`StepScorer.stateful`, a PRM with its own KV cache) is not vmapped: its carry for all R rows
+rides in the loop next to the decode state and the book, built once after the prefill (`init_carry` on every
+row's prompt, room = response buffer + one token per step slot and lookahead step). Each round `advance` scores
+every live row's candidate step at once (the others get an empty span: NaN, carry kept) and the carry after the
+candidate step is the one that survives; a lookahead advances a copy of it step by step (the score of the last
+lookahead step replaces the candidate's, as for a stateless scorer) and drops the copy; at selection the
+survivors' carries are gathered with their decode rows (`take_carry`).
 
 Finishing: a row is finished by EOS, its token budget ('length'), the cache ('cache_full'), an answer line (line
 mode: a step with a line that starts with '<Answer>', 'answer'; the answer line is a step like the others, scored
@@ -43,7 +52,7 @@ from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models import decoding
 from reprobe_jax.models.decoding import FINISH_CACHE_FULL, FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.scorers import StepScorer, inputs_from_state
+from reprobe_jax.scorers import StepScorer, inputs_from_state, prompt_rows, take_carry
 from reprobe_jax.steps import token_bytes
 from reprobe_jax.trajectories import STEP_MODE
 from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
@@ -181,12 +190,20 @@ def _per_prompt(x, p: int):
   return x.reshape((p, -1) + x.shape[1:])
 
 
-def _score(plan: _Plan, scorer, state, spans, p: int):
+def _score(plan: _Plan, scorer, state, spans, prompts, p: int):
   """[R] scores of each row's step spans [R, 2], the scorer vmapped over prompts (row index = index in its prompt)."""
-  inputs = inputs_from_state(state, plan.spec, plan.num_layers)
+  inputs = inputs_from_state(state, plan.spec, plan.num_layers, prompts)
   split = jax.tree.map(lambda x: _per_prompt(x, p), inputs)
   out = jax.vmap(scorer.score_newest)(split, _per_prompt(spans, p))  # [P, rows]
   return out.reshape(-1).astype(jnp.float32)
+
+
+def _advance(plan: _Plan, scorer, prompts, carry, state, spans, rows):
+  """A stateful scorer over all R rows at once: (scores [R] float32, carry) of the step spans [R, 2] of the rows
+  `rows` [R] bool; every other row gets an empty span (NaN, its carry kept)."""
+  out, carry = scorer.advance(carry, inputs_from_state(state, plan.spec, plan.num_layers, prompts),
+                              jnp.where(rows[:, None], spans, 0))
+  return out.astype(jnp.float32), carry
 
 
 def _reason(state, answer, spans, steps, max_steps):
@@ -197,11 +214,16 @@ def _reason(state, answer, spans, steps, max_steps):
   return jnp.where(state.finish == FINISH_STOP, paused, state.finish).astype(jnp.int32)
 
 
-def _lookahead(plan, graphdef, params, shard, state, go, spans, rule, answer, eos_mask, temperature, top_p):
+def _lookahead(plan, graphdef, params, shard, state, go, spans, rule, answer, eos_mask, temperature, top_p,
+               advance=None, carry=None):
   """Extends the rows `go` [R] by up to plan.lookahead greedy steps on a copy of the state: (the copy, the span of
-  each row's last step [R, 2] (the candidate's own where no lookahead step came), lookahead steps [R], tokens [R])."""
+  each row's last step [R, 2] (the candidate's own where no lookahead step came), lookahead steps [R], tokens [R],
+  the score of each row's last lookahead step [R] (NaN where none came)). The scores come from a stateful scorer's
+  `advance` (carry, state, spans, rows) -> (scores, carry), run on every lookahead step from `carry` (the
+  candidates'; the copy is dropped); without one they are all NaN (the caller scores the returned spans)."""
   steps = jnp.zeros(go.shape, jnp.int32)
   tokens = jnp.zeros(go.shape, jnp.int32)
+  last = jnp.full(go.shape, jnp.nan, jnp.float32)
   for _ in range(plan.lookahead):
     state = decoding.resume(state, go)
     before = state.lengths
@@ -209,11 +231,14 @@ def _lookahead(plan, graphdef, params, shard, state, go, spans, rule, answer, eo
     newest = decoding.newest_step_spans(state)
     new = go & (newest[:, 1] > newest[:, 0])  # a resumed row spent at its budget gets no step
     spans = jnp.where(new[:, None], newest, spans)
+    if advance is not None:
+      out, carry = advance(carry, state, newest, new)
+      last = jnp.where(new, out, last)
     steps += new
     tokens += state.lengths - before
     go = new & (state.finish == FINISH_STOP) & ~answer_lines(answer, state.tokens, newest) & (
         state.lengths < state.budget)
-  return state, spans, steps, tokens
+  return state, spans, steps, tokens, last
 
 
 def _duplicates(state, key, live, rows_per_group: int):
@@ -235,9 +260,10 @@ def _duplicates(state, key, live, rows_per_group: int):
 
 
 def _round(plan: _Plan, graphdef, params, shard, scorer, rule, answer, eos_mask, temperature, top_p, max_steps,
-           prompt_keys, carry):
-  """One search round over all R = P * B * N rows: decode, lookahead, score, select, take, re-key, resume."""
-  state, book, rnd = carry
+           prompt_keys, prompts, loop):
+  """One search round over all R = P * B * N rows: decode, lookahead, score, select, take, re-key, resume. loop =
+  (decode state, book, the scorer's carry (() unless it is stateful), round)."""
+  state, book, carry, rnd = loop
   r_rows = state.batch
   p = r_rows // plan.rows_per_prompt
   live = ~book.ended  # every copy of a live survivor samples a candidate
@@ -247,11 +273,17 @@ def _round(plan: _Plan, graphdef, params, shard, scorer, rule, answer, eos_mask,
   reason = _reason(state, answer, spans, book.n_steps + 1, max_steps)
   scored, score_spans = state, spans
   la_steps = la_tokens = jnp.zeros((r_rows,), jnp.int32)
+  advance = functools.partial(_advance, plan, scorer, prompts) if scorer.stateful else None
+  if advance is not None:  # the candidates' carry is the one that survives
+    score, carry = advance(carry, state, spans, live)  # [R]
   if plan.lookahead:
-    scored, score_spans, la_steps, la_tokens = _lookahead(plan, graphdef, params, shard, state,
-                                                          live & (reason == GOES_ON), spans, rule, answer, eos_mask,
-                                                          temperature, top_p)
-  score = _score(plan, scorer, scored, score_spans, p)  # [R]
+    scored, score_spans, la_steps, la_tokens, la_score = _lookahead(
+        plan, graphdef, params, shard, state, live & (reason == GOES_ON), spans, rule, answer, eos_mask, temperature,
+        top_p, advance, carry)
+    if advance is not None:
+      score = jnp.where(la_steps > 0, la_score, score)
+  if advance is None:
+    score = _score(plan, scorer, scored, score_spans, prompts, p)  # [R]
 
   # Selection: per group, the rows finished before this round (first copies only) keep their slots, then the
   # candidates by score (NaN = no tokens: last), ties by row order; duplicate copies of finished rows never.
@@ -278,17 +310,18 @@ def _round(plan: _Plan, graphdef, params, shard, scorer, rule, answer, eos_mask,
   g = lambda x: jnp.take(x, src, axis=0)
   book = book.replace(ended=g(book.ended), reason=g(book.reason), n_steps=g(book.n_steps), scores=g(book.scores),
                       spans=g(book.spans), last=g(book.last), primary=rows % plan.n == 0)
+  carry = take_carry(carry, src)
   state = decoding.take(state, src)
   state = decoding.rekey(state, round_keys(prompt_keys, rnd + 1, plan.rows_per_prompt))
   state = decoding.resume(state, ~book.ended)
-  return state, book, rnd + 1
+  return state, book, carry, rnd + 1
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "plan", "shard"), donate_argnames=("state",))
-def _search(graphdef, params, state, prompt_keys, scorer, rule, answer, eos_mask, temperature, top_p, max_steps, *,
-            plan: _Plan, shard=None):
+def _search(graphdef, params, state, prompt_keys, scorer, rule, answer, eos_mask, temperature, top_p, max_steps,
+            prompts, *, plan: _Plan, shard=None):
   """Rounds until every kept row is finished (at most max_steps, traced): (the final state, the rows' book). The
-  state (donated) is returned so that the loop runs in its buffers."""
+  state (donated) is returned so that the loop runs in its buffers. prompts: (ids, mask) [R, Tp] of every row."""
   r_rows = state.batch
   p = r_rows // plan.rows_per_prompt
   book = _Book(ended=state.done, reason=jnp.where(state.done, FINISH_LENGTH, GOES_ON).astype(jnp.int32),
@@ -296,10 +329,14 @@ def _search(graphdef, params, state, prompt_keys, scorer, rule, answer, eos_mask
                scores=jnp.full((r_rows, plan.history), jnp.nan, jnp.float32),
                spans=jnp.zeros((r_rows, plan.history, 2), jnp.int32), last=jnp.full((r_rows,), jnp.nan, jnp.float32),
                sampled=jnp.zeros((p,), jnp.int32), generated=jnp.zeros((p,), jnp.int32))
+  carry = ()
+  if scorer.stateful:  # room: the response buffer, one token per step slot and per lookahead step
+    carry = scorer.init_carry(inputs_from_state(state, plan.spec, plan.num_layers, prompts),
+                              state.buffer_len + plan.history + plan.lookahead)
   body = functools.partial(_round, plan, graphdef, params, shard, scorer, rule, answer, eos_mask, temperature, top_p,
-                           max_steps, prompt_keys)
-  cond = lambda c: (c[2] < max_steps) & jnp.any(~c[1].ended)
-  state, book, _ = jax.lax.while_loop(cond, body, (state, book, jnp.zeros((), jnp.int32)))
+                           max_steps, prompt_keys, prompts)
+  cond = lambda c: (c[3] < max_steps) & jnp.any(~c[1].ended)
+  state, book, _, _ = jax.lax.while_loop(cond, body, (state, book, carry, jnp.zeros((), jnp.int32)))
   return state, book
 
 
@@ -331,6 +368,7 @@ def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig
   smp = lm.sampler(cfg.sampling, capture=capture, stop=StepBoundary(STEP_MODE[mode]))
   rows = cfg.beams * cfg.n
   state = smp.prefill(ids, max_new_tokens=cfg.max_new_tokens, n=rows, seed=cfg.seed, prompt_seeds=seeds)
+  prompt_arrays = tuple(jnp.asarray(a) for a in prompt_rows(ids, rows, state.batch, lm.pad_id()))
   padded = np.zeros(state.batch // rows, np.uint32)
   padded[:len(ids)] = seeds
   prefix = ANSWER_PREFIX[mode]
@@ -342,7 +380,7 @@ def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig
                filtered=p.filtered)
   state, book = _search(lm.static_graph, lm.params, state, decoding.prompt_keys(cfg.seed, padded), scorer, smp.stop,
                         answer, jnp.asarray(lm.eos_mask()), jnp.float32(p.temperature), jnp.float32(p.top_p),
-                        jnp.int32(cfg.max_steps), plan=plan, shard=lm.shard)
+                        jnp.int32(cfg.max_steps), prompt_arrays, plan=plan, shard=lm.shard)
   out = jax.device_get({"tokens": state.tokens, "lengths": state.lengths, "book": book})
   return _results(out, len(ids), plan, lm.eos_mask())
 
