@@ -1,4 +1,4 @@
-"""Step scorers (METHOD A6, A7): one interface over the probe, the uncertainty baselines and (next) a PRM.
+"""Step scorers (METHOD A6, A7): one interface over the probe, the uncertainty baselines and the PRM.
 
 `get_scorer(name, **kwargs)` builds one; `score(scorer, inputs, spans)` -> [B, S] and `score_newest(scorer,
 inputs, newest_span)` -> [B] run it jitted; `scorer.score` / `scorer.score_newest` are the pure versions to call
@@ -10,8 +10,9 @@ from reprobe_jax.scorers.base import (ScoreInputs, StepScorer, inputs_from_state
 from reprobe_jax.scorers.registry import SCORERS, get_scorer, register_scorer
 from reprobe_jax.scorers.uncertainty import BASELINES, UncertaintyScorer
 from reprobe_jax.scorers.probe import ProbeScorer
+from reprobe_jax.scorers.prm import PRMScorer
 from reprobe_jax.scorers.batching import pad_rows, record_rows, score_rows
 
-__all__ = ["BASELINES", "SCORERS", "ProbeScorer", "ScoreInputs", "StepScorer", "UncertaintyScorer", "get_scorer",
+__all__ = ["BASELINES", "SCORERS", "PRMScorer", "ProbeScorer", "ScoreInputs", "StepScorer", "UncertaintyScorer", "get_scorer",
            "inputs_from_state", "pad_rows", "prompt_rows", "record_rows", "register_scorer", "score", "score_newest",
            "score_rows", "step_token_mask", "take_carry"]

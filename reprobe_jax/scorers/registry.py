@@ -1,4 +1,4 @@
-"""Step scorers by name: the uncertainty baselines, the probe, and (next) a PRM, which registers itself as 'prm'."""
+"""Step scorers by name: the uncertainty baselines, the probe (`probe`) and the PRM (`prm`)."""
 
 from __future__ import annotations
 

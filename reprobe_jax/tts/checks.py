@@ -12,7 +12,7 @@ import numpy as np
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, model_fingerprint
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.scorers import ProbeScorer, ScoreInputs, StepScorer
+from reprobe_jax.scorers import PRMScorer, ProbeScorer, ScoreInputs, StepScorer
 
 
 def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = None) -> FeatureSpec | None:
@@ -46,6 +46,10 @@ def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = No
     if scorer.bundle.model_fingerprint is not None and scorer.bundle.model_fingerprint != model_fingerprint(lm):
       raise FeatureMismatchError(f"scorer 'probe' was trained on target model {scorer.bundle.model_fingerprint!r}, "
                                  f"this model is {model_fingerprint(lm)!r}")
+  if isinstance(scorer, PRMScorer) and scorer.prm.config.vocab_size != lm.config.vocab_size:
+    raise ConfigError(f"scorer 'prm' reads the target's token ids, but its vocabulary has "
+                      f"{scorer.prm.config.vocab_size} tokens and the target's {lm.config.vocab_size}: a PRM must "
+                      "share the target's tokenizer")
   b, t, tp = 2, 16, 16
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   span = jax.ShapeDtypeStruct((b, 2), jnp.int32)
@@ -56,9 +60,11 @@ def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = No
                          self_certainty=f32(b, t), tokens=jax.ShapeDtypeStruct((b, t), jnp.int32),
                          prompt_ids=jax.ShapeDtypeStruct((b, tp), jnp.int32),
                          prompt_mask=jax.ShapeDtypeStruct((b, tp), jnp.bool_))
-    jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, span)
-    if scorer.stateful:
+    if scorer.stateful:  # a stateful scorer's newest step needs the steps before it: score() and the carry
+      jax.eval_shape(lambda s, i, sp: s.score(i, sp[:, None, :]), scorer, inputs, span)
       _check_carry(scorer, inputs, span, t + 8)
+    else:
+      jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, span)
   except (ConfigError, TypeError, ValueError) as e:
     feats = f"{spec.name} features (layers {spec.hidden_layers})" if spec is not None else "no features"
     raise ConfigError(f"scorer {name!r} cannot score this target ({lm.config.num_layers} layers, hidden size "
