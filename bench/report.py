@@ -199,6 +199,18 @@ def search_markdown(search: dict, env: dict) -> list[str]:
             f"(B={par['beams']}, N={par['n']}, {par['max_steps']} rounds): both sides select the same steps on "
             f"{par['problems_equal']:.0%} of {par['problems']} problems"
             + (f", step scores within {same:.1e}." if same is not None else ".")]
+  sc = search.get("scorers")
+  if sc is not None:
+    lines += ["", "Per searched problem, the same beam search by scorer (each side's own selections):", "",
+              "| scorer | sampled steps | s per problem (median) | scorer's share over perplexity (s) |",
+              "|---|---|---|---|"]
+    for name, side in sc["sides"].items():
+      extra = sc["scoring_seconds_per_problem"].get(name)
+      lines.append(f"| {name} | {side['sampled_steps']} | {side['seconds_per_problem']:.2f} | "
+                   f"{'-' if extra is None else f'{extra:.2f}'} |")
+    ratio = sc["scoring_ratio"]
+    lines.append(f"\nPRM-guided search costs {sc['per_problem_ratio']:.2f}x the probe-guided one per problem"
+                 + (f"; the PRM's scoring {ratio:.1f}x the probe's." if ratio is not None else "."))
   return lines
 
 

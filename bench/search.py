@@ -300,6 +300,37 @@ def same_steps(pair: Pair, lm: LanguageModel, prompts, cfg: SearchConfig) -> dic
           "steps_selected": [len(o.candidates[0].steps) for o in ours]}
 
 
+def probe_vs_prm(lm: LanguageModel, prompts, cfg: SearchConfig, repeats: int) -> dict:
+  """Cost per searched problem (issue 15): the same beam search guided by the probe (METHOD A4 at the paper's
+  shape over captured last-layer hidden states; random weights: only its cost matters), by the PRM (the target's
+  backbone and a random head, scoring incrementally from its own KV cache) and by perplexity (which reads only the
+  captured log-probs: the search without a scorer's cost). Selections differ with the scorer, so each side reports
+  its own sampled steps; the scorers' cost is each side's time over perplexity's."""
+  from flax import nnx
+
+  from reprobe_jax.features import FeatureSpec, model_fingerprint
+  from reprobe_jax.prm.model import from_target
+  from reprobe_jax.probe import Probe, ProbeConfig
+  from reprobe_jax.probe.bundle import ProbeBundle
+  from reprobe_jax.scorers import PRMScorer, ProbeScorer
+  spec = FeatureSpec.from_name("hidden")
+  pcfg = ProbeConfig(feature_dim=spec.dim(lm.config))
+  _, params = nnx.split(Probe(pcfg, rngs=nnx.Rngs(0)))
+  scorers = {"probe": ProbeScorer(ProbeBundle.create(pcfg, params, spec, model_fingerprint(lm))),
+             "prm": PRMScorer(from_target(lm, separator_id=lm.pad_id(), seed=0)), "perplexity": get_scorer(SCORER)}
+  sides = {}
+  for name, scorer in scorers.items():
+    t, res = time_call(lambda scorer=scorer: beam_search(lm, scorer, prompts, cfg, mode="line"), repeats)
+    sides[name] = {**_side(t, sum(r.sampled_steps for r in res), sum(r.generated_tokens for r in res)),
+                   "seconds_per_problem": t.median_s / len(prompts)}
+  floor = sides["perplexity"]["seconds_per_problem"]
+  over = {k: max(sides[k]["seconds_per_problem"] - floor, 0.0) for k in ("probe", "prm")}
+  return {"name": "probe_vs_prm_search", "sides": sides, "problems": len(prompts),
+          "per_problem_ratio": sides["prm"]["seconds_per_problem"] / sides["probe"]["seconds_per_problem"],
+          "scoring_seconds_per_problem": over,
+          "scoring_ratio": over["prm"] / over["probe"] if over["probe"] > 0 else None}
+
+
 def run_all(pair: Pair, *, problems: int, beams: int, n: int, steps: int, new_tokens: int, repeats: int,
             check_steps: int, log=print) -> dict:
   """Every search measurement on one target: the 'search' section of bench.run's results."""
@@ -316,5 +347,10 @@ def run_all(pair: Pair, *, problems: int, beams: int, n: int, steps: int, new_to
       f"steps/s (beam costs {bon['cost_ratio']:.2f}x per step)")
   parity = same_steps(pair, lm, prompts, search_config(min(beams, 2), 1, check_steps, new_tokens))
   log(f"  greedy: same selected steps on {parity['problems_equal']:.0%} of the problems")
+  scorers = probe_vs_prm(lm, prompts, cfg, repeats)
+  log(f"  per searched problem: probe {scorers['sides']['probe']['seconds_per_problem']:.2f} s, PRM "
+      f"{scorers['sides']['prm']['seconds_per_problem']:.2f} s, perplexity "
+      f"{scorers['sides']['perplexity']['seconds_per_problem']:.2f} s")
   return {"prompts": what, "problems": len(prompts), "prompt_tokens": [len(p) for p in prompts],
-          "config": dataclasses.asdict(cfg), "scorer": SCORER, "rows": [ref, bon], "parity": parity}
+          "config": dataclasses.asdict(cfg), "scorer": SCORER, "rows": [ref, bon], "parity": parity,
+          "scorers": scorers}
