@@ -1,0 +1,112 @@
+"""Fusion and cascade in the ReProbe report (issue 15 item 3), read from the stored step scores of a run.
+
+`pipeline.evaluate` with a PRM writes every val and test step's probe and PRM scores (`pipeline.write_step_scores`,
+`<prm folder>/step_scores.npz`). From them: a fusion per probe feature set fitted on the val split (its test scores
+are the report's 'fusion[<set>]' rows), and for the probe with the best val PR-AUC (chosen on val, never on test)
+the cascade curve of every test domain: the PRM asked about the fraction f of steps where the probe is least
+certain, its score replacing the probe's ('prm') or fused with it ('fusion'), as f goes from 0 to 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from reprobe_jax.errors import DataFormatError
+from reprobe_jax.metrics import pr_auc
+from reprobe_jax.prm.combine import CascadeCurve, Fusion, cascade_curve, fit_fusion
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitScores:
+  """One split of a step_scores.npz: labels [N] (1 incorrect, 0 correct, NaN unknown), domain [N], scores
+  {scorer: [N]}."""
+
+  labels: np.ndarray
+  domain: np.ndarray
+  scores: Mapping[str, np.ndarray]
+
+
+def read_step_scores(path: str) -> dict[str, SplitScores]:
+  """{'val': ..., 'test': ...} from `pipeline.write_step_scores`' file; DataFormatError naming it when a split or
+  its arrays are missing or of different lengths."""
+  try:
+    with np.load(path) as z:
+      arrays = {k: z[k] for k in z.files}
+  except (OSError, ValueError) as e:
+    raise DataFormatError(f"{path}: not a readable step-scores file ({e})") from None
+  out = {}
+  for split in ("val", "test"):
+    for key in ("labels", "domain"):
+      if f"{split}/{key}" not in arrays:
+        raise DataFormatError(f"{path}: no {split}/{key}")
+    prefix = f"{split}/score/"
+    scores = {k[len(prefix):]: np.asarray(v, np.float64) for k, v in arrays.items() if k.startswith(prefix)}
+    n = len(arrays[f"{split}/labels"])
+    bad = [k for k, v in scores.items() if len(v) != n] + ([] if len(arrays[f"{split}/domain"]) == n else ["domain"])
+    if bad:
+      raise DataFormatError(f"{path}: {split} arrays {bad} do not have one value per step ({n})")
+    out[split] = SplitScores(np.asarray(arrays[f"{split}/labels"], np.float64), arrays[f"{split}/domain"], scores)
+  return out
+
+
+def _finite(*xs) -> np.ndarray:
+  return np.all([np.isfinite(x) for x in xs], axis=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Combined:
+  """What the report adds: fusion test scores {'fusion[<set>]': {domain: [steps]}} (NaN where a step has no score),
+  the fitted fusions {set: Fusion}, the probe the cascade starts from, and the cascade curves {domain: {'prm' |
+  'fusion': CascadeCurve}}."""
+
+  fusion_scores: dict[str, dict[str, np.ndarray]]
+  fusions: dict[str, Fusion]
+  cascade_probe: str
+  cascades: dict[str, dict[str, CascadeCurve]]
+
+  def to_json(self) -> dict:
+    return {"fusions": {k: f.to_json() for k, f in self.fusions.items()}, "cascade_probe": self.cascade_probe,
+            "cascades": {d: {k: c.to_json() for k, c in per.items()} for d, per in self.cascades.items()}}
+
+
+def combine(steps: Mapping[str, SplitScores], domains: Sequence[str], prm: str = "prm") -> Combined:
+  """Fusions fitted on val, applied to test; cascades on test from the probe with the best val PR-AUC."""
+  val, test = steps["val"], steps["test"]
+  probes = [k for k in val.scores if k.startswith("probe[") and k in test.scores]
+  if prm not in val.scores or prm not in test.scores or not probes:
+    raise DataFormatError(f"step scores need the {prm!r} scores and a probe's in both splits; found val "
+                          f"{sorted(val.scores)}, test {sorted(test.scores)}")
+  fusions, fused = {}, {}
+  for name in probes:
+    ok = _finite(val.scores[name], val.scores[prm])
+    fusion = fit_fusion(val.scores[name][ok], val.scores[prm][ok], val.labels[ok])
+    fusions[name[len("probe["):-1]] = fusion
+    okt = _finite(test.scores[name], test.scores[prm])
+    s = np.full(len(test.labels), np.nan)
+    s[okt] = fusion(test.scores[name][okt], test.scores[prm][okt])
+    fused[f"fusion[{name[len('probe['):-1]}]"] = {d: s[test.domain == d] for d in domains}
+  best = max(probes, key=lambda k: pr_auc(val.labels, np.nan_to_num(val.scores[k], nan=0.5)))
+  fusion = fusions[best[len("probe["):-1]]
+  cascades = {}
+  for d in domains:
+    m = (test.domain == d) & _finite(test.scores[best], test.scores[prm])
+    p, q, y = test.scores[best][m], test.scores[prm][m], test.labels[m]
+    cascades[d] = {"prm": cascade_curve(p, q, y), "fusion": cascade_curve(p, q, y, combine=fusion)}
+  return Combined(fused, fusions, best, cascades)
+
+
+def cascade_markdown(c: Combined) -> str:
+  """The cascade table: per domain and combination, test PR-AUC and step accuracy at each share of PRM calls."""
+  any_curve = next(iter(next(iter(c.cascades.values())).values()))
+  head = ["domain", "PRM asked"] + [f"{f:.0%}" for f in any_curve.fractions]
+  lines = [f"Cascade from {c.cascade_probe} (chosen by val PR-AUC): test PR-AUC / step accuracy as the PRM is asked "
+           "about the steps where the probe is least certain.", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for d, per in c.cascades.items():
+    for kind, curve in per.items():
+      cells = [f"{a:.3f} / {b:.2f}" for a, b in zip(curve.pr_auc, curve.accuracy)]
+      lines.append(f"| {d} | {'its score' if kind == 'prm' else 'fused with the probe'} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
