@@ -27,7 +27,6 @@ import json
 import os
 from typing import Callable, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
