@@ -1,7 +1,8 @@
 """Evaluation entry point: `python eval.py --config=configs/<job>.py [--config.a.b=value ...]`.
 
-Jobs: reprobe (PR-AUC of the probes against the uncertainty baselines; trains whatever is missing first; prints
-the numbers beside the README's bands when the config is the one they were made with), seeds (the reprobe job
+Jobs: reprobe (PR-AUC of the probes against the uncertainty baselines, and against the PRM baseline trained here
+when `config.prm.enabled`; trains whatever is missing first; prints the numbers beside the README's bands when the
+config is the one they were made with), seeds (the reprobe job
 once per `config.seeds`, then every number's mean and spread over seeds: `<workdir>/seeds/summary.md` and the
 band file `<workdir>/seeds/bands.json`), tts (test-time scaling: greedy, votes, Best-of-N, beam search and DVTS
 with each step scorer at equal budgets; configs/tts_synthetic.py), tts_seeds (the tts job once per
@@ -23,9 +24,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.p
 def _evaluate(config):
   """(metrics, target report or None, run folder) of one reprobe run."""
   from reprobe_jax import pipeline
+  prm = pipeline.prm_config_from_dict(config.get("prm"))  # checked before the target is built
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
-    metrics = pipeline.evaluate(lm, cfg, workdir, progress=bars.update)
+    metrics = pipeline.evaluate(lm, cfg, workdir, prm=prm, progress=bars.update)
   return metrics, target_report(config), workdir
 
 
@@ -39,6 +41,10 @@ def run_reprobe(config) -> None:
   if timings:
     print("Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
   print(f"Wrote {os.path.join(workdir, 'metrics.json')}, table.md, pr_curves.png; TensorBoard: {workdir}/probe")
+  if "prm_training" in metrics:
+    t = metrics["prm_training"]
+    print(f"PRM baseline: {workdir}/{t['folder']} ({t['epochs']} epochs, best val PR-AUC {t['best_val_pr_auc']:.3f}; "
+          "step_scores.npz holds the val and test step scores of the PRM and the probes)")
   print(bands.beside_bands(config, {"reprobe": metrics, "target": report or {}}, machine=metrics["machine"]))
 
 

@@ -1,7 +1,7 @@
 """Training entry point: `python train.py --config=configs/<job>.py [--config.a.b=value ...]`.
 
 Jobs: target_synthetic (build the built-in default target LM and its report), reprobe (trajectories, labels,
-features and probes on a target model).
+features and probes on a target model, and the PRM baseline when `config.prm.enabled`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,21 @@ def run_target_synthetic(config) -> None:
 
 def run_reprobe(config) -> None:
   from reprobe_jax import pipeline
+  from reprobe_jax.prm.train import history as prm_history
+  prm = pipeline.prm_config_from_dict(config.get("prm"))  # checked before the target is built
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
     probes = pipeline.train_probes(lm, cfg, workdir, progress=bars.update)
+    if prm is not None:
+      pipeline.train_prm_stage(lm, cfg, prm, workdir, progress=bars.update)
   print("\n| feature set | epochs | best val PR-AUC |\n|---|---|---|")
   for name, (_, _, _, history) in probes.items():
     print(f"| {name} | {len(history)} | {max(h['val_pr_auc'] for h in history):.3f} |")
+  if prm is not None:
+    folder = pipeline.prm_folder(workdir, prm)
+    history = prm_history(folder)
+    print(f"| PRM baseline | {len(history)} | {max(h['val_pr_auc'] for h in history):.3f} |")
+    print(f"\nPRM in {folder}/model (load_prm); TensorBoard: {folder}/train/tb")
   print(f"\nProbes in {workdir}/probe; TensorBoard: tensorboard --logdir {workdir}/probe")
 
 

@@ -30,4 +30,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.hidden_layers = (-1,)
   c.probe.d_model = 128
   c.train.epochs = 8
+  # The PRM baseline on SmolLM2's own weights (a 135M PRM, the paper's PRMs are about the target's size).
+  # '<file_sep>' (id 5) is one of SmolLM2's code-corpus special tokens, never produced in a chat answer: the
+  # separator Qwen's '<extra_0>' is for Qwen checkpoints. A full fine-tune of 135M parameters at a smaller rate.
+  c.prm.separator = "<file_sep>"
+  c.prm.learning_rate = 2e-5
+  c.prm.batch_size = 8
+  c.prm.epochs = 3
   return c

@@ -9,6 +9,8 @@ interrupted run resumes (feature extraction and probe training resume mid-way). 
   samples_<split>.jsonl        the sampled trajectories (reprobe_jax.trajectories schema), before labels
   trajectories_<split>.jsonl   the same, labelled by `config.annotator`
   features/<set>/              feature shards and manifest;  probe/<set>/  checkpoints, history, TensorBoard
+  prm/<key>/                   the PRM baseline trained here, when asked (`prm_folder`; reprobe_jax.prm.train's
+                               layout, plus step_scores.npz: the val and test step scores of the PRM and the probes)
   metrics.json, table.md, pr_curves.png, timings.json
 """
 
@@ -29,6 +31,9 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, extract, model_fingerprint
 from reprobe_jax.machine import describe
 from reprobe_jax.models import CaptureSpec, LanguageModel
+from reprobe_jax.prm.model import PRM
+from reprobe_jax.prm.train import MODEL as PRM_MODEL
+from reprobe_jax.prm.train import PRMTrainConfig, check_separator_for, history as prm_history, prm_scores, train_prm
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe import linear
 from reprobe_jax.probe.data import examples
@@ -141,9 +146,27 @@ def check_target(cfg: ReprobeConfig, lm: LanguageModel) -> None:
 def config_from_dict(c) -> ReprobeConfig:
   """The CLI's ConfigDict -> ReprobeConfig, checked whole (every field's type and range, named on error)."""
   d = plain(c)
-  for k in ("job", "workdir", "target", "target_path", "seeds", "bands", "tts"):  # what the CLI reads, not the run
+  for k in ("job", "workdir", "target", "target_path", "seeds", "bands", "tts", "prm"):  # the CLI's, not the run's
     d.pop(k, None)
   return replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
+
+
+def prm_config_from_dict(c) -> PRMTrainConfig | None:
+  """The CLI's `config.prm` section -> its PRMTrainConfig when `config.prm.enabled`, else None; checked whole
+  either way (ConfigError naming `config.prm.<field>`). A section of its own, outside ReprobeConfig, so the run
+  folder's key does not change with it."""
+  d = plain(c if c is not None else {})
+  enabled = d.pop("enabled", False)
+  if not isinstance(enabled, bool):
+    raise ConfigError(f"config.prm.enabled: expected a bool, got {enabled!r}")
+  cfg = replace_fields(PRMTrainConfig(), d, root="config.prm")
+  return cfg if enabled else None
+
+
+def prm_folder(run_dir: str, prm_cfg: PRMTrainConfig) -> str:
+  """`<run>/prm/<key>`, the key a hash of the PRMTrainConfig: where the PRM trained for that config lives
+  (`<folder>/model` loads with `load_prm`), beside its history.json and step_scores.npz."""
+  return os.path.join(run_dir, "prm", runs.run_key(dataclasses.asdict(prm_cfg)))
 
 
 SPLIT_SEEDS = {"train": 2_000_003, "val": 2_000_004, "test": 2_000_005}  # disjoint from the target LM's data
@@ -287,10 +310,37 @@ def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progres
   return out
 
 
-def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Progress | None = None) -> dict:
-  """Scores every test step with the probes, their linear baselines and the uncertainty baselines; writes
-  metrics.json, table.md, pr_curves.png and returns the metrics (`report.scorer_metrics`, plus timings_s)."""
+def train_prm_stage(lm: LanguageModel, cfg: ReprobeConfig, prm_cfg: PRMTrainConfig, workdir: str, *,
+                    progress: Progress | None = None) -> PRM:
+  """The PRM baseline (METHOD A7) trained on the train split, early-stopped on the val split, in
+  `prm_folder(workdir, prm_cfg)`: a cached stage ('prm'), reused when finished, resumed when interrupted."""
+  tick = progress or no_progress
+  check_separator_for(lm, prm_cfg, "config.prm.separator")  # before anything is sampled or trained
+  run = Run(workdir)
+  trajs = trajectories(lm, cfg, workdir, progress=tick)
+  folder = prm_folder(workdir, prm_cfg)
+  made: dict[str, PRM] = {}
+
+  def train(on_epoch=None) -> PRM:
+    return train_prm(lm, prm_cfg, trajs["train"], trajs["val"], folder, on_epoch=on_epoch)
+
+  def make():
+    made["prm"] = train(lambda e, entry: tick(f"prm (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, prm_cfg.epochs))
+
+  run.stage("prm", [os.path.relpath(os.path.join(folder, PRM_MODEL, "config.json"), workdir)], make)
+  return made["prm"] if "prm" in made else train()  # a finished folder: loaded
+
+
+def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, prm: PRMTrainConfig | None = None,
+             progress: Progress | None = None) -> dict:
+  """Scores every test step with the probes, their linear baselines and the uncertainty baselines, and with `prm`
+  the PRM baseline trained here (`train_prm_stage`, scorer 'prm'); writes metrics.json, table.md, pr_curves.png
+  and returns the metrics (`report.scorer_metrics`, plus timings_s and, with `prm`, prm_training). With `prm` the
+  PRM's and every probe's val and test step scores go to `<prm folder>/step_scores.npz` (`write_step_scores`)."""
+  if prm is not None:
+    check_separator_for(lm, prm, "config.prm.separator")  # a separator the tokenizer lacks fails before training
   probes = train_probes(lm, cfg, workdir, progress=progress)
+  model = train_prm_stage(lm, cfg, prm, workdir, progress=progress) if prm is not None else None
   trajs, stores = prepare(lm, cfg, workdir)
   run = Run(workdir)
   for name, store in stores.items():
@@ -323,12 +373,28 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: P
       scores.setdefault(f"probe[{name}]", {})[d] = np.concatenate(
           predict_examples(graphdef, params, rest, exs, cfg.train.batch_size, store.dim))
       scores.setdefault(f"logreg[{name}]", {})[d] = linear.step_scores(lr, exs)
+  if model is not None:
+    per_traj = prm_scores(model, test, prm.batch_size)
+    for d in domains:
+      scores.setdefault("prm", {})[d] = np.concatenate([s for s, r in zip(per_traj, test) if r.domain == d])
   for per in scores.values():  # a dataset without the answer lines is scored by the same scores
     for name in labels:
       if name not in per:
         per[name] = per[name.split(" ")[0]]
   metrics = scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains, groups, seed=cfg.seed)
   metrics["machine"] = str(describe())
+  if model is not None:
+    folder = prm_folder(workdir, prm)
+    hist = prm_history(folder)
+    best = [h["val_pr_auc"] for h in hist if h["improved"]]
+    metrics["prm_training"] = {"folder": os.path.relpath(folder, workdir), "epochs": len(hist),
+                               "best_val_pr_auc": best[-1] if best else float("nan")}
+    val = {"prm": prm_scores(model, trajs["val"], prm.batch_size)}
+    for name, (graphdef, params, rest, _) in probes.items():
+      val[f"probe[{name}]"] = predict_examples(graphdef, params, rest, examples(trajs["val"], stores[name]),
+                                               cfg.train.batch_size, stores[name].dim)
+    write_step_scores(os.path.join(folder, "step_scores.npz"), trajs["val"], val, test, domains,
+                      {name: per for name, per in scores.items() if name in val})
   timings = run.timings()
   if timings:
     metrics["timings_s"] = timings
@@ -337,3 +403,32 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: P
     f.write(table_markdown(metrics))
   plot_pr_curves(scores, {d: labels[d] for d in domains}, run.path("pr_curves.png"))
   return metrics
+
+
+def write_step_scores(path: str, val: list[Trajectory], val_scores: dict[str, list[np.ndarray]],
+                      test: list[Trajectory], domains: list[str], test_scores: dict[str, dict[str, np.ndarray]]
+                      ) -> None:
+  """Every val and test step's scores, for fitting a fusion on val and drawing a cascade on test without rescoring:
+  an .npz with, per split ('val', 'test'), one entry per step in the same order: `<split>/labels` (1 incorrect,
+  0 correct, NaN unknown), `<split>/trajectory_id`, `<split>/problem_id`, `<split>/domain`, `<split>/step` (its
+  index in the trajectory), `<split>/answer` (a line-mode '<Answer>' line) and `<split>/score/<scorer>`. val is in
+  file order; test by domain (`domains`' order), file order within each, as the metrics read it. val_scores:
+  {scorer: per trajectory [num_steps]}; test_scores: {scorer: {domain: [steps of that domain]}}."""
+
+  def columns(recs: list[Trajectory]) -> dict[str, np.ndarray]:
+    steps = [(r, k, s) for r in recs for k, s in enumerate(r.steps)]
+    return {"labels": np.concatenate([r.label_array() for r in recs] + [np.zeros(0, np.float32)]),
+            "trajectory_id": np.asarray([r.id for r, _, _ in steps], str),
+            "problem_id": np.asarray([r.problem_id for r, _, _ in steps], str),
+            "domain": np.asarray([r.domain for r, _, _ in steps], str),
+            "step": np.asarray([k for _, k, _ in steps], np.int32),
+            "answer": np.asarray([r.mode == "line" and formats.is_answer_line(s.text) for r, _, s in steps], bool)}
+
+  arrays = {f"val/{k}": v for k, v in columns(val).items()}
+  arrays.update({f"val/score/{name}": np.concatenate(list(per) + [np.zeros(0, np.float32)])
+                 for name, per in val_scores.items()})
+  ordered = [r for d in domains for r in test if r.domain == d]
+  arrays.update({f"test/{k}": v for k, v in columns(ordered).items()})
+  arrays.update({f"test/score/{name}": np.concatenate([per[d] for d in domains]) for name, per in test_scores.items()})
+  with atomic_open(path, "wb") as f:
+    np.savez(f, **arrays)
