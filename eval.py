@@ -45,6 +45,10 @@ def run_reprobe(config) -> None:
     t = metrics["prm_training"]
     print(f"PRM baseline: {workdir}/{t['folder']} ({t['epochs']} epochs, best val PR-AUC {t['best_val_pr_auc']:.3f}; "
           "step_scores.npz holds the val and test step scores of the PRM and the probes)")
+    with open(os.path.join(workdir, "table.md")) as f:  # the cascade table follows the PR-AUC table there
+      table = f.read()
+    if "Cascade from" in table:
+      print("\n" + table[table.index("Cascade from"):] + f"(plot: {workdir}/cascade.png)")
   print(bands.beside_bands(config, {"reprobe": metrics, "target": report or {}}, machine=metrics["machine"]))
 
 

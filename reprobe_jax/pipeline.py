@@ -11,7 +11,7 @@ interrupted run resumes (feature extraction and probe training resume mid-way). 
   features/<set>/              feature shards and manifest;  probe/<set>/  checkpoints, history, TensorBoard
   prm/<key>/                   the PRM baseline trained here, when asked (`prm_folder`; reprobe_jax.prm.train's
                                layout, plus step_scores.npz: the val and test step scores of the PRM and the probes)
-  metrics.json, table.md, pr_curves.png, timings.json
+  metrics.json, table.md, pr_curves.png, timings.json; with the PRM also cascade.png (reprobe_jax.prm.report)
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, extract, model_fingerprint
 from reprobe_jax.machine import describe
 from reprobe_jax.models import CaptureSpec, LanguageModel
+from reprobe_jax.prm import report as prm_report
+from reprobe_jax.prm.combine import plot_cascade
 from reprobe_jax.prm.model import PRM
 from reprobe_jax.prm.train import MODEL as PRM_MODEL
 from reprobe_jax.prm.train import PRMTrainConfig, check_separator_for, history as prm_history, prm_scores, train_prm
@@ -336,7 +338,9 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, prm: PRMTra
   """Scores every test step with the probes, their linear baselines and the uncertainty baselines, and with `prm`
   the PRM baseline trained here (`train_prm_stage`, scorer 'prm'); writes metrics.json, table.md, pr_curves.png
   and returns the metrics (`report.scorer_metrics`, plus timings_s and, with `prm`, prm_training). With `prm` the
-  PRM's and every probe's val and test step scores go to `<prm folder>/step_scores.npz` (`write_step_scores`)."""
+  PRM's and every probe's val and test step scores go to `<prm folder>/step_scores.npz` (`write_step_scores`), and
+  from them (`prm.report.combine`) the 'fusion[<set>]' rows (fitted on val), the cascade table below the PR-AUC
+  table, cascade.png and metrics['prm_combined']."""
   if prm is not None:
     check_separator_for(lm, prm, "config.prm.separator")  # a separator the tokenizer lacks fails before training
   probes = train_probes(lm, cfg, workdir, progress=progress)
@@ -373,10 +377,22 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, prm: PRMTra
       scores.setdefault(f"probe[{name}]", {})[d] = np.concatenate(
           predict_examples(graphdef, params, rest, exs, cfg.train.batch_size, store.dim))
       scores.setdefault(f"logreg[{name}]", {})[d] = linear.step_scores(lr, exs)
+  combined = None
   if model is not None:
     per_traj = prm_scores(model, test, prm.batch_size)
     for d in domains:
       scores.setdefault("prm", {})[d] = np.concatenate([s for s, r in zip(per_traj, test) if r.domain == d])
+    folder = prm_folder(workdir, prm)
+    val = {"prm": prm_scores(model, trajs["val"], prm.batch_size)}
+    for name, (graphdef, params, rest, _) in probes.items():
+      val[f"probe[{name}]"] = predict_examples(graphdef, params, rest, examples(trajs["val"], stores[name]),
+                                               cfg.train.batch_size, stores[name].dim)
+    step_file = os.path.join(folder, "step_scores.npz")
+    write_step_scores(step_file, trajs["val"], val, test, domains,
+                      {name: per for name, per in scores.items() if name in val})
+    # Fusion (fitted on val) and the cascade (from the probe best on val) read the stored scores back.
+    combined = prm_report.combine(prm_report.read_step_scores(step_file), domains)
+    scores.update(combined.fusion_scores)
   for per in scores.values():  # a dataset without the answer lines is scored by the same scores
     for name in labels:
       if name not in per:
@@ -384,24 +400,21 @@ def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, prm: PRMTra
   metrics = scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains, groups, seed=cfg.seed)
   metrics["machine"] = str(describe())
   if model is not None:
-    folder = prm_folder(workdir, prm)
     hist = prm_history(folder)
     best = [h["val_pr_auc"] for h in hist if h["improved"]]
     metrics["prm_training"] = {"folder": os.path.relpath(folder, workdir), "epochs": len(hist),
                                "best_val_pr_auc": best[-1] if best else float("nan")}
-    val = {"prm": prm_scores(model, trajs["val"], prm.batch_size)}
-    for name, (graphdef, params, rest, _) in probes.items():
-      val[f"probe[{name}]"] = predict_examples(graphdef, params, rest, examples(trajs["val"], stores[name]),
-                                               cfg.train.batch_size, stores[name].dim)
-    write_step_scores(os.path.join(folder, "step_scores.npz"), trajs["val"], val, test, domains,
-                      {name: per for name, per in scores.items() if name in val})
+    metrics["prm_combined"] = combined.to_json()
   timings = run.timings()
   if timings:
     metrics["timings_s"] = timings
   runs.write_json(run.path("metrics.json"), metrics)
   with atomic_open(run.path("table.md")) as f:
-    f.write(table_markdown(metrics))
+    f.write(table_markdown(metrics) + ("" if combined is None else "\n" + prm_report.cascade_markdown(combined)))
   plot_pr_curves(scores, {d: labels[d] for d in domains}, run.path("pr_curves.png"))
+  if combined is not None:
+    plot_cascade({f"{d} ({'PRM' if kind == 'prm' else 'fusion'})": curve for d, per in combined.cascades.items()
+                  for kind, curve in per.items()}, run.path("cascade.png"))
   return metrics
 
 

@@ -158,3 +158,34 @@ def test_plot_cascade_writes_a_png_and_nothing_else(tmp_path):
   import matplotlib.image
   assert matplotlib.image.imread(path).shape[:2] == (440, 1100)  # 10 x 4 inches at 110 dpi
   assert os.listdir(path.parent) == ["cascade.png"]  # no temporary file left beside it
+
+
+def test_report_fits_fusion_on_val_and_starts_the_cascade_from_the_probe_best_on_val(tmp_path):
+  """prm.report.combine on a stored step-scores file: each fusion is the one fitted on the val split alone, applied
+  to test; the cascade starts from the probe with the best val PR-AUC even when another is better on test."""
+  from reprobe_jax.prm.report import combine, read_step_scores
+  rng = np.random.default_rng(0)
+
+  def split(n, good):  # 'good' is informative, 'weak' barely; the PRM sees the labels through noise
+    y = (rng.random(n) < 0.4).astype(float)
+    y[:3] = np.nan
+    noisy = lambda s: np.clip(0.5 + s * (np.nan_to_num(y) - 0.5) + rng.normal(0, 0.25, n), 0, 1)
+    return y, {"probe[good]": noisy(0.6 if good else 0.05), "probe[weak]": noisy(0.05 if good else 0.6),
+               "prm": noisy(0.3)}
+
+  yv, sv = split(300, good=True)
+  yt, st = split(400, good=False)  # on test the other probe is the informative one
+  dom_t = np.asarray(["a"] * 200 + ["b"] * 200)
+  arrays = {"val/labels": yv, "val/domain": np.asarray(["a"] * 300), "test/labels": yt, "test/domain": dom_t}
+  arrays.update({f"val/score/{k}": v for k, v in sv.items()})
+  arrays.update({f"test/score/{k}": v for k, v in st.items()})
+  np.savez(tmp_path / "s.npz", **arrays)
+  c = combine(read_step_scores(str(tmp_path / "s.npz")), ["a", "b"])
+  assert c.cascade_probe == "probe[good]"
+  want = fit_fusion(sv["probe[weak]"], sv["prm"], yv)(st["probe[weak]"], st["prm"])
+  np.testing.assert_allclose(np.concatenate([c.fusion_scores["fusion[weak]"][d] for d in "ab"]), want)
+  for d in "ab":
+    m = dom_t == d
+    curve = c.cascades[d]["prm"]
+    assert curve.pr_auc[0] == pytest.approx(pr_auc(yt[m], st["probe[good]"][m]))
+    assert curve.pr_auc[-1] == pytest.approx(pr_auc(yt[m], st["prm"][m]))

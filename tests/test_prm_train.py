@@ -218,6 +218,10 @@ def test_pipeline_scores_the_prm_beside_the_probes_and_keeps_step_scores(lm, tmp
   folder = pipeline.prm_folder(str(tmp_path), prm_cfg)
   assert metrics["prm_training"]["folder"] == os.path.relpath(folder, tmp_path)
   assert "prm" in (tmp_path / "table.md").read_text() and "prm" in metrics["timings_s"]
+  # fusion rows (fitted on val) and the cascade from the probe best on val, in the table and as a PNG
+  assert "fusion[hidden]" in metrics["methods"] and "Cascade from probe[" in (tmp_path / "table.md").read_text()
+  assert set(metrics["prm_combined"]["cascades"]) == {"arithmetic", "planning", "qa"}
+  assert (tmp_path / "cascade.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   trajs = {s: pipeline.read_trajectories(tmp_path / f"trajectories_{s}.jsonl") for s in ("val", "test")}
   prm = load_prm(os.path.join(folder, "model"))
   with np.load(os.path.join(folder, "step_scores.npz")) as z:

@@ -58,7 +58,7 @@ def _finite(*xs) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class Combined:
-  """What the report adds: fusion test scores {'fusion[<set>]': {domain: [steps]}} (NaN where a step has no score),
+  """What the report adds: fusion test scores {'fusion[<set>]': {domain: [steps]}} (0.5 where a step has none),
   the fitted fusions {set: Fusion}, the probe the cascade starts from, and the cascade curves {domain: {'prm' |
   'fusion': CascadeCurve}}."""
 
@@ -85,7 +85,7 @@ def combine(steps: Mapping[str, SplitScores], domains: Sequence[str], prm: str =
     fusion = fit_fusion(val.scores[name][ok], val.scores[prm][ok], val.labels[ok])
     fusions[name[len("probe["):-1]] = fusion
     okt = _finite(test.scores[name], test.scores[prm])
-    s = np.full(len(test.labels), np.nan)
+    s = np.full(len(test.labels), 0.5)  # a step without tokens (its label is NaN): as linear.step_scores
     s[okt] = fusion(test.scores[name][okt], test.scores[prm][okt])
     fused[f"fusion[{name[len('probe['):-1]}]"] = {d: s[test.domain == d] for d in domains}
   best = max(probes, key=lambda k: pr_auc(val.labels, np.nan_to_num(val.scores[k], nan=0.5)))
