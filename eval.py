@@ -86,13 +86,17 @@ def run_seeds(config) -> None:
 
 def run_tts(config) -> None:
   from reprobe_jax.tts import job, report
+  from reprobe_jax import pipeline
   tcfg = job.tts_config_from_dict(config.get("tts", {}))
+  prm = pipeline.prm_config_from_dict(config.get("prm"))
+  job.check_prm(tcfg, prm)  # before the target is built
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
-    metrics = job.evaluate(lm, cfg, tcfg, workdir, progress=bars.update)
+    metrics = job.evaluate(lm, cfg, tcfg, workdir, prm=prm, progress=bars.update)
   print("\nTest-time scaling (accuracy; the step scorer after the comma):\n")
   print(report.table_markdown(metrics))
-  print(f"Wrote {metrics['directory']}/metrics.json, table.md, accuracy.png")
+  print(f"Wrote {metrics['directory']}/metrics.json, table.md, accuracy.png"
+        + (", cascade.png" if "cascade" in metrics else ""))
 
 
 def run_tts_seeds(config) -> None:
@@ -100,13 +104,16 @@ def run_tts_seeds(config) -> None:
   from reprobe_jax import bands, runs
   from reprobe_jax.atomic import atomic_open
   from reprobe_jax.tts import job, report
+  from reprobe_jax import pipeline
   seeds = bands.check_seeds(config.get("seeds"))
   tcfg = job.tts_config_from_dict(config.get("tts", {}))
+  prm = pipeline.prm_config_from_dict(config.get("prm"))
+  job.check_prm(tcfg, prm)
   per_seed = []
   for one in _per_seed(config, seeds):
     lm, cfg, workdir = reprobe_setup(one)
     with ProgressBars() as bars:
-      metrics = job.evaluate(lm, cfg, tcfg, workdir, progress=bars.update)
+      metrics = job.evaluate(lm, cfg, tcfg, workdir, prm=prm, progress=bars.update)
     metrics.pop("directory")
     per_seed.append(metrics)
   merged = report.over_seeds(per_seed)
@@ -117,6 +124,8 @@ def run_tts_seeds(config) -> None:
   with atomic_open(os.path.join(out, "summary.md")) as f:
     f.write(table)
   report.plot_budgets(merged, os.path.join(out, "accuracy.png"))
+  if "cascade" in merged:
+    report.plot_cascade(merged, os.path.join(out, "cascade.png"))
   print("\n" + table)
   print(f"Wrote {out}/summary.md, per_seed.json, accuracy.png")
 

@@ -26,7 +26,9 @@ def get_config(grid: str = "full") -> ml_collections.ConfigDict:
   c.tts = ml_collections.ConfigDict(dict(
       problems=60,  # per domain, spread evenly over the ReProbe test split
       domains=("arithmetic", "planning", "qa"),
-      scorers=("probe[attn+logit]", "probe[hidden]", "maxprob", "perplexity", "mean_entropy", "random"),
+      # 'prm': the PRM baseline the ReProbe job trains (config.prm); with a probe it adds Best-of-N by their fusion
+      # and the cascade (the PRM asked about the steps where the probe is least certain)
+      scorers=("probe[attn+logit]", "probe[hidden]", "prm", "maxprob", "perplexity", "mean_entropy", "random"),
       strategies=("best_of_n", "beam", "dvts"),
       budgets=(1, 2, 4, 8, 16),  # trajectories per problem; beam search and DVTS: B x N
       aggregation="min",  # the paper's trajectory score: min over steps of P(correct)

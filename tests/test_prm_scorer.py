@@ -48,7 +48,17 @@ def test_search_scores_equal_the_prm_on_each_whole_text(lm, scorer, strategy):  
 
 def test_best_of_n_scores_every_step_with_the_whole_text(lm, scorer):  # noqa: F811
   cfg = SearchConfig("best_of_n", n=3, max_steps=4, max_new_tokens=24, temperature=1.0, top_k=0, top_p=1.0)
-  assert _check(best_of_n(lm, scorer, PROMPTS, cfg, prompt_seeds=[1, 2, 3]), scorer, last_too=True) >= 9
+  results = best_of_n(lm, scorer, PROMPTS, cfg, prompt_seeds=[1, 2, 3])
+  assert _check(results, scorer, last_too=True) >= 9
+  # the test-time-scaling job rescores stored candidates the same way (fusion and cascade read these scores)
+  from reprobe_jax.tts.job import rescore, with_scores
+  again = rescore(scorer, PROMPTS, results)
+  for res, per in zip(results, again):
+    for cand, s in zip(res.candidates, per):
+      np.testing.assert_allclose(s, cand.scores, atol=1e-5)
+  flipped = with_scores(results, [[1 - s for s in per] for per in again])
+  assert [c.steps for r in flipped for c in r.candidates] == [c.steps for r in results for c in r.candidates]
+  np.testing.assert_allclose(flipped[0].candidates[0].scores, 1 - again[0][0])
 
 
 def test_a_prm_of_another_vocabulary_and_newest_step_calls_are_refused(lm, scorer):  # noqa: F811

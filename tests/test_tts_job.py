@@ -106,3 +106,50 @@ def test_a_tiny_grid_end_to_end_and_resumed(lm, tmp_path, monkeypatch):
   again = job.evaluate(lm, cfg, tcfg, str(tmp_path))
   assert same(again["results"], metrics["results"])
   assert np.isfinite(again["results"]["arithmetic"]["beam[perplexity]"]["4"]["sampled_steps"])
+
+
+def test_cascade_rows_and_their_mean_over_seeds():
+  def with_cascade(shift):
+    m = _metrics(shift)
+    m["cascade"] = {"arithmetic": {"probe": "probe[hidden]", "budget": 4, "fractions": [0.0, 0.5, 1.0], "steps": 9,
+                                   "prm": {"accuracy": [0.5 + shift, 0.6, 0.25], "prm_calls": [0.0, 5 / 9, 1.0]},
+                                   "fusion": {"accuracy": [0.5 + shift, 0.75, 0.75], "prm_calls": [0.0, 5 / 9, 1.0]}}}
+    return m
+
+  table = report.table_markdown(with_cascade(0.0))
+  assert "Cascade, Best-of-N at N = 4 from probe[hidden]" in table
+  assert "| arithmetic | its score | 0.500 | 0.600 | 0.250 |" in table
+  assert "| arithmetic | fused with the probe | 0.500 | 0.750 | 0.750 |" in table
+  merged = report.over_seeds([with_cascade(0.0), with_cascade(0.2)])
+  band = merged["cascade"]["arithmetic"]["prm"]["accuracy"][0]
+  assert band.mean == pytest.approx(0.6) and band.n == 2
+  assert "| arithmetic | its score | 0.600 +- 0.141 |" in report.table_markdown(merged)
+
+
+@pytest.mark.slow
+def test_the_prm_its_fusion_and_the_cascade_in_a_tiny_grid(lm, tmp_path):
+  """The cascade's ends are the cells it mixes: at 0% PRM calls Best-of-N by the probe, at 100% by the PRM (its
+  score) or by the fusion; the same candidates (same seeds) in every Best-of-N cell."""
+  from reprobe_jax.prm.train import PRMTrainConfig
+  cfg = pipeline.ReprobeConfig(train_problems=6, val_problems=4, test_problems=3, difficulties=(1,),
+                               feature_sets=("hidden",), trajectories=TrajectoryConfig(samples=1, max_new_tokens=24,
+                                                                                      batch_size=8),
+                               train=ProbeTrainConfig(batch_size=4, epochs=1))
+  prm = PRMTrainConfig(separator="<|pad|>", batch_size=4, epochs=1)
+  tcfg = job.TTSConfig(problems=2, domains=("arithmetic",), scorers=("probe[hidden]", "prm"),
+                       strategies=("best_of_n",), budgets=(1, 4), max_steps=4)
+  with pytest.raises(ConfigError, match="config.prm.enabled is False"):
+    job.evaluate(lm, cfg, tcfg, str(tmp_path))
+  metrics = job.evaluate(lm, cfg, tcfg, str(tmp_path), prm=prm)
+  per = metrics["results"]["arithmetic"]
+  assert set(per) == {"greedy", "best_of_n[probe[hidden]]", "best_of_n[prm]", "best_of_n[fusion[hidden]]"}
+  c = metrics["cascade"]["arithmetic"]
+  assert c["probe"] == "probe[hidden]" and c["fractions"][0] == 0 and c["fractions"][-1] == 1
+  for kind in ("prm", "fusion"):
+    assert c[kind]["prm_calls"][0] == 0 and c[kind]["prm_calls"][-1] == 1
+    assert c[kind]["accuracy"][0] == per["best_of_n[probe[hidden]]"]["4"]["best"]
+  assert c["prm"]["accuracy"][-1] == per["best_of_n[prm]"]["4"]["best"]
+  assert c["fusion"]["accuracy"][-1] == per["best_of_n[fusion[hidden]]"]["4"]["best"]
+  assert per["best_of_n[prm]"]["4"]["sampled_steps"] == per["best_of_n[probe[hidden]]"]["4"]["sampled_steps"]
+  assert os.path.exists(os.path.join(metrics["directory"], "cascade.png"))
+  assert "Cascade, Best-of-N" in open(os.path.join(metrics["directory"], "table.md")).read()

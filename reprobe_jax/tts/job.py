@@ -13,6 +13,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
 from reprobe_jax import pipeline, runs
 from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name
 from reprobe_jax.errors import ConfigError
@@ -21,7 +26,13 @@ from reprobe_jax.probe.bundle import ProbeBundle
 from reprobe_jax.probe.model import ProbeConfig
 from reprobe_jax.readers import read_json
 from reprobe_jax.runs import Progress, Run, no_progress
-from reprobe_jax.scorers import BASELINES, ProbeScorer, StepScorer, UncertaintyScorer
+from reprobe_jax.models.sampling import bucket
+from reprobe_jax.prm import report as prm_report
+from reprobe_jax.prm.combine import FRACTIONS, Fusion, cascade_scores
+from reprobe_jax.prm.train import PRMTrainConfig
+from reprobe_jax.scorers import (BASELINES, PRMScorer, ProbeScorer, ScoreInputs, StepScorer, UncertaintyScorer,
+                                 prompt_rows)
+from reprobe_jax.scorers import score as score_jit
 from reprobe_jax.trajectories import prompt_text
 from reprobe_jax.tts import select
 from reprobe_jax.tts.beam import beam_search
@@ -35,13 +46,14 @@ DVTS_CANDIDATES = 4  # N per subtree; the budget's rest is subtrees (search-and-
 
 
 class ScorerName:
-  """A config rule: a baseline name (scorers.BASELINES) or 'probe[<feature set>]'."""
+  """A config rule: a baseline name (scorers.BASELINES), 'prm' (the PRM trained by the ReProbe job, config.prm) or
+  'probe[<feature set>]'."""
 
   def ok(self, v) -> bool:
-    return isinstance(v, str) and (v in BASELINES or (v.startswith("probe[") and v.endswith("]")))
+    return isinstance(v, str) and (v in BASELINES or v == "prm" or (v.startswith("probe[") and v.endswith("]")))
 
   def __str__(self) -> str:
-    return f"one of {BASELINES} or 'probe[<feature set>]'"
+    return f"one of {BASELINES}, 'prm' or 'probe[<feature set>]'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +109,18 @@ def tts_config_from_dict(d) -> TTSConfig:
   return replace_fields(TTSConfig(), plain(d), root="config.tts")
 
 
+def check_prm(tcfg: TTSConfig, prm: PRMTrainConfig | None) -> None:
+  """ConfigError when the grid names 'prm' but the run has no PRM config (config.prm.enabled)."""
+  if "prm" in tcfg.scorers and prm is None:
+    raise ConfigError("config.tts.scorers names 'prm', but config.prm.enabled is False: the PRM baseline is the one "
+                      "the ReProbe job trains (config.prm)")
+
+
 def scorers_for(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, workdir: str, *,
-                progress: Progress | None = None) -> dict[str, StepScorer]:
+                prm: PRMTrainConfig | None = None, progress: Progress | None = None) -> dict[str, StepScorer]:
   """Every scorer the grid names: the probes trained by the ReProbe job in `workdir` (trained there first if
-  missing), the uncertainty baselines."""
+  missing), the PRM it trains (with `prm`), the uncertainty baselines."""
+  check_prm(tcfg, prm)
   wanted = [s[len("probe["):-1] for s in tcfg.scorers if s.startswith("probe[")]
   unknown = sorted(set(wanted) - set(cfg.feature_sets))
   if unknown:
@@ -118,7 +138,85 @@ def scorers_for(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig,
   for name in tcfg.scorers:
     if name in BASELINES:
       out[name] = UncertaintyScorer.create(name, seed=cfg.seed)
+    elif name == "prm":
+      out[name] = PRMScorer(pipeline.train_prm_stage(lm, cfg, prm, workdir, progress=progress))
   return out
+
+
+def rescore(scorer: StepScorer, prompt_ids: Sequence[Sequence[int]], results: Sequence[PromptResult]
+            ) -> list[list[np.ndarray]]:
+  """[prompt][candidate] the scorer's step scores [S] of every candidate of every prompt, on its whole text (prompt
+  + response; for a scorer that reads the token ids and the prompt, such as the PRM, not the probe), one prompt's
+  candidates per jitted call in bucketed shapes."""
+  out = []
+  for ids, res in zip(prompt_ids, results):
+    cands = res.candidates
+    t = bucket(max([len(c.response_ids) for c in cands] + [1]))
+    s = bucket(max([len(c.steps) for c in cands] + [1]), minimum=4)
+    tokens = np.zeros((len(cands), t), np.int32)
+    mask = np.zeros((len(cands), t), bool)
+    spans = np.zeros((len(cands), s, 2), np.int32)
+    for i, c in enumerate(cands):
+      tokens[i, :len(c.response_ids)], mask[i, :len(c.response_ids)] = c.response_ids, True
+      if c.steps:
+        spans[i, :len(c.steps)] = c.steps
+    pids, pmask = prompt_rows([list(ids)], len(cands), len(cands))
+    inputs = ScoreInputs(token_mask=jnp.asarray(mask), tokens=jnp.asarray(tokens), prompt_ids=jnp.asarray(pids),
+                         prompt_mask=jnp.asarray(pmask))
+    got = np.asarray(score_jit(scorer, inputs, jnp.asarray(spans)))
+    out.append([got[i, :len(c.steps)] for i, c in enumerate(cands)])
+  return out
+
+
+def with_scores(results: Sequence[PromptResult], scores: Sequence[Sequence[np.ndarray]]) -> list[PromptResult]:
+  """The results with every candidate's step scores replaced ([prompt][candidate] arrays of its steps)."""
+  return [dataclasses.replace(r, candidates=tuple(dataclasses.replace(c, step_scores=tuple(float(x) for x in s))
+                                                  for c, s in zip(r.candidates, per)))
+          for r, per in zip(results, scores)]
+
+
+def fusion_and_cascade(problems, prompts, lm, probe: StepScorer, prm: StepScorer, fusion: Fusion, cfg, tcfg, mode
+                       ) -> tuple[dict, dict]:
+  """One Best-of-N run at the largest budget with the probe (the probe cell's candidates: same seeds), its
+  candidates rescored by the PRM on their whole texts; returns (the fusion cell: every budget selected by the
+  fused step scores, the cascade cell: at the largest budget, accuracy as the PRM is asked about the fraction f
+  of all the domain's candidate steps where the probe is least certain, its score replacing the probe's ('prm')
+  or fused with it ('fusion'))."""
+  t0 = time.perf_counter()
+  top = max(tcfg.budgets)
+  res = _run("best_of_n", lm, probe, prompts, _search_config("best_of_n", top, cfg, tcfg), mode)
+  seconds = time.perf_counter() - t0
+  p_scores = [[c.scores for c in r.candidates] for r in res]
+  q_scores = rescore(prm, lm.encode(prompts), res)
+  fused = [[fusion(a, b) for a, b in zip(pa, qa)] for pa, qa in zip(p_scores, q_scores)]
+  fused_res = with_scores(res, fused)
+  fusion_cell = {str(b): _summaries(problems, [select.first_k(r, b) for r in fused_res], lm, mode,
+                                    tcfg.aggregation, True, seconds * b / top) for b in tcfg.budgets}
+  flat = lambda per: np.concatenate([x for row in per for x in row] + [np.zeros(0)])
+  sizes = [[len(x) for x in row] for row in p_scores]
+  p_flat, q_flat = flat(p_scores), flat(q_scores)
+
+  def unflat(v):
+    out, k = [], 0
+    for row in sizes:
+      out.append([])
+      for n in row:
+        out[-1].append(v[k:k + n])
+        k += n
+    return out
+
+  ok = np.isfinite(p_flat) & np.isfinite(q_flat)
+  cascade = {"budget": top, "fractions": list(FRACTIONS), "steps": int(ok.sum())}
+  for kind, combine in (("prm", None), ("fusion", fusion)):
+    acc, calls = [], []
+    for f in FRACTIONS:
+      mixed, asked = p_flat.copy(), np.zeros(len(p_flat), bool)
+      mixed[ok], asked[ok] = cascade_scores(p_flat[ok], q_flat[ok], f, combine=combine)
+      acc.append(_summaries(problems, with_scores(res, unflat(mixed)), lm, mode, tcfg.aggregation, True,
+                            seconds)["best"])
+      calls.append(float(asked[ok].mean()) if ok.any() else 0.0)
+    cascade[kind] = {"accuracy": acc, "prm_calls": calls}
+  return fusion_cell, cascade
 
 
 def _search_config(strategy: str, budget: int, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig,
@@ -162,17 +260,32 @@ def _summaries(problems, results, lm, mode, aggregation, probabilities, seconds)
 
 
 def evaluate(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, workdir: str, *,
-             progress: Progress | None = None) -> dict:
+             prm: PRMTrainConfig | None = None, progress: Progress | None = None) -> dict:
   """Runs (or resumes) the grid in `<workdir>/tts/<key>/`; writes metrics.json, table.md and accuracy.png there and
-  returns the metrics: {domain: {method: {budget: summary}}} under 'results', plus the run's settings."""
+  returns the metrics: {domain: {method: {budget: summary}}} under 'results', plus the run's settings. With the PRM
+  and a probe among the scorers and Best-of-N among the strategies, also 'best_of_n[fusion[<set>]]' (the fusion
+  the ReProbe job fitted on its val split) and the cascade (metrics['cascade'], cascade.png), from the probe its val
+  split ranks best."""
   tick = progress or no_progress
-  scorers = scorers_for(lm, cfg, tcfg, workdir, progress=progress)
-  key = runs.run_key(dataclasses.asdict(tcfg))
+  scorers = scorers_for(lm, cfg, tcfg, workdir, prm=prm, progress=progress)
+  combo = None
+  if "prm" in scorers and "best_of_n" in tcfg.strategies and any(k.startswith("probe[") for k in scorers):
+    stored = os.path.join(pipeline.prm_folder(workdir, prm), "step_scores.npz")
+    if not os.path.exists(stored):  # the ReProbe job's report writes them (its other stages are cached by now)
+      pipeline.evaluate(lm, cfg, workdir, prm=prm)
+    combined = prm_report.combine(prm_report.read_step_scores(stored), list(cfg.train_domains))
+    name = combined.cascade_probe
+    if name not in scorers:
+      name = next(k for k in scorers if k.startswith("probe["))
+    combo = (name, combined.fusions[name[len("probe["):-1]])
+  setting = dataclasses.asdict(tcfg)
+  key = runs.run_key(setting if "prm" not in tcfg.scorers else {**setting, "prm": dataclasses.asdict(prm)})
   run = Run(os.path.join(workdir, "tts", key))
   os.makedirs(run.path("cells"), exist_ok=True)
   test = pipeline.split_problems(cfg)[tcfg.split]
   mode = cfg.mode
   results: dict[str, dict[str, dict[str, dict]]] = {}
+  cascades: dict[str, dict] = {}
   total = len(tcfg.domains) * (1 + len(tcfg.scorers) * len(tcfg.strategies))
   done = 0
   for domain in tcfg.domains:
@@ -220,14 +333,31 @@ def evaluate(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, wo
         per[f"{strategy}[{sname}]"] = _cell(run, f"{domain}.{strategy}.{sname}", make)
         done += 1
         tick(f"tts {domain}", done, total)
+    if combo is not None:
+      pname, fusion = combo
+      made = {}
+
+      def both(key):
+        if not made:
+          made["fusion"], made["cascade"] = fusion_and_cascade(problems, prompts, lm, scorers[pname], scorers["prm"],
+                                                               fusion, cfg, tcfg, mode)
+        return made[key]
+
+      per[f"best_of_n[fusion[{pname[len('probe['):-1]}]]"] = _cell(run, f"{domain}.best_of_n.fusion",
+                                                                   lambda: both("fusion"))
+      cascades[domain] = {"probe": pname, **_cell(run, f"{domain}.cascade", lambda: both("cascade"))}
   from reprobe_jax.machine import describe
   from reprobe_jax.tts import report
   metrics = {"results": results, "config": dataclasses.asdict(tcfg), "train_domains": list(cfg.train_domains),
              "machine": str(describe())}
+  if cascades:
+    metrics["cascade"] = cascades
   runs.write_json(run.path("metrics.json"), metrics)
   from reprobe_jax.atomic import atomic_open
   with atomic_open(run.path("table.md")) as f:
     f.write(report.table_markdown(metrics))
   report.plot_budgets(metrics, run.path("accuracy.png"))
+  if cascades:
+    report.plot_cascade(metrics, run.path("cascade.png"))
   metrics["directory"] = run.directory
   return metrics

@@ -50,7 +50,61 @@ def over_seeds(per_seed: Sequence[dict]) -> dict:
       for b, summary in budgets.items():
         results.setdefault(domain, {}).setdefault(cell, {})[b] = {
             k: summarise([m["results"][domain][cell][b][k] for m in per_seed]) for k in summary}
-  return {**first, "results": results, "seeds": len(per_seed)}
+  out = {**first, "results": results, "seeds": len(per_seed)}
+  if "cascade" in first:
+    out["cascade"] = {d: {**c, **{kind: {k: [summarise([m["cascade"][d][kind][k][i] for m in per_seed])
+                                             for i in range(len(c[kind][k]))] for k in c[kind]}
+                                  for kind in CASCADE_KINDS}}
+                      for d, c in first["cascade"].items()}
+  return out
+
+
+CASCADE_KINDS = {"prm": "its score", "fusion": "fused with the probe"}
+
+
+def _mean(x):
+  return x.mean if isinstance(x, Band) else x
+
+
+def cascade_markdown(metrics: dict) -> str:
+  """The cascade rows: Best-of-N accuracy at the largest budget as the PRM is asked about a growing share of the
+  candidate steps (those where the probe is least certain); empty without a cascade."""
+  cascades = metrics.get("cascade")
+  if not cascades:
+    return ""
+  any_c = next(iter(cascades.values()))
+  head = ["domain", "PRM asked"] + [f"{f:.0%}" for f in any_c["fractions"]]
+  lines = [f"Cascade, Best-of-N at N = {any_c['budget']} from {any_c['probe']}: accuracy as the PRM is asked about "
+           "the share of candidate steps where the probe is least certain (0% = the probe alone, 100% = the PRM "
+           "alone or the fusion):", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+  for d, c in cascades.items():
+    for kind, title in CASCADE_KINDS.items():
+      lines.append(f"| {d} | {title} | " + " | ".join(_fmt(a) for a in c[kind]["accuracy"]) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def plot_cascade(metrics: dict, path: str) -> None:
+  """cascade.png: Best-of-N accuracy against PRM calls per candidate step, one panel per domain."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from reprobe_jax.atomic import atomic_open
+  cascades = metrics["cascade"]
+  fig, axes = plt.subplots(1, len(cascades), figsize=(5 * len(cascades), 4), squeeze=False)
+  for ax, (d, c) in zip(axes[0], cascades.items()):
+    for kind, title in CASCADE_KINDS.items():
+      xs = [_mean(x) for x in c[kind]["prm_calls"]]
+      ys = c[kind]["accuracy"]
+      line, = ax.plot(xs, [_mean(y) for y in ys], marker="o", ms=3, label=f"PRM {title}")
+      if ys and isinstance(ys[0], Band):
+        ax.fill_between(xs, [y.mean - y.sd for y in ys], [y.mean + y.sd for y in ys], color=line.get_color(),
+                        alpha=0.12)
+    ax.set(xlabel="PRM calls per candidate step", ylabel=f"accuracy (Best-of-N, N = {c['budget']})", title=d)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  with atomic_open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=120)
+  plt.close(fig)
 
 
 def table_markdown(metrics: dict) -> str:
@@ -86,6 +140,9 @@ def table_markdown(metrics: dict) -> str:
     cost.append("" if value is None or math.isnan(value) else _fmt(auroc))
     lines.append(f"| {title} | " + " | ".join(vals + cost) + " |")
   seeds = f" Mean +- sd over {metrics['seeds']} seeds." if metrics.get("seeds") else ""
+  cascade = cascade_markdown(metrics)
+  if cascade:
+    lines += ["", cascade.rstrip("\n")]
   lines += ["", "selection AUROC: how well the scorer's trajectory scores rank each problem's own candidates (wrong "
             "answers above right ones), averaged over problems with both; 0.5 is chance.", "",
             f"Machine: {metrics.get('machine', '?')}.{seeds}", ""]
