@@ -278,8 +278,10 @@ def evaluate(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, wo
     if name not in scorers:
       name = next(k for k in scorers if k.startswith("probe["))
     combo = (name, combined.fusions[name[len("probe["):-1]])
-  setting = dataclasses.asdict(tcfg)
-  key = runs.run_key(setting if "prm" not in tcfg.scorers else {**setting, "prm": dataclasses.asdict(prm)})
+  # The folder is keyed by what every cell depends on; a cell's own file names its strategy and scorer (and the
+  # PRM's config), so adding a scorer or a strategy to the grid reuses the cells already made.
+  key = runs.run_key({k: v for k, v in dataclasses.asdict(tcfg).items() if k not in ("scorers", "strategies")})
+  tag = {name: name if name != "prm" else f"prm.{runs.run_key(dataclasses.asdict(prm))}" for name in scorers}
   run = Run(os.path.join(workdir, "tts", key))
   os.makedirs(run.path("cells"), exist_ok=True)
   test = pipeline.split_problems(cfg)[tcfg.split]
@@ -330,7 +332,7 @@ def evaluate(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, wo
                                       time.perf_counter() - t0)
           return cell
 
-        per[f"{strategy}[{sname}]"] = _cell(run, f"{domain}.{strategy}.{sname}", make)
+        per[f"{strategy}[{sname}]"] = _cell(run, f"{domain}.{strategy}.{tag[sname]}", make)
         done += 1
         tick(f"tts {domain}", done, total)
     if combo is not None:
@@ -343,9 +345,10 @@ def evaluate(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, wo
                                                                fusion, cfg, tcfg, mode)
         return made[key]
 
-      per[f"best_of_n[fusion[{pname[len('probe['):-1]}]]"] = _cell(run, f"{domain}.best_of_n.fusion",
-                                                                   lambda: both("fusion"))
-      cascades[domain] = {"probe": pname, **_cell(run, f"{domain}.cascade", lambda: both("cascade"))}
+      fname = f"fusion[{pname[len('probe['):-1]}]"
+      per[f"best_of_n[{fname}]"] = _cell(run, f"{domain}.best_of_n.{fname}.{tag['prm']}", lambda: both("fusion"))
+      cascades[domain] = {"probe": pname, **_cell(run, f"{domain}.cascade.{fname}.{tag['prm']}",
+                                                  lambda: both("cascade"))}
   from reprobe_jax.machine import describe
   from reprobe_jax.tts import report
   metrics = {"results": results, "config": dataclasses.asdict(tcfg), "train_domains": list(cfg.train_domains),
