@@ -8,6 +8,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops every compiled program after each test module. One process compiles thousands of XLA programs over
+  the suite; each maps its code into memory, and near the end of a full run (past the kernel's default of 65530
+  memory maps) a compile crashed (abort, then a segfault, twice at the same test, which passes alone)."""
+  yield
+  import gc
+
+  import jax
+  jax.clear_caches()
+  gc.collect()
+
 VOCAB_WORDS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(90)] + [".\n", "a.\n", "\n\n", "=", "+", "-",
                                                                         "Step", ":"]
 

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")  # the `bench` extra
+pytestmark = pytest.mark.slow  # a whole bench run (about a minute); .ci/run runs the slow tests after the suite
 
 # bench/ sits next to the package at the repository root, which plain `pytest` does not put on sys.path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -37,7 +37,7 @@ def _check(results, scorer, *, last_too):
   return checked
 
 
-@pytest.mark.parametrize("strategy", ["beam", "dvts"])
+@pytest.mark.parametrize("strategy", ["beam", pytest.param("dvts", marks=pytest.mark.slow)])
 def test_search_scores_equal_the_prm_on_each_whole_text(lm, scorer, strategy):  # noqa: F811
   run = beam_search if strategy == "beam" else dvts
   got = run(lm, scorer, PROMPTS, SearchConfig(strategy, beams=2, **CFG), prompt_seeds=[4, 5, 6])

@@ -439,6 +439,7 @@ _SHARDED = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a subprocess on 8 host devices (about 35 s)
 def test_sharded_search_on_8_devices_makes_the_same_selections(tmp_path):
   """Probe-guided beam search with the prompts over the data axis of 8 CPU devices selects what one device selects,
   and the probe's in-loop step scores equal the probe on a fresh forward of each kept response."""
