@@ -20,6 +20,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.family_weights = ml_collections.ConfigDict({"arithmetic": 6.0, "planning": 1.5, "qa": 2.0})
   c.prompt_loss_weight = 0.1
   c.thinking_fraction = 0.4  # share of training problems that also get a thinking-mode trace
+  # Share of thinking traces that also teach answering when interrupted at a boundary (SPAE's probe; 0 = off;
+  # configs/spae_synthetic.py turns it on). See reprobe_jax/synthetic/interrupt.py.
+  c.interrupt_share = 0.0
+  c.interrupt_guess_share = 0.5
   c.eval_problems_per_family = 48
   c.difficulties = (1, 2, 3)
   c.vocab_size = 1024

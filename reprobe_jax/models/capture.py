@@ -16,6 +16,8 @@ class CaptureSpec:
   attn_window: W > 0 captures, for every layer and head, the attention probabilities from query t to keys
     t, t-1, ..., t-W+1 (zero where the key is before the start or masked); W = 0 captures none.
   top_k_probs: K > 0 returns the K largest next-token probabilities (temperature 1), sorted descending.
+  top_k_ids: with top_k_probs, also returns the token ids of those K ('top_ids', int32): a top-K log-prob list
+    as an OpenAI-style completion API returns it (SPAE's released code reads Conf and Acc from such lists).
   token_stats: returns the log-probability of the actual next token, the full-vocabulary entropy and the
     self-certainty of the next-token distribution.
   """
@@ -24,11 +26,14 @@ class CaptureSpec:
   attn_window: int = 0
   top_k_probs: int = 0
   token_stats: bool = False
+  top_k_ids: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "hidden_layers", tuple(int(i) for i in self.hidden_layers))
     if self.attn_window < 0 or self.top_k_probs < 0:
       raise ConfigError(f"CaptureSpec: attn_window and top_k_probs must be >= 0, got {self}")
+    if self.top_k_ids and not self.top_k_probs:
+      raise ConfigError("CaptureSpec: top_k_ids needs top_k_probs > 0")
 
   def resolve_layers(self, num_layers: int) -> tuple[int, ...]:
     """HF hidden-state indices in [0, num_layers], negatives resolved; errors name the bad index."""

@@ -385,9 +385,10 @@ def flatten(state: DecodeState) -> DecodeState:
   return state.replace(cache=cache, slots=jnp.where(state.slots >= 0, state.slots + c.prefix.size, -1))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "n", "suffix_size"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "n", "suffix_size", "buffer_len"))
 def fork(graphdef, params, state: DecodeState, cut_token, *, n: int, suffix_size: int,
-         capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
+         capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None,
+         buffer_len: int | None = None) -> DecodeState:
   """n new rows per cut of every row, each continuing the row's context up to and including its response token
   cut_token[b, c] (cut_token [B, C] >= 0; C * n rows per row, in (row, cut, sample) order), with empty responses.
 
@@ -395,7 +396,8 @@ def fork(graphdef, params, state: DecodeState, cut_token, *, n: int, suffix_size
   attention: the slots before the cut hold what a fresh forward of the context would), and the token itself is
   fed again into their own suffix caches, which yields the next-token distribution after it. This is how SPAE
   probes every step boundary of a trajectory at once (METHOD B1). The state must have no shared prefix itself
-  (`flatten` it first). Call `start_rule` before decoding the new rows with a stop rule.
+  (`flatten` it first). Call `start_rule` before decoding the new rows with a stop rule. buffer_len: the new rows'
+  response buffer (default the state's; probes that write a few tokens need far less).
   """
   if state.cache.prefix is not None:
     raise ValueError("fork needs a state without a shared prefix; call flatten(state) first")
@@ -407,6 +409,6 @@ def fork(graphdef, params, state: DecodeState, cut_token, *, n: int, suffix_size
   cache = state.cache.share(per, suffix_size, cut=slot)
   ids = state.tokens[rows, tok][:, None]
   logits, captured, cache = extend(graphdef, params, cache, ids, jnp.ones_like(ids), capture=capture, shard=shard)
-  bn, nbuf = rows.shape[0], state.buffer_len
+  bn, nbuf = rows.shape[0], state.buffer_len if buffer_len is None else buffer_len
   rng = _row_rng(state.rng, lambda r: r[rows])  # per-row keys: each new row starts from its source row's key
   return _fresh_state(cache, logits[:, -1], _last(captured), jnp.full((bn,), nbuf, jnp.int32), rng, nbuf, capture)

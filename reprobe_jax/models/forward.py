@@ -56,7 +56,10 @@ def logit_stats(logits, next_ids, capture: CaptureSpec):
   z = logits.astype(jnp.float32)
   lse = jax.nn.logsumexp(z, axis=-1)  # [B, T]
   if capture.top_k_probs:
-    out["top_probs"] = jnp.exp(jax.lax.top_k(z, capture.top_k_probs)[0] - lse[..., None])  # [B, T, K]
+    top_z, top_ids = jax.lax.top_k(z, capture.top_k_probs)
+    out["top_probs"] = jnp.exp(top_z - lse[..., None])  # [B, T, K]
+    if capture.top_k_ids:
+      out["top_ids"] = top_ids.astype(jnp.int32)  # [B, T, K]
   if capture.token_stats:
     out["token_logprobs"] = jnp.take_along_axis(z, next_ids[..., None], axis=-1)[..., 0] - lse  # [B, T]
     p = jnp.exp(z - lse[..., None])

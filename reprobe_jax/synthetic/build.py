@@ -25,6 +25,7 @@ from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.machine import describe
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
 from reprobe_jax.readers import read_json
+from reprobe_jax.synthetic.interrupt import interrupted_examples
 from reprobe_jax.runs import Progress, Run, no_progress, run_key, write_json
 from reprobe_jax.synthetic import evaluate
 from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
@@ -76,6 +77,12 @@ class SyntheticBuildConfig:
   # in-domain line-mode skill is what the quality band measures and it needs most of the budget; re-checking is
   # learned from far fewer thinking traces.
   thinking_fraction: float = 1.0
+  # Share of the thinking traces that also teach answering when interrupted at a boundary (the SPAE target's
+  # skill, synthetic/interrupt.py); 0 = none (and the field stays out of the config's hash, so older builds keep
+  # their folders). interrupt_guess_share: how often an unfinished chain answers another problem's answer instead
+  # of its running value.
+  interrupt_share: float = 0.0
+  interrupt_guess_share: float = 0.5
   eval_problems_per_family: int = 64
   difficulties: tuple[int, ...] = (1, 2, 3)
   noise: TraceNoise = TraceNoise()
@@ -90,6 +97,7 @@ class SyntheticBuildConfig:
     check_fields(self, {"seed": Int(0), "train_problems_per_difficulty": Int(1),
                         "family_weights": Pairs(OneOf(FAMILIES), Real(0.0)), "prompt_loss_weight": Real(0.0),
                         "thinking_fraction": Real(0.0, 1.0, low_open=True), "eval_problems_per_family": Int(1),
+                        "interrupt_share": Real(0.0, 1.0), "interrupt_guess_share": Real(0.0, 1.0),
                         "difficulties": Seq(OneOf(DIFFICULTIES)), "vocab_size": Int(1), "buckets": Seq(Int(1)),
                         "eval_temperature": Real(0.0), "max_new_tokens": Pairs(OneOf(MODES), Int(1), MODES)})
     for name, cls in (("noise", TraceNoise), ("model", TinyLMShape), ("train", TrainLMConfig)):
@@ -100,7 +108,10 @@ class SyntheticBuildConfig:
   def key(self) -> str:
     """Hash of the config and of what the task code makes from it (a changed generator, prompt or solver
     rebuilds instead of reusing a model trained on other data)."""
-    return run_key(dataclasses.asdict(self), _task_code_fingerprint(self))
+    d = dataclasses.asdict(self)
+    if not self.interrupt_share:  # added later: a build without interruptions keeps the key it had before
+      d.pop("interrupt_share"), d.pop("interrupt_guess_share")
+    return run_key(d, _task_code_fingerprint(self))
 
 
 def _task_code_fingerprint(cfg: "SyntheticBuildConfig") -> str:
@@ -171,14 +182,19 @@ def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None 
   model_dir = run.path("model")
   if not run.exists("model/config.json"):
     with run.timed("data_s"):
-      pairs = []
+      pairs, interrupted = [], []
       for mode in MODES:
         chosen = train if mode == "line" else thinking_subset(train, cfg.thinking_fraction)
         traces = solve_many(chosen, mode, cfg.seed, cfg.noise)
         pairs += [(user_prompt(p, mode), t.text) for p, t in zip(chosen, traces)]
+        if mode == "thinking" and cfg.interrupt_share:
+          interrupted = interrupted_examples(chosen, [t.text for t in traces], share=cfg.interrupt_share,
+                                             seed=cfg.seed, guess_share=cfg.interrupt_guess_share)
       tokenizer = build_tokenizer((chat_prompt_text(q) + a for q, a in pairs), cfg.vocab_size)
-      data = encode_examples(tokenizer, [(chat_prompt(tokenizer, q), a) for q, a in pairs], cfg.buckets,
-                             prompt_weight=cfg.prompt_loss_weight)
+      examples = [(chat_prompt(tokenizer, q), a) for q, a in pairs]
+      examples += [(chat_prompt(tokenizer, e.user) + e.prefix, e.answer + "}") for e in interrupted]
+      weights = [cfg.prompt_loss_weight] * len(pairs) + [0.0] * len(interrupted)
+      data = encode_examples(tokenizer, examples, cfg.buckets, prompt_weight=weights)
     shape = cfg.model
     model_cfg = ModelConfig(
         family="llama", vocab_size=len(tokenizer), hidden_size=shape.hidden_size,

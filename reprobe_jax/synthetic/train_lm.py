@@ -34,35 +34,38 @@ class TrainLMConfig:
 
 
 def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], buckets: Sequence[int], *,
-                    prompt_weight: float = 0.0):
+                    prompt_weight: float | Sequence[float] = 0.0):
   """(prompt, response) texts -> {length bucket T: (tokens [N, T] right-padded, loss mask [N, T])}.
 
   The loss mask covers the response and the EOS that follows it, so the model learns to stop; prompt tokens get
   `prompt_weight` (a small weight there is extra signal at no extra compute: the prompt is run anyway). Each
   example goes
   to the smallest bucket that holds it, which keeps padding (and compute) low; examples longer than every bucket
-  get a new one (their length rounded up to a multiple of 64).
+  get a new one (their length rounded up to a multiple of 64). prompt_weight: one for all, or one per pair.
   """
   eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+  weights = [prompt_weight] * len(pairs) if isinstance(prompt_weight, (int, float)) else list(prompt_weight)
+  if len(weights) != len(pairs):
+    raise ValueError(f"encode_examples: {len(pairs)} pairs but {len(weights)} prompt weights")
   encoded = []
-  for prompt, response in pairs:
+  for (prompt, response), w in zip(pairs, weights):
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     r = tokenizer(response, add_special_tokens=False)["input_ids"] + [eos]
-    encoded.append((p + r, len(p)))
-  longest = max(len(ids) for ids, _ in encoded)
+    encoded.append((p + r, len(p), w))
+  longest = max(len(ids) for ids, _, _ in encoded)
   buckets = sorted(set(buckets) | ({-(-longest // 64) * 64} if longest > max(buckets) else set()))
-  rows: dict[int, list[tuple[list[int], int]]] = {b: [] for b in buckets}
-  for ids, n_prompt in encoded:
-    rows[next(b for b in buckets if len(ids) <= b)].append((ids, n_prompt))
+  rows: dict[int, list[tuple[list[int], int, float]]] = {b: [] for b in buckets}
+  for ids, n_prompt, w in encoded:
+    rows[next(b for b in buckets if len(ids) <= b)].append((ids, n_prompt, w))
   out = {}
   for b, items in rows.items():
     if not items:
       continue
     tokens = np.full((len(items), b), pad, np.int32)
     mask = np.zeros((len(items), b), np.float32)
-    for j, (ids, n_prompt) in enumerate(items):
+    for j, (ids, n_prompt, w) in enumerate(items):
       tokens[j, :len(ids)] = ids
-      mask[j, 1:n_prompt] = prompt_weight
+      mask[j, 1:n_prompt] = w
       mask[j, n_prompt:len(ids)] = 1.0
     out[b] = (tokens, mask)
   return out

@@ -81,10 +81,14 @@ def _with_period(paragraph: str) -> str:
   return paragraph if paragraph.endswith(".") else paragraph + "."
 
 
+# What opens the final answer; SPAE's probe appends it inside the thinking to ask for the answer so far (METHOD B1).
+ANSWER_OPENER = "**Final Answer**\n\\boxed{"
+
+
 def render_thinking(paragraphs: Sequence[str], answer: str | None) -> str:
   """'<think>\\n' + paragraphs each ending in '.\\n\\n' + '</think>\\n\\n**Final Answer**\\n\\\\boxed{answer}'."""
   body = "".join(_with_period(p) + "\n\n" for p in paragraphs)
-  tail = "" if answer is None else f"**Final Answer**\n\\boxed{{{answer}}}"
+  tail = "" if answer is None else f"{ANSWER_OPENER}{answer}}}"
   return f"<think>\n{body}</think>\n\n{tail}"
 
 
@@ -249,6 +253,14 @@ class Progress(NamedTuple):
   established_answer: str | None
   right_established: bool
   rechecks_after: int
+
+
+def answers_so_far(problem: Problem, paragraphs: Sequence[str]) -> list[tuple[str, bool]]:
+  """(the answer the paragraphs up to and including i imply, whether the chain is complete there) for each i: what
+  a solver interrupted after paragraph i believes (the running value while the chain is incomplete)."""
+  family = _family(problem)
+  return [(family.state_answer(problem, state), family.is_done(problem, state))
+          for _, _, state in _replay_thinking(problem, paragraphs)]
 
 
 def thinking_progress(problem: Problem, paragraphs: Sequence[str]) -> Progress:

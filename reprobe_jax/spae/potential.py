@@ -1,0 +1,380 @@
+"""SPAE's Step Potential (METHOD B1): every paragraph boundary of every trajectory of a batch probed in one call.
+
+At boundary k of a thinking trajectory the model is asked for its answer so far: the probe suffix
+`**Final Answer**\\n\\\\boxed{` is appended to the prompt + response up to and including the boundary's last token,
+and then
+- Conf = (1/N) sum_n exp(-(1/L_n) sum_l H_{n,l}) over N continuations of at most `max_tokens` tokens sampled at
+  T = 0.6, H the full-vocabulary entropy (temperature 1) of the distribution each sampled token came from, L_n
+  the tokens of sample n up to and including the one that holds the closing `}` (or its EOS, or all of them);
+- Acc = (1/|y*|) sum_m p(y*_m | prefix, suffix, y*_<m), teacher-forced on the ground-truth answer tokens y*;
+- Phi = 1.5 Acc Conf + 0.5 Acc - Conf; the boundary is saturated when Phi > eps_sat (0.9).
+
+How it runs (`probe`, one jitted program): the trajectories' own decode state (its KV cache) is forked at every
+boundary into N + 1 rows that read that cache as a shared prefix cut at the boundary (`decoding.fork`: no
+re-prefill of the question or of earlier steps, no copy); one `force` call appends the suffix to all of them and,
+to the (N+1)-th row of each boundary, the answer tokens as well (its log-probs are Acc's terms); one `decode` call
+samples the N continuations of all boundaries of all trajectories at once, each row stopping at its `}`.
+
+Randomness: the n-th continuation at the c-th boundary of a trajectory draws from
+fold_in(fold_in(fold_in(key(seed), trajectory_seed), c), n), so a trajectory's potentials are the same in any batch.
+
+`reading='reference_code'` reproduces the released script (cii030/SPAE-RL, inference/probe_mechanism_example.py):
+for sample n and answer position k < min(|y*|, L_n), the top-20 list of the *sampled* continuation's k-th position
+gives lp_k (the answer token's log-prob when it is in the list, else -10) and H_k (the entropy of the 20 listed
+probabilities, not renormalised); Acc_n = exp(sum_k lp_k) / K_n, Conf_n = exp(-sum_k H_k) / K_n, K_n the number of
+positions read, and Acc, Conf the sums over samples divided by N. docs/method.md says why the paper reading is the
+default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reprobe_jax.boundary import ENDS_AFTER, ENDS_BEFORE, StepBoundary
+from reprobe_jax.config import Int, OneOf, Real, check_fields
+from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError
+from reprobe_jax.models import decoding
+from reprobe_jax.models.capture import CaptureSpec
+from reprobe_jax.models.decoding import DecodeState, StopRule
+from reprobe_jax.models.sampling import bucket
+from reprobe_jax.steps import THINK_OPEN
+from reprobe_jax.tasks.formats import ANSWER_OPENER
+
+READINGS = ("paper", "reference_code")
+REFERENCE_MISSING_LOGPROB = -10.0  # what the released script adds when the answer token is not in the top-20 list
+
+
+def step_potential(acc, conf):
+  """Phi = 1.5 Acc Conf + 0.5 Acc - Conf (METHOD B1), elementwise over arrays of any shape (NaN stays NaN):
+  (0, 0) -> 0 exploration, (1, 1) -> 1 correct and sure, (0, 1) -> -1 false confidence, (1, 0) -> 0.5."""
+  return 1.5 * acc * conf + 0.5 * acc - conf
+
+
+def saturated(phi, eps_sat: float = 0.9):
+  """Phi > eps_sat, elementwise (NaN is never saturated)."""
+  return phi > eps_sat
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeConfig:
+  """METHOD B1's probe: N=5 continuations of at most 10 tokens at T=0.6, eps_sat 0.9."""
+
+  samples: int = 5
+  max_tokens: int = 10
+  temperature: float = 0.6
+  eps_sat: float = 0.9
+  suffix: str = ANSWER_OPENER
+  reading: str = "paper"  # or 'reference_code' (the released script's top-20 reading, module docstring)
+  top_logprobs: int = 20  # the list length of the reference reading
+  seed: int = 0
+  batch_size: int = 16  # trajectories per probing call (rows: batch_size * boundaries * (samples + 1))
+
+  def __post_init__(self):
+    check_fields(self, {"samples": Int(1), "max_tokens": Int(1), "temperature": Real(0.0, low_open=True),
+                        "eps_sat": Real(-1.0, 1.0), "reading": OneOf(READINGS), "top_logprobs": Int(1),
+                        "seed": Int(0), "batch_size": Int(1)})
+    if not isinstance(self.suffix, str) or not self.suffix:
+      raise ConfigError(f"ProbeConfig.suffix: expected a non-empty string, got {self.suffix!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPotentials:
+  """One trajectory's potentials: one entry per paragraph boundary before `</think>`, in order.
+
+  cuts: the response-token index of each boundary's last token (the probe reads the response up to and including
+  it). acc, conf, phi: NaN where the boundary was skipped (a boundary that closes a step with no tokens)."""
+
+  cuts: np.ndarray  # [C] int
+  acc: np.ndarray  # [C] float
+  conf: np.ndarray  # [C] float
+  phi: np.ndarray  # [C] float
+  eps_sat: float = 0.9
+
+  @property
+  def saturated(self) -> np.ndarray:
+    return saturated(self.phi, self.eps_sat)
+
+  @property
+  def first_saturated(self) -> int | None:
+    """Index of the first saturated boundary, or None."""
+    hit = np.flatnonzero(self.saturated)
+    return int(hit[0]) if hit.size else None
+
+  def __len__(self) -> int:
+    return int(self.cuts.shape[0])
+
+
+# ------------------------------------------------------------------------------------------------ device parts
+
+
+@jax.jit
+def boundary_marks(table, tokens, lengths):
+  """[B, N] bool: response token j is the last token of a paragraph step (METHOD A1) that a later token or the
+  boundary itself closed: the sampler's own stop automaton run over the tokens (ENDS_AFTER at j marks j,
+  ENDS_BEFORE at j marks j - 1), so these are exactly where a sampler with that stop rule pauses."""
+  b, n = tokens.shape
+
+  def step(q, j):
+    nq, ends = table.advance(q, tokens[:, j])
+    live = j < lengths
+    return jnp.where(live, nq, q), jnp.where(live, ends, 0)
+
+  _, ends = jax.lax.scan(step, jnp.zeros((b,), jnp.int32), jnp.arange(n))
+  ends = ends.T  # [B, N]
+  after = (ends & ENDS_AFTER) != 0
+  before = (ends & ENDS_BEFORE) != 0
+  before_prev = jnp.concatenate([before[:, 1:], jnp.zeros((b, 1), bool)], axis=1)  # ENDS_BEFORE at j+1 marks j
+  return after | before_prev
+
+
+def _forced_blocks(suffix, answers, answer_len, rows_per_cut: int, cuts_per_row: int):
+  """Left-padded forced blocks [R, K]: the suffix for each sample row, suffix + answer for each cut's last row."""
+  s = suffix.shape[0]
+  a = answers.shape[1]
+  k = s + a
+  b = answers.shape[0]
+  pos = jnp.arange(k)[None, :]
+  # sample rows: suffix at the last s positions
+  samp = jnp.broadcast_to(jnp.concatenate([jnp.zeros((a,), jnp.int32), suffix])[None], (b, k))
+  samp_mask = jnp.broadcast_to(pos >= a, (b, k))
+  # the answer row: suffix then the answer, right-aligned: first = k - s - answer_len
+  first = k - s - answer_len  # [B]
+  rel = pos - first[:, None]  # index into suffix + answer
+  full = jnp.concatenate([jnp.broadcast_to(suffix[None], (b, s)), answers], axis=1)  # [B, s + a]
+  acc_ids = jnp.take_along_axis(full, jnp.clip(rel, 0, k - 1), axis=1)
+  acc_mask = rel >= 0
+  per = rows_per_cut
+
+  def rows(x, last):  # [B, K] -> [B * C * per, K]: per cut, per - 1 copies of x then last
+    both = jnp.concatenate([jnp.repeat(x[:, None], per - 1, axis=1), last[:, None]], axis=1)  # [B, per, K]
+    return jnp.repeat(both[:, None], cuts_per_row, axis=1).reshape(-1, k)
+
+  return rows(samp, acc_ids), rows(samp_mask, acc_mask)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "shard", "n", "suffix_size", "buffer_len", "max_tokens",
+                                             "reading", "top_logprobs"))
+def probe(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, answer_len, close_rule: StopRule,
+          eos_mask, temperature, *, n: int, suffix_size: int, buffer_len: int, max_tokens: int, reading: str,
+          top_logprobs: int, shard=None):
+  """(acc, conf) [B, C] at the cuts [B, C] (response-token index of each boundary's last token; -1 = none: NaN)
+  of every row of `state` (a decode state without a shared prefix, each row's response in its buffers).
+
+  keys [B, C]: one typed PRNG key per cut (its samples draw from fold_in(key, n)); suffix [S] int32; answers
+  [B, A] int32 right-padded with lengths answer_len [B] >= 1; close_rule: tokens that hold a '}'."""
+  b, c = cuts.shape
+  per = n + 1
+  capture = CaptureSpec(token_stats=True, top_k_probs=top_logprobs if reading == "reference_code" else 0,
+                        top_k_ids=reading == "reference_code")
+  valid = cuts >= 0
+  f = decoding.fork(graphdef, params, state, jnp.maximum(cuts, 0), n=per, suffix_size=suffix_size,
+                    capture=capture, shard=shard, buffer_len=buffer_len)
+  f = decoding.rekey(f, decoding.row_keys(keys.reshape(-1), per))
+  ids, mask = _forced_blocks(suffix, answers, answer_len, per, c)
+  row_valid = jnp.repeat(valid.reshape(-1), per)
+  mask = mask & row_valid[:, None]
+  f = decoding.force(graphdef, params, f, close_rule, ids, mask.astype(jnp.int32), capture=capture, shard=shard)
+  s = suffix.shape[0]
+  is_acc = (jnp.arange(f.batch) % per) == per - 1
+  f = f.replace(done=f.done | is_acc | ~row_valid, budget=jnp.full((f.batch,), s + max_tokens, jnp.int32))
+  f = decoding.decode(graphdef, params, f, close_rule, eos_mask, temperature, jnp.float32(1.0),
+                      jnp.int32(max_tokens), greedy=False, top_k=0, filtered=False, capture=capture, shard=shard)
+  pos = jnp.arange(f.buffer_len)[None, :]
+  shape = (b, c, per)
+  # Acc: the answer row's teacher-forced log-probs at [s, s + |y*|)
+  ans_len = jnp.repeat(jnp.repeat(answer_len, c), per)  # [R]
+  lp = f.logprobs
+  sampled = (pos >= s) & (pos < f.lengths[:, None])  # [R, Nbuf] the sampled tokens of each sample row
+  if reading == "paper":
+    in_ans = (pos >= s) & (pos < s + ans_len[:, None])
+    acc_row = jnp.sum(jnp.where(in_ans, jnp.exp(lp), 0.0), axis=1) / jnp.maximum(ans_len, 1)
+    acc = acc_row.reshape(shape)[..., -1]
+    ent = f.features["token_entropy"]
+    count = jnp.sum(sampled, axis=1)
+    mean_ent = jnp.sum(jnp.where(sampled, ent, 0.0), axis=1) / jnp.maximum(count, 1)
+    conf_n = jnp.where(count > 0, jnp.exp(-mean_ent), 0.0).reshape(shape)[..., :n]
+    conf = jnp.mean(conf_n, axis=-1)
+  else:
+    top_p = f.features["top_probs"]  # [R, Nbuf, K]
+    top_ids = f.features["top_ids"]
+    a = answers.shape[1]
+    row_ans = jnp.repeat(jnp.repeat(answers, c, axis=0), per, axis=0)  # [R, A]
+    k_idx = pos - s  # answer position read at buffer position pos
+    target = jnp.take_along_axis(row_ans, jnp.clip(k_idx, 0, a - 1), axis=1)  # [R, Nbuf]
+    read = sampled & (k_idx < ans_len[:, None])
+    hit = top_ids == target[..., None]  # [R, Nbuf, K]
+    p_hit = jnp.sum(jnp.where(hit, top_p, 0.0), axis=-1)
+    lp_k = jnp.where(jnp.any(hit, axis=-1), jnp.log(jnp.maximum(p_hit, 1e-30)), REFERENCE_MISSING_LOGPROB)
+    h_k = -jnp.sum(jnp.where(top_p > 0, top_p * jnp.log(jnp.maximum(top_p, 1e-30)), 0.0), axis=-1)
+    k_n = jnp.sum(read, axis=1)
+    acc_n = jnp.where(k_n > 0, jnp.exp(jnp.sum(jnp.where(read, lp_k, 0.0), axis=1)) / jnp.maximum(k_n, 1), 0.0)
+    conf_n = jnp.where(k_n > 0, jnp.exp(-jnp.sum(jnp.where(read, h_k, 0.0), axis=1)) / jnp.maximum(k_n, 1), 0.0)
+    acc = jnp.sum(acc_n.reshape(shape)[..., :n], axis=-1) / n
+    conf = jnp.sum(conf_n.reshape(shape)[..., :n], axis=-1) / n
+  nan = jnp.float32(jnp.nan)
+  return jnp.where(valid, acc, nan), jnp.where(valid, conf, nan)
+
+
+def cut_keys(seed: int, trajectory_seeds, ordinals) -> jax.Array:
+  """[B, C] typed keys fold_in(fold_in(key(seed), trajectory_seeds[b]), ordinals[b, c])."""
+  base = decoding.prompt_keys(seed, trajectory_seeds)  # [B]
+  ords = jnp.asarray(ordinals, jnp.uint32)
+  return jax.vmap(lambda k, o: jax.vmap(lambda x: jax.random.fold_in(k, x))(o))(base, ords)
+
+
+# ------------------------------------------------------------------------------------------------ host shell
+
+
+class Prober:
+  """Binds a model and a ProbeConfig: checks inputs at the boundary, buckets shapes, runs `probe` in chunks."""
+
+  def __init__(self, lm, cfg: ProbeConfig = ProbeConfig()):
+    if not isinstance(cfg, ProbeConfig):
+      raise ConfigError(f"Prober: expected a ProbeConfig, got {type(cfg).__name__}")
+    if lm.tokenizer is None:
+      raise ConfigError("SPAE probing needs the model's tokenizer (the suffix, the answers, the boundaries)")
+    self.lm, self.cfg = lm, cfg
+    tok = lm.tokenizer
+    v = lm.config.vocab_size
+    self.suffix_ids = list(tok(cfg.suffix, add_special_tokens=False)["input_ids"])
+    if cfg.reading == "reference_code" and cfg.top_logprobs > v:
+      raise ConfigError(f"ProbeConfig.top_logprobs={cfg.top_logprobs} exceeds the vocabulary ({v})")
+    close = np.zeros(v, bool)
+    for i in range(min(v, len(tok))):
+      close[i] = "}" in tok.decode([i])
+    if not close.any():
+      raise ConfigError("SPAE probing: no token of this tokenizer holds '}', so a probe answer can never close")
+    self.close_rule = StopRule.from_mask(close)
+    self.table = StepBoundary("paragraph").compile(tok, v)
+    self.eos = jnp.asarray(lm.eos_mask())
+    think = tok.convert_tokens_to_ids(THINK_OPEN)
+    self.think_id = think if isinstance(think, int) and think != tok.unk_token_id else None
+
+  # -- inputs
+
+  def answer_ids(self, answers: Sequence[str]) -> list[list[int]]:
+    out = []
+    for i, a in enumerate(answers):
+      ids = list(self.lm.tokenizer(str(a), add_special_tokens=False)["input_ids"]) if a is not None else []
+      if not ids:
+        raise DataFormatError(f"SPAE probing: ground-truth answer {i} ({a!r}) tokenizes to no tokens")
+      out.append(ids)
+    return out
+
+  def check_thinking(self, response_ids: Sequence[Sequence[int]], names: Sequence[str] | None = None) -> None:
+    for i, ids in enumerate(response_ids):
+      has = (self.think_id in ids) if self.think_id is not None else (
+          THINK_OPEN in self.lm.tokenizer.decode(list(ids)))
+      if not has:
+        name = names[i] if names else f"trajectory {i}"
+        raise DataFormatError(f"SPAE probing: {name} has no {THINK_OPEN} (the potential is defined on thinking "
+                              "trajectories only)")
+
+  def probe_room(self, answer_len: int) -> int:
+    """Suffix-cache slots a probe row needs: the boundary token again, the suffix, then the answer or samples."""
+    return bucket(1 + len(self.suffix_ids) + max(answer_len, self.cfg.max_tokens))
+
+  def check_room(self, context_len: int, answer_len: int) -> None:
+    need = context_len + 1 + len(self.suffix_ids) + max(answer_len, self.cfg.max_tokens)
+    if need > self.lm.config.max_position_embeddings:
+      raise CacheFullError(
+          f"SPAE probing: a context of {context_len} tokens + the probe suffix ({len(self.suffix_ids)} tokens) + "
+          f"{max(answer_len, self.cfg.max_tokens)} answer tokens exceeds max_position_embeddings="
+          f"{self.lm.config.max_position_embeddings}")
+
+  # -- boundaries
+
+  def boundaries(self, response_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Per response: the token index of the last token of every paragraph step before `</think>` (METHOD A1)."""
+    if not response_ids:
+      return []
+    n = bucket(max(1, max(map(len, response_ids))))
+    toks = np.zeros((len(response_ids), n), np.int32)
+    lens = np.zeros(len(response_ids), np.int32)
+    for i, ids in enumerate(response_ids):
+      toks[i, :len(ids)], lens[i] = ids, len(ids)
+    marks = np.asarray(boundary_marks(self.table, jnp.asarray(toks), jnp.asarray(lens)))
+    return [np.flatnonzero(marks[i, :lens[i]]) for i in range(len(response_ids))]
+
+  # -- the device call
+
+  def probe_state(self, state: DecodeState, cuts: np.ndarray, ordinals: np.ndarray, answers: list[list[int]],
+                  trajectory_seeds: Sequence[int]) -> tuple[jax.Array, jax.Array]:
+    """(acc, conf) [B, C] device arrays for cuts [B, C] (-1 = none) of the rows of `state` (no shared prefix)."""
+    b, c = cuts.shape
+    a = bucket(max(map(len, answers)))
+    ans = np.zeros((b, a), np.int32)
+    alen = np.ones(b, np.int32)
+    for i, ids in enumerate(answers):
+      ans[i, :len(ids)], alen[i] = ids, len(ids)
+    keys = cut_keys(self.cfg.seed, np.asarray(trajectory_seeds, np.uint32), np.maximum(ordinals, 0))
+    cfg = self.cfg
+    buf = bucket(len(self.suffix_ids) + max(a, cfg.max_tokens))
+    return probe(self.lm.static_graph, self.lm.params, state, jnp.asarray(cuts, jnp.int32), keys,
+                 jnp.asarray(self.suffix_ids, jnp.int32), jnp.asarray(ans), jnp.asarray(alen), self.close_rule,
+                 self.eos, jnp.float32(cfg.temperature), n=cfg.samples, suffix_size=self.probe_room(a),
+                 buffer_len=buf, max_tokens=cfg.max_tokens, reading=cfg.reading, top_logprobs=cfg.top_logprobs,
+                 shard=self.lm.shard)
+
+  def teacher_forced_state(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]
+                           ) -> DecodeState:
+    """A decode state whose rows hold the given responses (fed through the model once, as `force` does)."""
+    smp = self.lm.sampler(capture=CaptureSpec())
+    longest = bucket(max(1, max(map(len, response_ids))))
+    state = smp.prefill([list(p) for p in prompt_ids], max_new_tokens=longest, share=False)
+    return smp.force(state, [list(r) if len(r) else None for r in response_ids])
+
+  def potentials(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+                 answers: Sequence[str], trajectory_seeds: Sequence[int], *, names: Sequence[str] | None = None,
+                 progress=None) -> list[StepPotentials]:
+    """The potentials at every boundary of every trajectory (prompt ids, response ids without EOS, the true
+    answer, a seed per trajectory: the same trajectory and seed give the same potentials in any batch)."""
+    m = len(response_ids)
+    if not (len(prompt_ids) == len(answers) == len(trajectory_seeds) == m):
+      raise ConfigError(f"potentials: {len(prompt_ids)} prompts, {m} responses, {len(answers)} answers and "
+                        f"{len(trajectory_seeds)} seeds; need one of each per trajectory")
+    self.check_thinking(response_ids, names)
+    ans = self.answer_ids(answers)
+    for p, r, a in zip(prompt_ids, response_ids, ans):
+      self.check_room(len(p) + len(r), len(a))
+    cuts = self.boundaries(response_ids)
+    out: list[StepPotentials | None] = [None] * m
+    order = sorted(range(m), key=lambda i: (len(cuts[i]), len(response_ids[i])))  # less padding per chunk
+    bs = self.cfg.batch_size
+    for start in range(0, m, bs):
+      idx = [i for i in order[start:start + bs] if len(cuts[i])]
+      for i in order[start:start + bs]:
+        if not len(cuts[i]):
+          out[i] = _curve(np.zeros(0, int), np.zeros(0), np.zeros(0), self.cfg.eps_sat)
+      if idx:
+        self._chunk(idx, prompt_ids, response_ids, ans, trajectory_seeds, cuts, out)
+      if progress is not None:
+        progress(min(bs, m - start))
+    return out
+
+  def _chunk(self, idx, prompt_ids, response_ids, ans, seeds, cuts, out):
+    b = bucket(len(idx), minimum=1)
+    c = bucket(max(len(cuts[i]) for i in idx), minimum=1)
+    pad = idx + [idx[0]] * (b - len(idx))  # batch padding repeats a real row (its results are dropped)
+    state = self.teacher_forced_state([prompt_ids[i] for i in pad], [response_ids[i] for i in pad])
+    cut_arr = np.full((b, c), -1, np.int32)
+    for r, i in enumerate(idx):
+      cut_arr[r, :len(cuts[i])] = cuts[i]
+    ordinals = np.broadcast_to(np.arange(c, dtype=np.int32), (b, c))
+    acc, conf = jax.device_get(self.probe_state(state, cut_arr, ordinals, [ans[i] for i in pad],
+                                                [seeds[i] for i in pad]))
+    for r, i in enumerate(idx):
+      k = len(cuts[i])
+      out[i] = _curve(cuts[i], acc[r, :k], conf[r, :k], self.cfg.eps_sat)
+
+
+def _curve(cuts, acc, conf, eps_sat) -> StepPotentials:
+  acc = np.asarray(acc, np.float64)
+  conf = np.asarray(conf, np.float64)
+  return StepPotentials(np.asarray(cuts, np.int64), acc, conf, step_potential(acc, conf), eps_sat)
