@@ -11,6 +11,7 @@ with each step scorer at equal budgets; configs/tts_synthetic.py), tts_seeds (th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from absl import app
@@ -130,10 +131,25 @@ def run_tts_seeds(config) -> None:
   print(f"Wrote {out}/summary.md, per_seed.json, accuracy.png")
 
 
+def run_spae(config) -> None:
+  """SPAE's step potential on thinking trajectories: oracle agreement, plain against probe-truncated decoding."""
+  from reprobe_jax.cli import build_target
+  from reprobe_jax.spae import job, metrics
+  jcfg = job.job_config_from_dict(config.get("spae", {}))
+  jcfg = dataclasses.replace(jcfg, seed=config.get("seed", jcfg.seed))
+  pcfg = job.probe_config_from_dict(config.get("probe", {}))
+  lm = build_target(config)  # every field above is checked before the target is built
+  with ProgressBars() as bars:
+    result = job.evaluate(lm, jcfg, pcfg, workdir_of(config), progress=bars.update)
+  with open(os.path.join(result["directory"], "table.md")) as f:
+    print("\n" + f.read())
+  print(f"Wrote {result['directory']}/metrics.json, table.md, curves.png, displacement_*.png")
+
+
 def main(argv):
   del argv
   run_job(_CONFIG.value, {"reprobe": run_reprobe, "seeds": run_seeds, "tts": run_tts,
-                         "tts_seeds": run_tts_seeds})
+                         "tts_seeds": run_tts_seeds, "spae": run_spae})
 
 
 if __name__ == "__main__":

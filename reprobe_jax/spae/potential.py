@@ -109,6 +109,13 @@ class StepPotentials:
   def __len__(self) -> int:
     return int(self.cuts.shape[0])
 
+  @classmethod
+  def of(cls, cuts, acc, conf, eps_sat: float = 0.9) -> "StepPotentials":
+    """From per-boundary cuts, Acc and Conf (Phi computed here)."""
+    acc = np.asarray(acc, np.float64)
+    conf = np.asarray(conf, np.float64)
+    return cls(np.asarray(cuts, np.int64).reshape(-1), acc, conf, step_potential(acc, conf), eps_sat)
+
 
 # ------------------------------------------------------------------------------------------------ device parts
 
@@ -351,7 +358,7 @@ class Prober:
       idx = [i for i in order[start:start + bs] if len(cuts[i])]
       for i in order[start:start + bs]:
         if not len(cuts[i]):
-          out[i] = _curve(np.zeros(0, int), np.zeros(0), np.zeros(0), self.cfg.eps_sat)
+          out[i] = StepPotentials.of(np.zeros(0, int), np.zeros(0), np.zeros(0), self.cfg.eps_sat)
       if idx:
         self._chunk(idx, prompt_ids, response_ids, ans, trajectory_seeds, cuts, out)
       if progress is not None:
@@ -371,10 +378,5 @@ class Prober:
                                                 [seeds[i] for i in pad]))
     for r, i in enumerate(idx):
       k = len(cuts[i])
-      out[i] = _curve(cuts[i], acc[r, :k], conf[r, :k], self.cfg.eps_sat)
+      out[i] = StepPotentials.of(cuts[i], acc[r, :k], conf[r, :k], self.cfg.eps_sat)
 
-
-def _curve(cuts, acc, conf, eps_sat) -> StepPotentials:
-  acc = np.asarray(acc, np.float64)
-  conf = np.asarray(conf, np.float64)
-  return StepPotentials(np.asarray(cuts, np.int64), acc, conf, step_potential(acc, conf), eps_sat)

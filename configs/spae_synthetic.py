@@ -1,0 +1,33 @@
+"""SPAE's step potential on the built-in target's thinking mode (issue 16):
+
+    python eval.py --config=configs/spae_synthetic.py
+
+Potential curves, saturation against the task's oracle, and plain against probe-truncated decoding (Acc@16,
+Len@16, checking tokens, R2W), in domain (arithmetic) and out of domain (planning, qa). The target is the built-in
+one with interrupted-thinking traces in its training data (`interrupt_share`, reprobe_jax/synthetic/interrupt.py):
+without them a tiny model has never seen the probe suffix inside its thinking and cannot answer it.
+"""
+
+import ml_collections
+
+from configs import target_synthetic
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.job = "spae"
+  c.workdir = "artifacts/spae_synthetic"
+  c.seed = 0
+  c.target_path = ""  # empty: the built-in target below (built or reused); else a model folder, GGUF or hub id
+  c.target = target_synthetic.get_config()
+  c.target.interrupt_share = 1.0
+
+  c.spae = ml_collections.ConfigDict(dict(
+      problems=32, domains=("arithmetic", "planning", "qa"), in_domain=("arithmetic",), difficulties=(1, 2, 3),
+      samples=16, max_new_tokens=192, temperature=0.6, top_k=0, top_p=1.0, few_shot=0, batch_size=128,
+      split="test"))
+  # METHOD B1: N=5 continuations of at most 10 tokens at T=0.6, eps_sat 0.9; reading='reference_code' reads Conf
+  # and Acc from top-20 lists as the released script does.
+  c.probe = ml_collections.ConfigDict(dict(
+      samples=5, max_tokens=10, temperature=0.6, eps_sat=0.9, reading="paper", top_logprobs=20, batch_size=16))
+  return c

@@ -1,0 +1,188 @@
+"""The SPAE inference evaluation (issue 16): step potentials of thinking trajectories, their agreement with the
+task's oracle, and plain against probe-truncated decoding.
+
+For each domain, `problems` problems of a split (spread over the difficulties) get `samples` thinking trajectories
+each (k of Acc@k), decoded twice with the same per-row random streams: plain (every boundary probed, nothing
+changed) and probe-truncated (`</think>` forced in at the first saturated boundary). Every stage is stored as it
+finishes (`rows_<domain>_<mode>.jsonl`), so an interrupted job resumes; the report is metrics.json, table.md,
+curves.png (mean Phi, Conf, Acc against relative step position, correct vs wrong) and displacement.png (the
+saturation step against the oracle's, the paper's Appendix C.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import zlib
+
+import numpy as np
+
+from reprobe_jax import runs
+from reprobe_jax.atomic import atomic_open
+from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.models import LanguageModel
+from reprobe_jax.models.sampling import SamplingParams
+from reprobe_jax.pipeline import DOMAINS, SPLIT_SEEDS, model_fingerprint
+from reprobe_jax.readers import read_jsonl
+from reprobe_jax.runs import Progress, Run, no_progress
+from reprobe_jax.spae import metrics as spae_metrics
+from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
+from reprobe_jax.spae.potential import ProbeConfig, Prober, StepPotentials
+from reprobe_jax.tasks import DIFFICULTIES, make_problems
+from reprobe_jax.tasks.io import write_jsonl
+from reprobe_jax.trajectories import prompt_text
+
+MODES = ("plain", "truncated")
+
+
+@dataclasses.dataclass(frozen=True)
+class SPAEJobConfig:
+  """problems: per domain; samples: trajectories per problem (k of Acc@k); temperature / top_k / top_p of the
+  trajectories (the released script samples at T=0.6 with nothing else); batch_size: rows per decode call;
+  split: 'test' for the reported numbers, 'val' to look at settings (nothing here is chosen on test)."""
+
+  problems: int = 32
+  domains: tuple[str, ...] = ("arithmetic", "planning", "qa")
+  in_domain: tuple[str, ...] = ("arithmetic",)
+  difficulties: tuple[int, ...] = (1, 2, 3)
+  samples: int = 16
+  max_new_tokens: int = 192
+  temperature: float = 0.6
+  top_k: int = 0
+  top_p: float = 1.0
+  few_shot: int = 0
+  batch_size: int = 128
+  split: str = "test"
+  seed: int = 0
+
+  def __post_init__(self):
+    check_fields(self, {"problems": Int(1), "domains": Seq(OneOf(DOMAINS)), "in_domain": Seq(OneOf(DOMAINS)),
+                        "difficulties": Seq(OneOf(DIFFICULTIES)), "samples": Int(1), "max_new_tokens": Int(1),
+                        "temperature": Real(0.0, low_open=True), "top_k": Int(0),
+                        "top_p": Real(0.0, 1.0, low_open=True), "few_shot": Int(0), "batch_size": Int(1),
+                        "split": OneOf(("val", "test")), "seed": Int(0)})
+    if not self.domains or not self.difficulties:
+      raise ConfigError(f"{field_name(self, 'domains')} and difficulties must not be empty")
+
+  @property
+  def sampling(self) -> SamplingParams:
+    return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+
+def job_config_from_dict(d) -> SPAEJobConfig:
+  return replace_fields(SPAEJobConfig(), plain(d), root="config.spae")
+
+
+def probe_config_from_dict(d) -> ProbeConfig:
+  return replace_fields(ProbeConfig(), plain(d), root="config.probe")
+
+
+def problems_of(cfg: SPAEJobConfig, domain: str) -> list:
+  """`cfg.problems` problems of the split, spread evenly over the difficulties (the ReProbe split's seeds)."""
+  per = -(-cfg.problems // len(cfg.difficulties))
+  out = []
+  for d in cfg.difficulties:
+    out += make_problems(domain, per, SPLIT_SEEDS[cfg.split] + cfg.seed, d)
+  return out[:cfg.problems]
+
+
+def prompt_seed(problem) -> int:
+  """A problem's own random stream (its id's CRC32): its trajectories are the same in any batch."""
+  return zlib.crc32(problem.id.encode())
+
+
+def run_folder(root: str, lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig) -> str:
+  return os.path.join(root, runs.run_key({"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)},
+                                         model_fingerprint(lm)))
+
+
+def _row_json(row: ThinkingRow) -> dict:
+  p = row.potentials
+  return {"prompt_index": row.prompt_index, "sample": row.sample, "response_ids": list(row.response_ids),
+          "finish_reason": row.finish_reason, "truncated_at": row.truncated_at, "cuts": p.cuts.tolist(),
+          "acc": [_num(x) for x in p.acc], "conf": [_num(x) for x in p.conf]}
+
+
+def _num(x) -> float | None:
+  return None if not np.isfinite(x) else round(float(x), 6)
+
+
+def _row_from(obj: dict, eps_sat: float) -> ThinkingRow:
+  nan = lambda v: np.nan if v is None else v
+  pot = StepPotentials.of(obj["cuts"], [nan(v) for v in obj["acc"]], [nan(v) for v in obj["conf"]], eps_sat)
+  return ThinkingRow(prompt_index=obj["prompt_index"], sample=obj["sample"], response_ids=tuple(obj["response_ids"]),
+                     finish_reason=obj["finish_reason"], potentials=pot, truncated_at=obj["truncated_at"])
+
+
+def decode_domain(lm, prober: Prober, cfg: SPAEJobConfig, problems, truncate: bool,
+                  progress=None) -> list[ThinkingRow]:
+  """All trajectories of a domain, in chunks of `batch_size` rows (whole problems per chunk)."""
+  per_call = max(1, cfg.batch_size // cfg.samples)
+  prompts = lm.encode([prompt_text(lm, p, "thinking", cfg.few_shot) for p in problems])
+  out = []
+  for start in range(0, len(problems), per_call):
+    chunk = problems[start:start + per_call]
+    rows = decode_thinking(lm, prober, prompts[start:start + per_call], [p.answer for p in chunk],
+                           [prompt_seed(p) for p in chunk], sampling=cfg.sampling,
+                           max_new_tokens=cfg.max_new_tokens, samples=cfg.samples, seed=cfg.seed,
+                           truncate=truncate, progress=progress)
+    out += [dataclasses.replace(r, prompt_index=r.prompt_index + start) for r in rows]
+  return out
+
+
+def evaluate(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str, *,
+             progress: Progress | None = None) -> dict:
+  """Runs (or resumes) the job in `<workdir>/<key>`; returns the metrics (also written to metrics.json)."""
+  tick = progress or no_progress
+  prober = Prober(lm, pcfg)
+  folder = run_folder(workdir, lm, cfg, pcfg)
+  run = Run(folder)
+  runs.write_json(run.path("config.json"), {"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)})
+  outcomes: dict[str, dict[str, list]] = {}
+  for domain in cfg.domains:
+    problems = problems_of(cfg, domain)
+    outcomes[domain] = {}
+    for mode in MODES:
+      name = f"rows_{domain}_{mode}.jsonl"
+      total = len(problems) * cfg.samples
+      done = 0
+
+      def step(k, stage=f"{domain} {mode}"):
+        nonlocal done
+        done += k
+        tick(stage, done, total)
+
+      def make(name=name, mode=mode, problems=problems, step=step):
+        rows = decode_domain(lm, prober, cfg, problems, mode == "truncated", progress=step)
+        write_jsonl(run.path(name), [_row_json(r) for r in rows])
+
+      run.stage(f"{domain}_{mode}_s", [name], make)
+      rows = [_row_from(o, pcfg.eps_sat) for _, o in read_jsonl(run.path(name), name)]
+      outcomes[domain][mode] = [spae_metrics.outcome_from(problems[r.prompt_index], r.response_ids, lm.tokenizer,
+                                                          r.potentials) for r in rows]
+  result = {"directory": folder, "machine": None, "domains": {}, "groups": {}}
+  from reprobe_jax.machine import describe
+  result["machine"] = str(describe())
+  groups = {"in_domain": [d for d in cfg.domains if d in cfg.in_domain],
+            "out_of_domain": [d for d in cfg.domains if d not in cfg.in_domain]}
+  table_rows = {}
+  for domain in cfg.domains:
+    result["domains"][domain] = {m: spae_metrics.summarise(outcomes[domain][m], cfg.samples).to_json()
+                                 for m in MODES}
+    for m in MODES:
+      table_rows[f"{domain} {m}"] = spae_metrics.summarise(outcomes[domain][m], cfg.samples)
+  curves = {}
+  for g, doms in groups.items():
+    if not doms:
+      continue
+    pooled = {m: [o for d in doms for o in outcomes[d][m]] for m in MODES}
+    result["groups"][g] = {m: spae_metrics.summarise(pooled[m], cfg.samples).to_json() for m in MODES}
+    curves[g] = spae_metrics.potential_curves(pooled["plain"])
+    spae_metrics.plot_displacement(spae_metrics.summarise(pooled["plain"], cfg.samples),
+                                   run.path(f"displacement_{g}.png"))
+  spae_metrics.plot_curves(curves, run.path("curves.png"))
+  with atomic_open(run.path("table.md")) as f:
+    f.write(spae_metrics.metrics_markdown(table_rows))
+  runs.write_json(run.path("metrics.json"), result)
+  return result
