@@ -348,6 +348,7 @@ def plot_displacement(metrics: TrajectoryMetrics, path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
   fig, ax = plt.subplots(figsize=(6, 3.8))
   d = np.asarray(metrics.displacements, np.int64)
   if d.size:
@@ -355,6 +356,8 @@ def plot_displacement(metrics: TrajectoryMetrics, path: str) -> None:
     heights = np.array([np.sum(d == v) for v in values])
     colors = ["tab:green" if v == 0 else "tab:blue" if v < 0 else "tab:orange" for v in values]
     ax.bar(values, heights, color=colors, width=0.8)
+  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
   c = metrics.displacement_counts
   agreement = "n/a" if math.isnan(metrics.oracle_agreement) else f"{100 * metrics.oracle_agreement:.1f}%"
   ax.set(xlabel="first saturated boundary - oracle step", ylabel="trajectories",
