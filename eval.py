@@ -143,7 +143,7 @@ def run_spae(config) -> None:
     result = job.evaluate(lm, jcfg, pcfg, workdir_of(config), progress=bars.update)
   with open(os.path.join(result["directory"], "table.md")) as f:
     print("\n" + f.read())
-  print(f"Wrote {result['directory']}/metrics.json, table.md, curves.png, displacement_*.png")
+  print(f"Wrote {result['directory']}/metrics.json, table.md, curves_*.png, displacement_*.png")
 
 
 def main(argv):

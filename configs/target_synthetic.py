@@ -23,7 +23,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Share of thinking traces that also teach answering when interrupted at a boundary (SPAE's probe; 0 = off;
   # configs/spae_synthetic.py turns it on). See reprobe_jax/synthetic/interrupt.py.
   c.interrupt_share = 0.0
-  c.interrupt_guess_share = 0.5
+  c.interrupt_guess_share = 0.25
+  c.interrupt_loss_weight = 4.0
   c.eval_problems_per_family = 48
   c.difficulties = (1, 2, 3)
   c.vocab_size = 1024

@@ -92,9 +92,10 @@ def decode_thinking(lm, prober: Prober, prompt_ids: Sequence[Sequence[int]], ans
       finished_before = finished
     if not paused.any():
       break
-    # Only the paused rows are probed: gathered into a batch of their own (a power of two, padded with copies).
+    # Only the paused rows are probed: gathered into a batch of their own, padded with copies to a power of two
+    # of at least an eighth of the batch (at most four shapes to compile).
     live = np.flatnonzero(paused)
-    pad = np.resize(live, bucket(len(live), minimum=1))
+    pad = np.resize(live, bucket(len(live), minimum=max(1, b // 8)))
     cut = (host["step_end"][pad] - 1).astype(np.int32)[:, None]
     cut[len(live):] = -1
     sub = decoding.take(state, jnp.asarray(pad, jnp.int32))

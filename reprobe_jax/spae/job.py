@@ -5,7 +5,7 @@ For each domain, `problems` problems of a split (spread over the difficulties) g
 each (k of Acc@k), decoded twice with the same per-row random streams: plain (every boundary probed, nothing
 changed) and probe-truncated (`</think>` forced in at the first saturated boundary). Every stage is stored as it
 finishes (`rows_<domain>_<mode>.jsonl`), so an interrupted job resumes; the report is metrics.json, table.md,
-curves.png (mean Phi, Conf, Acc against relative step position, correct vs wrong) and displacement.png (the
+curves_<group>.png (mean Phi, Conf, Acc against relative step position, correct vs wrong) and displacement_<group>.png (the
 saturation step against the oracle's, the paper's Appendix C.1).
 """
 
@@ -179,9 +179,10 @@ def evaluate(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: 
     pooled = {m: [o for d in doms for o in outcomes[d][m]] for m in MODES}
     result["groups"][g] = {m: spae_metrics.summarise(pooled[m], cfg.samples).to_json() for m in MODES}
     curves[g] = spae_metrics.potential_curves(pooled["plain"])
+    spae_metrics.plot_curves(curves[g], run.path(f"curves_{g}.png"))
+    result["groups"][g]["curves"] = curves[g].to_json()
     spae_metrics.plot_displacement(spae_metrics.summarise(pooled["plain"], cfg.samples),
                                    run.path(f"displacement_{g}.png"))
-  spae_metrics.plot_curves(curves, run.path("curves.png"))
   with atomic_open(run.path("table.md")) as f:
     f.write(spae_metrics.metrics_markdown(table_rows))
   runs.write_json(run.path("metrics.json"), result)

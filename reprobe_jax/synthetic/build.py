@@ -82,7 +82,8 @@ class SyntheticBuildConfig:
   # their folders). interrupt_guess_share: how often an unfinished chain answers another problem's answer instead
   # of its running value.
   interrupt_share: float = 0.0
-  interrupt_guess_share: float = 0.5
+  interrupt_guess_share: float = 0.25
+  interrupt_loss_weight: float = 4.0  # the weight of an interrupted answer's tokens in the loss (a trace's: 1)
   eval_problems_per_family: int = 64
   difficulties: tuple[int, ...] = (1, 2, 3)
   noise: TraceNoise = TraceNoise()
@@ -98,6 +99,7 @@ class SyntheticBuildConfig:
                         "family_weights": Pairs(OneOf(FAMILIES), Real(0.0)), "prompt_loss_weight": Real(0.0),
                         "thinking_fraction": Real(0.0, 1.0, low_open=True), "eval_problems_per_family": Int(1),
                         "interrupt_share": Real(0.0, 1.0), "interrupt_guess_share": Real(0.0, 1.0),
+                        "interrupt_loss_weight": Real(0.0, low_open=True),
                         "difficulties": Seq(OneOf(DIFFICULTIES)), "vocab_size": Int(1), "buckets": Seq(Int(1)),
                         "eval_temperature": Real(0.0), "max_new_tokens": Pairs(OneOf(MODES), Int(1), MODES)})
     for name, cls in (("noise", TraceNoise), ("model", TinyLMShape), ("train", TrainLMConfig)):
@@ -110,7 +112,8 @@ class SyntheticBuildConfig:
     rebuilds instead of reusing a model trained on other data)."""
     d = dataclasses.asdict(self)
     if not self.interrupt_share:  # added later: a build without interruptions keeps the key it had before
-      d.pop("interrupt_share"), d.pop("interrupt_guess_share")
+      for name in ("interrupt_share", "interrupt_guess_share", "interrupt_loss_weight"):
+        d.pop(name)
     return run_key(d, _task_code_fingerprint(self))
 
 
@@ -194,7 +197,8 @@ def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None 
       examples = [(chat_prompt(tokenizer, q), a) for q, a in pairs]
       examples += [(chat_prompt(tokenizer, e.user) + e.prefix, e.answer + "}") for e in interrupted]
       weights = [cfg.prompt_loss_weight] * len(pairs) + [0.0] * len(interrupted)
-      data = encode_examples(tokenizer, examples, cfg.buckets, prompt_weight=weights)
+      data = encode_examples(tokenizer, examples, cfg.buckets, prompt_weight=weights,
+                             response_weight=[1.0] * len(pairs) + [cfg.interrupt_loss_weight] * len(interrupted))
     shape = cfg.model
     model_cfg = ModelConfig(
         family="llama", vocab_size=len(tokenizer), hidden_size=shape.hidden_size,

@@ -34,27 +34,33 @@ class TrainLMConfig:
 
 
 def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], buckets: Sequence[int], *,
-                    prompt_weight: float | Sequence[float] = 0.0):
+                    prompt_weight: float | Sequence[float] = 0.0, response_weight: float | Sequence[float] = 1.0):
   """(prompt, response) texts -> {length bucket T: (tokens [N, T] right-padded, loss mask [N, T])}.
 
   The loss mask covers the response and the EOS that follows it, so the model learns to stop; prompt tokens get
   `prompt_weight` (a small weight there is extra signal at no extra compute: the prompt is run anyway). Each
   example goes
   to the smallest bucket that holds it, which keeps padding (and compute) low; examples longer than every bucket
-  get a new one (their length rounded up to a multiple of 64). prompt_weight: one for all, or one per pair.
+  get a new one (their length rounded up to a multiple of 64). prompt_weight and response_weight (the weight of
+  the response tokens and EOS): one for all, or one per pair.
   """
   eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-  weights = [prompt_weight] * len(pairs) if isinstance(prompt_weight, (int, float)) else list(prompt_weight)
-  if len(weights) != len(pairs):
-    raise ValueError(f"encode_examples: {len(pairs)} pairs but {len(weights)} prompt weights")
+
+  def per_pair(w, name):
+    out = [w] * len(pairs) if isinstance(w, (int, float)) else list(w)
+    if len(out) != len(pairs):
+      raise ValueError(f"encode_examples: {len(pairs)} pairs but {len(out)} {name}s")
+    return out
+
   encoded = []
-  for (prompt, response), w in zip(pairs, weights):
+  for (prompt, response), w, rw in zip(pairs, per_pair(prompt_weight, "prompt weight"),
+                                       per_pair(response_weight, "response weight")):
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     r = tokenizer(response, add_special_tokens=False)["input_ids"] + [eos]
-    encoded.append((p + r, len(p), w))
+    encoded.append((p + r, len(p), (w, rw)))
   longest = max(len(ids) for ids, _, _ in encoded)
   buckets = sorted(set(buckets) | ({-(-longest // 64) * 64} if longest > max(buckets) else set()))
-  rows: dict[int, list[tuple[list[int], int, float]]] = {b: [] for b in buckets}
+  rows: dict[int, list[tuple[list[int], int, tuple[float, float]]]] = {b: [] for b in buckets}
   for ids, n_prompt, w in encoded:
     rows[next(b for b in buckets if len(ids) <= b)].append((ids, n_prompt, w))
   out = {}
@@ -63,10 +69,10 @@ def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], buckets: Sequen
       continue
     tokens = np.full((len(items), b), pad, np.int32)
     mask = np.zeros((len(items), b), np.float32)
-    for j, (ids, n_prompt, w) in enumerate(items):
+    for j, (ids, n_prompt, (w, rw)) in enumerate(items):
       tokens[j, :len(ids)] = ids
       mask[j, 1:n_prompt] = w
-      mask[j, n_prompt:len(ids)] = 1.0
+      mask[j, n_prompt:len(ids)] = rw
     out[b] = (tokens, mask)
   return out
 
