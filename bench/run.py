@@ -48,13 +48,13 @@ class Sizes:
   search_repeats: int = 2
   search_check_steps: int = 3
   # SPAE step potentials (issue 16): thinking trajectories probed by both sides (bench/spae.py), timed repeats.
-  spae_trajectories: int = 4
+  spae_trajectories: int = 2  # SmolLM2: about 3 minutes of the run (the loop compiles a prefill per length bucket)
   spae_repeats: int = 2
 
 
 QUICK = Sizes(prefill_batch=2, prefill_len=32, prompt_len=16, new_tokens=8, prm_batch=4, prm_len=32, matmul_n=512,
               bandwidth_mib=64, shared_context_len=64, shared_continuations=4, shared_new_tokens=4, search_steps=2,
-              search_new_tokens=32, search_check_steps=2, spae_trajectories=2)
+              search_new_tokens=32, search_check_steps=2)
 
 
 def parse_args(argv):
