@@ -4,7 +4,8 @@ Loads the same weights into reprobe-jax and PyTorch `transformers` (float32; CUD
 backend when an accelerator is present) and measures, in one run: prefill with capture, plain prefill, batched
 greedy decoding at batch 1, 8 and 32, step scoring (PRM-style scorer vs the probe), step-level beam search (ours vs a
 search-and-learn-style loop in PyTorch, and vs our Best-of-N), SPAE step potentials (our batched probe vs one request
-per boundary, bench/spae.py), plus this machine's matmul peak and memory bandwidth as a roofline. Writes results.json, results.md and results.png into --out.
+per boundary, bench/spae.py), plus this machine's matmul peak and memory bandwidth as a roofline. Writes results.json,
+results.md and results.png into --out.
 """
 
 from __future__ import annotations
