@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from bench import spae
+
 # (row, what, threshold): the ratio reprobe-jax / PyTorch a row must reach (issue 5).
 RATIO_GOALS = [
     ("decode_b32", "batch-32 greedy decode >= 3x HF generate", 3.0),
@@ -15,6 +17,7 @@ BANDWIDTH_GOAL = 0.7  # batch-1 decode reaches this fraction of the memory-bandw
 PROBE_GOAL = 10.0  # probe step scoring this many times cheaper than the PRM
 SEARCH_GOAL = 10.0  # our beam search this many times the search-and-learn-style loop's sampled steps/s (issue 14)
 BEAM_COST_GOAL = 2.0  # our beam search costs at most this many times our Best-of-N per sampled step (issue 14)
+SPAE_GOAL = 20.0  # batched SPAE potentials this many times the one-request-per-boundary loop's boundaries/s (issue 16)
 
 
 def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, backend: str) -> dict:
@@ -48,9 +51,9 @@ def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, b
   return out
 
 
-def goals(rows: dict, roof: dict, search: dict | None = None) -> list[dict]:
+def goals(rows: dict, roof: dict, search: dict | None = None, spae: dict | None = None) -> list[dict]:
   """Each goal as met / missed with its measured value, or pending when it cannot be measured yet; `search`: the
-  run's step-level beam search section (`bench.search.run_all`)."""
+  run's step-level beam search section (`bench.search.run_all`), `spae`: its SPAE section (`bench.spae.run_all`)."""
   out = []
   for name, what, need in RATIO_GOALS:
     if name in rows:
@@ -79,6 +82,10 @@ def goals(rows: dict, roof: dict, search: dict | None = None) -> list[dict]:
     out.append({"goal": f"beam search costs <= {BEAM_COST_GOAL:g}x our Best-of-N per sampled step",
                 "measured": bon["cost_ratio"], "target": BEAM_COST_GOAL,
                 "status": "met" if bon["cost_ratio"] <= BEAM_COST_GOAL else "missed"})
+  if spae is not None:
+    out.append({"goal": f"batched SPAE potentials >= {SPAE_GOAL:g}x one request per boundary (boundaries/s)",
+                "measured": spae["ratio"], "target": SPAE_GOAL, "status": "met" if spae["ratio"] >= SPAE_GOAL else
+                "missed"})
   return out
 
 
@@ -137,6 +144,8 @@ def markdown(result: dict) -> str:
                  f"{sc['parity']['logprob_max_abs']:.1e}.")
   if result.get("search") is not None:
     lines += search_markdown(result["search"], env)
+  if result.get("spae") is not None:
+    lines += [""] + spae.markdown(result["spae"])
   lines += ["", "## Goals", "", "| goal | measured | target | status |", "|---|---|---|---|"]
   for g in result["goals"]:
     lines.append(f"| {g['goal']} | {_fmt(g['measured'])} | {g['target']} | {g['status']} |")

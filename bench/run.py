@@ -3,8 +3,9 @@
 Loads the same weights into reprobe-jax and PyTorch `transformers` (float32; CUDA for PyTorch and JAX's default
 backend when an accelerator is present) and measures, in one run: prefill with capture, plain prefill, batched
 greedy decoding at batch 1, 8 and 32, step scoring (PRM-style scorer vs the probe), step-level beam search (ours vs a
-search-and-learn-style loop in PyTorch, and vs our Best-of-N), plus this machine's matmul peak and memory bandwidth
-as a roofline. Writes results.json, results.md and results.png into --out.
+search-and-learn-style loop in PyTorch, and vs our Best-of-N), SPAE step potentials (our batched probe vs one request
+per boundary, bench/spae.py), plus this machine's matmul peak and memory bandwidth as a roofline. Writes results.json,
+results.md and results.png into --out.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Sizes:
   search_new_tokens: int = 64
   search_repeats: int = 2
   search_check_steps: int = 3
+  # SPAE step potentials (issue 16): thinking trajectories probed by both sides (bench/spae.py), timed repeats.
+  spae_trajectories: int = 2  # SmolLM2: about 3 minutes of the run (the loop compiles a prefill per length bucket)
+  spae_repeats: int = 2
 
 
 QUICK = Sizes(prefill_batch=2, prefill_len=32, prompt_len=16, new_tokens=8, prm_batch=4, prm_len=32, matmul_n=512,
@@ -81,7 +85,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
   import jax
   import numpy as np
 
-  from bench import cases, report, search, timing
+  from bench import cases, report, search, spae, timing
   from bench.pair import load_pair, token_stream, windows
 
   t_start = time.perf_counter()
@@ -122,6 +126,8 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
     searched = search.run_all(pair, problems=sizes.search_problems, beams=sizes.search_beams, n=sizes.search_n,
                               steps=sizes.search_steps, new_tokens=sizes.search_new_tokens,
                               repeats=sizes.search_repeats, check_steps=sizes.search_check_steps, log=log)
+    potentials = spae.run_all(pair.lm, trajectories=sizes.spae_trajectories, repeats=sizes.spae_repeats, log=log)
+    log(f"  batched potentials {potentials['ratio']:.2f}x the per-boundary loop")
     by_name = {r["name"]: r for r in rows}
     flops = {name: timing.forward_flops(cfg, sizes.prefill_batch, sizes.prefill_len)
              for name in ("prefill_plain", "prefill_capture")}
@@ -132,8 +138,8 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
               "model_config": {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
                                "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size,
                                "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(pair.lm.params)))},
-              "rows": rows, "shared_context": shared, "search": searched, "roofline": roof,
-              "goals": report.goals(by_name, roof, searched)}
+              "rows": rows, "shared_context": shared, "search": searched, "spae": potentials, "roofline": roof,
+              "goals": report.goals(by_name, roof, searched, potentials)}
   finally:
     pair.close()
   result["wall_s"] = time.perf_counter() - t_start

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -87,7 +88,7 @@ def test_roofline_goals_and_reports(result):
   assert roof["bandwidth"]["numpy_copy_bytes_per_s"] > 0 and roof["bandwidth"]["jax_copy_bytes_per_s"] > 0
   assert roof["prefill_plain"]["ours_flops_per_s"] > 0
   assert roof["decode_b1"]["ours_bytes_per_s"] > 0 and roof["decode_b1"]["param_bytes_per_token"] > 0
-  assert len(res["goals"]) == 7
+  assert len(res["goals"]) == 8
   assert all(g["status"] in ("met", "missed") or g["status"].startswith("pending") for g in res["goals"])
   md = (out / "results.md").read_text()
   assert "| Greedy decode, batch 32" in md and "## Goals" in md
@@ -127,6 +128,47 @@ def test_beam_search_and_the_reference_loop_select_the_same_steps(result):
   assert par["problems_equal"] >= 1 / par["problems"]
   assert par["score_max_abs"] < 1e-4
   assert all(k >= 1 for k in par["steps_selected"])
+
+
+def test_spae_section(result):
+  res, out = result
+  sp = res["spae"]
+  assert sp["source"] == "random words" and sp["boundaries"] >= sp["trajectories"] >= 2
+  for side in ("ours", "reference"):
+    s = sp[side]
+    assert s["boundaries_per_s"] > 0 and s["median_s"] > 0 and s["steady_compiles"] == 0, (side, s)
+  assert sp["parity"]["equal"] and sp["ratio"] > 0
+  assert sp["prefill_tokens"]["reference"] > sp["prefill_tokens"]["ours"]  # the prefix re-sent per boundary
+  assert sp["ours_probe_slots"] >= sp["boundaries"]
+  assert "## SPAE step potentials" in (out / "results.md").read_text()
+
+
+def test_spae_loop_gives_the_batched_potentials(tmp_path):
+  # Fast on its own (~30 s, nearly all XLA compiles): the per-boundary loop (a fresh prefill of the truncated
+  # trajectory, one boundary per probe call) draws the batched path's random streams, so both give the same Acc and
+  # Conf at every boundary, and another seed does not. bench.run's section (test_spae_section) times both.
+  import jax
+
+  from bench import spae
+  from bench.pair import build_tiny
+  from reprobe_jax.models import LanguageModel, load_pretrained
+  from reprobe_jax.spae.potential import Prober, ProbeConfig
+  base = load_pretrained(build_tiny(str(tmp_path)))  # bench.run's tiny random Llama, without a tokenizer
+  # weights x4: peaked next-token distributions, so Conf differs between samples (near 0.003 everywhere otherwise)
+  lm = spae.with_tokenizer(LanguageModel(base.config, base.graphdef, jax.tree.map(lambda x: 4 * x, base.params),
+                                         None))
+  data = spae.thinking_set(lm, 2, source="random words")
+  prober = Prober(lm, ProbeConfig(samples=2, max_tokens=3, batch_size=2))
+  ours, ref = spae.batched(prober, data), spae.per_boundary(prober, data)
+  assert [len(o) for o in ours] == [len(r) for r in ref] == [2, 3]
+  par = spae.parity(ours, ref)
+  assert par["equal"] and par["conf_max_abs"] < 1e-4 and par["acc_max_abs"] < 1e-6, par
+  conf = np.concatenate([o.conf for o in ours])
+  assert np.isfinite(conf).all() and np.ptp(conf) > 0.05
+  other = spae.per_boundary(Prober(lm, ProbeConfig(samples=2, max_tokens=3, seed=1)), data)
+  assert not spae.parity(ours, other)["equal"]
+  assert spae.probe_slots(prober.boundaries(data.response_ids), [len(r) for r in data.response_ids], 2) == 2 * 4
+  assert spae.probe_slots(prober.boundaries(data.response_ids), [len(r) for r in data.response_ids], 1) == 2 + 4
 
 
 def test_cli_rejects_a_missing_model(tmp_path, capsys):

@@ -1,0 +1,335 @@
+"""SPAE step potentials (issue 16, item 5): our batched probe against the released design's one request per boundary.
+
+- Ours: `Prober.potentials`, every paragraph boundary x N samples of a chunk of trajectories in one jitted `probe`
+  call that forks each trajectory's own KV cache at its boundaries (METHOD B1; the question and earlier steps are
+  fed through the model once per trajectory).
+- The released design (cii030/SPAE-RL, inference/probe_mechanism_example.py): one completion request per step
+  boundary, each re-sending the whole formatted prompt + the response truncated at the boundary + the probe suffix.
+  Here each request is a fresh prefill of prompt + response[:cut + 1] (`Prober.teacher_forced_state` on that one
+  truncated trajectory) and one `Prober.probe_state` call on that single boundary (cuts [[cut]], ordinals [[c]]),
+  whose result the loop waits for before the next request, as the script waits for each HTTP reply.
+
+Same model, same trajectories, boundaries, N, suffix and token budget; the c-th boundary of a trajectory draws its
+samples from the same key on both sides (`potential.cut_keys`), so both give the same Acc and Conf: `compare` checks
+that they agree within PARITY_TOL before it reports a ratio, so the ratio compares equal work.
+
+Trajectories: thinking-mode samples of arithmetic problems from the model (`trajectories.prompt_text`, EOS dropped)
+when its tokenizer has a `<think>` token (the built-in target); the task solver's thinking traces, teacher-forced,
+on other tokenizers (SmolLM2 writes no thinking of its own); and random words split into paragraphs inside
+`<think>` for a model without a tokenizer (bench.run's tiny random Llama, through `word_tokenizer`).
+
+    python -m bench.spae [--model=<model dir | .gguf | smollm2>] [--trajectories=16] [--batch-size=16] [--out=DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from bench.timing import time_call
+from reprobe_jax.errors import ConfigError, ReprobeError
+from reprobe_jax.models import LanguageModel, SamplingParams
+from reprobe_jax.spae.potential import Prober, ProbeConfig, StepPotentials, step_potential
+
+PARITY_TOL = 1e-3  # largest |Acc| or |Conf| difference between the two sides (float32 in different batch shapes)
+DIFFICULTY = 2
+THINKING_NEW_TOKENS = 192  # the built-in target's thinking-mode budget (configs/target_synthetic.py)
+TARGET_CONFIG = "configs/target_synthetic.py"
+SPECIAL_WORDS = ("<pad>", "<think>", "</think>", ".\n\n", "}", "**Final", "Answer**", "\\boxed{")
+
+
+@dataclasses.dataclass(frozen=True)
+class ThinkingSet:
+  """Thinking trajectories to probe: prompt and response ids (no EOS) per trajectory, its true answer and seed."""
+
+  prompt_ids: tuple[tuple[int, ...], ...]
+  response_ids: tuple[tuple[int, ...], ...]
+  answers: tuple[str, ...]
+  seeds: tuple[int, ...]
+  source: str  # 'sampled', 'traces' or 'random words'
+  dropped: int = 0  # sampled trajectories left out: no `<think>` or no boundary before `</think>`
+
+  def __len__(self) -> int:
+    return len(self.response_ids)
+
+
+def default_model() -> str:
+  """The built-in target's model folder: `<workdir>/<build hash>/model` of configs/target_synthetic.py, as
+  `python train.py --config=configs/target_synthetic.py` builds it (the other bench cases' built-in target)."""
+  import importlib.util
+
+  from reprobe_jax.synthetic.build import config_from_dict
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location("target_synthetic", os.path.join(root, TARGET_CONFIG))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  return os.path.join(c.workdir, config_from_dict(c).key(), "model")
+
+
+def word_tokenizer(vocab_size: int):
+  """A WordLevel tokenizer over `vocab_size` ids for a model without one: the words a probe needs (`<think>`,
+  `</think>`, the paragraph end `.\\n\\n`, `}` and the suffix's words) then 'w{i}'."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+  if vocab_size <= len(SPECIAL_WORDS) + 8:
+    raise ConfigError(f"bench.spae: a vocabulary of {vocab_size} ids is too small for the word tokenizer")
+  words = list(SPECIAL_WORDS) + [f"w{i}" for i in range(len(SPECIAL_WORDS), vocab_size)]
+  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
+
+
+def with_tokenizer(lm: LanguageModel) -> LanguageModel:
+  """`lm` itself, or the same weights with `word_tokenizer` when it has no tokenizer."""
+  if lm.tokenizer is not None:
+    return lm
+  return LanguageModel(lm.config, lm.graphdef, lm.params, word_tokenizer(lm.config.vocab_size), shard=lm.shard,
+                       dtype=lm.dtype)
+
+
+def _random_words(lm: LanguageModel, n: int, seed: int) -> ThinkingSet:
+  tok = lm.tokenizer
+  think, close, par = (tok.convert_tokens_to_ids(w) for w in ("<think>", "</think>", ".\n\n"))
+  rng = np.random.default_rng(seed)
+  words = np.arange(len(SPECIAL_WORDS), lm.config.vocab_size)
+  prompts, responses, answers = [], [], []
+  for i in range(n):
+    prompts.append(tuple(rng.choice(words, size=8 + 4 * (i % 3)).tolist()))
+    ids = [think]
+    for _ in range(2 + i % 5):  # paragraphs
+      ids += rng.choice(words, size=int(rng.integers(3, 9))).tolist() + [par]
+    responses.append(tuple(ids + [close]))
+    answers.append(f"w{int(rng.choice(words))}")
+  return ThinkingSet(tuple(prompts), tuple(responses), tuple(answers), tuple(range(n)), "random words")
+
+
+SOURCES = ("sampled", "traces", "random words")
+
+
+def thinking_set(lm: LanguageModel, n: int, *, source: str | None = None, seed: int = 0,
+                 max_new_tokens: int = THINKING_NEW_TOKENS) -> ThinkingSet:
+  """`n` thinking trajectories for `lm` (module docstring). source: 'sampled' (default when the tokenizer has a
+  `<think>` token), 'traces' (the default otherwise) or 'random words' (a `word_tokenizer` model)."""
+  from reprobe_jax import tasks
+  from reprobe_jax.trajectories import prompt_text
+  if lm.tokenizer is None:
+    raise ConfigError("bench.spae: the model needs a tokenizer (wrap it with bench.spae.with_tokenizer)")
+  prober = Prober(lm)
+  source = source or ("sampled" if prober.think_id is not None else "traces")
+  if source not in SOURCES:
+    raise ConfigError(f"bench.spae: source must be one of {SOURCES}, got {source!r}")
+  if source == "random words":
+    return _random_words(lm, n, seed)
+  problems = tasks.make_problems("arithmetic", n, seed=seed, difficulty=DIFFICULTY)
+  prompts = [prompt_text(lm, p, "thinking") for p in problems]
+  prompt_ids = [tuple(ids) for ids in lm.encode(prompts)]
+  if source == "traces":
+    rng = np.random.default_rng(seed)
+    traces = [tasks.solve(p, "arithmetic", rng, "thinking").text for p in problems]
+    responses = [tuple(lm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in traces]
+    return ThinkingSet(tuple(prompt_ids), tuple(responses), tuple(p.answer for p in problems), tuple(range(n)),
+                       source)
+  gen = lm.generate(prompts, SamplingParams(temperature=1.0), max_new_tokens=max_new_tokens, seed=seed)
+  eos = np.asarray(lm.eos_mask())
+  rows, responses = [], []
+  for row in range(gen.tokens.shape[0]):
+    ids = gen.token_ids(row)
+    ids = tuple(ids[:-1] if ids and eos[ids[-1]] else ids)
+    if prober.think_id in ids:
+      rows.append(row)
+      responses.append(ids)
+  cuts = prober.boundaries(responses)
+  kept = [k for k in range(len(rows)) if len(cuts[k])]
+  if not kept:
+    raise ConfigError(f"bench.spae: none of the {n} sampled trajectories holds a thinking boundary")
+  idx = [gen.prompt_index[rows[k]] for k in kept]
+  return ThinkingSet(tuple(prompt_ids[i] for i in idx), tuple(responses[k] for k in kept),
+                     tuple(problems[i].answer for i in idx), tuple(rows[k] for k in kept), source,
+                     dropped=n - len(kept))
+
+
+# ------------------------------------------------------------------------------------------------ the two sides
+
+
+def per_boundary(prober: Prober, data: ThinkingSet) -> list[StepPotentials]:
+  """The released design: per trajectory, per boundary c (cut = its last response token), one request: a fresh
+  prefill of prompt + response[:cut + 1], batch 1, and the probe of that one boundary (ordinal c, so it draws the
+  batched path's random streams); the loop waits for each reply. Host preparation as `Prober.potentials` does."""
+  import jax
+  prober.check_thinking(data.response_ids)
+  answers = prober.answer_ids(data.answers)
+  cuts = prober.boundaries(data.response_ids)
+  out = []
+  for prompt, response, ans, seed, cut_i in zip(data.prompt_ids, data.response_ids, answers, data.seeds, cuts):
+    acc, conf = np.zeros(len(cut_i)), np.zeros(len(cut_i))
+    for c, cut in enumerate(cut_i):
+      state = prober.teacher_forced_state([prompt], [response[:cut + 1]])
+      a, f = jax.device_get(prober.probe_state(state, np.array([[cut]], np.int32), np.array([[c]], np.int32), [ans],
+                                               [seed]))
+      acc[c], conf[c] = a[0, 0], f[0, 0]
+    out.append(StepPotentials(np.asarray(cut_i, np.int64), acc, conf, step_potential(acc, conf),
+                              prober.cfg.eps_sat))
+  return out
+
+
+def batched(prober: Prober, data: ThinkingSet) -> list[StepPotentials]:
+  """Ours: `Prober.potentials` over the whole set (chunks of `ProbeConfig.batch_size` trajectories)."""
+  return prober.potentials(data.prompt_ids, data.response_ids, data.answers, data.seeds)
+
+
+def parity(ours: list[StepPotentials], ref: list[StepPotentials]) -> dict:
+  """Largest |Acc| and |Conf| differences over every boundary (NaN on both sides counts as equal)."""
+  def gap(x, y):
+    return float(max((np.nanmax(np.abs(a - b)) if np.isfinite(a - b).any() else 0.0 for a, b in zip(x, y)),
+                     default=0.0))
+
+  same_nan = all(np.array_equal(np.isnan(o.phi), np.isnan(r.phi)) and np.array_equal(o.cuts, r.cuts)
+                 for o, r in zip(ours, ref))
+  acc, conf = gap([o.acc for o in ours], [r.acc for r in ref]), gap([o.conf for o in ours], [r.conf for r in ref])
+  return {"acc_max_abs": acc, "conf_max_abs": conf, "same_boundaries": same_nan, "tolerance": PARITY_TOL,
+          "equal": same_nan and max(acc, conf) <= PARITY_TOL}
+
+
+def probe_slots(cuts: list[np.ndarray], response_lens: list[int], batch_size: int) -> int:
+  """Boundary slots the batched path computes, padding included: `Prober.potentials` sorts the trajectories by
+  boundary count and probes chunks of `batch_size` as [bucket(b), bucket(max boundaries)] grids (each slot N + 1
+  rows), so this is the work it does against the real boundaries (the per-boundary loop computes one slot each)."""
+  from reprobe_jax.models.sampling import bucket
+  order = sorted(range(len(cuts)), key=lambda i: (len(cuts[i]), response_lens[i]))
+  total = 0
+  for start in range(0, len(order), batch_size):
+    idx = [i for i in order[start:start + batch_size] if len(cuts[i])]
+    if idx:
+      total += bucket(len(idx), minimum=1) * bucket(max(len(cuts[i]) for i in idx), minimum=1)
+  return total
+
+
+def _side(timing, boundaries: int, samples: int) -> dict:
+  return {"boundaries_per_s": boundaries / timing.median_s, "continuations_per_s": boundaries * samples /
+          timing.median_s, **timing.to_json()}
+
+
+def compare(lm: LanguageModel, data: ThinkingSet, cfg: ProbeConfig, repeats: int, log=print) -> dict:
+  """Times both sides on `data` (each warmed up by one untimed call that compiles its shapes), checks that they
+  give the same Acc and Conf (raises ReprobeError otherwise), and returns the 'spae' section of bench.run."""
+  prober = Prober(lm, cfg)
+  cuts = prober.boundaries(data.response_ids)
+  n_bound = int(sum(len(c) for c in cuts))
+  t_ours, ours = time_call(lambda: batched(prober, data), repeats)
+  log(f"  batched: {n_bound / t_ours.median_s:.1f} boundaries/s (first call {t_ours.first_s:.1f} s)")
+  t_ref, ref = time_call(lambda: per_boundary(prober, data), repeats)
+  log(f"  per-boundary loop: {n_bound / t_ref.median_s:.1f} boundaries/s (first call {t_ref.first_s:.1f} s)")
+  par = parity(ours, ref)
+  if not par["equal"]:
+    raise ReprobeError(f"bench.spae: the batched potentials and the per-boundary loop disagree (Acc by "
+                       f"{par['acc_max_abs']:.2e}, Conf by {par['conf_max_abs']:.2e}, tolerance {PARITY_TOL:g}; "
+                       f"same boundaries: {par['same_boundaries']}): the ratio would not compare equal work")
+  prompt_len = [len(p) for p in data.prompt_ids]
+  resp_len = [len(r) for r in data.response_ids]
+  ours_side, ref_side = _side(t_ours, n_bound, cfg.samples), _side(t_ref, n_bound, cfg.samples)
+  return {"name": "spae_potential", "title": "SPAE step potentials: batched probe (every boundary x N samples of a "
+          "chunk in one jitted call, forking each trajectory's cache) vs one request per boundary with the prefix "
+          "re-sent (the released design)",
+          "source": data.source, "trajectories": len(data), "dropped": data.dropped, "boundaries": n_bound,
+          "samples": cfg.samples, "max_tokens": cfg.max_tokens, "batch_size": cfg.batch_size, "reading": cfg.reading,
+          "prompt_tokens_mean": float(np.mean(prompt_len)), "response_tokens_mean": float(np.mean(resp_len)),
+          # context tokens fed through the model before probing: once per trajectory, against once per boundary
+          "prefill_tokens": {"ours": int(sum(prompt_len) + sum(resp_len)),
+                             "reference": int(sum(p + int(c) + 1 for p, cut_i in zip(prompt_len, cuts)
+                                                  for c in cut_i))},
+          "ours_probe_slots": probe_slots(cuts, resp_len, cfg.batch_size), "answer_tokens_max":
+          int(max(len(a) for a in prober.answer_ids(data.answers))),
+          "ours": ours_side, "reference": ref_side,
+          "ratio": ours_side["boundaries_per_s"] / ref_side["boundaries_per_s"],
+          "ratio_of_min_times": ref_side["min_s"] / ours_side["min_s"], "parity": par,
+          "mean_phi": float(np.nanmean(np.concatenate([o.phi for o in ours]))) if n_bound else None}
+
+
+def run_all(lm: LanguageModel, *, trajectories: int, repeats: int, cfg: ProbeConfig = ProbeConfig(),
+            source: str | None = None, seed: int = 0, log=print) -> dict:
+  """The SPAE section of bench.run on one model (a model without a tokenizer probes random words)."""
+  if lm.tokenizer is None:
+    lm, source = with_tokenizer(lm), "random words"
+  data = thinking_set(lm, trajectories, source=source, seed=seed)
+  log(f"SPAE potentials: {len(data)} trajectories ({data.source}), N={cfg.samples}, batch_size={cfg.batch_size}")
+  return compare(lm, data, cfg, repeats, log=log)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def markdown(section: dict) -> list[str]:
+  """The section as Markdown lines (bench.run's results.md and this CLI's spae.md)."""
+  o, r = section["ours"], section["reference"]
+  p = section["parity"]
+  return ["## SPAE step potentials", "",
+          f"{section['trajectories']} thinking trajectories ({section['source']}), {section['boundaries']} boundaries, "
+          f"N={section['samples']} continuations of at most {section['max_tokens']} tokens each "
+          f"({section['reading']} reading; batched in chunks of {section['batch_size']} trajectories). Context tokens "
+          f"prefilled: {section['prefill_tokens']['ours']} (ours, once per trajectory) against "
+          f"{section['prefill_tokens']['reference']} (once per boundary); boundary slots probed: "
+          f"{section['ours_probe_slots']} (ours, chunk padding included) against {section['boundaries']}.", "",
+          "| side | boundaries/s | continuations/s | median s | min s | first call / XLA compile (s) |",
+          "|---|---|---|---|---|---|",
+          *[f"| {name} | {s['boundaries_per_s']:.1f} | {s['continuations_per_s']:.1f} | {s['median_s']:.3f} | "
+            f"{s['min_s']:.3f} | {s['first_call_s']:.1f} / {s['xla_compile_s']:.1f} |"
+            for name, s in (("reprobe-jax, batched", o), ("one request per boundary", r))], "",
+          f"Batched / per-boundary: **{section['ratio']:.2f}x** ({section['ratio_of_min_times']:.2f}x on the fastest "
+          f"repeats). Same Acc and Conf on both sides: within {p['acc_max_abs']:.1e} and {p['conf_max_abs']:.1e}."]
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(prog="python -m bench.spae", description=__doc__.split("\n\n")[0])
+  p.add_argument("--model", default=None, help="model folder, .gguf or 'smollm2' (default: the built-in target of "
+                 f"{TARGET_CONFIG})")
+  p.add_argument("--trajectories", type=int, default=16, help="arithmetic problems, one trajectory each")
+  p.add_argument("--batch-size", type=int, default=ProbeConfig.batch_size, help="ProbeConfig.batch_size (ours)")
+  p.add_argument("--source", default=None, choices=SOURCES, help="trajectories (default: sampled on a model with "
+                 "a <think> token, solver traces otherwise)")
+  p.add_argument("--repeats", type=int, default=5, help="timed repeats of each side (median)")
+  p.add_argument("--out", default="bench_results", help="writes spae.json and spae.md here")
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  from reprobe_jax.machine import describe
+  from reprobe_jax.models import load_pretrained, resolve_path, smollm2_gguf_path
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    if args.trajectories < 1 or args.repeats < 1:
+      raise ConfigError(f"--trajectories and --repeats must be >= 1, got {args.trajectories} and {args.repeats}")
+    model = args.model or default_model()
+    path = smollm2_gguf_path() if model == "smollm2" else resolve_path(model)
+    if not os.path.exists(path):
+      raise ConfigError(f"--model={model}: no such model folder (build the built-in target with `python train.py "
+                        f"--config={TARGET_CONFIG}`, or pass --model)")
+    t0 = time.perf_counter()
+    load = os.getloadavg()
+    lm = load_pretrained(path, dtype="float32")
+    section = run_all(lm, trajectories=args.trajectories, repeats=args.repeats,
+                      cfg=ProbeConfig(batch_size=args.batch_size), source=args.source)
+  except ReprobeError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  result = {"model": model, "source_path": path, "machine": str(describe()), "load_start": list(load),
+            "load_end": list(os.getloadavg()), "wall_s": time.perf_counter() - t0, "spae": section}
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "spae.json"), "w") as f:
+    json.dump(result, f, indent=2)
+  lines = markdown(section) + ["", f"{result['machine']}; 1-min load {load[0]:.2f} at start, "
+                               f"{result['load_end'][0]:.2f} at end; {args.repeats} repeats."]
+  with open(os.path.join(args.out, "spae.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
