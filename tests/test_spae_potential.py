@@ -47,8 +47,12 @@ def _thinking_set(lm, n=6):
 
 
 def _logits(lm, ids):
-  out = lm.forward(np.asarray([ids], np.int32))
-  return np.asarray(out.logits[0], np.float64)  # [T, V]
+  """[T, V] logits of a direct forward; right-padded to a bucket (causal: the padding changes no earlier position),
+  so the many lengths here compile a few programs."""
+  t = len(ids)
+  size = 64 * -(-t // 64)
+  out = lm.forward(np.asarray([list(ids) + [0] * (size - t)], np.int32))
+  return np.asarray(out.logits[0, :t], np.float64)
 
 
 def _log_softmax(z):

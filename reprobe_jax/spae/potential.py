@@ -10,10 +10,11 @@ and then
 - Phi = 1.5 Acc Conf + 0.5 Acc - Conf; the boundary is saturated when Phi > eps_sat (0.9).
 
 How it runs (`probe`, one jitted program): the trajectories' own decode state (its KV cache) is forked at every
-boundary into N + 1 rows that read that cache as a shared prefix cut at the boundary (`decoding.fork`: no
-re-prefill of the question or of earlier steps, no copy); one `force` call appends the suffix to all of them and,
-to the (N+1)-th row of each boundary, the answer tokens as well (its log-probs are Acc's terms); one `decode` call
-samples the N continuations of all boundaries of all trajectories at once, each row stopping at its `}`.
+boundary into a row that reads that cache as a shared prefix cut at the boundary (`decoding.fork`: no re-prefill
+of the question or of earlier steps, no copy); one `force` call feeds the suffix to all of them, a second the
+answer tokens (their log-probs are Acc's terms); N copies of each suffix row (its few own slots copied, the prefix
+still shared) then sample the continuations of all boundaries of all trajectories in one `decode` call, each row
+stopping at its `}`.
 
 Randomness: the n-th continuation at the c-th boundary of a trajectory draws from
 fold_in(fold_in(fold_in(key(seed), trajectory_seed), c), n), so a trajectory's potentials are the same in any batch.
@@ -47,6 +48,7 @@ from reprobe_jax.steps import THINK_OPEN
 from reprobe_jax.tasks.formats import ANSWER_OPENER
 
 READINGS = ("paper", "reference_code")
+CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of this (few shapes, little padding)
 REFERENCE_MISSING_LOGPROB = -10.0  # what the released script adds when the answer token is not in the top-20 list
 
 
@@ -140,31 +142,6 @@ def boundary_marks(table, tokens, lengths):
   return after | before_prev
 
 
-def _forced_blocks(suffix, answers, answer_len, rows_per_cut: int, cuts_per_row: int):
-  """Left-padded forced blocks [R, K]: the suffix for each sample row, suffix + answer for each cut's last row."""
-  s = suffix.shape[0]
-  a = answers.shape[1]
-  k = s + a
-  b = answers.shape[0]
-  pos = jnp.arange(k)[None, :]
-  # sample rows: suffix at the last s positions
-  samp = jnp.broadcast_to(jnp.concatenate([jnp.zeros((a,), jnp.int32), suffix])[None], (b, k))
-  samp_mask = jnp.broadcast_to(pos >= a, (b, k))
-  # the answer row: suffix then the answer, right-aligned: first = k - s - answer_len
-  first = k - s - answer_len  # [B]
-  rel = pos - first[:, None]  # index into suffix + answer
-  full = jnp.concatenate([jnp.broadcast_to(suffix[None], (b, s)), answers], axis=1)  # [B, s + a]
-  acc_ids = jnp.take_along_axis(full, jnp.clip(rel, 0, k - 1), axis=1)
-  acc_mask = rel >= 0
-  per = rows_per_cut
-
-  def rows(x, last):  # [B, K] -> [B * C * per, K]: per cut, per - 1 copies of x then last
-    both = jnp.concatenate([jnp.repeat(x[:, None], per - 1, axis=1), last[:, None]], axis=1)  # [B, per, K]
-    return jnp.repeat(both[:, None], cuts_per_row, axis=1).reshape(-1, k)
-
-  return rows(samp, acc_ids), rows(samp_mask, acc_mask)
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef", "shard", "n", "suffix_size", "buffer_len", "max_tokens",
                                              "reading", "top_logprobs"))
 def probe(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, answer_len, close_rule: StopRule,
@@ -174,47 +151,55 @@ def probe(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, ans
   of every row of `state` (a decode state without a shared prefix, each row's response in its buffers).
 
   keys [B, C]: one typed PRNG key per cut (its samples draw from fold_in(key, n)); suffix [S] int32; answers
-  [B, A] int32 right-padded with lengths answer_len [B] >= 1; close_rule: tokens that hold a '}'."""
+  [B, A] int32 left-padded (mask 0 = padding) with lengths answer_len [B] >= 1; close_rule: tokens holding '}'.
+
+  One row per cut forks the row's cache (shared prefix cut at the boundary) and reads the suffix once; the
+  teacher-forced answer goes on from it, and n copies of it (their own few suffix slots copied, the prefix still
+  shared) sample the continuations."""
   b, c = cuts.shape
-  per = n + 1
   capture = CaptureSpec(token_stats=True, top_k_probs=top_logprobs if reading == "reference_code" else 0,
                         top_k_ids=reading == "reference_code")
-  valid = cuts >= 0
-  f = decoding.fork(graphdef, params, state, jnp.maximum(cuts, 0), n=per, suffix_size=suffix_size,
-                    capture=capture, shard=shard, buffer_len=buffer_len)
-  f = decoding.rekey(f, decoding.row_keys(keys.reshape(-1), per))
-  ids, mask = _forced_blocks(suffix, answers, answer_len, per, c)
-  row_valid = jnp.repeat(valid.reshape(-1), per)
-  mask = mask & row_valid[:, None]
-  f = decoding.force(graphdef, params, f, close_rule, ids, mask.astype(jnp.int32), capture=capture, shard=shard)
-  s = suffix.shape[0]
-  is_acc = (jnp.arange(f.batch) % per) == per - 1
-  f = f.replace(done=f.done | is_acc | ~row_valid, budget=jnp.full((f.batch,), s + max_tokens, jnp.int32))
-  f = decoding.decode(graphdef, params, f, close_rule, eos_mask, temperature, jnp.float32(1.0),
-                      jnp.int32(max_tokens), greedy=False, top_k=0, filtered=False, capture=capture, shard=shard)
+  valid = cuts.reshape(-1) >= 0  # [B * C]
+  f = decoding.fork(graphdef, params, state, jnp.maximum(cuts, 0), n=1, suffix_size=suffix_size,
+                    capture=capture, shard=shard, buffer_len=buffer_len)  # [B * C] rows, (row, cut) order
+  bc, s = f.batch, suffix.shape[0]
+  f = decoding.force(graphdef, params, f, close_rule, jnp.broadcast_to(suffix[None], (bc, s)),
+                     jnp.broadcast_to(valid[:, None], (bc, s)).astype(jnp.int32), capture=capture, shard=shard)
   pos = jnp.arange(f.buffer_len)[None, :]
-  shape = (b, c, per)
-  # Acc: the answer row's teacher-forced log-probs at [s, s + |y*|)
-  ans_len = jnp.repeat(jnp.repeat(answer_len, c), per)  # [R]
-  lp = f.logprobs
-  sampled = (pos >= s) & (pos < f.lengths[:, None])  # [R, Nbuf] the sampled tokens of each sample row
+  a_len = jnp.repeat(answer_len, c)  # [B * C]
+  acc = None
+  if reading == "paper":  # Acc: the answer teacher-forced after the suffix, at response positions [s, s + |y*|)
+    a = answers.shape[1]
+    a_mask = (jnp.arange(a)[None, :] >= a - answer_len[:, None])
+    fa = decoding.force(graphdef, params, f, close_rule, jnp.repeat(answers, c, axis=0),
+                        (jnp.repeat(a_mask, c, axis=0) & valid[:, None]).astype(jnp.int32), capture=capture,
+                        shard=shard)
+    in_ans = (pos >= s) & (pos < s + a_len[:, None])
+    acc = jnp.sum(jnp.where(in_ans, jnp.exp(fa.logprobs), 0.0), axis=1) / jnp.maximum(a_len, 1)
+  fs = decoding.take(f, jnp.repeat(jnp.arange(bc), n))  # [B * C * n] rows, (row, cut, sample) order
+  fs = decoding.rekey(fs, decoding.row_keys(keys.reshape(-1), n))
+  row_valid = jnp.repeat(valid, n)
+  fs = fs.replace(done=fs.done | ~row_valid, budget=jnp.full((fs.batch,), s + max_tokens, jnp.int32))
+  fs = decoding.decode(graphdef, params, fs, close_rule, eos_mask, temperature, jnp.float32(1.0),
+                       jnp.int32(max_tokens), greedy=False, top_k=0, filtered=False, capture=capture, shard=shard)
+  sampled = (pos >= s) & (pos < fs.lengths[:, None])  # [R, Nbuf] the sampled tokens of each sample row
   if reading == "paper":
-    in_ans = (pos >= s) & (pos < s + ans_len[:, None])
-    acc_row = jnp.sum(jnp.where(in_ans, jnp.exp(lp), 0.0), axis=1) / jnp.maximum(ans_len, 1)
-    acc = acc_row.reshape(shape)[..., -1]
-    ent = f.features["token_entropy"]
+    ent = fs.features["token_entropy"]
     count = jnp.sum(sampled, axis=1)
     mean_ent = jnp.sum(jnp.where(sampled, ent, 0.0), axis=1) / jnp.maximum(count, 1)
-    conf_n = jnp.where(count > 0, jnp.exp(-mean_ent), 0.0).reshape(shape)[..., :n]
-    conf = jnp.mean(conf_n, axis=-1)
-  else:
-    top_p = f.features["top_probs"]  # [R, Nbuf, K]
-    top_ids = f.features["top_ids"]
+    conf = jnp.mean(jnp.where(count > 0, jnp.exp(-mean_ent), 0.0).reshape(b, c, n), axis=-1)
+    acc = acc.reshape(b, c)
+  else:  # the released script's reading, from the samples' top-K lists
+    top_p = fs.features["top_probs"]  # [R, Nbuf, K]
+    top_ids = fs.features["top_ids"]
     a = answers.shape[1]
-    row_ans = jnp.repeat(jnp.repeat(answers, c, axis=0), per, axis=0)  # [R, A]
-    k_idx = pos - s  # answer position read at buffer position pos
-    target = jnp.take_along_axis(row_ans, jnp.clip(k_idx, 0, a - 1), axis=1)  # [R, Nbuf]
-    read = sampled & (k_idx < ans_len[:, None])
+    first = a - answer_len  # [B] the answer's first column in the left-padded block
+    row_first = jnp.repeat(jnp.repeat(first, c), n)
+    row_len = jnp.repeat(a_len, n)
+    row_ans = jnp.repeat(jnp.repeat(answers, c, axis=0), n, axis=0)  # [R, A]
+    k_idx = pos - s  # the answer position read at buffer position pos
+    target = jnp.take_along_axis(row_ans, jnp.clip(row_first[:, None] + k_idx, 0, a - 1), axis=1)  # [R, Nbuf]
+    read = sampled & (k_idx < row_len[:, None])
     hit = top_ids == target[..., None]  # [R, Nbuf, K]
     p_hit = jnp.sum(jnp.where(hit, top_p, 0.0), axis=-1)
     lp_k = jnp.where(jnp.any(hit, axis=-1), jnp.log(jnp.maximum(p_hit, 1e-30)), REFERENCE_MISSING_LOGPROB)
@@ -222,10 +207,11 @@ def probe(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, ans
     k_n = jnp.sum(read, axis=1)
     acc_n = jnp.where(k_n > 0, jnp.exp(jnp.sum(jnp.where(read, lp_k, 0.0), axis=1)) / jnp.maximum(k_n, 1), 0.0)
     conf_n = jnp.where(k_n > 0, jnp.exp(-jnp.sum(jnp.where(read, h_k, 0.0), axis=1)) / jnp.maximum(k_n, 1), 0.0)
-    acc = jnp.sum(acc_n.reshape(shape)[..., :n], axis=-1) / n
-    conf = jnp.sum(conf_n.reshape(shape)[..., :n], axis=-1) / n
+    acc = jnp.sum(acc_n.reshape(b, c, n), axis=-1) / n
+    conf = jnp.sum(conf_n.reshape(b, c, n), axis=-1) / n
   nan = jnp.float32(jnp.nan)
-  return jnp.where(valid, acc, nan), jnp.where(valid, conf, nan)
+  ok = valid.reshape(b, c)
+  return jnp.where(ok, acc, nan), jnp.where(ok, conf, nan)
 
 
 def cut_keys(seed: int, trajectory_seeds, ordinals) -> jax.Array:
@@ -315,11 +301,11 @@ class Prober:
                   trajectory_seeds: Sequence[int]) -> tuple[jax.Array, jax.Array]:
     """(acc, conf) [B, C] device arrays for cuts [B, C] (-1 = none) of the rows of `state` (no shared prefix)."""
     b, c = cuts.shape
-    a = bucket(max(map(len, answers)))
-    ans = np.zeros((b, a), np.int32)
+    a = bucket(max(map(len, answers)), minimum=1)
+    ans = np.zeros((b, a), np.int32)  # left-padded, as `force` takes its blocks
     alen = np.ones(b, np.int32)
     for i, ids in enumerate(answers):
-      ans[i, :len(ids)], alen[i] = ids, len(ids)
+      ans[i, a - len(ids):], alen[i] = ids, len(ids)
     keys = cut_keys(self.cfg.seed, np.asarray(trajectory_seeds, np.uint32), np.maximum(ordinals, 0))
     cfg = self.cfg
     buf = bucket(len(self.suffix_ids) + max(a, cfg.max_tokens))
@@ -367,7 +353,7 @@ class Prober:
 
   def _chunk(self, idx, prompt_ids, response_ids, ans, seeds, cuts, out):
     b = bucket(len(idx), minimum=1)
-    c = bucket(max(len(cuts[i]) for i in idx), minimum=1)
+    c = -(-max(len(cuts[i]) for i in idx) // CUT_STEP) * CUT_STEP  # boundaries per row, padded to CUT_STEP
     pad = idx + [idx[0]] * (b - len(idx))  # batch padding repeats a real row (its results are dropped)
     state = self.teacher_forced_state([prompt_ids[i] for i in pad], [response_ids[i] for i in pad])
     cut_arr = np.full((b, c), -1, np.int32)
