@@ -131,10 +131,9 @@ def run_tts_seeds(config) -> None:
   print(f"Wrote {out}/summary.md, per_seed.json, accuracy.png")
 
 
-def run_spae(config) -> None:
-  """SPAE's step potential on thinking trajectories: oracle agreement, plain against probe-truncated decoding."""
+def _spae_once(config) -> dict:
   from reprobe_jax.cli import build_target
-  from reprobe_jax.spae import job, metrics
+  from reprobe_jax.spae import job
   jcfg = job.job_config_from_dict(config.get("spae", {}))
   jcfg = dataclasses.replace(jcfg, seed=config.get("seed", jcfg.seed))
   pcfg = job.probe_config_from_dict(config.get("probe", {}))
@@ -144,12 +143,39 @@ def run_spae(config) -> None:
   with open(os.path.join(result["directory"], "table.md")) as f:
     print("\n" + f.read())
   print(f"Wrote {result['directory']}/metrics.json, table.md, curves_*.png, displacement_*.png")
+  return result
+
+
+def run_spae(config) -> None:
+  """SPAE's step potential on thinking trajectories: oracle agreement, plain against probe-truncated decoding."""
+  _spae_once(config)
+
+
+def run_spae_seeds(config) -> None:
+  """The spae job once per config.seeds (each seed its own built-in target and problems), then mean +- sd."""
+  from reprobe_jax import bands, runs
+  from reprobe_jax.atomic import atomic_open
+  from reprobe_jax.spae import report
+  seeds = bands.check_seeds(config.get("seeds"))
+  per_seed = [_spae_once(one) for one in _per_seed(config, seeds)]
+  for r in per_seed:
+    r.pop("directory")
+  out = os.path.join(workdir_of(config), "spae_seeds",
+                     runs.run_key({"spae": dict(config.get("spae", {})), "probe": dict(config.get("probe", {})),
+                                   "seeds": seeds}))
+  os.makedirs(out, exist_ok=True)
+  table = report.seeds_markdown(per_seed)
+  runs.write_json(os.path.join(out, "per_seed.json"), per_seed)
+  with atomic_open(os.path.join(out, "summary.md")) as f:
+    f.write(table)
+  print("\n" + table)
+  print(f"Wrote {out}/summary.md, per_seed.json")
 
 
 def main(argv):
   del argv
   run_job(_CONFIG.value, {"reprobe": run_reprobe, "seeds": run_seeds, "tts": run_tts,
-                         "tts_seeds": run_tts_seeds, "spae": run_spae})
+                         "tts_seeds": run_tts_seeds, "spae": run_spae, "spae_seeds": run_spae_seeds})
 
 
 if __name__ == "__main__":

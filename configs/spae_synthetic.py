@@ -17,10 +17,12 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.job = "spae"
   c.workdir = "artifacts/spae_synthetic"
-  c.seed = 0
   c.target_path = ""  # empty: the built-in target below (built or reused); else a model folder, GGUF or hub id
   c.target = target_synthetic.get_config()
   c.target.interrupt_share = 1.0
+  c.seed = 0  # the build seed: the built-in target's seed and the problems follow it
+  c.target.seed = c.get_ref("seed")
+  c.seeds = (0, 1, 2)  # `--config.job=spae_seeds`: the job once per seed (each its own target), then mean +- sd
 
   c.spae = ml_collections.ConfigDict(dict(
       problems=32, domains=("arithmetic", "planning", "qa"), in_domain=("arithmetic",), difficulties=(1, 2, 3),
