@@ -69,6 +69,7 @@ def test_boundaries_are_the_paragraph_steps_ends(synthetic_lm):
     assert len(cuts) >= 3
 
 
+@pytest.mark.slow  # every boundary of three trajectories; the paper-reading test below covers the first three
 def test_acc_is_teacher_forced_on_the_answer_tokens(synthetic_lm):
   problems, prompts, responses, answers = _thinking_set(synthetic_lm, 3)
   prober = Prober(synthetic_lm, ProbeConfig(samples=2, max_tokens=4))
