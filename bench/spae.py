@@ -308,8 +308,22 @@ def token_positions(prober: Prober, data: ThinkingSet, cuts: list[np.ndarray]) -
   probe = int(sum(w * len(c) for w, c in zip(probe_each, cuts)))
   ours = int(sum(len(p) + len(r) for p, r in zip(data.prompt_ids, data.response_ids))) + probe
   ref = int(sum(len(p) + int(c) + 1 for p, cut_i in zip(data.prompt_ids, cuts) for c in cut_i)) + probe
+  # padding included: prompts to bucket(P) (min 16), forced responses to bucket(len), ours in chunks of batch_size
+  # (bucket(b) rows, boundaries to CUT_STEP), each slot's probe as long as the chunk's longest answer's
+  w_max = max(probe_each)
+  resp_len = [len(r) for r in data.response_ids]
+  order = sorted(range(len(cuts)), key=lambda i: (len(cuts[i]), resp_len[i]))
+  ours_pad = 0
+  for start in range(0, len(order), cfg.batch_size):
+    idx = [i for i in order[start:start + cfg.batch_size] if len(cuts[i])]
+    if idx:
+      ours_pad += bucket(len(idx), minimum=1) * (bucket(max(len(data.prompt_ids[i]) for i in idx)) +
+                                                 bucket(max(resp_len[i] for i in idx), minimum=1))
+  ours_pad += probe_slots(cuts, resp_len, cfg.batch_size) * w_max
+  ref_pad = int(sum(bucket(len(p)) + bucket(int(c) + 1, minimum=1) + w for p, cut_i, w in
+                    zip(data.prompt_ids, cuts, probe_each) for c in cut_i))
   return {"probe_per_boundary_mean": float(np.mean(probe_each)), "probe": probe, "ours": ours, "reference": ref,
-          "ratio": ref / ours}
+          "ratio": ref / ours, "padded": {"ours": ours_pad, "reference": ref_pad, "ratio": ref_pad / ours_pad}}
 
 
 def _side(timing, boundaries: int, samples: int) -> dict:
@@ -424,7 +438,8 @@ def long_markdown(section: dict) -> list[str]:
            f"{r0['max_tokens']} tokens, batched in chunks of {r0['batch_size']}; {section['repeats']} timed repeats "
            "(median). Context tokens: prompt + response fed through the model (ours once per trajectory, the loop "
            "once per boundary). Token positions: context + the probe's (the same per boundary on both sides); their "
-           "ratio is the speedup where time is proportional to positions."
+           "ratio is the speedup where time is proportional to positions (padded: as computed, prompts and forced "
+           "blocks to powers of two, ours in chunk grids)."
            + (f" The loop is timed on every {section['reference_stride']}-th boundary." if
               section["reference_stride"] > 1 else ""), "",
            "| thinking tokens (mean) | boundaries (loop timed) | context tokens ours / loop | token positions ours / "
@@ -434,7 +449,8 @@ def long_markdown(section: dict) -> list[str]:
     tp = r["token_positions"]
     lines.append(f"| {r['length']} ({r['response_tokens_mean']:.0f}) | {r['boundaries']} "
                  f"({r['reference']['boundaries_timed']}) | {r['prefill_tokens']['ours']:,} / "
-                 f"{r['prefill_tokens']['reference']:,} | {tp['ours']:,} / {tp['reference']:,} ({tp['ratio']:.1f}x) | "
+                 f"{r['prefill_tokens']['reference']:,} | {tp['ours']:,} / {tp['reference']:,} ({tp['ratio']:.1f}x; "
+                 f"padded {tp['padded']['ratio']:.1f}x) | "
                  f"{r['ours']['boundaries_per_s']:.1f} | {r['reference']['boundaries_per_s']:.1f} | "
                  f"**{r['ratio']:.2f}x** ({r['ratio_of_min_times']:.2f}x) | {r['load_1min_start']:.2f} -> "
                  f"{r['reference']['load_1min']:.2f} |")
