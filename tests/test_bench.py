@@ -88,7 +88,7 @@ def test_roofline_goals_and_reports(result):
   assert roof["bandwidth"]["numpy_copy_bytes_per_s"] > 0 and roof["bandwidth"]["jax_copy_bytes_per_s"] > 0
   assert roof["prefill_plain"]["ours_flops_per_s"] > 0
   assert roof["decode_b1"]["ours_bytes_per_s"] > 0 and roof["decode_b1"]["param_bytes_per_token"] > 0
-  assert len(res["goals"]) == 8
+  assert len(res["goals"]) == 9  # the 8 of bench.run + the long-thinking SPAE goal (sizes.spae_lengths)
   assert all(g["status"] in ("met", "missed") or g["status"].startswith("pending") for g in res["goals"])
   md = (out / "results.md").read_text()
   assert "| Greedy decode, batch 32" in md and "## Goals" in md
