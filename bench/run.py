@@ -51,6 +51,10 @@ class Sizes:
   # SPAE step potentials (issue 16): thinking trajectories probed by both sides (bench/spae.py), timed repeats.
   spae_trajectories: int = 2  # SmolLM2: about 3 minutes of the run (the loop compiles a prefill per length bucket)
   spae_repeats: int = 2
+  # ... and on long thinking (bench.spae.long_set) of these lengths, one trajectory each: tiny by default (a few
+  # boundaries); `--spae-lengths=1024,2048` measures where the per-boundary loop's re-sent prefix dominates.
+  spae_lengths: tuple[int, ...] = (96,)
+  spae_long_trajectories: int = 1
 
 
 QUICK = Sizes(prefill_batch=2, prefill_len=32, prompt_len=16, new_tokens=8, prm_batch=4, prm_len=32, matmul_n=512,
@@ -65,6 +69,8 @@ def parse_args(argv):
   p.add_argument("--out", default="bench_results", help="output directory (default: bench_results/)")
   p.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not a measurement")
   p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (default 5, min 5)")
+  p.add_argument("--spae-lengths", default=None, help="comma-separated thinking lengths of the long SPAE section "
+                 f"(default {','.join(map(str, Sizes.spae_lengths))}; empty: none)")
   return p.parse_args(argv)
 
 
@@ -128,6 +134,11 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
                               repeats=sizes.search_repeats, check_steps=sizes.search_check_steps, log=log)
     potentials = spae.run_all(pair.lm, trajectories=sizes.spae_trajectories, repeats=sizes.spae_repeats, log=log)
     log(f"  batched potentials {potentials['ratio']:.2f}x the per-boundary loop")
+    long = None
+    if sizes.spae_lengths:
+      long = spae.run_long(pair.lm, lengths=sizes.spae_lengths, trajectories=sizes.spae_long_trajectories,
+                           repeats=sizes.spae_repeats, log=log)
+      log("  long thinking: " + ", ".join(f"{r['length']} tokens {r['ratio']:.2f}x" for r in long["rows"]))
     by_name = {r["name"]: r for r in rows}
     flops = {name: timing.forward_flops(cfg, sizes.prefill_batch, sizes.prefill_len)
              for name in ("prefill_plain", "prefill_capture")}
@@ -138,8 +149,8 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
               "model_config": {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
                                "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size,
                                "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(pair.lm.params)))},
-              "rows": rows, "shared_context": shared, "search": searched, "spae": potentials, "roofline": roof,
-              "goals": report.goals(by_name, roof, searched, potentials)}
+              "rows": rows, "shared_context": shared, "search": searched, "spae": potentials,
+              "spae_long": long, "roofline": roof, "goals": report.goals(by_name, roof, searched, potentials, long)}
   finally:
     pair.close()
   result["wall_s"] = time.perf_counter() - t_start
@@ -157,6 +168,9 @@ def main(argv=None) -> int:
   if args.repeats is not None:
     sizes = dataclasses.replace(sizes, repeats=max(5, args.repeats))
   try:
+    if args.spae_lengths is not None:
+      from bench.spae import parse_lengths
+      sizes = dataclasses.replace(sizes, spae_lengths=parse_lengths(args.spae_lengths) if args.spae_lengths else ())
     run(args.model, args.out, sizes, quick=args.quick)
   except ReprobeError as e:
     print(f"error: {e}", file=sys.stderr)

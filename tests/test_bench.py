@@ -88,7 +88,7 @@ def test_roofline_goals_and_reports(result):
   assert roof["bandwidth"]["numpy_copy_bytes_per_s"] > 0 and roof["bandwidth"]["jax_copy_bytes_per_s"] > 0
   assert roof["prefill_plain"]["ours_flops_per_s"] > 0
   assert roof["decode_b1"]["ours_bytes_per_s"] > 0 and roof["decode_b1"]["param_bytes_per_token"] > 0
-  assert len(res["goals"]) == 8
+  assert len(res["goals"]) == 9  # the 8 of bench.run + the long-thinking SPAE goal (sizes.spae_lengths)
   assert all(g["status"] in ("met", "missed") or g["status"].startswith("pending") for g in res["goals"])
   md = (out / "results.md").read_text()
   assert "| Greedy decode, batch 32" in md and "## Goals" in md
@@ -143,6 +143,19 @@ def test_spae_section(result):
   assert "## SPAE step potentials" in (out / "results.md").read_text()
 
 
+def test_spae_long_section(result):
+  res, out = result
+  long = res["spae_long"]
+  assert [r["length"] for r in long["rows"]] == list(res["sizes"]["spae_lengths"])
+  for r in long["rows"]:
+    assert r["source"] == "random-word paragraphs" and r["boundaries"] >= 2 and r["parity"]["equal"]
+    assert r["response_tokens_mean"] <= r["length"] and r["ratio"] > 0
+    assert r["token_positions"]["reference"] > r["token_positions"]["ours"] > r["token_positions"]["probe"]
+    assert r["reference"]["boundaries_timed"] == r["boundaries"] and r["reference"]["steady_compiles"] == 0
+  assert "## SPAE step potentials on long thinking" in (out / "results.md").read_text()
+  assert any("thinking" in g["goal"] for g in res["goals"])
+
+
 def test_spae_loop_gives_the_batched_potentials(tmp_path):
   # Fast on its own (~30 s, nearly all XLA compiles): the per-boundary loop (a fresh prefill of the truncated
   # trajectory, one boundary per probe call) draws the batched path's random streams, so both give the same Acc and
@@ -168,7 +181,35 @@ def test_spae_loop_gives_the_batched_potentials(tmp_path):
   other = spae.per_boundary(Prober(lm, ProbeConfig(samples=2, max_tokens=3, seed=1)), data)
   assert not spae.parity(ours, other)["equal"]
   assert spae.probe_slots(prober.boundaries(data.response_ids), [len(r) for r in data.response_ids], 2) == 2 * 4
-  assert spae.probe_slots(prober.boundaries(data.response_ids), [len(r) for r in data.response_ids], 1) == 2 + 4
+  assert spae.probe_slots(prober.boundaries(data.response_ids), [len(r) for r in data.response_ids], 1) == 4 + 4
+  # long thinking of random-word paragraphs: the loop timed on every other boundary gives those boundaries' numbers
+  long = spae.long_set(lm, 1, 80, seed=3)
+  assert long.source == "random-word paragraphs" and len(long.response_ids[0]) <= 80
+  cuts = prober.boundaries(long.response_ids)[0]
+  assert len(cuts) >= 3 and np.all(np.diff(cuts) >= spae.PARAGRAPH_TOKENS[0])
+  strided = spae.per_boundary(prober, long, stride=2)
+  assert np.array_equal(strided[0].cuts, cuts[::2])
+  assert spae.parity(spae.every(spae.batched(prober, long), 2), strided)["equal"]
+
+
+def test_spae_long_set_holds_solver_paragraphs(synthetic_lm):
+  # The built-in worlds' tokenizer: paragraphs of the solver's thinking sentences, a boundary every 15-25 tokens,
+  # up to the requested length; the loop re-sends a prefix that grows with L, ours feeds it once.
+  from bench import spae
+  from reprobe_jax.spae.potential import Prober
+  data = spae.long_set(synthetic_lm, 2, 300)
+  assert data.source == "solver paragraphs" and data.response_ids[0] != data.response_ids[1]
+  prober = Prober(synthetic_lm)
+  for ids, cuts in zip(data.response_ids, prober.boundaries(data.response_ids)):
+    assert 300 - spae.PARAGRAPH_TOKENS[1] - 2 <= len(ids) <= 300
+    text = synthetic_lm.tokenizer.decode(list(ids))
+    assert text.startswith("<think>") and text.rstrip().endswith("</think>") and "Step" in text
+    gaps = np.diff(np.concatenate([[-1], cuts]))
+    assert len(cuts) >= 10 and gaps[1:].min() >= spae.PARAGRAPH_TOKENS[0] - 1 and gaps.max() <= 40, gaps
+  tp = spae.token_positions(prober, data, prober.boundaries(data.response_ids))
+  assert tp["reference"] > 5 * tp["ours"] - 5 * tp["probe"]  # context re-sent at every boundary
+  with pytest.raises(spae.ConfigError, match="holds no paragraph"):
+    spae.long_set(synthetic_lm, 1, 12)
 
 
 def test_cli_rejects_a_missing_model(tmp_path, capsys):

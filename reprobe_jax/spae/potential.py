@@ -319,7 +319,8 @@ class Prober:
                            ) -> DecodeState:
     """A decode state whose rows hold the given responses (fed through the model once, as `force` does)."""
     smp = self.lm.sampler(capture=CaptureSpec())
-    longest = bucket(max(1, max(map(len, response_ids))))
+    longest = max(1, max(map(len, response_ids)))  # bucketed, within the room the positions leave
+    longest = max(longest, min(bucket(longest), self.lm.config.max_position_embeddings - max(map(len, prompt_ids))))
     state = smp.prefill([list(p) for p in prompt_ids], max_new_tokens=longest, share=False)
     return smp.force(state, [list(r) if len(r) else None for r in response_ids])
 
