@@ -1,7 +1,8 @@
 """Training entry point: `python train.py --config=configs/<job>.py [--config.a.b=value ...]`.
 
 Jobs: target_synthetic (build the built-in default target LM and its report), reprobe (trajectories, labels,
-features and probes on a target model, and the PRM baseline when `config.prm.enabled`).
+features and probes on a target model, and the PRM baseline when `config.prm.enabled`), rl (one RL method from the
+target's thinking mode, then its held-out evaluation), rl_compare (GRPO, DAPO, RF-B and SPAE over seeds).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.cli import ProgressBars, parse_flags, reprobe_setup, run_job, workdir_of
+from reprobe_jax.cli import ProgressBars, build_target, parse_flags, reprobe_setup, run_job, workdir_of
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/target_synthetic.py", "Job configuration.")
 
@@ -45,9 +46,47 @@ def run_reprobe(config) -> None:
   print(f"\nProbes in {workdir}/probe; TensorBoard: tensorboard --logdir {workdir}/probe")
 
 
+def _rl_setup(config):
+  """(start policy, RLConfig, ProbeConfig, eval SPAEJobConfig): every field checked before the target is built."""
+  from reprobe_jax.rl.loop import rl_config_from_dict
+  from reprobe_jax.spae.job import job_config_from_dict, probe_config_from_dict
+  rl = rl_config_from_dict({**dict(config.get("rl", {})), "advantage": config.advantage, "seed": config.seed})
+  pcfg = probe_config_from_dict(config.get("probe", {}))
+  ecfg = job_config_from_dict(config.get("eval", {}))
+  return build_target(config), rl, pcfg, ecfg
+
+
+def run_rl(config) -> None:
+  from reprobe_jax.rl import job
+  lm, rl, pcfg, ecfg = _rl_setup(config)
+  with ProgressBars() as bars:
+    s = job.run(lm, rl, pcfg, ecfg, workdir_of(config), progress=bars.update)
+  folder = job.run_folder(workdir_of(config), lm, rl, pcfg, ecfg)
+  print(f"\n{rl.advantage}, seed {rl.seed}, {s['steps']} steps; seconds per step: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in s["stage_seconds"].items()))
+  print("| group | Acc@k | Len@k | checking | R2W |\n|---|---|---|---|---|")
+  for g, m in s["eval"].items():
+    cell = lambda x, scale=1.0: "n/a" if x is None else f"{scale * x:.1f}"
+    print(f"| {g} | {cell(m['acc_at_k'], 100)} | {cell(m['len_at_k'])} | {cell(m['checking_tokens'])} | "
+          f"{cell(m['r2w'], 100)} |")
+  print(f"\nWrote {folder}/summary.json; TensorBoard: tensorboard --logdir {folder}/tb")
+
+
+def run_rl_compare(config) -> None:
+  from reprobe_jax import bands
+  from reprobe_jax.rl import job
+  seeds = bands.check_seeds(config.get("seeds"))
+  lm, rl, pcfg, ecfg = _rl_setup(config)
+  with ProgressBars() as bars:
+    s = job.compare(lm, rl, pcfg, ecfg, config.methods, seeds, workdir_of(config), progress=bars.update)
+  print("\n" + s["table"])
+  print(f"Wrote {s['directory']}/table.md, summary.json, curves.png")
+
+
 def main(argv):
   del argv
-  run_job(_CONFIG.value, {"target_synthetic": run_target_synthetic, "reprobe": run_reprobe})
+  run_job(_CONFIG.value, {"target_synthetic": run_target_synthetic, "reprobe": run_reprobe, "rl": run_rl,
+                         "rl_compare": run_rl_compare})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""One training loop for every learner here (the target LM, the probe; the RL policy next): optax, orbax, TensorBoard.
+"""One training loop for every learner here (the target LM, the probe, the RL policy): optax, orbax, TensorBoard.
 
-Functional core: `make_train_step(loss_fn, tx)`, a jitted step over (params, opt_state, batch, rng, frozen).
+Functional core: `make_train_step(loss_fn, tx)`, a jitted step over (params, opt_state, batch, rng, frozen), or a
+caller's own step of that signature (`step_fn`: the RL loop's rollout -> advantages -> jitted update).
 Shell: `Trainer.fit`, which feeds step i the batch `batches(i)` and the key fold_in(key(seed), i) (pure functions of
 i, so a run killed and resumed sees what an uninterrupted run would), keeps each step's metrics on the device and
 fetches them every `log_every` steps (no host sync per step), writes TensorBoard scalars, evaluates, keeps the latest
@@ -114,7 +115,9 @@ class Trainer:
                evaluate: Callable[[Any], Mapping[str, float]] | None = None,
                on_step: Callable[[int, dict[str, float]], None] | None = None,
                on_eval: Callable[[int, dict], None] | None = None,
-               signature: Mapping[str, Any] | None = None):
+               signature: Mapping[str, Any] | None = None, step_fn: Callable | None = None):
+    if (loss_fn is None) == (step_fn is None):
+      raise ConfigError("Trainer: give a loss_fn (the jitted step is built from it) or a step_fn, not both")
     if (evaluate is None) != (cfg.best_metric is None):
       raise ConfigError("Trainer: an `evaluate` function and TrainerConfig.best_metric go together")
     try:  # stored as JSON and compared with what the JSON gives back
@@ -122,7 +125,9 @@ class Trainer:
     except (TypeError, ValueError) as e:
       raise ConfigError(f"Trainer: the checkpoint signature must be JSON ({e})") from None
     self.tx, self.cfg, self.workdir = tx, cfg, workdir
-    self.step_fn = make_train_step(loss_fn, tx, has_aux=has_aux)
+    # step_fn(params, opt_state, batch, rng, frozen) -> (params, opt_state, metrics): a whole step built by the
+    # caller (the RL loop's rollout -> update), run where the jitted step would be.
+    self.step_fn = step_fn or make_train_step(loss_fn, tx, has_aux=has_aux)
     self.learning_rate, self.evaluate, self.on_step, self.on_eval = learning_rate, evaluate, on_step, on_eval
 
   @property

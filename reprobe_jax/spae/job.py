@@ -21,6 +21,7 @@ from reprobe_jax import runs
 from reprobe_jax.atomic import atomic_open
 from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.machine import describe
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.pipeline import DOMAINS, SPLIT_SEEDS, model_fingerprint
@@ -132,8 +133,11 @@ def decode_domain(lm, prober: Prober, cfg: SPAEJobConfig, problems, truncate: bo
 
 
 def evaluate(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str, *,
-             progress: Progress | None = None) -> dict:
-  """Runs (or resumes) the job in `<workdir>/<key>`; returns the metrics (also written to metrics.json)."""
+             progress: Progress | None = None, modes: tuple[str, ...] = MODES) -> dict:
+  """Runs (or resumes) the job in `<workdir>/<key>`; returns the metrics (also written to metrics.json).
+  modes: which of MODES to decode ('plain' always: the curves read it; the RL loop's evaluation decodes only it)."""
+  if "plain" not in modes or any(m not in MODES for m in modes):
+    raise ConfigError(f"SPAE evaluation modes must be 'plain' and maybe more of {MODES}, got {modes!r}")
   tick = progress or no_progress
   prober = Prober(lm, pcfg)
   folder = run_folder(workdir, lm, cfg, pcfg)
@@ -143,7 +147,7 @@ def evaluate(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: 
   for domain in cfg.domains:
     problems = problems_of(cfg, domain)
     outcomes[domain] = {}
-    for mode in MODES:
+    for mode in modes:
       name = f"rows_{domain}_{mode}.jsonl"
       total = len(problems) * cfg.samples
       done = 0
@@ -161,23 +165,20 @@ def evaluate(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: 
       rows = [_row_from(o, pcfg.eps_sat) for _, o in read_jsonl(run.path(name), name)]
       outcomes[domain][mode] = [spae_metrics.outcome_from(problems[r.prompt_index], r.response_ids, lm.tokenizer,
                                                           r.potentials) for r in rows]
-  result = {"directory": folder, "machine": None, "domains": {}, "groups": {}}
-  from reprobe_jax.machine import describe
-  result["machine"] = str(describe())
+  result = {"directory": folder, "machine": str(describe()), "domains": {}, "groups": {}}
   groups = {"in_domain": [d for d in cfg.domains if d in cfg.in_domain],
             "out_of_domain": [d for d in cfg.domains if d not in cfg.in_domain]}
   table_rows = {}
   for domain in cfg.domains:
-    result["domains"][domain] = {m: spae_metrics.summarise(outcomes[domain][m], cfg.samples).to_json()
-                                 for m in MODES}
-    for m in MODES:
+    for m in modes:
       table_rows[f"{domain} {m}"] = spae_metrics.summarise(outcomes[domain][m], cfg.samples)
+    result["domains"][domain] = {m: table_rows[f"{domain} {m}"].to_json() for m in modes}
   curves = {}
   for g, doms in groups.items():
     if not doms:
       continue
-    pooled = {m: [o for d in doms for o in outcomes[d][m]] for m in MODES}
-    result["groups"][g] = {m: spae_metrics.summarise(pooled[m], cfg.samples).to_json() for m in MODES}
+    pooled = {m: [o for d in doms for o in outcomes[d][m]] for m in modes}
+    result["groups"][g] = {m: spae_metrics.summarise(pooled[m], cfg.samples).to_json() for m in modes}
     curves[g] = spae_metrics.potential_curves(pooled["plain"])
     spae_metrics.plot_curves(curves[g], run.path(f"curves_{g}.png"))
     result["groups"][g]["curves"] = curves[g].to_json()

@@ -1,0 +1,41 @@
+"""RL with SPAE and its baselines from the built-in target's thinking mode (issue 17):
+
+    python train.py --config=configs/rl_synthetic.py --config.advantage=spae     # one method, one seed
+    python train.py --config=configs/rl_synthetic.py --config.job=rl_compare     # GRPO, DAPO, RF-B, SPAE x seeds
+
+The start policy is the SPAE target (configs/spae_synthetic.py: interrupted-thinking traces, so its step potential
+reads something); it is built once (or reused) and every method and seed starts from it. Training prompts are
+arithmetic problems of the RL train split; the evaluation is METHOD B3 at k=16 on held-out test problems in domain
+(arithmetic) and out of domain (planning, qa), the same problems for every run.
+"""
+
+import ml_collections
+
+from configs import spae_synthetic
+
+
+def get_config() -> ml_collections.ConfigDict:
+  base = spae_synthetic.get_config()
+  c = ml_collections.ConfigDict()
+  c.job = "rl"
+  c.workdir = "artifacts/rl_synthetic"
+  c.target_path = ""  # empty: the built-in SPAE target (built or reused); else a model folder, GGUF or hub id
+  c.target = base.target
+  c.advantage = "spae"  # grpo | dapo | rf_b | spae (reprobe_jax/rl/advantages.py)
+  c.seed = 0  # the RL seed (prompts and rollouts); the start policy is the same for every seed
+  c.methods = ("grpo", "dapo", "rf_b", "spae")  # `--config.job=rl_compare`
+  c.seeds = (0, 1, 2)
+  # reprobe_jax.rl.loop.RLConfig; None fields take the method's default (METHODS: GRPO's loss and clip, else DAPO's)
+  c.rl = ml_collections.ConfigDict(dict(
+      steps=40, prompts_per_step=8, group_size=8, prompts_per_round=8, max_refill_rounds=2, max_new_tokens=192,
+      temperature=1.0, top_p=1.0, learning_rate=1e-4, warmup_steps=0, grad_clip=1.0, weight_decay=0.0,
+      mini_batches=2, micro_batches=1, clip_low=0.2, kl_coef=0.0, alpha=0.5, xi=0.5,
+      train_domains=("arithmetic",), train_difficulties=(1, 2, 3), train_problems=200, few_shot=0,
+      log_every=1, checkpoint_every=10))
+  c.probe = base.probe
+  # The held-out evaluation (reprobe_jax.spae.job.SPAEJobConfig; plain decoding only, every boundary probed).
+  c.eval = ml_collections.ConfigDict(dict(
+      problems=8, domains=("arithmetic", "planning", "qa"), in_domain=("arithmetic",), difficulties=(1, 2, 3),
+      samples=16, max_new_tokens=192, temperature=0.6, top_k=0, top_p=1.0, few_shot=0, batch_size=128,
+      split="test", seed=0))
+  return c
