@@ -31,7 +31,7 @@ import optax
 from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features.extraction import model_fingerprint
-from reprobe_jax.models.sampling import SamplingParams, bucket
+from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.pipeline import DOMAINS, SPLIT_SEEDS
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
@@ -67,7 +67,7 @@ class RLConfig:
   domain from the RL train split (disjoint from the target's own data and from val / test)."""
 
   advantage: str = "spae"
-  steps: int = 40
+  steps: int = 20
   prompts_per_step: int = 8
   group_size: int = 8
   prompts_per_round: int = 8
@@ -76,11 +76,11 @@ class RLConfig:
   max_new_tokens: int = 192
   temperature: float = 1.0
   top_p: float = 1.0
-  learning_rate: float = 1e-4
+  learning_rate: float = 5e-4
   warmup_steps: int = 0
   grad_clip: float = 1.0
   weight_decay: float = 0.0
-  mini_batches: int = 1
+  mini_batches: int = 2
   micro_batches: int = 1
   clip_low: float = 0.2
   clip_high: float | None = None
@@ -161,6 +161,16 @@ STEP_METRICS = ("loss", "reward", "kept_reward", "response_length", "ended_share
                 "skipped")
 
 
+RESPONSE_COLUMNS = 64  # the update's response columns: the batch's longest response rounded up to a multiple of this
+
+
+def response_columns(groups) -> int:
+  """Response columns of a step's update: the longest kept response rounded up to RESPONSE_COLUMNS (a few shapes
+  to compile; padding every batch to max_new_tokens would spend most of the update on padding)."""
+  longest = max(len(t.response_ids) for g in groups for t in g.trajectories)
+  return max(1, -(-longest // RESPONSE_COLUMNS)) * RESPONSE_COLUMNS
+
+
 class RLStep:
   """The Trainer's step i: rollout with the current parameters, reward, dynamic sampling, potentials (SPAE),
   advantages, `mini_batches` jitted updates. Returns the parameters, the optimizer state and STEP_METRICS."""
@@ -181,7 +191,6 @@ class RLStep:
     self.update = loss_lib.make_update(lm.static_graph, tx, cfg.loss_config(), micro_batches=mb, mesh=mesh)
     self.logprobs = loss_lib.make_logprobs(lm.static_graph, micro_batches=mb * cfg.mini_batches, mesh=mesh)
     self.ref_params = ref_params
-    self.response_len = bucket(cfg.max_new_tokens)
     if cfg.kl_coef > 0 and ref_params is None:
       raise ConfigError("RLStep: kl_coef > 0 needs the reference parameters")
 
@@ -207,7 +216,7 @@ class RLStep:
       pots = potentials(self.prober, groups, self.prompts, step, self.think_id)
     t2 = time.perf_counter()
     sb = step_batch(groups, pots, self.prompts, want=cfg.prompts_per_step, group_size=cfg.group_size,
-                    response_len=self.response_len, pad_id=self.policy.pad_id())
+                    response_len=response_columns(groups), pad_id=self.policy.pad_id())
     advantages = adv_lib.compute_advantages(cfg.advantage, sb.adv_inputs, self.adv_cfg)
     tokens, attn, resp = jnp.asarray(sb.tokens), jnp.asarray(sb.attention_mask), jnp.asarray(sb.response_mask)
     old = self.logprobs(params, tokens, attn, resp)
@@ -272,9 +281,23 @@ def signature(lm, cfg: RLConfig, pcfg: ProbeConfig) -> dict:
   return {"rl": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg), "start_model": model_fingerprint(lm)}
 
 
+def default_mesh():
+  """A 'data' mesh over every device when there is more than one (the update's rows split over them), else None."""
+  from reprobe_jax.models import make_mesh
+  return make_mesh(data=jax.device_count()) if jax.device_count() > 1 else None
+
+
 def train_rl(lm, cfg: RLConfig, pcfg: ProbeConfig, workdir: str, *, mesh=None, reward: Callable | None = None,
              on_step: Callable[[int, dict], None] | None = None) -> RLResult:
-  """Trains `lm`'s parameters with RL from `lm.params` (or resumes from `workdir`); `lm` itself is not changed."""
+  """Trains `lm`'s parameters with RL from `lm.params` (or resumes from `workdir`); `lm` itself is not changed.
+  mesh: the update's data-parallel mesh ('data' axis); None on one device, else `default_mesh()`'s over all."""
+  if mesh is None:
+    mesh = default_mesh()
+  if mesh is not None:
+    per = cfg.prompts_per_step * cfg.group_size // (cfg.mini_batches * cfg.micro_batches)
+    if per % mesh.shape["data"]:
+      raise ConfigError(f"a micro-batch of {per} rows (prompts_per_step x group_size / (mini_batches x "
+                        f"micro_batches)) does not split over the mesh's {mesh.shape['data']} 'data' devices")
   if lm.tokenizer is None:
     raise ConfigError("train_rl needs the model's tokenizer (prompts, answer checks, boundaries)")
   prompts = train_prompts(lm, cfg)

@@ -27,8 +27,11 @@ def _cell(values: Sequence[float], fmt: str) -> str:
 
 
 def stage_seconds(metrics: Mapping[str, Sequence[float]]) -> dict[str, float]:
-  """Mean seconds per step of each stage (rollout, probing, update) over the run's steps."""
-  return {s[5:]: float(np.mean(metrics[s])) if metrics.get(s) else math.nan for s in STAGES}
+  """Median seconds per step of each stage (rollout, probing, update) over the run's steps: the median leaves out
+  the few steps that compile a new shape (their share is in the mean, `mean_<stage>`)."""
+  out = {s[5:]: float(np.median(metrics[s])) if metrics.get(s) else math.nan for s in STAGES}
+  out.update({f"mean_{s[5:]}": float(np.mean(metrics[s])) if metrics.get(s) else math.nan for s in STAGES})
+  return out
 
 
 def compare_markdown(start: Mapping[str, dict], per: Mapping[str, Sequence[dict]], *, k: int) -> str:
@@ -36,7 +39,7 @@ def compare_markdown(start: Mapping[str, dict], per: Mapping[str, Sequence[dict]
   the stage times per step. Cells mean +- sd over the method's seeds (the start policy is one evaluation)."""
   groups = list(start)
   head = ["method"] + [f"{g.replace('_', ' ')} {name.format(k=k)}" for g in groups for _, name, _, _ in EVAL_COLUMNS]
-  head += ["rollout s/step", "probing s/step", "update s/step"]
+  head += ["rollout s/step (median)", "probing s/step", "update s/step"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   cells = ["start policy"]
   for g in groups:
