@@ -7,7 +7,7 @@ import os
 from jax.sharding import Mesh
 
 from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError
-from reprobe_jax.models.checkpoint import iter_hf_tensors, load_tensors
+from reprobe_jax.models.checkpoint import iter_hf_tensors, language_model_tensors, load_tensors
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.language_model import LanguageModel, resolve_dtype
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
@@ -83,8 +83,12 @@ def load_pretrained(path: str, *, dtype="float32", mesh: Mesh | None = None, rul
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
     raise CheckpointError(f"{path}: no config.json")
-  cfg = ModelConfig.from_json_file(cfg_path)
-  graphdef, params = load_tensors(cfg, iter_hf_tensors(path), dtype=dt, shard=shard, source=path)
+  raw = read_json(cfg_path, "config.json")
+  cfg = ModelConfig.from_hf_dict(raw, source=cfg_path)
+  tensors = iter_hf_tensors(path)
+  if raw.get("model_type") == "gemma3":  # multimodal Gemma 3: its language model only
+    tensors = language_model_tensors(tensors)
+  graphdef, params = load_tensors(cfg, tensors, dtype=dt, shard=shard, source=path)
   tok = load_tokenizer(path) if tokenizer else None
   return LanguageModel(cfg, graphdef, params, tok, shard=shard, dtype=dt)
 
