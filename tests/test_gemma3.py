@@ -148,10 +148,14 @@ def test_bad_or_unsupported_fields_are_named(change, error, match):
   assert str(e.value).startswith("/m/config.json: ")
 
 
-def test_gemma3_options_are_refused_for_other_families():
+def test_gemma3_options_are_refused_for_other_families_and_its_shape_is_fixed():
+  shape = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=4)
   with pytest.raises(ConfigError, match="final_logit_softcapping is a Gemma 3 option; family 'llama'"):
-    ModelConfig(family="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
-                num_kv_heads=2, head_dim=4, final_logit_softcapping=30.0)
+    ModelConfig(family="llama", final_logit_softcapping=30.0, **shape)
+  with pytest.raises(ConfigError, match=r"family 'gemma3' has q/k norms .* got qk_norm=False"):
+    ModelConfig(family="gemma3", **shape)
+  with pytest.raises(ConfigError, match=r"family 'gemma3' has q/k norms .* attention_bias=True"):
+    ModelConfig(family="gemma3", qk_norm=True, attention_bias=True, **shape)
 
 
 def test_multimodal_config_errors_name_the_text_config():

@@ -216,6 +216,9 @@ class ModelConfig:
       if self.partial_rotary_factor != 1.0:
         raise ConfigError(f"family 'gemma3' rotates the whole head (partial_rotary_factor 1), got "
                           f"{self.partial_rotary_factor}")
+      if not self.qk_norm or self.attention_bias:  # what Gemma3ForCausalLM has, and what its config.json can say
+        raise ConfigError(f"family 'gemma3' has q/k norms and no attention biases (qk_norm=True, "
+                          f"attention_bias=False), got qk_norm={self.qk_norm}, attention_bias={self.attention_bias}")
       # Spelled out, so that a config built in code equals the same config read back from its config.json.
       if self.local_rope is None:
         object.__setattr__(self, "local_rope", self.rope)
