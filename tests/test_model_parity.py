@@ -1,4 +1,4 @@
-"""The Flax decoder held to PyTorch `transformers` for every supported family and rope type (issue 2).
+"""The Flax decoder held to PyTorch `transformers` for every supported family and rope type (issues 2 and 18).
 
 Each case builds a tiny random HF model, saves it, loads it with `load_pretrained`, and compares: logits and every
 hidden state (fp32, max abs diff relative to the tensor's scale), the attention window against eager
@@ -57,7 +57,22 @@ CASES = {
                              short_factor=[1.0 + 0.1 * i for i in range(8)],
                              long_factor=[2.0 + 0.3 * i for i in range(8)],
                              original_max_position_embeddings=8))),
+    # Gemma 3: layers 0 and 1 local (window 4, RoPE base 100), layer 2 global (base 1e5), on sequences of 14-20
+    # tokens; query_pre_attn_scalar 20 is not head_dim 24 (which is not hidden / heads either).
+    "gemma3_local_global": (transformers.Gemma3TextConfig, _common(
+        head_dim=24, sliding_window=4, sliding_window_pattern=3, query_pre_attn_scalar=20,
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1e5),
+                         "sliding_attention": dict(rope_type="default", rope_theta=100.0)})),
+    # A global layer between two local ones, linear RoPE scaling on the global layer only, an untied head, one KV
+    # head, the default query_pre_attn_scalar (256, not head_dim 16) and a final logit softcap that bends the
+    # logits (their scale is about 14).
+    "gemma3_linear_untied_softcap": (transformers.Gemma3TextConfig, _common(
+        head_dim=16, num_key_value_heads=1, tie_word_embeddings=False, sliding_window=4, final_logit_softcapping=10.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": dict(rope_type="linear", rope_theta=1e4, factor=4.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10.0)})),
 }
+_MODELS = {transformers.Gemma3TextConfig: transformers.Gemma3ForCausalLM}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -66,12 +81,18 @@ def pair(request, tmp_path_factory):
   torch.manual_seed(0)
   cfg = cls(**kw)
   cfg._attn_implementation = "eager"
-  hf = getattr(transformers, cls.__name__.replace("Config", "ForCausalLM"))(cfg).eval()
+  model_cls = _MODELS[cls] if cls in _MODELS else getattr(transformers, cls.__name__.replace("Config", "ForCausalLM"))
+  hf = model_cls(cfg).eval()
   if request.param.startswith("qwen2"):  # random init leaves biases at zero; make them matter
     with torch.no_grad():
       for layer in hf.model.layers:
         for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
           p.bias.normal_(0, 0.5)
+  if request.param.startswith("gemma3"):  # and Gemma's zero-centred norm weights (1 + w) at zero
+    with torch.no_grad():
+      for n, p in hf.named_parameters():
+        if "norm" in n:
+          p.normal_(0, 0.5)
   directory = tmp_path_factory.mktemp(request.param)
   hf.save_pretrained(directory)
   return request.param, hf, load_pretrained(str(directory))

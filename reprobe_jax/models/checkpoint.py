@@ -95,6 +95,9 @@ _SEPARATE_MLP = [Rule(M + f"mlp.{p}_proj.weight", (L + f"mlp.{p}_proj.kernel",),
                  for p in ("gate", "up")]
 _QK_NORM = [Rule(M + f"self_attn.{p}_norm.weight", (L + f"self_attn.{p}_norm.scale",), _same, _unsame)
             for p in "qk"]
+# Gemma 3 (weights zero-centred, as HF stores them: the module computes 1 + w).
+_SANDWICH_NORMS = [Rule(M + f"{p}_feedforward_layernorm.weight", (L + f"{p}_feedforward_layernorm.scale",), _same,
+                        _unsame) for p in ("pre", "post")]
 _PHI3 = [
     Rule(M + "self_attn.qkv_proj.weight", tuple(L + f"self_attn.{p}_proj.kernel" for p in "qkv"), _split_qkv,
          _join_rows),
@@ -113,7 +116,29 @@ def family_rules(cfg: ModelConfig) -> list[Rule]:
     rules += _QKV_BIAS
   if cfg.qk_norm:
     rules += _QK_NORM
+  if cfg.sandwich_norms:
+    rules += _SANDWICH_NORMS
   return rules
+
+
+# A multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration) holds the language model under other prefixes:
+# transformers >= 4.52 names it model.language_model.*, and writes (and older versions named) language_model.model.*
+# and language_model.lm_head.*. The vision tower and projector are not part of the LM.
+_MULTIMODAL_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                        ("language_model.lm_head.", "lm_head."))
+_MULTIMODAL_SKIP = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
+
+
+def language_model_tensors(tensors: Iterable[tuple[str, Callable[[], np.ndarray], tuple[int, ...]]]):
+  """The tensors of a multimodal Gemma 3 checkpoint that make its language model, under Gemma3ForCausalLM names."""
+  for name, get, shape in tensors:
+    if _MULTIMODAL_SKIP.match(name):
+      continue
+    for old, new in _MULTIMODAL_PREFIXES:
+      if name.startswith(old):
+        name = new + name[len(old):]
+        break
+    yield name, get, shape
 
 
 def _compile(rules: list[Rule]):

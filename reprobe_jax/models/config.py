@@ -15,13 +15,16 @@ from typing import Any, Mapping
 from reprobe_jax.errors import ConfigError, ReprobeError, UnsupportedModelError
 from reprobe_jax.readers import read_json
 
-# Hugging Face `model_type` -> our family name. Mistral and SmolLM2 are Llama-shaped.
+# Hugging Face `model_type` -> our family name. Mistral and SmolLM2 are Llama-shaped. "gemma3" is the multimodal
+# Gemma 3 config, read for its `text_config` (the language model); we export the text model as "gemma3_text".
 FAMILIES = {
     "llama": "llama",
     "mistral": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "phi3": "phi3",
+    "gemma3_text": "gemma3",
+    "gemma3": "gemma3",
 }
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -29,6 +32,31 @@ _ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+
+# transformers' `Gemma3TextConfig` defaults: a config.json may leave any of these out and mean them.
+_GEMMA3_DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "bos_token_id": 2,
+    "tie_word_embeddings": True,
+    "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10_000.0,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 6,
 }
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
@@ -130,6 +158,10 @@ class ModelConfig:
   # One entry per layer: None for full attention, else the sliding-window length.
   sliding_windows: tuple[int | None, ...] = ()
   hidden_act: str = "silu"
+  # Gemma 3: sliding-window layers rotate with their own RoPE (rope_local_base_freq); None: every layer uses `rope`.
+  local_rope: RopeConfig | None = None
+  query_pre_attn_scalar: float | None = None  # Gemma 3: scores scaled by this ** -0.5 (None: head_dim ** -0.5)
+  final_logit_softcapping: float | None = None  # Gemma: logits -> cap * tanh(logits / cap)
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int | None = None
@@ -150,13 +182,16 @@ class ModelConfig:
     if self.rotary_dim < 2 or self.rotary_dim % 2:
       raise ConfigError(f"head_dim={self.head_dim} x partial_rotary_factor={self.partial_rotary_factor} gives "
                         f"{self.rotary_dim} rotary dimensions; RoPE needs an even number >= 2")
-    if self.rope.rope_type == "dynamic" and self.rotary_dim < 4:
-      raise ConfigError(f"rope type 'dynamic' needs at least 4 rotary dimensions, got {self.rotary_dim}")
-    for name in ("short_factor", "long_factor"):
-      v = getattr(self.rope, name)
-      if self.rope.rope_type == "longrope" and (v is None or len(v) != self.rotary_dim // 2):
-        raise ConfigError(f"rope type 'longrope' needs {name} with rotary_dim / 2 = {self.rotary_dim // 2} "
-                          f"entries, got {None if v is None else len(v)}")
+    for rope in (self.rope, self.local_rope):
+      if rope is None:
+        continue
+      if rope.rope_type == "dynamic" and self.rotary_dim < 4:
+        raise ConfigError(f"rope type 'dynamic' needs at least 4 rotary dimensions, got {self.rotary_dim}")
+      for name in ("short_factor", "long_factor"):
+        v = getattr(rope, name)
+        if rope.rope_type == "longrope" and (v is None or len(v) != self.rotary_dim // 2):
+          raise ConfigError(f"rope type 'longrope' needs {name} with rotary_dim / 2 = {self.rotary_dim // 2} "
+                            f"entries, got {None if v is None else len(v)}")
     for name in ("tie_word_embeddings", "attention_bias", "qk_norm"):
       if not isinstance(getattr(self, name), bool):
         raise ConfigError(f"{name} must be a boolean, got {getattr(self, name)!r}")
@@ -167,8 +202,28 @@ class ModelConfig:
           raise ConfigError(f"{name}: {i!r} is not a token id in [0, vocab_size={self.vocab_size})")
     if self.num_heads % self.num_kv_heads:
       raise ConfigError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
-    if self.hidden_act != "silu":
-      raise UnsupportedModelError(f"hidden_act {self.hidden_act!r} is not supported (only 'silu')")
+    if self.hidden_act not in ACTIVATIONS:
+      raise UnsupportedModelError(f"hidden_act {self.hidden_act!r} is not supported; supported: {ACTIVATIONS}")
+    for name in ("query_pre_attn_scalar", "final_logit_softcapping"):
+      v = getattr(self, name)
+      if v is not None and not (_is_number(v) and math.isfinite(v) and v > 0):
+        raise ConfigError(f"{name} must be a finite number > 0, got {v!r}")
+    if self.family != "gemma3":  # the HF configs of the other families have no field for these
+      for name in ("local_rope", "query_pre_attn_scalar", "final_logit_softcapping"):
+        if getattr(self, name) is not None:
+          raise ConfigError(f"{name} is a Gemma 3 option; family {self.family!r} has no such field")
+    else:
+      if self.partial_rotary_factor != 1.0:
+        raise ConfigError(f"family 'gemma3' rotates the whole head (partial_rotary_factor 1), got "
+                          f"{self.partial_rotary_factor}")
+      if not self.qk_norm or self.attention_bias:  # what Gemma3ForCausalLM has, and what its config.json can say
+        raise ConfigError(f"family 'gemma3' has q/k norms and no attention biases (qk_norm=True, "
+                          f"attention_bias=False), got qk_norm={self.qk_norm}, attention_bias={self.attention_bias}")
+      # Spelled out, so that a config built in code equals the same config read back from its config.json.
+      if self.local_rope is None:
+        object.__setattr__(self, "local_rope", self.rope)
+      if self.query_pre_attn_scalar is None:
+        object.__setattr__(self, "query_pre_attn_scalar", float(self.head_dim))
     if not self.sliding_windows:
       object.__setattr__(self, "sliding_windows", (None,) * self.num_layers)
     if len(self.sliding_windows) != self.num_layers:
@@ -181,12 +236,30 @@ class ModelConfig:
     return int(self.head_dim * self.partial_rotary_factor)
 
   @property
+  def embed_scale(self) -> float | None:
+    """Gemma multiplies the token embedding by sqrt(hidden_size) (in the model dtype); None: no scaling."""
+    return math.sqrt(self.hidden_size) if self.family == "gemma3" else None
+
+  @property
+  def sandwich_norms(self) -> bool:
+    """Gemma 3 normalises each sublayer's output too (post_attention / pre- and post-feedforward norms), with
+    RMSNorm weights stored zero-centred (y = x_hat * (1 + w))."""
+    return self.family == "gemma3"
+
+  def layer_rope(self, layer: int) -> RopeConfig:
+    """The RoPE of this layer: `local_rope` for sliding-window layers where it is set, else `rope`."""
+    if self.local_rope is not None and self.sliding_windows[layer] is not None:
+      return self.local_rope
+    return self.rope
+
+  @property
   def num_params(self) -> int:
     d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
     q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
     per_layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d
     per_layer += (q + 2 * kv) if self.attention_bias else 0
     per_layer += 2 * self.head_dim if self.qk_norm else 0
+    per_layer += 2 * d if self.sandwich_norms else 0
     return v * d * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + d
 
   def replace(self, **kw) -> "ModelConfig":
@@ -205,7 +278,12 @@ class ModelConfig:
       raise UnsupportedModelError(
           f"{source}: model_type {model_type!r} is not supported; supported: {sorted(FAMILIES)}")
     family = FAMILIES[model_type]
-    f = _Fields(d, source)
+    prefix = ""
+    if model_type == "gemma3":
+      d, prefix = _gemma3_text_config(d, source), "text_config."
+    if family == "gemma3":
+      d = {**_GEMMA3_DEFAULTS, **d}
+    f = _Fields(d, source, prefix)
     num_heads = f.integer("num_attention_heads")
     hidden = f.integer("hidden_size")
     head_dim = f.integer("head_dim", None)
@@ -215,39 +293,15 @@ class ModelConfig:
       head_dim = hidden // num_heads
     num_layers = f.integer("num_hidden_layers")
 
-    rope_params = dict(f.mapping("rope_parameters"))
-    legacy = f.mapping("rope_scaling")
-    if legacy and not rope_params.get("rope_type"):
-      rope_params.update(legacy)
-    if "type" in rope_params and "rope_type" not in rope_params:
-      rope_params["rope_type"] = rope_params.pop("type")
-    r = _Fields(rope_params, source, "rope_parameters.")
-    rope_type = r.text("rope_type", "default")
-    if rope_type == "su":  # old Phi-3 name
-      rope_type = "longrope"
-    if rope_type not in ROPE_TYPES:
-      raise UnsupportedModelError(f"{source}: rope type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
-    # Each of these may sit in the rope dict or at the top level (older configs); the rope dict wins.
-    theta = _either(r.number("rope_theta", None), f.number("rope_theta", 10000.0))
-    partial = _either(r.number("partial_rotary_factor", None), f.number("partial_rotary_factor", 1.0))
-    orig_max = _either(r.integer("original_max_position_embeddings", None),
-                       f.integer("original_max_position_embeddings", None))
-    rope = _built(source, lambda: RopeConfig(
-        rope_type=rope_type,
-        theta=theta,
-        factor=r.number("factor", None),
-        original_max_position_embeddings=orig_max,
-        low_freq_factor=r.number("low_freq_factor", None),
-        high_freq_factor=r.number("high_freq_factor", None),
-        beta_fast=r.number("beta_fast", None),
-        beta_slow=r.number("beta_slow", None),
-        attention_factor=r.number("attention_factor", None),
-        mscale=r.number("mscale", None),
-        mscale_all_dim=r.number("mscale_all_dim", None),
-        truncate=r.flag("truncate", True),
-        short_factor=r.numbers("short_factor"),
-        long_factor=r.numbers("long_factor"),
-    ))
+    local_rope = None
+    if family == "gemma3":
+      rope, partial, local_rope = _gemma3_ropes(f)
+    else:
+      rope_params = dict(f.mapping("rope_parameters"))
+      legacy = f.mapping("rope_scaling")
+      if legacy and not rope_params.get("rope_type"):
+        rope_params.update(legacy)
+      rope, partial = _read_rope(f, rope_params, "rope_parameters.", "rope_theta", 10000.0)
 
     # Sliding windows, per layer, the way each family's HF code decides them.
     window = f.integer("sliding_window", None)
@@ -257,13 +311,17 @@ class ModelConfig:
         if layer_types is None:
           mwl = f.integer("max_window_layers", num_layers, low=0)
           layer_types = ["sliding_attention" if i >= mwl else "full_attention" for i in range(num_layers)]
-        bad = sorted({t for t in layer_types if t not in ("sliding_attention", "full_attention")})
-        if bad or len(layer_types) != num_layers:
-          raise ConfigError(f"{source}: layer_types must list 'full_attention' / 'sliding_attention' for each of "
-                            f"the {num_layers} layers, got {len(layer_types)} entries{f' with {bad}' if bad else ''}")
-        windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
+        windows = _layer_windows(f, layer_types, num_layers, window)
       else:
         windows = (None,) * num_layers
+    elif family == "gemma3":
+      layer_types = f.items("layer_types", str)
+      if layer_types is None:  # transformers' rule: every `sliding_window_pattern`-th layer is global
+        pattern = f.integer("sliding_window_pattern")
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+      if window is None and "sliding_attention" in layer_types:
+        raise ConfigError(f"{source}: layer_types has 'sliding_attention' layers but sliding_window is null")
+      windows = _layer_windows(f, layer_types, num_layers, window)
     elif family in ("mistral", "phi3"):
       windows = (window,) * num_layers
     else:
@@ -276,6 +334,9 @@ class ModelConfig:
     else:
       eos = f.integer("eos_token_id", None, low=0)
       eos_ids = () if eos is None else (eos,)
+    gemma = family == "gemma3"
+    if gemma:
+      _check_gemma3_options(f)
     return _built(source, lambda: cls(
         family=family,
         vocab_size=f.integer("vocab_size"),
@@ -291,9 +352,12 @@ class ModelConfig:
         max_position_embeddings=f.integer("max_position_embeddings", 4096),
         tie_word_embeddings=f.flag("tie_word_embeddings", False),
         attention_bias=f.flag("attention_bias", family == "qwen2") and family != "phi3",
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "gemma3"),
         sliding_windows=windows,
-        hidden_act=f.text("hidden_act", "silu"),
+        hidden_act=f.text("hidden_activation") if gemma else f.text("hidden_act", "silu"),
+        local_rope=local_rope,
+        query_pre_attn_scalar=f.number("query_pre_attn_scalar") if gemma else None,
+        final_logit_softcapping=f.number("final_logit_softcapping", None) if gemma else None,
         bos_token_id=f.integer("bos_token_id", None, low=0),
         eos_token_ids=eos_ids,
         pad_token_id=f.integer("pad_token_id", None, low=0),
@@ -336,6 +400,21 @@ class ModelConfig:
     if self.family in ("llama", "qwen3", "mistral"):
       d["attention_bias"] = self.attention_bias
     windows = {w for w in self.sliding_windows if w is not None}
+    if self.family == "gemma3":
+      d.pop("hidden_act")
+      scalar = self.query_pre_attn_scalar
+      d.update({
+          "hidden_activation": self.hidden_act,
+          "rope_parameters": {"full_attention": self.rope.to_hf(1.0), "sliding_attention": self.local_rope.to_hf(1.0)},
+          "rope_local_base_freq": self.local_rope.theta,
+          "query_pre_attn_scalar": int(scalar) if float(scalar).is_integer() else scalar,  # an int field in HF
+          "final_logit_softcapping": self.final_logit_softcapping,
+          "attn_logit_softcapping": None,
+          "attention_bias": False,
+          "use_bidirectional_attention": False,
+          "sliding_window": next(iter(windows)) if windows else None,
+          "layer_types": ["sliding_attention" if w else "full_attention" for w in self.sliding_windows],
+      })
     if self.family in ("qwen2", "qwen3"):
       d["use_sliding_window"] = bool(windows)
       d["sliding_window"] = next(iter(windows)) if windows else None
@@ -350,6 +429,101 @@ class ModelConfig:
 
 def _either(first, second):
   return second if first is None else first
+
+
+def _read_rope(f: "_Fields", params: Mapping[str, Any], where: str, theta_key: str,
+               theta_default: float) -> tuple[RopeConfig, float]:
+  """(RoPE, partial_rotary_factor) from one HF rope dict `params` (found at `where` in the config), with the
+  top-level fields of older configs (`theta_key`, partial_rotary_factor, original_max_position_embeddings) as
+  fallbacks; the rope dict wins."""
+  params = dict(params)
+  if "type" in params and "rope_type" not in params:
+    params["rope_type"] = params.pop("type")
+  source = f.source
+  r = _Fields(params, source, f.prefix + where)
+  rope_type = r.text("rope_type", "default")
+  if rope_type == "su":  # old Phi-3 name
+    rope_type = "longrope"
+  if rope_type not in ROPE_TYPES:
+    raise UnsupportedModelError(f"{source}: rope type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
+  theta = _either(r.number("rope_theta", None), f.number(theta_key, theta_default))
+  partial = _either(r.number("partial_rotary_factor", None), f.number("partial_rotary_factor", 1.0))
+  orig_max = _either(r.integer("original_max_position_embeddings", None),
+                     f.integer("original_max_position_embeddings", None))
+  rope = _built(source, lambda: RopeConfig(
+      rope_type=rope_type,
+      theta=theta,
+      factor=r.number("factor", None),
+      original_max_position_embeddings=orig_max,
+      low_freq_factor=r.number("low_freq_factor", None),
+      high_freq_factor=r.number("high_freq_factor", None),
+      beta_fast=r.number("beta_fast", None),
+      beta_slow=r.number("beta_slow", None),
+      attention_factor=r.number("attention_factor", None),
+      mscale=r.number("mscale", None),
+      mscale_all_dim=r.number("mscale_all_dim", None),
+      truncate=r.flag("truncate", True),
+      short_factor=r.numbers("short_factor"),
+      long_factor=r.numbers("long_factor"),
+  ))
+  return rope, partial
+
+
+def _gemma3_ropes(f: "_Fields") -> tuple[RopeConfig, float, RopeConfig]:
+  """Gemma 3's two RoPEs, as `Gemma3TextConfig.convert_rope_params_to_dict` builds them: rope_parameters maps
+  'full_attention' and 'sliding_attention' to rope dicts; older configs give rope_theta (global layers),
+  rope_local_base_freq (sliding layers) and rope_scaling, which applies to the global layers only."""
+  params = f.mapping("rope_parameters")
+  stray = sorted(set(params) - {"full_attention", "sliding_attention"})
+  if stray:
+    raise ConfigError(f"{f.source}: field {f.prefix + 'rope_parameters'!r} of a Gemma 3 config must map "
+                      f"'full_attention' / 'sliding_attention' to rope dicts, got keys {stray}")
+  nested = _Fields(params, f.source, f.prefix + "rope_parameters.")
+  full = dict(nested.mapping("full_attention"))
+  full.update(f.mapping("rope_scaling"))
+  rope, partial = _read_rope(f, full, "rope_parameters.full_attention.", "rope_theta", 1_000_000.0)
+  local, local_partial = _read_rope(f, nested.mapping("sliding_attention"), "rope_parameters.sliding_attention.",
+                                    "rope_local_base_freq", 10_000.0)
+  return rope, min(partial, local_partial), local  # ModelConfig refuses a partial rotary factor for Gemma 3
+
+
+def _gemma3_text_config(d: Mapping[str, Any], source: str) -> dict[str, Any]:
+  """The language model's config of a multimodal Gemma 3 config.json (`text_config`, a gemma3_text config); the
+  LM head's tying is the outer config's (transformers ties `Gemma3ForConditionalGeneration` by it)."""
+  text = _Fields(d, source).mapping("text_config")
+  inner = text.get("model_type", "gemma3_text")
+  if inner != "gemma3_text":
+    raise UnsupportedModelError(f"{source}: text_config.model_type {inner!r} is not supported; a 'gemma3' config "
+                                f"is read for its 'gemma3_text' language model")
+  text = dict(text)
+  text["model_type"] = "gemma3_text"
+  tie = d.get("tie_word_embeddings")
+  text["tie_word_embeddings"] = True if tie is None else tie  # Gemma3Config's default
+  return text
+
+
+def _check_gemma3_options(f: "_Fields") -> None:
+  """Gemma 3 options that transformers offers but that no released checkpoint uses, refused by name."""
+  softcap = f.number("attn_logit_softcapping", None)
+  if softcap is not None:
+    raise UnsupportedModelError(
+        f"{f.source}: {f.prefix}attn_logit_softcapping={softcap}: transformers' Gemma 3 reads this field but never "
+        f"applies it, so a checkpoint that sets it has no reference behaviour; set it to null")
+  if f.flag("use_bidirectional_attention", False):
+    raise UnsupportedModelError(f"{f.source}: {f.prefix}use_bidirectional_attention=true (an encoder) is not "
+                                f"supported; this is a causal decoder")
+  if f.flag("attention_bias", False):
+    raise UnsupportedModelError(f"{f.source}: {f.prefix}attention_bias=true is not supported for Gemma 3 (it "
+                                f"would bias o_proj too)")
+
+
+def _layer_windows(f: "_Fields", layer_types, num_layers: int, window) -> tuple[int | None, ...]:
+  """Per-layer windows from HF `layer_types` ('full_attention' / 'sliding_attention' for every layer)."""
+  bad = sorted({t for t in layer_types if t not in ("sliding_attention", "full_attention")})
+  if bad or len(layer_types) != num_layers:
+    raise ConfigError(f"{f.source}: {f.prefix}layer_types must list 'full_attention' / 'sliding_attention' for "
+                      f"each of the {num_layers} layers, got {len(layer_types)} entries{f' with {bad}' if bad else ''}")
+  return tuple(window if t == "sliding_attention" else None for t in layer_types)
 
 
 def _built(source: str, make):

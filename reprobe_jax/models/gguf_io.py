@@ -10,6 +10,16 @@ Two llama.cpp conventions are undone here, following `transformers`' own GGUF lo
 - llama.cpp's converter permutes the rows of q and k (weights and biases) of `llama`-architecture models from the
   HF rotate-half layout to its interleaved-pairs layout; `reverse_llama_cpp_permute` restores the HF order.
 - A file with no `output.weight` ties the LM head to the token embedding.
+- llama.cpp stores Gemma's zero-centred RMSNorm weights w as 1 + w (its norms multiply by the weight as is);
+  `_GEMMA_NORM_SHIFT` takes the 1 back off, as transformers' `Gemma2TensorProcessor` does.
+
+Gemma 3 metadata carries neither the global/local layer pattern, nor the local RoPE base, nor the query scale:
+llama.cpp (`llama_model::load_hparams`, LLM_ARCH_GEMMA3) fixes every 6th layer global, the local base at 10000
+with no scaling, and the query scale at head_dim ** -0.5 (hidden / heads for the 62-layer 27B); so do we.
+transformers' GGUF loader agrees except in two places, where we follow llama.cpp, whose runtime defines what a
+GGUF file means: it drops `rope.scaling.*` (Gemma 3 4B and up scale the global RoPE by 8) and always uses 256 for
+query_pre_attn_scalar. The two agree on every released Gemma 3 whose head_dim is 256 and which has no RoPE scaling
+(the 270M and the 1B).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from reprobe_jax.models.config import ModelConfig
 TensorStream = Iterator[tuple[str, Callable[[], np.ndarray], tuple[int, ...]]]
 
 # GGUF `general.architecture` -> HF `model_type`. llama.cpp files Mistral and SmolLM2 under `llama`.
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text"}
 
 # Global tensors, then per-block ones (blk.N.<name>.<weight|bias>), GGUF -> HF.
 _GLOBAL = {
@@ -55,6 +65,13 @@ _BLOCK = {
 }
 # Phi-3's fused gate+up projection is stored as ffn_up.
 _PHI3_BLOCK = dict(_BLOCK, ffn_up="mlp.gate_up_proj")
+# Gemma 3 normalises each sublayer's input and output; its ffn_norm is the MLP's input norm.
+_GEMMA3_BLOCK = dict(_BLOCK, post_attention_norm="post_attention_layernorm", ffn_norm="pre_feedforward_layernorm",
+                     post_ffw_norm="post_feedforward_layernorm")
+_BLOCK_TABLES = {"phi3": _PHI3_BLOCK, "gemma3": _GEMMA3_BLOCK}
+_GEMMA_NORM_SHIFT = 1.0
+_GEMMA3_GLOBAL_EVERY = 6  # llama.cpp: hparams.set_swa_pattern(6)
+_GEMMA3_LOCAL_ROPE_BASE = 10000.0  # llama.cpp: rope_freq_base_train_swa
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 # Longrope factors (Phi-3) are config, not parameters: read into the config, never yielded.
 _ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
@@ -354,7 +371,7 @@ def _config_dict(g: GGUFFile, arch: str) -> dict[str, Any]:
       "eos_token_id": m.integer("tokenizer.ggml.eos_token_id", None, low=0),
       "pad_token_id": m.integer("tokenizer.ggml.padding_token_id", None, low=0),
   }
-  if rope_dims and arch != "llama" and rope_dims != head_dim:
+  if rope_dims and arch not in ("llama", "gemma3") and rope_dims != head_dim:
     d["partial_rotary_factor"] = rope_dims / head_dim
   window = m.integer(f"{arch}.attention.sliding_window", None, low=0)
   if window:
@@ -362,6 +379,12 @@ def _config_dict(g: GGUFFile, arch: str) -> dict[str, Any]:
     if arch in ("qwen2", "qwen3"):
       d["use_sliding_window"] = True
   d["rope_scaling"] = _rope_scaling(g, m, arch)
+  if arch == "gemma3":  # what llama.cpp fixes for the architecture (see the module docstring)
+    d.update(sliding_window_pattern=_GEMMA3_GLOBAL_EVERY, rope_local_base_freq=_GEMMA3_LOCAL_ROPE_BASE,
+             query_pre_attn_scalar=hidden // num_heads if d["num_hidden_layers"] == 62 else head_dim)
+    if not window:
+      raise ConfigError(f"{path}: GGUF metadata key 'gemma3.attention.sliding_window' is missing (Gemma 3's local "
+                        f"layers need it)")
   return d
 
 
@@ -413,7 +436,7 @@ def _hf_name(name: str, arch: str) -> str | None:
   if name in _GLOBAL:
     return _GLOBAL[name]
   m = _BLOCK_RE.match(name)
-  table = _PHI3_BLOCK if arch == "phi3" else _BLOCK
+  table = _BLOCK_TABLES.get(arch, _BLOCK)
   if m and m.group(2) in table:
     return f"model.layers.{m.group(1)}.{table[m.group(2)]}.{m.group(3)}"
   return None
@@ -441,8 +464,10 @@ def _check_dequantisable(path: str, tensors) -> None:
 _VIEWS = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 
 
-def _loader(t: GGUFTensor, hf_shape: tuple[int, ...], unpermute_heads: int | None) -> Callable[[], np.ndarray]:
-  """A zero-arg loader of one tensor in HF layout: float types as stored (memory-mapped), quantised -> float32."""
+def _loader(t: GGUFTensor, hf_shape: tuple[int, ...], unpermute_heads: int | None,
+            shift: float | None = None) -> Callable[[], np.ndarray]:
+  """A zero-arg loader of one tensor in HF layout: float types as stored (memory-mapped), quantised -> float32;
+  `shift` is subtracted (in float32) where given."""
 
   def load() -> np.ndarray:
     from gguf import quants
@@ -452,6 +477,8 @@ def _loader(t: GGUFTensor, hf_shape: tuple[int, ...], unpermute_heads: int | Non
     x = x.reshape(hf_shape)
     if unpermute_heads is not None:
       x = reverse_llama_cpp_permute(x, unpermute_heads)
+    if shift is not None:
+      x = x.astype(np.float32) - np.float32(shift)
     return x
 
   return load
@@ -496,11 +523,12 @@ def read_gguf(path: str | os.PathLike | GGUFFile) -> tuple[ModelConfig, TensorSt
     hf_shape = tuple(reversed(t.shape))
     if heads is not None and hf_shape[0] % (2 * heads):
       raise CheckpointError(f"{path}: tensor {t.name!r} has {hf_shape[0]} rows, not a multiple of 2 x {heads} heads")
-    plan.append((hf, t, hf_shape, heads))
-  _check_dequantisable(path, [t for _, t, _, _ in plan])
+    shift = _GEMMA_NORM_SHIFT if arch == "gemma3" and t.name.endswith("norm.weight") else None
+    plan.append((hf, t, hf_shape, heads, shift))
+  _check_dequantisable(path, [p[1] for p in plan])
 
   def stream() -> TensorStream:
-    for hf, t, hf_shape, heads in plan:
-      yield hf, _loader(t, hf_shape, heads), hf_shape
+    for hf, t, hf_shape, heads, shift in plan:
+      yield hf, _loader(t, hf_shape, heads, shift), hf_shape
 
   return cfg, stream()

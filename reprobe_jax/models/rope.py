@@ -12,7 +12,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.models.config import ModelConfig
+from reprobe_jax.models.config import ModelConfig, RopeConfig
 
 
 def _base_exponents(dim: int) -> np.ndarray:
@@ -23,8 +23,7 @@ def _default_inv_freq(theta: float, dim: int) -> np.ndarray:
   return (1.0 / (np.float32(theta) ** _base_exponents(dim))).astype(np.float32)
 
 
-def _yarn(cfg: ModelConfig, dim: int) -> tuple[np.ndarray, float]:
-  r = cfg.rope
+def _yarn(cfg: ModelConfig, r: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
   base = r.theta
   factor = r.factor if r.factor is not None else cfg.max_position_embeddings / r.original_max_position_embeddings
 
@@ -58,8 +57,7 @@ def _yarn(cfg: ModelConfig, dim: int) -> tuple[np.ndarray, float]:
   return inv.astype(np.float32), float(attention_factor)
 
 
-def _llama3(cfg: ModelConfig, dim: int) -> np.ndarray:
-  r = cfg.rope
+def _llama3(r: RopeConfig, dim: int) -> np.ndarray:
   inv = _default_inv_freq(r.theta, dim)
   factor, low_ff, high_ff = r.factor, r.low_freq_factor, r.high_freq_factor
   old_ctx = r.original_max_position_embeddings
@@ -72,20 +70,20 @@ def _llama3(cfg: ModelConfig, dim: int) -> np.ndarray:
   return np.where(medium, smoothed, inv_llama).astype(np.float32)
 
 
-def rope_inv_freq(cfg: ModelConfig, max_position=None):
-  """Inverse frequencies [rotary_dim/2] and the cos/sin scale for this config.
+def rope_inv_freq(cfg: ModelConfig, max_position=None, rope: RopeConfig | None = None):
+  """Inverse frequencies [rotary_dim/2] and the cos/sin scale of `rope` (default: the config's `rope`).
 
   `max_position` (traced int, max position id in the call) is used only by `dynamic` and `longrope`.
   """
-  r, dim = cfg.rope, cfg.rotary_dim
+  r, dim = (cfg.rope if rope is None else rope), cfg.rotary_dim
   if r.rope_type == "default":
     return jnp.asarray(_default_inv_freq(r.theta, dim)), 1.0
   if r.rope_type == "linear":
     return jnp.asarray(_default_inv_freq(r.theta, dim) / np.float32(r.factor)), 1.0
   if r.rope_type == "llama3":
-    return jnp.asarray(_llama3(cfg, dim)), 1.0
+    return jnp.asarray(_llama3(r, dim)), 1.0
   if r.rope_type == "yarn":
-    inv, scale = _yarn(cfg, dim)
+    inv, scale = _yarn(cfg, r, dim)
     return jnp.asarray(inv), scale
   if r.rope_type == "dynamic":
     max_pos = cfg.max_position_embeddings
@@ -105,9 +103,9 @@ def rope_inv_freq(cfg: ModelConfig, max_position=None):
   raise AssertionError(r.rope_type)
 
 
-def rope_cos_sin(cfg: ModelConfig, positions):
-  """cos, sin [B, T, rotary_dim] in float32 for integer positions [B, T]."""
-  inv_freq, scale = rope_inv_freq(cfg, jnp.max(positions))
+def rope_cos_sin(cfg: ModelConfig, positions, rope: RopeConfig | None = None):
+  """cos, sin [B, T, rotary_dim] in float32 for integer positions [B, T], of `rope` (default: the config's)."""
+  inv_freq, scale = rope_inv_freq(cfg, jnp.max(positions), rope)
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, rotary_dim/2]
   emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, rotary_dim]
   return jnp.cos(emb) * scale, jnp.sin(emb) * scale

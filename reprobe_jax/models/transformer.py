@@ -1,4 +1,4 @@
-"""One NNX decoder for Llama, Mistral, Qwen2, Qwen3 and Phi-3 (HF semantics), with `sow`-based capture.
+"""One NNX decoder for Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma 3 (HF semantics), with `sow`-based capture.
 
 Parameters are stored in the layout of our own modules (kernels [in, out]); `checkpoint.py` holds the per-family
 tables that map Hugging Face tensors to these paths. Every parameter carries `logical_axes` metadata for sharding.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from reprobe_jax.models.capture import CaptureSpec
@@ -51,6 +52,24 @@ class RMSNorm(nnx.Module):
     xf = x.astype(jnp.float32)
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
     return self.scale[...] * xf.astype(x.dtype)
+
+
+class GemmaRMSNorm(nnx.Module):
+  """Gemma's RMSNorm: y = x_hat * (1 + scale), all in float32, then cast. `scale` is zero-centred, as HF stores it."""
+
+  def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs):
+    del rngs
+    self.scale = nnx.Param(jnp.zeros((dim,), dtype), logical_axes=("norm",))
+    self.eps = eps
+
+  def __call__(self, x):
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    return (xf * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
+
+
+def _norm(cfg: ModelConfig):
+  return GemmaRMSNorm if cfg.sandwich_norms else RMSNorm
 
 
 def attention_window(probs, window_idx, window_ok):
@@ -93,12 +112,14 @@ class Attention(nnx.Module):
     self.v_proj = Linear(d, kv * hd, ("embed", "kv_heads"), bias=cfg.attention_bias, dtype=dtype, rngs=rngs)
     self.o_proj = Linear(h * hd, d, ("heads", "embed"), bias=False, dtype=dtype, rngs=rngs)
     if cfg.qk_norm:
-      self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
-      self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+      self.q_norm = _norm(cfg)(hd, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+      self.k_norm = _norm(cfg)(hd, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
     else:
       self.q_norm = self.k_norm = None
     self.num_heads, self.num_kv_heads, self.head_dim = h, kv, hd
     self.window = cfg.sliding_windows[layer]
+    # Gemma 3 scales by query_pre_attn_scalar ** -0.5, which need not be head_dim ** -0.5.
+    self.score_scale = hd**-0.5 if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar**-0.5
 
   def __call__(self, x, cos, sin, mask, kv_cache, write_index, write_slots, capture: CaptureSpec, layout):
     """x [B, T, D]; mask [B, T, S] bool; kv_cache (k, v) [B, KV, S, Dh] or None. Returns out, (k, v).
@@ -140,7 +161,7 @@ class Attention(nnx.Module):
     groups = h // kvh
     qg = q.reshape(b, kvh, groups * t, hd)  # heads h = kv * G + g share KV head kv (HF's repeat_kv order)
     scores = jnp.einsum("bkqd,bksd->bkqs", qg, k.astype(q.dtype), preferred_element_type=jnp.float32)
-    scores = (scores * (hd**-0.5)).reshape(b, kvh, groups, t, s)
+    scores = (scores * self.score_scale).reshape(b, kvh, groups, t, s)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)  # [B, KV, G, T, S]
     if sp:
       kp, vp = layout.prefix_kv[0], layout.prefix_kv[1]  # [P, KV, Sp, Dh]
@@ -148,7 +169,8 @@ class Attention(nnx.Module):
       r = b // p
       qp = jnp.swapaxes(q.reshape(p, r, kvh, groups * t, hd), 1, 2).reshape(p, kvh, r * groups * t, hd)
       sc_p = jnp.einsum("pkqd,pksd->pkqs", qp, kp.astype(q.dtype), preferred_element_type=jnp.float32)
-      sc_p = jnp.swapaxes((sc_p * (hd**-0.5)).reshape(p, kvh, r, groups, t, sp), 1, 2).reshape(b, kvh, groups, t, sp)
+      sc_p = (sc_p * self.score_scale).reshape(p, kvh, r, groups, t, sp)
+      sc_p = jnp.swapaxes(sc_p, 1, 2).reshape(b, kvh, groups, t, sp)
       sc_p = jnp.where(prefix_mask[:, None, None], sc_p, jnp.finfo(jnp.float32).min)
       scores = jnp.concatenate([sc_p, scores], axis=-1)  # [B, KV, G, T, Sp + S]
     probs = jax.nn.softmax(scores, axis=-1)
@@ -200,22 +222,38 @@ class MLP(nnx.Module):
     self.gate_proj = Linear(d, f, ("embed", "mlp"), bias=False, dtype=dtype, rngs=rngs)
     self.up_proj = Linear(d, f, ("embed", "mlp"), bias=False, dtype=dtype, rngs=rngs)
     self.down_proj = Linear(f, d, ("mlp", "embed"), bias=False, dtype=dtype, rngs=rngs)
+    self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"  # GeGLU (Gemma), else SwiGLU
 
   def __call__(self, x):
-    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    gate = self.gate_proj(x)
+    gate = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
+    return self.down_proj(gate * self.up_proj(x))
 
 
 class DecoderLayer(nnx.Module):
 
+  """Pre-norm block. With `sandwich_norms` (Gemma 3), `post_attention_layernorm` normalises the attention output
+  (not the MLP input, as in Llama), and pre-/post-feedforward norms wrap the MLP."""
+
   def __init__(self, cfg: ModelConfig, layer: int, *, dtype, rngs: nnx.Rngs):
-    self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+    norm = _norm(cfg)
+    self.input_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
     self.self_attn = Attention(cfg, layer, dtype=dtype, rngs=rngs)
-    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+    self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
     self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
+    if cfg.sandwich_norms:
+      self.pre_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+      self.post_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+    else:
+      self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
 
   def __call__(self, x, cos, sin, mask, kv_cache, write_index, write_slots, capture, layout):
     attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, write_index, write_slots, capture,
                               layout)
+    if self.pre_feedforward_layernorm is not None:
+      x = x + self.post_attention_layernorm(attn)
+      x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+      return x, kv
     x = x + attn
     x = x + self.mlp(self.post_attention_layernorm(x))
     return x, kv
@@ -228,7 +266,7 @@ class Decoder(nnx.Module):
     self.config = cfg
     self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
     self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, rngs=rngs) for i in range(cfg.num_layers)])
-    self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+    self.norm = _norm(cfg)(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
     self.lm_head = (None if cfg.tie_word_embeddings else
                     _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
 
@@ -243,6 +281,8 @@ class Decoder(nnx.Module):
     t = input_ids.shape[1]
     layers_wanted = set(capture.resolve_layers(cfg.num_layers))
     x = jnp.take(self.embed_tokens[...], input_ids, axis=0)  # [B, T, D]
+    if cfg.embed_scale is not None:  # Gemma: sqrt(hidden_size), rounded to the model dtype as HF rounds it
+      x = x * jnp.asarray(np.float32(cfg.embed_scale)).astype(x.dtype)
     x = constrain(x, ("batch", "seq", "embed"), shard)
     if 0 in layers_wanted:
       self.sow(nnx.Intermediate, "hidden_0", x)
@@ -254,9 +294,13 @@ class Decoder(nnx.Module):
     key_slots = jnp.arange(s)
     mask = (key_slots[None, None, :] <= q_slots[:, :, None]) & key_valid[:, None, :]  # [B, T, S]
     layout = _Layout.build(key_valid, q_slots, prefix, capture.attn_window, t)
-    cos, sin = rope_cos_sin(cfg, positions)
+    ropes = {}  # one cos/sin pair per distinct RoPE (Gemma 3: global and local layers differ)
     new_caches = []
     for i, layer in enumerate(self.layers):
+      rope = cfg.layer_rope(i)
+      if rope not in ropes:
+        ropes[rope] = rope_cos_sin(cfg, positions, rope)
+      cos, sin = ropes[rope]
       kv = kv_caches[i] if kv_caches is not None else None
       x, kv = layer(x, cos, sin, mask, kv, write_index, write_slots, capture, layout.for_layer(i))
       x = constrain(x, ("batch", "seq", "embed"), shard)
@@ -268,5 +312,8 @@ class Decoder(nnx.Module):
       self.sow(nnx.Intermediate, f"hidden_{cfg.num_layers}", x)
     head = self.embed_tokens[...].T if self.lm_head is None else self.lm_head[...]
     logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
+    if cfg.final_logit_softcapping is not None:
+      cap = cfg.final_logit_softcapping
+      logits = jnp.tanh(logits / cap) * cap
     logits = constrain(logits, ("batch", "seq", "vocab"), shard)
     return logits, tuple(new_caches)
