@@ -107,6 +107,7 @@ def constrain(x, names: Sequence[str | None], ctx: ShardingCtx | None):
 ENV_VARS = (("coordinator_address", "JAX_COORDINATOR_ADDRESS"), ("num_processes", "JAX_NUM_PROCESSES"),
             ("process_id", "JAX_PROCESS_ID"), ("local_device_ids", "JAX_LOCAL_DEVICE_IDS"))
 _CORE = ("coordinator_address", "num_processes", "process_id")
+_GRACE_S = 5  # how much longer than process 0 the others wait for its verdict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +246,8 @@ def _rendezvous(address: str, num_processes: int, process_id: int, timeout_s: in
   others connect and send (num_processes, process_id), process 0 answers all of them 'ok' once each id in
   [1, num_processes) has arrived with its own count, or else the first thing wrong. DistributedError on a mismatch,
   and when the others do not all arrive (process 0) or process 0 cannot be reached (the others) within timeout_s.
-  A process waits for the answer up to timeout_s after it connected, so it hears process 0's verdict."""
+  A process waits for the answer up to timeout_s (and a little more) after it connected, which is past process 0's
+  own deadline, so it hears process 0's verdict."""
   host, port = address.rpartition(":")[0].strip("[]"), int(address.rpartition(":")[2])
   if process_id == 0:
     _coordinate(port, num_processes, timeout_s, address)
@@ -262,7 +264,7 @@ def _rendezvous(address: str, num_processes: int, process_id: int, timeout_s: in
                                "port, and can this host reach it?") from None
       time.sleep(0.1)
   with conn:
-    conn.settimeout(timeout_s)
+    conn.settimeout(timeout_s + _GRACE_S)
     try:
       conn.sendall(json.dumps({"num_processes": num_processes, "process_id": process_id}).encode() + b"\n")
       answer = _read_line(conn)
@@ -270,7 +272,7 @@ def _rendezvous(address: str, num_processes: int, process_id: int, timeout_s: in
       answer = None
   if not isinstance(answer, dict) or ("error" not in answer and answer.get("ok") is not True):
     raise DistributedError(f"process {process_id} of {num_processes}: the coordinator at {address} did not answer "
-                           f"within {timeout_s} s (is it another service's port?)")
+                           f"within {timeout_s + _GRACE_S} s (is it another service's port?)")
   if "error" in answer:
     raise DistributedError(f"process {process_id} of {num_processes}: the coordinator at {address} refused the job: "
                            f"{answer['error']}")
@@ -369,3 +371,47 @@ def spans_processes(tree) -> bool:
   """Whether any array of `tree` lives partly on another process's devices (then every process must run each
   computation on it together)."""
   return any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jax.tree.leaves(tree))
+
+
+def failed_processes(failed: bool) -> list[int]:
+  """The ids of the processes that say `failed` here; every process of the job must call it at the same point
+  (it is a barrier too), so that one that stopped on an error does not leave the others waiting for it forever."""
+  if jax.process_count() == 1:
+    return [0] if failed else []
+  from jax.experimental import multihost_utils
+  flags = multihost_utils.process_allgather(np.asarray([failed], np.int32), tiled=True)  # [processes]
+  return [i for i, f in enumerate(np.asarray(flags).reshape(-1)) if f]
+
+
+def as_global(tree):
+  """On a multi-process job, the arrays of `tree` that each process holds whole on its own devices (with the same
+  values everywhere: a probe's parameters and optimiser state) as global arrays replicated over every device of the
+  job, which orbax saves once; ShapeDtypeStructs (restore targets) get that sharding too. Arrays that already span
+  processes, and everything on one process, are left as they are. `as_local` undoes it."""
+  if jax.process_count() == 1:
+    return tree
+  everywhere = NamedSharding(Mesh(np.asarray(jax.devices()), ("processes",)), P())
+
+  def one(x):
+    if isinstance(x, jax.ShapeDtypeStruct) and (x.sharding is None or x.sharding.is_fully_addressable):
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=everywhere)
+    if isinstance(x, jax.Array) and x.is_fully_addressable:
+      return jax.device_put(np.asarray(x), everywhere)
+    return x
+
+  return jax.tree.map(one, tree)
+
+
+def as_local(tree, like):
+  """The arrays of `tree` that `as_global` replicated, back on the process-local shardings of `like` (arrays or
+  ShapeDtypeStructs of the same structure); `tree` itself on one process."""
+  if jax.process_count() == 1:
+    return tree
+
+  def one(x, ref):
+    home = getattr(ref, "sharding", None)
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and home is not None and home.is_fully_addressable:
+      return jax.device_put(x.addressable_data(0), home)
+    return x
+
+  return jax.tree.map(one, tree, like)
