@@ -522,8 +522,9 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
   manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **header,
               "alignment": "next-token: token j from position j-1; response tokens only", "shards": shards,
               "complete": False}
-  done = {tid for s in shards for tid in s["ids"]}
-  used = {s["file"] for s in shards}
+  kept = list(shards)  # manifest["shards"] grows with process 0's new shards
+  done = {tid for s in kept for tid in s["ids"]}
+  used = {s["file"] for s in kept}
   todo = [r for r in records if r["id"] not in done]
   total = -(-len(todo) // shard_size)
   names = [n for n in (f"shard_{i:05d}.npz" for i in range(len(used) + total)) if n not in used][:total]
@@ -551,7 +552,7 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
     _all_or_none(failure, f"{directory}: feature extraction failed on process(es) {{}} (see their logs)")
     if me == 0:
       try:
-        manifest["shards"] = shards + [_written_entry(directory, names[k], todo[k * shard_size:(k + 1) * shard_size],
+        manifest["shards"] = kept + [_written_entry(directory, names[k], todo[k * shard_size:(k + 1) * shard_size],
                                                       header, k % procs) for k in range(total)]
       except ReprobeError as e:
         failure = e

@@ -396,7 +396,8 @@ def as_global(tree):
     if isinstance(x, jax.ShapeDtypeStruct) and (x.sharding is None or x.sharding.is_fully_addressable):
       return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=everywhere)
     if isinstance(x, jax.Array) and x.is_fully_addressable:
-      return jax.device_put(np.asarray(x), everywhere)
+      host = np.asarray(x)  # each process puts its own copy on its devices (device_put would first compare them)
+      return jax.make_array_from_callback(host.shape, everywhere, lambda index: host[index])
     return x
 
   return jax.tree.map(one, tree)
