@@ -261,9 +261,9 @@ _WORKER = textwrap.dedent('''
     smp = lm.sampler(SamplingParams(temperature=0.0))
     state = smp.decode(smp.prefill(prompts, max_new_tokens=8))
     results["state_spans"] = not state.tokens.is_fully_addressable
-    rows = smp.read(state)
+    read = [r.tokens + [0] * (8 - len(r.tokens)) for r in smp.read(state)]  # padded with 0 as generate pads
     results.update(greedy_tokens=greedy.tokens, greedy_logprobs=greedy.logprobs, sampled_tokens=sampled.tokens,
-                   sampled_logprobs=sampled.logprobs, read_tokens=np.asarray([r.tokens + [0] * (8 - len(r.tokens)) for r in rows]))  # pad 0 as generate's
+                   sampled_logprobs=sampled.logprobs, read_tokens=np.asarray(read))
 
     # ---- (c) two probe training steps: parameters replicated, the batch's trajectories split over 8 devices
     exs = _examples(16, 0)
