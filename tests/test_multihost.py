@@ -69,19 +69,21 @@ def test_one_host_is_left_alone():
   assert sharding._detected_cluster({"TPU_WORKER_HOSTNAMES": "w0,w1,w2,w3"}) == "a Cloud TPU pod slice"
 
 
-@pytest.mark.parametrize("cfg, environ, match", [
-    (DistributedConfig(), {"JAX_COORDINATOR_ADDRESS": "localhost"},
-     r"JAX_COORDINATOR_ADDRESS='localhost': expected 'host:port'"),
-    (DistributedConfig(coordinator_address="h:99999"), {}, r"DistributedConfig.coordinator_address='h:99999'"),
-    (DistributedConfig(), {"JAX_NUM_PROCESSES": "two"}, r"JAX_NUM_PROCESSES='two': expected an int >= 1"),
-    (DistributedConfig(num_processes=0, where="--"), {}, r"--num_processes=0: expected an int >= 1"),
-    (DistributedConfig(process_id=-1, where="--"), {}, r"--process_id=-1: expected an int >= 0"),
-    (DistributedConfig(), {"JAX_LOCAL_DEVICE_IDS": "0,0"}, r"JAX_LOCAL_DEVICE_IDS='0,0': expected distinct"),
-    (DistributedConfig(timeout_s=0), {}, r"DistributedConfig.timeout_s: expected an int >= 1"),
+@pytest.mark.parametrize("given, environ, match", [
+    ({}, {"JAX_COORDINATOR_ADDRESS": "localhost"}, r"JAX_COORDINATOR_ADDRESS='localhost': expected 'host:port'"),
+    ({"coordinator_address": "h:99999"}, {}, r"DistributedConfig.coordinator_address='h:99999'"),
+    ({}, {"JAX_NUM_PROCESSES": "two"}, r"JAX_NUM_PROCESSES='two': expected an int >= 1"),
+    ({"num_processes": 0, "where": "--"}, {}, r"--num_processes=0: expected an int >= 1"),
+    ({"process_id": -1, "where": "--"}, {}, r"--process_id=-1: expected an int >= 0"),
+    ({"process_id": True}, {}, r"DistributedConfig.process_id=True: expected an int >= 0"),
+    ({}, {"JAX_LOCAL_DEVICE_IDS": "0,0"}, r"JAX_LOCAL_DEVICE_IDS='0,0': expected distinct"),
+    ({"local_device_ids": ("0", "x")}, {}, r"DistributedConfig.local_device_ids=\('0', 'x'\): expected distinct"),
+    ({"timeout_s": 0}, {}, r"DistributedConfig.timeout_s: expected an int >= 1"),
 ])
-def test_malformed_settings_are_named(cfg, environ, match):
+def test_malformed_settings_are_named(given, environ, match):
+  """A given field is refused where the config is made; an environment variable where it is read."""
   with pytest.raises(DistributedError, match=match):
-    maybe_initialize_distributed(cfg, environ=environ)
+    maybe_initialize_distributed(DistributedConfig(**given), environ=environ)
 
 
 def test_process_id_out_of_range_and_missing_settings_are_named():

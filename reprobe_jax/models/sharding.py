@@ -114,7 +114,9 @@ _GRACE_S = 5  # how much longer than process 0 the others wait for its verdict
 class DistributedConfig:
   """How this process joins a multi-process job (`maybe_initialize_distributed`). A field left None is read from its
   environment variable (ENV_VARS), else left to jax's own detection (Cloud TPU pod slices, SLURM). `where` prefixes
-  the field names in messages ('--' for the CLI's flags)."""
+  the field names in messages ('--' for the CLI's flags). The given fields are checked here (DistributedError), by
+  the rules that `maybe_initialize_distributed` applies to the environment's values too; local_device_ids may be
+  given as strings (an absl list flag)."""
 
   coordinator_address: str | None = None  # 'host:port' of process 0
   num_processes: int | None = None
@@ -122,6 +124,13 @@ class DistributedConfig:
   local_device_ids: tuple[int, ...] | None = None  # the accelerators this process drives (default: all it sees)
   timeout_s: int = 300  # for every process to reach the coordinator, and again for jax's own start-up
   where: str = "DistributedConfig."
+
+  def __post_init__(self):
+    if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int) or self.timeout_s < 1:
+      raise DistributedError(f"{self.where}timeout_s: expected an int >= 1 (seconds), got {self.timeout_s!r}")
+    for name, _ in ENV_VARS:
+      if getattr(self, name) is not None:
+        object.__setattr__(self, name, _parse(name, getattr(self, name), f"{self.where}{name}"))
 
 
 def maybe_initialize_distributed(cfg: DistributedConfig | None = None, *,
@@ -141,8 +150,6 @@ def maybe_initialize_distributed(cfg: DistributedConfig | None = None, *,
   """
   cfg = cfg or DistributedConfig()
   environ = os.environ if environ is None else environ
-  if isinstance(cfg.timeout_s, bool) or not isinstance(cfg.timeout_s, int) or cfg.timeout_s < 1:
-    raise DistributedError(f"{cfg.where}timeout_s: expected an int >= 1 (seconds), got {cfg.timeout_s!r}")
   if jax.distributed.is_initialized():
     return False
   given = _settings(cfg, environ)
