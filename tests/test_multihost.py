@@ -344,7 +344,7 @@ def _run_worker(tmp_path, roles, devices):
   return out
 
 
-@pytest.mark.slow  # about 4 minutes on 2 busy CPU cores: mostly compiling for 8 devices, three times
+@pytest.mark.slow  # 70 s on 2 CPU cores, 4 minutes when they are busy: mostly compiling for 8 devices, 3 times
 def test_two_processes_agree_with_one(tmp_path):
   from reprobe_jax.features import FeatureStore
   alone = _run_worker(tmp_path, ["alone"], 8)
