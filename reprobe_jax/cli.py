@@ -4,6 +4,11 @@ Every mistake a user can make on the command line ends in one line on stderr, `e
 and a non-zero exit, with nothing written: a config flag that does not parse (`parse_flags`, exit 2) and any
 ReprobeError of the job (`run_job`, exit 1). A job's whole config is checked before its target is built or loaded,
 and what depends on the target's shape right after it is known and before anything is sampled (`reprobe_setup`).
+
+Flags beside `--config` (per process, so not in the shared config): a multi-process job's `--coordinator_address`,
+`--num_processes`, `--process_id`, `--local_device_ids` and `--distributed_timeout` (each defaulting to its JAX_*
+environment variable, and on Cloud TPU pods and SLURM to what jax detects; `run_job` joins the job before anything
+runs on a device), and the target's `--mesh` and `--target_dtype` (docs/scale.md).
 """
 
 from __future__ import annotations
@@ -16,6 +21,22 @@ from absl import flags, logging
 from tqdm.auto import tqdm
 
 from reprobe_jax.errors import ConfigError, ReprobeError
+
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-process jobs: host:port of process 0 (default: $JAX_COORDINATOR_ADDRESS; on "
+    "Cloud TPU pods and SLURM jax finds it).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process jobs: how many processes take part "
+                                      "(default: $JAX_NUM_PROCESSES).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process jobs: this process's id in [0, num_processes) "
+                                   "(default: $JAX_PROCESS_ID).")
+_LOCAL_DEVICE_IDS = flags.DEFINE_list("local_device_ids", None, "Multi-process jobs: the accelerators this process "
+                                      "drives, e.g. 0 or 0,1 (default: $JAX_LOCAL_DEVICE_IDS, else all it sees).")
+_DISTRIBUTED_TIMEOUT = flags.DEFINE_integer("distributed_timeout", 300, "Multi-process jobs: seconds for every "
+                                            "process to reach the coordinator before the job stops.", lower_bound=1)
+_MESH = flags.DEFINE_list("mesh", None, "Shard the target model over a (data, fsdp, tensor) mesh of all devices, "
+                          "e.g. 1,1,4 or -1,1,8 (-1: what the others leave); default: no mesh (one device).")
+_TARGET_DTYPE = flags.DEFINE_enum("target_dtype", "float32", ["float32", "bfloat16"],
+                                  "dtype of the target model's parameters and activations.")
 
 
 class ProgressBars:
@@ -87,17 +108,46 @@ def workdir_of(config, where: str = "config") -> str:
   return workdir
 
 
+def distributed_config():
+  """The DistributedConfig of this process's flags (all unset when the flags were not parsed: a library caller)."""
+  from reprobe_jax.models.sharding import DistributedConfig
+  if not flags.FLAGS.is_parsed():
+    return DistributedConfig(where="--")
+  ids = _LOCAL_DEVICE_IDS.value
+  return DistributedConfig(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+                           process_id=_PROCESS_ID.value, local_device_ids=tuple(ids) if ids else None,
+                           timeout_s=_DISTRIBUTED_TIMEOUT.value, where="--")
+
+
+def target_placement() -> dict:
+  """`load_pretrained`'s dtype and mesh from `--target_dtype` and `--mesh` (ConfigError naming --mesh)."""
+  if not flags.FLAGS.is_parsed():
+    return {}
+  out = {"dtype": _TARGET_DTYPE.value}
+  if _MESH.value:
+    from reprobe_jax.models import make_mesh
+    try:
+      sizes = [int(v) for v in _MESH.value]
+      if len(sizes) != 3 or any(v == 0 or v < -1 for v in sizes):
+        raise ValueError("expected three sizes data,fsdp,tensor, each >= 1 or -1")
+      out["mesh"] = make_mesh(*sizes)
+    except ValueError as e:
+      raise ConfigError(f"--mesh={','.join(_MESH.value)}: {e}") from None
+  return out
+
+
 def build_target(config):
-  """The target LM of a job: `config.target_path` if set, else the built-in synthetic one (built or reused)."""
+  """The target LM of a job: `config.target_path` if set, else the built-in synthetic one (built or reused); placed
+  by `--target_dtype` and `--mesh`."""
   from reprobe_jax.models import load_pretrained
   if config.get("target_path"):
-    return load_pretrained(config.target_path)
+    return load_pretrained(config.target_path, **target_placement())
   from reprobe_jax.synthetic.build import build, config_from_dict, load_report, report_markdown
   with ProgressBars() as bars:
     out = build(config_from_dict(config.target, "config.target"), config.target.workdir, progress=bars.update)
   print(f"\nTarget model {out}/model, its own samples on held-out problems (T=1.0):\n")
   print(report_markdown(load_report(out)))
-  return load_pretrained(f"{out}/model")
+  return load_pretrained(f"{out}/model", **target_placement())
 
 
 def target_report(config) -> dict | None:
@@ -139,12 +189,16 @@ def reprobe_setup(config):
 
 
 def run_job(config, jobs: dict[str, Callable]) -> None:
-  """Runs `jobs[config.job]`; a ReprobeError is printed in one line and exits 1."""
+  """Runs `jobs[config.job]`, first joining a multi-process job when the flags or the environment describe one
+  (`maybe_initialize_distributed`); a ReprobeError (a DistributedError included) is printed in one line and exits
+  1."""
   logging.set_verbosity(logging.WARNING)  # orbax and grain log every checkpoint at INFO
   job = config.get("job")
   if job not in jobs:
     fail(f"config.job={job!r} is not one of {sorted(jobs)}", 2)
   try:
+    from reprobe_jax.models.sharding import maybe_initialize_distributed
+    maybe_initialize_distributed(distributed_config())
     jobs[job](config)
   except ReprobeError as e:
     fail(str(e))

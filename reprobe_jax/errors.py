@@ -27,3 +27,9 @@ class DataFormatError(ReprobeError):
 
 class JudgeBackendError(ReprobeError):
   """A judge backend failed (server unreachable, HTTP error, malformed response); the message names the URL."""
+
+
+class DistributedError(ReprobeError):
+  """A multi-process job cannot start: its settings (coordinator address, process count, process id) are missing,
+  out of range or disagree between processes, or the coordinator cannot be reached in time. The message names the
+  setting and where it came from (a flag or an environment variable)."""

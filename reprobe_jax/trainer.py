@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.models.sharding import as_global, as_local
 from reprobe_jax.tblog import ScalarWriter
 
 LossFn = Callable[..., Any]  # (params, batch, rng, frozen) -> loss, or (loss, {name: scalar}) with has_aux
@@ -184,7 +185,8 @@ class Trainer:
 
   def _restore_state(self, mngr, step: int, abstract) -> dict:
     try:
-      return mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+      state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(as_global(abstract))))
+      return as_local(state["state"], abstract)
     except Exception as e:  # orbax raises whatever its readers raise on damaged files or other shapes
       raise self._unreadable(step, e) from None
 
@@ -204,7 +206,8 @@ class Trainer:
     meta = {"step": 0, "metrics": {}, "history": [], "best_step": None, "best_score": None, "bad_evals": 0,
             "config": self.signature, "tree": tree}
     mngr = self._manager()
-    tb = ScalarWriter(os.path.join(self.workdir, "tb"))
+    # One event file per job: the processes of a multi-process job log the same values.
+    tb = ScalarWriter(os.path.join(self.workdir, "tb")) if jax.process_index() == 0 else _NoScalars()
     try:
       latest = mngr.latest_step()
       if latest is not None:
@@ -285,7 +288,10 @@ class Trainer:
       score = entry[f"val_{self.cfg.best_metric}"]
       ckpt_metrics = {self.cfg.best_metric: score if np.isfinite(score) else None, "improved": entry["improved"]}
     # The save may finish in the background while `meta` grows: it gets a copy.
-    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+    # On a multi-process job orbax saves only arrays of the whole job: process-local state is lent a replicated
+    # global copy for the save (and restored through one).
+    state = as_global({"params": params, "opt_state": opt_state})
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                             meta=ocp.args.JsonSave(copy.deepcopy(meta))),
               metrics=ckpt_metrics)
 
@@ -308,6 +314,16 @@ class Trainer:
           f"{self.checkpoint_dir}: the saved training state names step {meta['best_step']} as the best "
           f"({self.cfg.best_metric}={meta['best_score']}), but that step's checkpoint is missing (found steps "
           f"{sorted(mngr.all_steps())}); the best parameters cannot be recovered: delete {self.workdir} to train anew")
+
+
+class _NoScalars:
+  """The ScalarWriter of a process other than 0."""
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    del step, scalars
+
+  def close(self) -> None:
+    pass
 
 
 def _first_difference(stored: Any, now: Any, path: str = "") -> str:

@@ -50,9 +50,10 @@ import numpy as np
 from absl import logging
 
 from reprobe_jax.atomic import atomic_open
-from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, ReprobeError
+from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, DistributedError, ReprobeError
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.models.sharding import barrier, failed_processes, spans_processes, to_host
 from reprobe_jax.readers import read_json, shown
 
 MANIFEST = "manifest.json"
@@ -176,11 +177,14 @@ def model_fingerprint(lm: LanguageModel) -> str:
   """sha256 over the config and, for every parameter, its path, shape, dtype and a strided sample of its values
   (reading every weight of an 8B model just to name it would cost minutes)."""
   h = hashlib.sha256(json.dumps(lm.config.to_hf_dict(), sort_keys=True).encode())
-  for path, leaf in sorted(jax.tree_util.tree_leaves_with_path(lm.params), key=lambda kv: str(kv[0])):
+  leaves = sorted(jax.tree_util.tree_leaves_with_path(lm.params), key=lambda kv: str(kv[0]))
+  samples = []
+  for _, leaf in leaves:
     flat = jnp.ravel(leaf)
-    step = max(flat.size // 256, 1)
+    samples.append(flat[::max(flat.size // 256, 1)][:256])
+  for (path, leaf), sample in zip(leaves, to_host(samples)):  # one gather when the parameters span processes
     h.update(f"{jax.tree_util.keystr(path)}{leaf.shape}{leaf.dtype}".encode())
-    h.update(np.asarray(flat[::step][:256], np.float32).tobytes())
+    h.update(np.asarray(sample, np.float32).tobytes())
   return h.hexdigest()[:16]
 
 
@@ -246,7 +250,7 @@ def token_features(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec
     m = jnp.asarray(mask)
     res = forward(lm.static_graph, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture,
                   shard=lm.shard)
-    feats = np.asarray(spec.assemble(forward_values(res), lm.config.num_layers))
+    feats = to_host(spec.assemble(forward_values(res), lm.config.num_layers))  # rows may live on other processes
     for r, i in enumerate(idx):
       p, n = len(records[i]["prompt_ids"]), len(records[i]["response_ids"])
       out[i] = feats[r, p - 1:p - 1 + n]
@@ -498,7 +502,13 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
 
   captured: {record id: [n_response_tokens, F]} features the sampler recorded while it generated the record (so no
   second forward is run for them); records not in it are run through the model (teacher-forced, e.g. imported
-  trajectories). Everything is checked before anything is written (module docstring)."""
+  trajectories). Everything is checked before anything is written (module docstring).
+
+  On a multi-process job every process calls this with the same records, and `directory` is on a file system they
+  share: new shard k is written by process k % process_count (all of them compute it when the model's parameters
+  span processes, since its forward is then one computation; otherwise only its writer does, so the processes
+  split the work), and process 0 alone writes the manifest: its own shards as they finish, every process's once all
+  are written. A killed run resumes from the shards the manifest lists."""
   captured = captured or {}
   _check_job(lm, records, spec, shard_size, batch_size, dtype, captured)
   if os.path.exists(directory) and not os.path.isdir(directory):
@@ -506,42 +516,98 @@ def extract(lm: LanguageModel, records: Sequence[dict], spec: FeatureSpec, direc
   header = _header(lm, spec, dtype)
   path = os.path.join(directory, MANIFEST)
   shards = _resumable(directory, header, records) if os.path.exists(path) else []
+  barrier("features.extract: manifest read")  # no process writes before every one has read what is there
+  procs, me = jax.process_count(), jax.process_index()
   os.makedirs(directory, exist_ok=True)
   manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **header,
               "alignment": "next-token: token j from position j-1; response tokens only", "shards": shards,
               "complete": False}
-  done = {tid for s in shards for tid in s["ids"]}
-  used = {s["file"] for s in shards}
+  kept = list(shards)  # manifest["shards"] grows with process 0's new shards
+  done = {tid for s in kept for tid in s["ids"]}
+  used = {s["file"] for s in kept}
   todo = [r for r in records if r["id"] not in done]
   total = -(-len(todo) // shard_size)
+  names = [n for n in (f"shard_{i:05d}.npz" for i in range(len(used) + total)) if n not in used][:total]
+  together = spans_processes(lm.params)
   embedded = np.asarray(json.dumps(header, sort_keys=True))
-  for k in range(total):
-    chunk = todo[k * shard_size:(k + 1) * shard_size]
-    feats = _chunk_features(lm, chunk, spec, batch_size, captured)
-    offsets = np.cumsum([0] + [len(f) for f in feats])
-    with np.errstate(over="ignore"):  # an overflow to inf is refused below, naming the record
-      data = np.concatenate(feats, axis=0).astype(dtype)
-    for r, f, lo, hi in zip(chunk, feats, offsets[:-1], offsets[1:]):
-      if not np.isfinite(data[lo:hi]).all():
-        if np.isfinite(f).all():
-          raise ConfigError(f"trajectory {r['id']!r}: its features reach {np.abs(f).max():.4g}, past what {dtype} "
-                            "holds; extract with dtype='float32'")
-        raise DataFormatError(f"trajectory {r['id']!r}: the model's features for it are not finite (NaN or inf)")
-    name = next(n for n in (f"shard_{i:05d}.npz" for i in range(len(used) + 1)) if n not in used)
-    used.add(name)
-    ids, hashes = [r["id"] for r in chunk], [record_hash(r) for r in chunk]
-    buf = io.BytesIO()
-    np.savez(buf, features=data, offsets=offsets, ids=np.asarray(ids, str), hashes=np.asarray(hashes, str),
-             header=embedded)
-    blob = buf.getvalue()
-    _atomic_bytes(os.path.join(directory, name), blob)
-    manifest["shards"].append({"file": name, "ids": ids, "hashes": hashes, "tokens": int(offsets[-1]),
-                               "sha256": hashlib.sha256(blob).hexdigest()})
+  failure = None
+  try:
+    for k in range(total):
+      if k % procs != me and not together:
+        continue
+      chunk = todo[k * shard_size:(k + 1) * shard_size]
+      blob = _shard_blob(chunk, _chunk_features(lm, chunk, spec, batch_size, captured), dtype, embedded)
+      if k % procs == me:
+        _atomic_bytes(os.path.join(directory, names[k]), blob)
+        if me == 0:
+          manifest["shards"].append(_shard_entry(names[k], chunk, blob))
+          _atomic_bytes(path, json.dumps(manifest, indent=1).encode())
+      if on_shard is not None:
+        on_shard(k + 1, total)
+  except Exception as e:  # on a multi-process job the others hear of it below, instead of waiting for this one
+    if procs == 1:
+      raise
+    failure = e
+  if procs > 1:
+    _all_or_none(failure, f"{directory}: feature extraction failed on process(es) {{}} (see their logs)")
+    if me == 0:
+      try:
+        manifest["shards"] = kept + [_written_entry(directory, names[k], todo[k * shard_size:(k + 1) * shard_size],
+                                                      header, k % procs) for k in range(total)]
+      except ReprobeError as e:
+        failure = e
+    _all_or_none(failure, f"{directory}: process(es) {{}} could not list every process's shards; is the folder "
+                          "on a file system every process shares?")
+  if me == 0:
+    manifest["complete"] = True
+    manifest["counts"] = {"trajectories": sum(len(s["ids"]) for s in manifest["shards"]),
+                          "tokens": sum(s["tokens"] for s in manifest["shards"])}
     _atomic_bytes(path, json.dumps(manifest, indent=1).encode())
-    if on_shard is not None:
-      on_shard(k + 1, total)
-  manifest["complete"] = True
-  manifest["counts"] = {"trajectories": sum(len(s["ids"]) for s in manifest["shards"]),
-                        "tokens": sum(s["tokens"] for s in manifest["shards"])}
-  _atomic_bytes(path, json.dumps(manifest, indent=1).encode())
+  barrier("features.extract: manifest written")
   return FeatureStore(directory)
+
+
+def _shard_blob(chunk: Sequence[dict], feats: Sequence[np.ndarray], dtype: str, embedded: np.ndarray) -> bytes:
+  """The .npz bytes of one shard; ConfigError / DataFormatError naming a record whose features are not finite."""
+  offsets = np.cumsum([0] + [len(f) for f in feats])
+  with np.errstate(over="ignore"):  # an overflow to inf is refused below, naming the record
+    data = np.concatenate(feats, axis=0).astype(dtype)
+  for r, f, lo, hi in zip(chunk, feats, offsets[:-1], offsets[1:]):
+    if not np.isfinite(data[lo:hi]).all():
+      if np.isfinite(f).all():
+        raise ConfigError(f"trajectory {r['id']!r}: its features reach {np.abs(f).max():.4g}, past what {dtype} "
+                          "holds; extract with dtype='float32'")
+      raise DataFormatError(f"trajectory {r['id']!r}: the model's features for it are not finite (NaN or inf)")
+  buf = io.BytesIO()
+  np.savez(buf, features=data, offsets=offsets, ids=np.asarray([r["id"] for r in chunk], str),
+           hashes=np.asarray([record_hash(r) for r in chunk], str), header=embedded)
+  return buf.getvalue()
+
+
+def _shard_entry(name: str, chunk: Sequence[dict], blob: bytes) -> dict:
+  """A shard's manifest entry: its records, their hashes and token count, and the hash of its bytes."""
+  return {"file": name, "ids": [r["id"] for r in chunk], "hashes": [record_hash(r) for r in chunk],
+          "tokens": sum(len(r["response_ids"]) for r in chunk), "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def _written_entry(directory: str, name: str, chunk: Sequence[dict], header: dict, writer: int) -> dict:
+  """The manifest entry of a shard another process wrote (process 0 reads it back and checks it like any shard)."""
+  try:
+    with open(os.path.join(directory, name), "rb") as f:
+      entry = _shard_entry(name, chunk, f.read())
+  except OSError as e:
+    raise DataFormatError(f"{os.path.join(directory, name)}: process {writer} wrote this shard, but process 0 "
+                          f"cannot read it ({e.strerror or e}); is {directory} on a file system every process "
+                          "shares?") from None
+  _load_shard(directory, entry, header)
+  return entry
+
+
+def _all_or_none(failure: Exception | None, message: str) -> None:
+  """Every process learns whether any failed here: the one that did raises its own error, the others a
+  DistributedError (`message` with the failed ids)."""
+  failed = failed_processes(failure is not None)
+  if failure is not None:
+    raise failure
+  if failed:
+    raise DistributedError(message.format(failed))

@@ -22,7 +22,7 @@ from reprobe_jax.models.forward import StaticGraph, forward as _forward, positio
 from reprobe_jax.models.decoding import StopRule
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sampler import Sampler
-from reprobe_jax.models.sharding import ShardingCtx
+from reprobe_jax.models.sharding import ShardingCtx, to_host
 from reprobe_jax.models.transformer import Decoder
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -154,7 +154,7 @@ class LanguageModel:
     Returns (logits [B, T, V], captured, cache). A boundary API: it reads the cache's fill level back to refuse an
     overflow (the sampler's jitted operations finish such rows as 'cache_full' instead)."""
     mask = np.ones(np.shape(input_ids), np.int32) if attention_mask is None else np.asarray(attention_mask, np.int32)
-    held = np.asarray(cache.index)
+    held = to_host(cache.index)
     need = held + mask.sum(axis=1)
     if np.any(need > cache.size):
       r = int(np.argmax(need))
@@ -247,8 +247,8 @@ class LanguageModel:
     ids = self.encode(prompts)
     state = smp.decode(smp.prefill(ids, max_new_tokens=max_new_tokens, n=n, seed=seed))
     r = len(ids) * n
-    host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
-                           "finish": state.finish, "features": state.features})
+    host = to_host({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
+                    "finish": state.finish, "features": state.features})  # rows may span other processes
     tokens = host["tokens"][:r, :max_new_tokens]
     lengths = host["lengths"][:r]
     tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, self.pad_id())

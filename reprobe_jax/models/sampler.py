@@ -27,6 +27,7 @@ from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decoding import DecodeState, StopRule
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sampling import SamplingParams, bucket
+from reprobe_jax.models.sharding import to_host
 
 if TYPE_CHECKING:
   from reprobe_jax.models.language_model import LanguageModel
@@ -188,10 +189,11 @@ class Sampler:
     return decoding.resume(state, jnp.asarray(mask))
 
   def read(self, state: DecodeState, rows: Sequence[int] | None = None) -> list[Row]:
-    """Rows back on the host (one transfer of the buffers)."""
-    host = jax.device_get({"tokens": state.tokens, "logprobs": state.logprobs, "features": state.features,
-                           "lengths": state.lengths, "done": state.done, "finish": state.finish,
-                           "step_start": state.step_start, "step_end": state.step_end})
+    """Rows back on the host (one transfer of the buffers; rows that live on other processes' devices are
+    all-gathered, so on a multi-process job every process calls this together)."""
+    host = to_host({"tokens": state.tokens, "logprobs": state.logprobs, "features": state.features,
+                    "lengths": state.lengths, "done": state.done, "finish": state.finish,
+                    "step_start": state.step_start, "step_end": state.step_end})
     out = []
     for r in range(state.batch) if rows is None else rows:
       n = int(host["lengths"][r])
