@@ -38,6 +38,7 @@ from reprobe_jax.prm.train import MODEL as PRM_MODEL
 from reprobe_jax.prm.train import PRMTrainConfig, check_separator_for, history as prm_history, prm_scores, train_prm
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe import linear
+from reprobe_jax.probe.bundle import ProbeBundle
 from reprobe_jax.probe.data import examples
 from reprobe_jax.probe.train import ProbeTrainConfig, predict_examples, train_probe
 from reprobe_jax.report import plot_pr_curves, scorer_metrics, table_markdown
@@ -309,6 +310,24 @@ def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progres
       out[name] = train_probe(pcfg, train_ex, val_ex, cfg.train, pdir,
                               on_epoch=lambda e, entry, name=name: tick(
                                   f"probe {name} (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, cfg.train.epochs))
+  return out
+
+
+def probe_bundles(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, names: tuple[str, ...] | None = None, *,
+                  progress: Progress | None = None) -> dict[str, ProbeBundle]:
+  """The run's trained probes (trained first where missing) as ProbeBundles: {feature set: bundle}, each with its
+  feature spec and the target's fingerprint, ready for `get_scorer("probe", bundle=...)` or `save_probe`."""
+  names = tuple(cfg.feature_sets) if names is None else tuple(names)
+  unknown = sorted(set(names) - set(cfg.feature_sets))
+  if unknown:
+    raise ConfigError(f"probe_bundles: {unknown} are not among config.feature_sets {cfg.feature_sets}")
+  probes = train_probes(lm, cfg, workdir, progress=progress)
+  specs = {s.name: s for s in feature_specs(cfg)}
+  fingerprint = model_fingerprint(lm)
+  out = {}
+  for name in names:
+    spec_file = read_json(os.path.join(workdir, "probe", name, "probe_spec.json"), "probe spec")
+    out[name] = ProbeBundle.create(ProbeConfig(**spec_file["probe"]), probes[name][1], specs[name], fingerprint)
   return out
 
 

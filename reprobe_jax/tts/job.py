@@ -22,8 +22,6 @@ from reprobe_jax import pipeline, runs
 from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.probe.bundle import ProbeBundle
-from reprobe_jax.probe.model import ProbeConfig
 from reprobe_jax.readers import read_json
 from reprobe_jax.runs import Progress, Run, no_progress
 from reprobe_jax.models.sampling import bucket
@@ -127,14 +125,8 @@ def scorers_for(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig,
     raise ConfigError(f"config.tts.scorers: probes {unknown} are not among config.feature_sets {cfg.feature_sets}")
   out: dict[str, StepScorer] = {}
   if wanted:
-    probes = pipeline.train_probes(lm, cfg, workdir, progress=progress)
-    specs = {s.name: s for s in pipeline.feature_specs(cfg)}
-    fingerprint = pipeline.model_fingerprint(lm)
-    for name in wanted:
-      graphdef, params, rest, _ = probes[name]
-      spec_file = read_json(os.path.join(workdir, "probe", name, "probe_spec.json"), "probe spec")
-      pcfg = ProbeConfig(**spec_file["probe"])
-      out[f"probe[{name}]"] = ProbeScorer(ProbeBundle.create(pcfg, params, specs[name], fingerprint))
+    for name, bundle in pipeline.probe_bundles(lm, cfg, workdir, tuple(wanted), progress=progress).items():
+      out[f"probe[{name}]"] = ProbeScorer(bundle)
   for name in tcfg.scorers:
     if name in BASELINES:
       out[name] = UncertaintyScorer.create(name, seed=cfg.seed)
