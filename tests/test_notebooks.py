@@ -158,6 +158,11 @@ def test_steps_html_worked_example():
   assert "&lt;Answer&gt;8&lt;/Answer&gt;" in html and "no score, wrong" in html and "<b>a &amp; b</b>" in html
   assert steps_text(["3 + 4 = 7", "x"], [0.25, float("nan")], [0.0, None]).splitlines() == [
       "0.25      right  3 + 4 = 7", "  -   unlabelled  x"]
+  # SPAE's potential on [-1, 1], higher better: Phi 0.8 -> risk 1 - (0.8 + 1) / 2 = 0.1 -> hue round(108) = 108
+  phi = steps_html(["<think>"], [0.8], score_name="Phi", low=-1.0, high=1.0, higher_is_worse=False)
+  assert "background:hsl(108, 75%, 80%)" in phi and "Phi 0.80" in phi
+  with pytest.raises(ConfigError, match="high=0.0 must be above low=1.0"):
+    steps_html(["a"], [0.1], low=1.0, high=0.0)
   with pytest.raises(ConfigError, match="2 steps but 1 scores"):
     steps_html(["a", "b"], [0.1])
   with pytest.raises(ConfigError, match="2 steps but 3 labels"):
