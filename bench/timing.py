@@ -109,7 +109,8 @@ def threads() -> dict:
   eigen = sum(n.startswith("tf_XLAEigen") for n in names) if names else None
   cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return {"xla_intra_op": eigen, "torch_intra_op": torch.get_num_threads(),
-          "torch_inter_op": torch.get_num_interop_threads(), "affinity_cpus": cpus, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+          "torch_inter_op": torch.get_num_interop_threads(), "affinity_cpus": cpus,
+          "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 @dataclasses.dataclass(frozen=True)
