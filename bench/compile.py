@@ -17,6 +17,7 @@ import sys
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantiser draws a progress bar per load
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
