@@ -103,21 +103,28 @@ def lower_and_compile(jitted, args, kwargs) -> tuple[float, float]:
   return t1 - t0, time.perf_counter() - t1
 
 
-def first_call(jitted, args, kwargs) -> tuple[float, float]:
-  """(seconds, XLA compile seconds) of the first call on real arguments from empty caches, until its outputs are
-  computed."""
+def first_call(jitted, make_args, kwargs) -> tuple[float, float, float]:
+  """(seconds, XLA compile seconds, a second call's seconds) of the first call on real arguments (`make_args()`,
+  fresh ones per call: decode donates its state) from empty caches, until its outputs are computed. The second,
+  compiled call says how much of the first was running rather than compiling."""
   from bench.timing import COMPILE_CLOCK
+  args = make_args()
   jax.clear_caches()
   c0 = COMPILE_CLOCK.seconds
   t0 = time.perf_counter()
   jax.block_until_ready(jitted(*args, **kwargs))
-  return time.perf_counter() - t0, COMPILE_CLOCK.seconds - c0
+  first, xla = time.perf_counter() - t0, COMPILE_CLOCK.seconds - c0
+  args = make_args()
+  t0 = time.perf_counter()
+  jax.block_until_ready(jitted(*args, **kwargs))
+  return first, xla, time.perf_counter() - t0
 
 
 def measure(name: str, cfg: ModelConfig, graph, params, *, real: bool, batch: int, seq: int, decode_batch: int,
-            prompt_len: int, new_tokens: int, dtype=jnp.float32, log=print) -> list[dict]:
+            prompt_len: int, new_tokens: int, dtype=jnp.float32, repeats: int = 1, log=print) -> list[dict]:
   """The compile figures of `name`'s prefill forward ([batch, seq]) and greedy decode loop (decode_batch rows,
-  prompts of prompt_len, new_tokens). real: params hold weights (adds the first call), else they are abstract."""
+  prompts of prompt_len, new_tokens). real: params hold weights (adds the first call), else they are abstract.
+  repeats: each figure is the best of this many runs from empty caches (on shared cores load only adds time)."""
   rows = []
   jobs = ((FORWARD, forward, lambda r: (graph, params) + forward_args(cfg, batch, seq, real=r), FORWARD_KW,
            {"batch": batch, "seq": seq}),
@@ -126,12 +133,16 @@ def measure(name: str, cfg: ModelConfig, graph, params, *, real: bool, batch: in
            {"batch": decode_batch, "prompt": bucket(prompt_len), "new_tokens": bucket(new_tokens)}))
   for function, jitted, args, kwargs, shape in jobs:
     row = {"model": name, "function": function, "weights": "real" if real else "abstract", "shape": shape,
-           "layers": cfg.num_layers, "params": cfg.num_params, "first_call_s": None, "first_call_xla_compile_s": None}
+           "layers": cfg.num_layers, "params": cfg.num_params, "first_call_s": None, "first_call_xla_compile_s": None,
+           "second_call_s": None}
+    row["repeats"] = repeats
     if real:
-      row["first_call_s"], row["first_call_xla_compile_s"] = first_call(jitted, args(True), kwargs)
+      calls = [first_call(jitted, lambda: args(True), kwargs) for _ in range(repeats)]
+      row["first_call_s"], row["first_call_xla_compile_s"], row["second_call_s"] = min(calls)
     # Lowered on abstract arguments either way: the split then times the program, not argument transfers.
     abstract = _abstract_keep_static(args(True)) if real else args(False)
-    row["lower_s"], row["compile_s"] = lower_and_compile(jitted, abstract, kwargs)
+    splits = [lower_and_compile(jitted, abstract, kwargs) for _ in range(repeats)]
+    row["lower_s"], row["compile_s"] = min(s[0] for s in splits), min(s[1] for s in splits)
     jax.clear_caches()
     log(f"  {name} {function}: " + (f"first call {row['first_call_s']:.1f} s, " if real else "")
         + f"lower {row['lower_s']:.1f} s, XLA compile {row['compile_s']:.1f} s")
@@ -145,12 +156,12 @@ def _abstract_keep_static(args):
 
 
 def run_all(lm=None, name: str = "model", *, qwen3_8b: bool = True, batch: int = 4, seq: int = 256,
-            decode_batch: int = 1, prompt_len: int = 64, new_tokens: int = 32, log=print) -> dict:
+            decode_batch: int = 1, prompt_len: int = 64, new_tokens: int = 32, repeats: int = 1, log=print) -> dict:
   """Compile figures of `lm` (a LanguageModel, real weights; None: skipped) and, with qwen3_8b, of the abstract
   Qwen3-8B-shaped model, at the same shapes. Returns {'rows': [...], 'persistent_cache': dir or None, ...}."""
   rows = []
   common = dict(batch=batch, seq=seq, decode_batch=decode_batch, prompt_len=prompt_len, new_tokens=new_tokens,
-                log=log)
+                repeats=repeats, log=log)
   if lm is not None:
     rows += measure(name, lm.config, lm.static_graph, lm.params, real=True, dtype=lm.dtype, **common)
   if qwen3_8b:
@@ -163,17 +174,20 @@ def run_all(lm=None, name: str = "model", *, qwen3_8b: bool = True, batch: int =
 
 def markdown(result: dict) -> list[str]:
   """The compile-time section of results.md."""
+  repeats = max((r.get("repeats", 1) for r in result["rows"]), default=1)
   lines = ["## Compile time", "",
            "From empty caches: `jit(f).lower(...)` (trace + StableHLO) and `.compile()` (XLA) seconds; with real "
-           "weights also the first call (trace + lower + compile + one run; XLA compile seconds inside it). "
-           "Abstract weights: ShapeDtypeStructs, nothing allocated. Persistent compilation cache: "
+           "weights also the first call (trace + lower + compile + one run; XLA compile seconds inside it, and a "
+           "second call's seconds: the run alone). Abstract weights: ShapeDtypeStructs, nothing allocated. Each "
+           f"figure the best of {repeats} run(s). Persistent compilation cache: "
            f"{result['persistent_cache'] or 'off'}.", "",
            "| model | function | shape | layers | params | first call (s) | lower (s) | XLA compile (s) |",
            "|---|---|---|---|---|---|---|---|"]
   for r in result["rows"]:
     shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items())
     first = ("- (abstract weights)" if r["first_call_s"] is None else
-             f"{r['first_call_s']:.1f} (XLA {r['first_call_xla_compile_s']:.1f})")
+             f"{r['first_call_s']:.1f} (XLA {r['first_call_xla_compile_s']:.1f}; second call "
+             f"{r['second_call_s']:.2f})")
     lines.append(f"| {r['model']} | {r['function']} | {shape} | {r['layers']} | {_count(r['params'])} | {first} "
                  f"| {r['lower_s']:.1f} | {r['compile_s']:.1f} |")
   return lines
@@ -194,6 +208,7 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, default=4, help="prefill batch (default 4)")
   p.add_argument("--seq", type=int, default=256, help="prefill length (default 256)")
   p.add_argument("--decode-batch", type=int, default=1, help="decode rows (default 1)")
+  p.add_argument("--repeats", type=int, default=1, help="each figure the best of this many runs (default 1)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   lm, pair = None, None
   load0 = os.getloadavg()[0]
@@ -203,7 +218,7 @@ def main(argv=None) -> int:
       pair = load_pair(args.model)
       lm = pair.lm
     result = run_all(lm, args.model, qwen3_8b=args.qwen3_8b, batch=args.batch, seq=args.seq,
-                     decode_batch=args.decode_batch)
+                     decode_batch=args.decode_batch, repeats=max(1, args.repeats))
   except ReprobeError as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
