@@ -198,7 +198,8 @@ def roofline_markdown(roof: dict) -> list[str]:
   m, bw, d = roof["matmul"], roof["bandwidth"], roof["decode_b1"]
   t = m["threads"]
   lines = ["## Roofline", "",
-           f"Best of {m['repeats']} runs per figure (on shared cores a disturbance only adds time). Threads: XLA "
+           f"Best of {m['repeats']} runs per figure, in {m.get('passes', 1)} pass(es) (at the run's start and end; on "
+           "shared cores a disturbance only adds time). Threads: XLA "
            f"intra-op {t['xla_intra_op']}, torch intra-op {t['torch_intra_op']} (inter-op {t['torch_inter_op']}), "
            f"{t['affinity_cpus']} CPUs in the affinity mask" + (f", XLA_FLAGS={t['xla_flags']}" if t["xla_flags"]
                                                                 else "") + ".", "",

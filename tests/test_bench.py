@@ -298,6 +298,29 @@ def test_the_bounds_are_the_max_over_what_was_measured():
   assert bw["bytes"] == 2**20  # 256 rows of the GEMV's 1024 floats
 
 
+def test_two_passes_keep_the_better_figure_and_recompute_the_bounds():
+  from bench import timing
+  row = lambda name, m, **rates: {"name": name, "m": m, "k": 8, "n": 8, "flops": 1.0, **rates}
+  pass_of = lambda head, square: timing._peak_summary({"repeats": 5, "passes": 1, "threads": {},
+                                                      "shapes": [head], "square": square})
+  first = pass_of(row("lm_head", 1, jax_flops_per_s=1.0, torch_flops_per_s=4.0),
+                  row("square", 8, jax_flops_per_s=3.0, torch_flops_per_s=2.0, numpy_flops_per_s=1.0))
+  second = pass_of(row("lm_head", 1, jax_flops_per_s=5.0, torch_flops_per_s=1.0),
+                   row("square", 8, jax_flops_per_s=2.0, torch_flops_per_s=2.0, numpy_flops_per_s=6.0))
+  assert first["peak_flops_per_s"] == 4.0 and first["peak_from"] == "torch lm_head M=1"
+  both = timing.best_of(first, second)
+  assert both["shapes"][0]["jax_flops_per_s"] == 5.0 and both["shapes"][0]["torch_flops_per_s"] == 4.0
+  assert (both["square"]["jax_flops_per_s"], both["square"]["numpy_flops_per_s"]) == (3.0, 6.0)
+  assert (both["peak_flops_per_s"], both["peak_from"], both["jax_peak_flops_per_s"]) == (6.0, "numpy 8^3", 5.0)
+  assert both["repeats"] == 10 and both["passes"] == 2
+  bw = lambda copy_np, copy_jax, read_jax: timing._bandwidth_summary(
+      {"bytes": 4096, "repeats": 5, "passes": 1, "kinds": {"copy": {"numpy": copy_np, "jax": copy_jax},
+                                                           "read": {"jax": read_jax}}})
+  merged = timing.best_of(bw(1.0, 2.0, 3.0), bw(4.0, 1.0, 2.0))
+  assert merged["kinds"] == {"copy": {"numpy": 4.0, "jax": 2.0}, "read": {"jax": 3.0}}
+  assert (merged["bound_bytes_per_s"], merged["bound_from"]) == (4.0, "copy (numpy)")
+
+
 def _stub_roofline():
   from bench import report
   # Prefill: 80 GFLOP in 0.5 s = 160 GFLOP/s (ours) and in 2 s = 40 GFLOP/s (PyTorch) against a 100 GFLOP/s bound.
