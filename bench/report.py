@@ -26,12 +26,14 @@ HARNESS_ERROR = "harness-error"  # a measured figure above its roofline bound: t
 def bounded(measured: float, bound: float, what: str, bound_from: str, unit: str, scale: float) -> dict:
   """measured / bound as a fraction in [0, 1] ({'fraction', 'status': 'ok'}), or, where the measurement exceeds its
   bound, {'fraction': None, 'status': 'harness-error', 'error': a sentence}: a bound that the measured work beats
-  bounds nothing (a peak measured under load, a work count too high), so no percentage above 100% is reported."""
+  bounds nothing (a peak measured under load, a work count too high, a step time taken from noisy medians), so no
+  percentage above 100% is reported."""
   if bound > 0 and measured <= bound:
     return {"fraction": measured / bound, "status": "ok"}
   return {"fraction": None, "status": HARNESS_ERROR,
           "error": f"{what}: measured {measured / scale:.3g} {unit} is above its bound {bound / scale:.3g} {unit} "
-                   f"({bound_from}); the bound did not bound, so no fraction is reported"}
+                   f"({bound_from}): the bound or the measurement is wrong (a peak measured under load, a noisy step time), "
+                   "so no fraction is reported"}
 
 
 def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, backend: str) -> dict:
