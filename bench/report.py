@@ -32,8 +32,8 @@ def bounded(measured: float, bound: float, what: str, bound_from: str, unit: str
     return {"fraction": measured / bound, "status": "ok"}
   return {"fraction": None, "status": HARNESS_ERROR,
           "error": f"{what}: measured {measured / scale:.3g} {unit} is above its bound {bound / scale:.3g} {unit} "
-                   f"({bound_from}): the bound or the measurement is wrong (a peak measured under load, a noisy step time), "
-                   "so no fraction is reported"}
+                   f"({bound_from}): the bound or the measurement is wrong (a peak measured under load, a noisy "
+                   "step time), so no fraction is reported"}
 
 
 def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, backend: str) -> dict:
