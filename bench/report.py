@@ -20,32 +20,59 @@ BEAM_COST_GOAL = 2.0  # our beam search costs at most this many times our Best-o
 SPAE_GOAL = 20.0  # batched SPAE potentials this many times the one-request-per-boundary loop's boundaries/s (issue 16)
 
 
-def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, backend: str) -> dict:
-  """Achieved prefill FLOP/s against the matmul peaks and batch-1 decode bytes/s against the copy bandwidth.
+HARNESS_ERROR = "harness-error"  # a measured figure above its roofline bound: the bound (or the work count) is wrong
 
-  flops: row name -> model FLOPs of that row's forward. The bandwidth bound takes the larger of the two copy
-  measurements on CPU (NumPy's is single-threaded) and JAX's own on an accelerator, so it is never too lenient.
+
+def bounded(measured: float, bound: float, what: str, bound_from: str, unit: str, scale: float) -> dict:
+  """measured / bound as a fraction in [0, 1] ({'fraction', 'status': 'ok'}), or, where the measurement exceeds its
+  bound, {'fraction': None, 'status': 'harness-error', 'error': a sentence}: a bound that the measured work beats
+  bounds nothing (a peak measured under load, a work count too high, a step time taken from noisy medians), so no
+  percentage above 100% is reported."""
+  if bound > 0 and measured <= bound:
+    return {"fraction": measured / bound, "status": "ok"}
+  return {"fraction": None, "status": HARNESS_ERROR,
+          "error": f"{what}: measured {measured / scale:.3g} {unit} is above its bound {bound / scale:.3g} {unit} "
+                   f"({bound_from}): the bound or the measurement is wrong (a peak measured under load, a noisy "
+                   "step time), so no fraction is reported"}
+
+
+def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, backend: str) -> dict:
+  """Achieved prefill FLOP/s against the compute bound and batch-1 decode bytes/s against the bandwidth bound.
+
+  flops: row name -> model FLOPs of that row's forward. peaks: `timing.matmul_peaks` (the compute bound is its max
+  over every GEMM shape and framework measured); bw: `timing.bandwidth` (the bound is its max over the copy, read
+  and GEMV kernels). Both sides are held to the same machine bound. Every fraction goes through `bounded`: one above
+  1 becomes a harness error, listed in 'harness_errors'. backend: JAX's default backend (recorded).
   """
-  out = {"matmul": peaks, "bandwidth": bw}
+  peak, bound = peaks["peak_flops_per_s"], bw["bound_bytes_per_s"]
+  out = {"matmul": peaks, "bandwidth": bw, "backend": backend, "compute_bound_flops_per_s": peak,
+         "compute_bound_from": peaks["peak_from"], "bandwidth_bound_bytes_per_s": bound,
+         "bandwidth_bound_from": bw["bound_from"], "harness_errors": []}
+  sides = {"ours": "reprobe-jax", "hf": "PyTorch"}
   for name, f in flops.items():
     r = rows[name]
-    ours, hf = f / r["ours"]["median_s"], f / r["hf"]["median_s"]
-    out[name] = {"model_flops": f, "ours_flops_per_s": ours, "hf_flops_per_s": hf,
-                 "ours_of_jax_peak": ours / peaks["jax_flops"], "hf_of_torch_peak": hf / peaks["torch_flops"]}
-  bound = (max(bw["numpy_copy_bytes_per_s"], bw["jax_copy_bytes_per_s"]) if backend == "cpu"
-           else bw["jax_copy_bytes_per_s"])
+    p = {"model_flops": f, "bound_flops_per_s": peak}
+    for side, who in sides.items():
+      rate = f / r[side]["median_s"]
+      b = bounded(rate, peak, f"{name} {who} FLOP rate", f"compute bound: {peaks['peak_from']}", "GFLOP/s", 1e9)
+      p[f"{side}_flops_per_s"], p[f"{side}_of_bound"], p[f"{side}_status"] = rate, b["fraction"], b["status"]
+      if "error" in b:
+        out["harness_errors"].append(b["error"])
+    out[name] = p
   d = {"param_bytes_per_token": param_bytes, "bound_bytes_per_s": bound, "bound_tokens_per_s": bound / param_bytes}
   row = rows.get("decode_b1")
   if row is not None:
     step = row.get("decode_step_s", {})
-    for side in ("ours", "hf"):
+    for side, who in sides.items():
       # Decode-only step time when both runs produced every token; else the end-to-end time per token
       # (prefill included), which only understates the achieved bandwidth.
       s = step.get(side) if step.get("valid") and step.get(side, 0) > 0 else 1.0 / row[side]["tokens_per_s"]
-      d[f"{side}_step_s"] = s
-      d[f"{side}_bytes_per_s"] = param_bytes / s
-      d[f"{side}_of_bound"] = param_bytes / s / bound
-      d[f"{side}_of_numpy_copy"] = param_bytes / s / bw["numpy_copy_bytes_per_s"]
+      b = bounded(param_bytes / s, bound, f"batch-1 decode {who} weight-read rate",
+                  f"bandwidth bound: {bw['bound_from']}", "GB/s", 1e9)
+      d[f"{side}_step_s"], d[f"{side}_bytes_per_s"] = s, param_bytes / s
+      d[f"{side}_of_bound"], d[f"{side}_status"] = b["fraction"], b["status"]
+      if "error" in b:
+        out["harness_errors"].append(b["error"])
     d["step_time_source"] = "decode-only difference" if step.get("valid") else "end-to-end (prefill included)"
   out["decode_b1"] = d
   return out
@@ -62,10 +89,15 @@ def goals(rows: dict, roof: dict, search: dict | None = None, spae: dict | None 
       r = rows[name]["ratio"]
       out.append({"goal": what, "measured": r, "target": need, "status": "met" if r >= need else "missed"})
   d = roof.get("decode_b1", {})
-  if "ours_of_bound" in d:
+  if "ours_status" in d:
     r = d["ours_of_bound"]
+    status = HARNESS_ERROR if r is None else "met" if r >= BANDWIDTH_GOAL else "missed"
     out.append({"goal": f"batch-1 decode >= {BANDWIDTH_GOAL:.0%} of the memory-bandwidth bound", "measured": r,
-                "target": BANDWIDTH_GOAL, "status": "met" if r >= BANDWIDTH_GOAL else "missed"})
+                "target": BANDWIDTH_GOAL, "status": status})
+  if "harness_errors" in roof:
+    n = len(roof["harness_errors"])
+    out.append({"goal": "no measured figure above its roofline bound (harness errors)", "measured": n, "target": 0,
+                "status": "met" if n == 0 else HARNESS_ERROR})
   s = rows.get("step_scoring")
   if s is not None:
     probe = s["probe"]
@@ -104,16 +136,121 @@ def _fmt(x, digits=3):
   return str(x)
 
 
+def machine_line(env: dict) -> str:
+  """The machine a run was measured on, its load and thread counts: the first line of every report."""
+  t = env.get("threads", {})
+  load = f"1-min load average {env['load_start'][0]:.2f} at start"
+  if env.get("load_end"):
+    load += f", {env['load_end'][0]:.2f} at end"
+  threads = (f"XLA intra-op threads {t.get('xla_intra_op', '?')}, torch threads {t.get('torch_intra_op', '?')}"
+             if t else f"torch threads {env.get('torch_threads', '?')}")
+  return f"Machine: {env.get('machine_detail', env.get('machine', 'unknown'))}; {load}; {threads}."
+
+
+def _pct(fraction, status) -> str:
+  return f"{fraction:.0%}" if fraction is not None else f"**{status}**"
+
+
+def performance_markdown(result: dict) -> list[str]:
+  """One table per run, starting with the machine line: what the README shows for each CPU kind measured on."""
+  env, rows, roof = result["environment"], {r["name"]: r for r in result["rows"]}, result["roofline"]
+  lines = ["## Performance", "", machine_line(env), "", "| measurement | reprobe-jax | PyTorch | ratio |",
+           "|---|---|---|---|"]
+  for r in result["rows"]:
+    unit = r["unit"].replace("_per_s", "/s")
+    lines.append(f"| {r['title'].split(' vs ')[0]} | {_fmt(r['ours'][r['unit']])} {unit} | "
+                 f"{_fmt(r['hf'][r['unit']])} {unit} | {r['ratio']:.2f}x |")
+  probe = rows.get("step_scoring", {}).get("probe", {})
+  if "steps_per_s" in probe:
+    lines.append(f"| Probe vs the PRM's fastest path | {_fmt(probe['steps_per_s'])} steps/s | | "
+                 f"{probe['vs_best_prm']:.2f}x |")
+  m = roof["matmul"]
+  best_shape = lambda key: max(r[key] for r in m["shapes"]) if m["shapes"] else None
+  lines.append(f"| fp32 matmul, best on the model's GEMM shapes (GFLOP/s) | {_g(best_shape('jax_flops_per_s'))} | "
+               f"{_g(best_shape('torch_flops_per_s'))} | |")
+  sq = m["square"]
+  lines.append(f"| fp32 matmul, {sq['n']}^3 (GFLOP/s) | {_g(sq['jax_flops_per_s'])} | {_g(sq['torch_flops_per_s'])} "
+               "| |")
+  for name in ("prefill_plain", "prefill_capture"):
+    if name in roof:
+      p = roof[name]
+      lines.append(f"| {name} of the compute bound ({_g(p['bound_flops_per_s'])} GFLOP/s) | "
+                   f"{_pct(p['ours_of_bound'], p['ours_status'])} | {_pct(p['hf_of_bound'], p['hf_status'])} | |")
+  d = roof["decode_b1"]
+  if "ours_status" in d:
+    lines.append(f"| batch-1 decode of the bandwidth bound ({d['bound_bytes_per_s'] / 1e9:.1f} GB/s) | "
+                 f"{_pct(d['ours_of_bound'], d['ours_status'])} | {_pct(d['hf_of_bound'], d['hf_status'])} | |")
+  comp = result.get("compile")
+  if comp is not None:
+    for c in comp["rows"]:
+      first = "" if c["first_call_s"] is None else f"first call {c['first_call_s']:.1f} s; "
+      lines.append(f"| compile: {c['model']} {c['function']} | {first}lower {c['lower_s']:.1f} s + XLA compile "
+                   f"{c['compile_s']:.1f} s | | |")
+  errors = [f"**Harness error**: {e}." for e in roof.get("harness_errors", [])]
+  return lines + [""] + errors + ([""] if errors else [])
+
+
+def _g(x) -> str:
+  return "-" if x is None else f"{x / 1e9:.3g}"
+
+
+def roofline_markdown(roof: dict) -> list[str]:
+  """The roofline section: matmul throughput per GEMM shape, bandwidth per kernel kind, the bounds and fractions
+  (a harness error in place of any fraction above 100%)."""
+  m, bw, d = roof["matmul"], roof["bandwidth"], roof["decode_b1"]
+  t = m["threads"]
+  lines = ["## Roofline", "",
+           f"Best of {m['repeats']} runs per figure, in {m.get('passes', 1)} pass(es) (at the run's start and end; on "
+           "shared cores a disturbance only adds time). Threads: XLA "
+           f"intra-op {t['xla_intra_op']}, torch intra-op {t['torch_intra_op']} (inter-op {t['torch_inter_op']}), "
+           f"{t['affinity_cpus']} CPUs in the affinity mask" + (f", XLA_FLAGS={t['xla_flags']}" if t["xla_flags"]
+                                                                else "") + ".", "",
+           "| GEMM (fp32) | M | K | N | JAX GFLOP/s | PyTorch GFLOP/s |", "|---|---|---|---|---|---|"]
+  for r in m["shapes"] + [m["square"]]:
+    extra = f" (NumPy {_g(r['numpy_flops_per_s'])})" if "numpy_flops_per_s" in r else ""
+    lines.append(f"| {r['name']} | {r['m']} | {r['k']} | {r['n']} | {_g(r['jax_flops_per_s'])} | "
+                 f"{_g(r['torch_flops_per_s'])}{extra} |")
+  lines += ["", f"Compute bound: {_g(roof['compute_bound_flops_per_s'])} GFLOP/s, the max over every shape and "
+            f"framework above ({roof['compute_bound_from']}).", "",
+            f"| bandwidth kernel ({bw['bytes'] / 2**20:.0f} MiB fp32) | " + " | ".join(
+                ("NumPy", "JAX", "PyTorch")) + " |", "|---|---|---|---|"]
+  for kind, what in (("copy", "copy (read + write)"), ("read", "read (sum)"), ("gemv", "GEMV [1, 1024] x weight")):
+    by = bw["kinds"][kind]
+    lines.append(f"| {what} | " + " | ".join(
+        f"{by[fw] / 1e9:.1f} GB/s" if fw in by else "-" for fw in ("numpy", "jax", "torch")) + " |")
+  lines += ["", f"Bandwidth bound: {bw['bound_bytes_per_s'] / 1e9:.1f} GB/s, the max over every kernel above "
+            f"({bw['bound_from']}). A batch-1 decode step reads every weight once and writes almost nothing, so read "
+            "and GEMV are its kernels; copies stay in the max because any rate the memory delivered is one the bound "
+            "must reach.", ""]
+  for name in ("prefill_plain", "prefill_capture"):
+    if name in roof:
+      p = roof[name]
+      lines.append(f"- {name}: {p['model_flops'] / 1e9:.1f} model GFLOP; reprobe-jax {_g(p['ours_flops_per_s'])} "
+                   f"GFLOP/s ({_pct(p['ours_of_bound'], p['ours_status'])} of the compute bound), PyTorch "
+                   f"{_g(p['hf_flops_per_s'])} GFLOP/s ({_pct(p['hf_of_bound'], p['hf_status'])}).")
+  if "ours_step_s" in d:
+    lines.append(f"- batch-1 decode reads {d['param_bytes_per_token'] / 1e6:.0f} MB of parameters per token; bound "
+                 f"{d['bound_bytes_per_s'] / 1e9:.1f} GB/s = {d['bound_tokens_per_s']:.1f} tokens/s. reprobe-jax "
+                 f"{1 / d['ours_step_s']:.1f} tokens/s = {d['ours_bytes_per_s'] / 1e9:.1f} GB/s "
+                 f"({_pct(d['ours_of_bound'], d['ours_status'])}); PyTorch {1 / d['hf_step_s']:.1f} tokens/s = "
+                 f"{d['hf_bytes_per_s'] / 1e9:.1f} GB/s ({_pct(d['hf_of_bound'], d['hf_status'])}); step time from "
+                 f"{d['step_time_source']}.")
+  for e in roof.get("harness_errors", []):
+    lines.append(f"- **Harness error**: {e}.")
+  return lines
+
+
 def markdown(result: dict) -> str:
   env, rows, roof = result["environment"], result["rows"], result["roofline"]
   lines = [f"# reprobe-jax vs PyTorch transformers: {result['model']}", "",
            f"JAX {env['jax']} ({env['jax_backend']}), torch {env['torch']} ({env['torch_device']}, "
            f"{env['torch_threads']} threads), transformers {env['transformers']}; {env['cpu_count']} CPUs; "
-           f"1-min load average {env['load_start'][0]:.2f} at start, {env['load_end'][0]:.2f} at end; "
-           f"{result['repeats']} repeats, median; total {result['wall_s']:.0f} s"
-           + (" (--quick)" if result["quick"] else "") + ".", "",
-           "| measurement | shape | reprobe-jax | transformers | ratio | ours: first call / XLA compile (s) |",
-           "|---|---|---|---|---|---|"]
+           f"{result['repeats']} repeats, median (roofline figures: best); total {result['wall_s']:.0f} s"
+           + (" (--quick)" if result["quick"] else "") + ".", ""]
+  lines += performance_markdown(result)
+  lines += ["## Every measurement", "",
+            "| measurement | shape | reprobe-jax | transformers | ratio | ours: first call / XLA compile (s) |",
+            "|---|---|---|---|---|---|"]
   for r in rows:
     unit = r["unit"].replace("_per_s", "/s")
     shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items())
@@ -158,18 +295,7 @@ def markdown(result: dict) -> str:
   lines += ["", "## Goals", "", "| goal | measured | target | status |", "|---|---|---|---|"]
   for g in result["goals"]:
     lines.append(f"| {g['goal']} | {_fmt(g['measured'])} | {g['target']} | {g['status']} |")
-  m, bw, d = roof["matmul"], roof["bandwidth"], roof["decode_b1"]
-  lines += ["", "## Roofline", "",
-            f"- fp32 {m['n']}^3 matmul: JAX {m['jax_flops'] / 1e9:.0f} GFLOP/s, NumPy {m['numpy_flops'] / 1e9:.0f}, "
-            f"PyTorch {m['torch_flops'] / 1e9:.0f}.",
-            f"- Copy bandwidth ({bw['mib']} MiB, read + write): NumPy {bw['numpy_copy_bytes_per_s'] / 1e9:.1f} GB/s, "
-            f"JAX {bw['jax_copy_bytes_per_s'] / 1e9:.1f} GB/s."]
-  for name in ("prefill_plain", "prefill_capture"):
-    if name in roof:
-      p = roof[name]
-      lines.append(f"- {name}: {p['model_flops'] / 1e9:.1f} model GFLOP; reprobe-jax "
-                   f"{p['ours_flops_per_s'] / 1e9:.0f} GFLOP/s ({p['ours_of_jax_peak']:.0%} of the JAX peak), "
-                   f"PyTorch {p['hf_flops_per_s'] / 1e9:.0f} GFLOP/s ({p['hf_of_torch_peak']:.0%} of the torch peak).")
+  lines += [""] + roofline_markdown(roof)
   step = next((r for r in rows if r["name"] == "step_scoring" and "flops" in r), None)
   if step is not None:
     f = step["flops"]
@@ -177,14 +303,9 @@ def markdown(result: dict) -> str:
                  f"(backbone per step token and separator), the probe {f['probe_macs_per_step'] / 1e6:.1f} M (per "
                  f"window token, windows [0, step end)): at equal FLOP rates the probe is {f['ratio']:.1f}x cheaper; "
                  "the probe's windows grow with the step's position, the PRM's work with the step's length.")
-  if "ours_step_s" in d:
-    lines.append(f"- batch-1 decode reads {d['param_bytes_per_token'] / 1e6:.0f} MB of parameters per token; bound "
-                 f"{d['bound_bytes_per_s'] / 1e9:.1f} GB/s = {d['bound_tokens_per_s']:.1f} tokens/s. reprobe-jax "
-                 f"{1 / d['ours_step_s']:.1f} tokens/s = {d['ours_bytes_per_s'] / 1e9:.1f} GB/s "
-                 f"({d['ours_of_bound']:.0%}); PyTorch {1 / d['hf_step_s']:.1f} tokens/s = "
-                 f"{d['hf_bytes_per_s'] / 1e9:.1f} GB/s ({d['hf_of_bound']:.0%}); step time from "
-                 f"{d['step_time_source']}. Against NumPy's single-threaded copy instead: reprobe-jax "
-                 f"{d['ours_of_numpy_copy']:.0%}, PyTorch {d['hf_of_numpy_copy']:.0%}.")
+  if result.get("compile") is not None:
+    from bench import compile as compile_bench
+    lines += [""] + compile_bench.markdown(result["compile"])
   lines += ["", "Parity (same weights, same inputs): " + "; ".join(
       f"{r['name']}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.get("parity", {}).items()) for r in rows), ""]
   return "\n".join(lines)

@@ -1,4 +1,6 @@
-"""The benchmark harness runs end to end: `bench.run --quick` on the tiny random Llama writes every row.
+"""The benchmark harness runs end to end: `bench.run --quick` on the tiny random Llama writes every row (slow); the
+roofline's pieces on stubs and the tiny config (fast): GEMM shapes, best-of timing, bounds, harness errors, the
+machine line, compile figures.
 
 Checks structure and sanity only (positive numbers, parity between the frameworks); it asserts no speed, since
 timings on shared CI cores mean nothing.
@@ -16,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")  # the `bench` extra
-pytestmark = pytest.mark.slow  # a whole bench run (about a minute); .ci/run runs the slow tests after the suite
+slow = pytest.mark.slow  # a whole bench run (a few minutes); .ci/run runs the slow tests after the suite
 
 # bench/ sits next to the package at the repository root, which plain `pytest` does not put on sys.path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,6 +45,7 @@ def result(tmp_path_factory):
     return json.load(f), out
 
 
+@slow
 def test_every_row_has_positive_numbers(result):
   res, _ = result
   rows = {r["name"]: r for r in res["rows"]}
@@ -58,6 +61,7 @@ def test_every_row_has_positive_numbers(result):
   assert probe.get("steps_per_s", 0) > 0 or probe["status"].startswith("pending"), probe
 
 
+@slow
 def test_both_frameworks_compute_the_same_thing(result):
   res, _ = result
   p = {r["name"]: r["parity"] for r in res["rows"]}
@@ -70,6 +74,7 @@ def test_both_frameworks_compute_the_same_thing(result):
     assert p[f"decode_b{b}"]["greedy_rows_equal"] == 1.0
 
 
+@slow
 def test_shared_context_row(result):
   res, out = result
   sc = res["shared_context"]
@@ -81,20 +86,33 @@ def test_shared_context_row(result):
   assert "## Shared context" in (out / "results.md").read_text()
 
 
+@slow
 def test_roofline_goals_and_reports(result):
   res, out = result
   roof = res["roofline"]
-  assert roof["matmul"]["jax_flops"] > 0 and roof["matmul"]["numpy_flops"] > 0
-  assert roof["bandwidth"]["numpy_copy_bytes_per_s"] > 0 and roof["bandwidth"]["jax_copy_bytes_per_s"] > 0
+  m = roof["matmul"]
+  assert m["square"]["jax_flops_per_s"] > 0 and m["square"]["numpy_flops_per_s"] > 0
+  assert len(m["shapes"]) == 5 * 4  # 5 distinct weight shapes of the tiny Llama at prefill M and decode M 1, 8, 32
+  assert m["threads"]["torch_intra_op"] >= 1
+  assert all(v > 0 for by in roof["bandwidth"]["kinds"].values() for v in by.values())
   assert roof["prefill_plain"]["ours_flops_per_s"] > 0
   assert roof["decode_b1"]["ours_bytes_per_s"] > 0 and roof["decode_b1"]["param_bytes_per_token"] > 0
-  assert len(res["goals"]) == 9  # the 8 of bench.run + the long-thinking SPAE goal (sizes.spae_lengths)
-  assert all(g["status"] in ("met", "missed") or g["status"].startswith("pending") for g in res["goals"])
+  for name in ("prefill_plain", "prefill_capture", "decode_b1"):
+    for side in ("ours", "hf"):
+      f = roof[name][f"{side}_of_bound"]
+      assert (f is None) == (roof[name][f"{side}_status"] == "harness-error") and (f is None or 0 < f <= 1)
+  # the 8 of bench.run + the long-thinking SPAE goal (sizes.spae_lengths) + no harness errors
+  assert len(res["goals"]) == 10
+  assert all(g["status"] in ("met", "missed", "harness-error") or g["status"].startswith("pending")
+             for g in res["goals"])
   md = (out / "results.md").read_text()
-  assert "| Greedy decode, batch 32" in md and "## Goals" in md
+  assert "| Greedy decode, batch 32" in md and "## Goals" in md and "## Compile time" in md
+  assert md.split("## Performance\n\n")[1].startswith("Machine: ")
+  assert [r["function"] for r in res["compile"]["rows"]] == ["prefill forward", "greedy decode loop"]
   assert (out / "results.png").stat().st_size > 1000
 
 
+@slow
 def test_search_rows(result):
   res, out = result
   s = res["search"]
@@ -120,6 +138,7 @@ def test_search_rows(result):
   assert sc["per_problem_ratio"] > 0 and "Per searched problem" in (out / "results.md").read_text()
 
 
+@slow
 def test_beam_search_and_the_reference_loop_select_the_same_steps(result):
   # Greedy, same scorer: our jitted search and the per-problem PyTorch loop pick the same steps (at least on one
   # problem: a near-tie between the frameworks' logits may flip a token elsewhere), with the same step scores.
@@ -130,6 +149,7 @@ def test_beam_search_and_the_reference_loop_select_the_same_steps(result):
   assert all(k >= 1 for k in par["steps_selected"])
 
 
+@slow
 def test_spae_section(result):
   res, out = result
   sp = res["spae"]
@@ -143,6 +163,7 @@ def test_spae_section(result):
   assert "## SPAE step potentials" in (out / "results.md").read_text()
 
 
+@slow
 def test_spae_long_section(result):
   res, out = result
   long = res["spae_long"]
@@ -156,6 +177,7 @@ def test_spae_long_section(result):
   assert any("thinking" in g["goal"] for g in res["goals"])
 
 
+@slow
 def test_spae_loop_gives_the_batched_potentials(tmp_path):
   # Fast on its own (~30 s, nearly all XLA compiles): the per-boundary loop (a fresh prefill of the truncated
   # trajectory, one boundary per probe call) draws the batched path's random streams, so both give the same Acc and
@@ -192,6 +214,7 @@ def test_spae_loop_gives_the_batched_potentials(tmp_path):
   assert spae.parity(spae.every(spae.batched(prober, long), 2), strided)["equal"]
 
 
+@slow
 def test_spae_long_set_holds_solver_paragraphs(synthetic_lm):
   # The built-in worlds' tokenizer: paragraphs of the solver's thinking sentences, a boundary every 15-25 tokens,
   # up to the requested length; the loop re-sends a prefix that grows with L, ours feeds it once.
@@ -212,7 +235,170 @@ def test_spae_long_set_holds_solver_paragraphs(synthetic_lm):
     spae.long_set(synthetic_lm, 1, 12)
 
 
+@slow
 def test_cli_rejects_a_missing_model(tmp_path, capsys):
   from bench import run
   assert run.main([f"--model={tmp_path / 'nope'}", f"--out={tmp_path}", "--quick"]) == 1
   assert "nope" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- roofline (fast)
+
+
+def _tiny_config():
+  # bench.pair.build_tiny's Llama: hidden 64, intermediate 128, 4 heads of 16, 2 KV heads, vocab 512, 2 layers.
+  from reprobe_jax.models.config import ModelConfig
+  return ModelConfig(family="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16)
+
+
+def test_gemm_shapes_match_the_config_by_hand():
+  from bench.timing import Gemm, forward_flops, gemm_shapes
+  cfg = _tiny_config()
+  # q: 64 -> 4 * 16 = 64, o: 64 -> 64 (one shape); k, v: 64 -> 2 * 16 = 32; gate, up: 64 -> 128; down: 128 -> 64;
+  # LM head 64 -> 512. Prefill M = batch 2 * seq 32 = 64, then decode M = 1.
+  per_m = [("q_proj/o_proj", 64, 64), ("k_proj/v_proj", 64, 32), ("gate_proj/up_proj", 64, 128),
+           ("down_proj", 128, 64), ("lm_head", 64, 512)]
+  assert gemm_shapes(cfg, [64, 1]) == [Gemm(n, m, k, o) for m in (64, 1) for n, k, o in per_m]
+  assert gemm_shapes(cfg, [64])[-1].flops == 2 * 64 * 64 * 512 == 4_194_304
+  # Each projection once per layer plus the head is the weight part of a one-token forward: 2 * (64*64 * 2 +
+  # 64*32 * 2 + 64*128 * 3) * 2 layers + 2 * 64*512 = 2 * 36864 * 2 + 65536 = 212992; attention at seq 1 adds
+  # 2 layers * 4 * 4 heads * 16 * 1 = 512.
+  count = {"q_proj/o_proj": 2, "k_proj/v_proj": 2, "gate_proj/up_proj": 2, "down_proj": 1, "lm_head": 1}
+  weights = sum(g.flops * count[g.name] * (1 if g.name == "lm_head" else cfg.num_layers)
+                for g in gemm_shapes(cfg, [1]))
+  assert weights == 212_992 and forward_flops(cfg, 1, 1) == 212_992 + 512
+  # SmolLM2-135M (hidden 576, 9 heads of 64, 3 KV heads, intermediate 1536, vocab 49152): q and o are 576 x 576,
+  # k and v 576 x 192.
+  smol = cfg.replace(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                     num_kv_heads=3, head_dim=64, sliding_windows=())
+  assert [(g.name, g.k, g.n) for g in gemm_shapes(smol, [8])] == [
+      ("q_proj/o_proj", 576, 576), ("k_proj/v_proj", 576, 192), ("gate_proj/up_proj", 576, 1536),
+      ("down_proj", 1536, 576), ("lm_head", 576, 49152)]
+
+
+def test_best_time_is_the_fastest_sample_not_the_median(monkeypatch):
+  from bench import timing
+  # perf_counter readings: warm-up 0 -> 1 s (one call per sample), then samples of 3 s, 2 s and 4 s.
+  clock = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0, 30.0, 34.0])
+  monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+  assert timing.best_time(lambda: None, 3) == 2.0  # the median would be 3.0
+
+
+def test_the_bounds_are_the_max_over_what_was_measured():
+  from bench import timing
+  shapes = timing.gemm_shapes(_tiny_config(), [4])
+  peaks = timing.matmul_peaks(shapes, 64, 2)
+  figures = [r[k] for r in peaks["shapes"] + [peaks["square"]] for k in r if k.endswith("_flops_per_s")]
+  assert len(figures) == 2 * 5 + 3 and min(figures) > 0 and peaks["peak_flops_per_s"] == max(figures)
+  assert peaks["statistic"] == "best" and peaks["threads"]["xla_intra_op"] >= 1
+  bw = timing.bandwidth(2**20, 2)
+  rates = [v for by in bw["kinds"].values() for v in by.values()]
+  assert len(rates) == 7 and min(rates) > 0 and bw["bound_bytes_per_s"] == max(rates)
+  assert bw["bytes"] == 2**20  # 256 rows of the GEMV's 1024 floats
+
+
+def test_two_passes_keep_the_better_figure_and_recompute_the_bounds():
+  from bench import timing
+  row = lambda name, m, **rates: {"name": name, "m": m, "k": 8, "n": 8, "flops": 1.0, **rates}
+  pass_of = lambda head, square: timing._peak_summary({"repeats": 5, "passes": 1, "threads": {},
+                                                      "shapes": [head], "square": square})
+  first = pass_of(row("lm_head", 1, jax_flops_per_s=1.0, torch_flops_per_s=4.0),
+                  row("square", 8, jax_flops_per_s=3.0, torch_flops_per_s=2.0, numpy_flops_per_s=1.0))
+  second = pass_of(row("lm_head", 1, jax_flops_per_s=5.0, torch_flops_per_s=1.0),
+                   row("square", 8, jax_flops_per_s=2.0, torch_flops_per_s=2.0, numpy_flops_per_s=6.0))
+  assert first["peak_flops_per_s"] == 4.0 and first["peak_from"] == "torch lm_head M=1"
+  both = timing.best_of(first, second)
+  assert both["shapes"][0]["jax_flops_per_s"] == 5.0 and both["shapes"][0]["torch_flops_per_s"] == 4.0
+  assert (both["square"]["jax_flops_per_s"], both["square"]["numpy_flops_per_s"]) == (3.0, 6.0)
+  assert (both["peak_flops_per_s"], both["peak_from"], both["jax_peak_flops_per_s"]) == (6.0, "numpy 8^3", 5.0)
+  assert both["repeats"] == 10 and both["passes"] == 2
+  bw = lambda copy_np, copy_jax, read_jax: timing._bandwidth_summary(
+      {"bytes": 4096, "repeats": 5, "passes": 1, "kinds": {"copy": {"numpy": copy_np, "jax": copy_jax},
+                                                           "read": {"jax": read_jax}}})
+  merged = timing.best_of(bw(1.0, 2.0, 3.0), bw(4.0, 1.0, 2.0))
+  assert merged["kinds"] == {"copy": {"numpy": 4.0, "jax": 2.0}, "read": {"jax": 3.0}}
+  assert (merged["bound_bytes_per_s"], merged["bound_from"]) == (4.0, "copy (numpy)")
+
+
+def _stub_roofline():
+  from bench import report
+  # Prefill: 80 GFLOP in 0.5 s = 160 GFLOP/s (ours) and in 2 s = 40 GFLOP/s (PyTorch) against a 100 GFLOP/s bound.
+  # Decode: 300 MB per token in 10 ms = 30 GB/s (ours) and in 40 ms = 7.5 GB/s (PyTorch) against 20 GB/s.
+  rows = {"prefill_plain": {"ours": {"median_s": 0.5}, "hf": {"median_s": 2.0}},
+          "decode_b1": {"ours": {"tokens_per_s": 100.0}, "hf": {"tokens_per_s": 25.0},
+                        "decode_step_s": {"ours": 0.01, "hf": 0.04, "valid": True}}}
+  peaks = {"peak_flops_per_s": 100e9, "peak_from": "jax 2048^3", "repeats": 5, "shapes": [],
+           "threads": {"xla_intra_op": 2, "torch_intra_op": 2, "torch_inter_op": 2, "affinity_cpus": 2,
+                       "xla_flags": ""},
+           "square": {"name": "square", "m": 8, "k": 8, "n": 8, "jax_flops_per_s": 100e9, "torch_flops_per_s": 90e9}}
+  bw = {"bytes": 2**20, "kinds": {"copy": {"jax": 20e9}, "read": {"jax": 10e9}, "gemv": {}},
+        "bound_bytes_per_s": 20e9, "bound_from": "copy (jax)"}
+  return report.roofline(rows, peaks, bw, {"prefill_plain": 80e9}, 300_000_000, "cpu")
+
+
+def test_a_fraction_above_one_is_a_harness_error():
+  import re
+
+  from bench import report
+  roof = _stub_roofline()
+  p, d = roof["prefill_plain"], roof["decode_b1"]
+  assert p["ours_of_bound"] is None and p["ours_status"] == "harness-error"
+  assert p["hf_of_bound"] == pytest.approx(0.4) and p["hf_status"] == "ok"
+  assert d["ours_of_bound"] is None and d["ours_status"] == "harness-error"
+  assert d["hf_of_bound"] == pytest.approx(0.375)
+  assert len(roof["harness_errors"]) == 2 and "160 GFLOP/s is above its bound 100 GFLOP/s" in roof["harness_errors"][0]
+  assert "30 GB/s is above its bound 20 GB/s" in roof["harness_errors"][1]
+  goals = {g["goal"]: g for g in report.goals({}, roof)}
+  assert goals["batch-1 decode >= 70% of the memory-bandwidth bound"]["status"] == "harness-error"
+  errors = goals["no measured figure above its roofline bound (harness errors)"]
+  assert errors["measured"] == 2 and errors["status"] == "harness-error"
+  md = "\n".join(report.roofline_markdown(roof))
+  assert md.count("**Harness error**") == 2
+  assert all(int(x) <= 100 for x in re.findall(r"(\d+)%", md))
+  assert report.bounded(5.0, 5.0, "x", "y", "u", 1.0) == {"fraction": 1.0, "status": "ok"}  # equal is within
+  assert report.bounded(1.0, 0.0, "x", "y", "u", 1.0)["status"] == "harness-error"  # no bound measured
+
+
+def test_every_report_names_the_machine():
+  from bench import report
+  from reprobe_jax.machine import Machine, extensions_from_flags
+  assert extensions_from_flags({"fpu", "avx", "avx2", "fma", "sse4_2"}) == ("avx2", "fma")  # a Zen 3 EPYC
+  assert extensions_from_flags({"avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}) == (
+      "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+  epyc = Machine("AMD EPYC 7B13", "AVX2", 2, "cpu", ("avx2", "fma"), 32 * 2**20)
+  assert epyc.long() == "AMD EPYC 7B13; 2 cores; extensions: avx2 fma; last-level cache 32 MiB; JAX backend cpu"
+  env = {"jax": "0", "jax_backend": "cpu", "torch": "0", "torch_device": "cpu", "torch_threads": 2,
+         "transformers": "0", "cpu_count": 2, "machine": str(epyc), "machine_detail": epyc.long(),
+         "threads": {"xla_intra_op": 2, "torch_intra_op": 2}, "load_start": [1.5, 1.0, 1.0],
+         "load_end": [2.25, 1.0, 1.0]}
+  result = {"model": "tiny", "environment": env, "rows": [], "roofline": _stub_roofline(), "goals": [],
+            "quick": True, "repeats": 5, "wall_s": 1.0}
+  line = ("Machine: AMD EPYC 7B13; 2 cores; extensions: avx2 fma; last-level cache 32 MiB; JAX backend cpu; "
+          "1-min load average 1.50 at start, 2.25 at end; XLA intra-op threads 2, torch threads 2.")
+  assert report.machine_line(env) == line
+  md = report.markdown(result)
+  assert md.split("## Performance\n\n")[1].startswith(line + "\n\n| measurement |")
+  assert "**Harness error**" in md.split("## Every measurement")[0]  # in the Performance table's block
+
+
+def test_compile_figures_of_an_abstract_model():
+  from bench import compile as compile_bench
+  cfg = compile_bench.qwen3_8b_config()
+  # per layer: 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128 = 192,946,432;
+  # x 36 layers + untied embedding and head 2 * 151936 * 4096 + final norm 4096 = 8,190,735,360.
+  assert cfg.num_params == 8_190_735_360 and cfg.qk_norm and not cfg.tie_word_embeddings
+  import jax
+  _, params = compile_bench.abstract_model(cfg)
+  leaves = jax.tree.leaves(params)
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing allocated
+  assert sum(x.size for x in leaves) == cfg.num_params
+  tiny = _tiny_config()
+  graph, params = compile_bench.abstract_model(tiny)
+  rows = compile_bench.measure("tiny", tiny, graph, params, real=False, batch=2, seq=16, decode_batch=1,
+                               prompt_len=16, new_tokens=8, log=lambda *_: None)
+  assert [r["function"] for r in rows] == ["prefill forward", "greedy decode loop"]
+  assert all(r["lower_s"] > 0 and r["compile_s"] > 0 and r["first_call_s"] is None for r in rows)
+  assert rows[1]["shape"] == {"batch": 1, "prompt": 16, "new_tokens": 16}  # generate's power-of-two buckets
+  md = "\n".join(compile_bench.markdown({"rows": rows, "persistent_cache": None}))
+  assert "| tiny | greedy decode loop |" in md and "- (abstract weights)" in md
