@@ -48,11 +48,15 @@ class Timing:
   def median_s(self) -> float:
     return statistics.median(self.times_s)
 
+  @property
+  def min_s(self) -> float:
+    """The least-disturbed repeat, a cross-check when other processes share the cores."""
+    return min(self.times_s)
+
   def to_json(self) -> dict:
-    # min_s: the least-disturbed repeat, a cross-check when other processes share the cores.
-    return {"median_s": self.median_s, "min_s": min(self.times_s), "first_call_s": self.first_s, "xla_compile_s": self.compile_s,
-            "xla_compiles": self.compiles,
-            "steady_compiles": self.steady_compiles, "times_s": self.times_s, "load_1min": self.load_1min}
+    return {"median_s": self.median_s, "min_s": self.min_s, "first_call_s": self.first_s,
+            "xla_compile_s": self.compile_s, "xla_compiles": self.compiles, "steady_compiles": self.steady_compiles,
+            "times_s": self.times_s, "load_1min": self.load_1min}
 
 
 def time_call(fn: Callable[[], object], repeats: int) -> tuple[Timing, object]:
