@@ -1,0 +1,43 @@
+"""Every job config in configs/ loads and its sections convert to the typed configs the jobs run (no field a job
+would reject on its first line): the ones CI never runs end to end included (SmolLM2, Colab at full size)."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs import colab, reprobe_smollm2, reprobe_synthetic, spae_smollm2, spae_synthetic, tts_smollm2, \
+    tts_synthetic
+from reprobe_jax import pipeline
+from reprobe_jax.spae import job as spae_job
+from reprobe_jax.synthetic.build import config_from_dict as target_config
+from reprobe_jax.tts import job as tts_job
+
+
+def _check(c):
+  if c.job in ("reprobe", "seeds", "tts", "tts_seeds"):
+    pipeline.config_from_dict(c)
+    pipeline.prm_config_from_dict(c.get("prm"))
+  if c.job in ("tts", "tts_seeds"):
+    tts_job.check_prm(tts_job.tts_config_from_dict(c.tts), pipeline.prm_config_from_dict(c.get("prm")))
+  if c.job in ("spae", "spae_seeds"):
+    spae_job.job_config_from_dict(c.spae)
+    spae_job.probe_config_from_dict(c.probe)
+  if not c.get("target_path"):
+    target_config(c.target, "config.target")
+
+
+@pytest.mark.parametrize("make", [reprobe_synthetic.get_config, reprobe_smollm2.get_config, tts_smollm2.get_config,
+                                  tts_synthetic.get_config, lambda: tts_synthetic.get_config("demo"),
+                                  spae_synthetic.get_config, spae_smollm2.get_config])
+def test_job_configs_convert(make):
+  _check(make())
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+@pytest.mark.parametrize("model", ["", "HuggingFaceTB/SmolLM2-135M-Instruct"])
+@pytest.mark.parametrize("make", [colab.reprobe, colab.tts, colab.spae])
+def test_colab_configs_convert(make, model, smoke, tmp_path):
+  c = make(str(tmp_path), model=model, smoke=smoke)
+  assert c.workdir.startswith(str(tmp_path))
+  assert c.get("target_path", "") == (model or "")
+  _check(c)
