@@ -79,7 +79,8 @@ def collect_intermediates(inter: nnx.State, num_layers: int, capture: CaptureSpe
 
 
 def run_decoder(graphdef, params, input_ids, positions, key_valid, *, kv_caches=None, write_index=0,
-                write_slots=None, capture: CaptureSpec, shard: ShardingCtx | None, prefix=None, last_only: bool = False):
+                write_slots=None, capture: CaptureSpec, shard: ShardingCtx | None, prefix=None,
+                last_only: bool = False):
   """Merges the module and runs it, capturing intermediates. Returns logits, new caches, captured dict.
   `prefix`: a shared read-only context (`KVCache.prefix_view()`), or None. last_only: logits [B, 1, V] of the last
   position only (`Decoder.__call__`)."""
