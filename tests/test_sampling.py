@@ -9,7 +9,7 @@ import pytest
 
 from reprobe_jax.errors import CacheFullError
 from reprobe_jax.models import CaptureSpec, SamplingParams, load_pretrained
-from reprobe_jax.models.sampling import sample_token
+from reprobe_jax.models.sampling import argmax_first, extend, sample_token
 
 CAPTURE = CaptureSpec(hidden_layers=(0, -1), attn_window=5, top_k_probs=4, token_stats=True)
 
@@ -128,3 +128,34 @@ def test_branching_a_prefilled_cache(lm):
     np.testing.assert_allclose(np.asarray(logits)[r], np.asarray(full)[0, -2:], atol=1e-4)
   with pytest.raises(CacheFullError, match="cannot append"):
     lm.extend(lm.new_cache(1, 4), prefix)
+
+
+def test_argmax_first_is_jnp_argmax_with_ties_infs_and_nans():
+  nan, inf = float("nan"), float("inf")
+  logits = jnp.array([[1.0, 3.0, 3.0, 2.0],  # tie: the first of the two 3s, index 1
+                      [-inf, -inf, -inf, -inf],  # all -inf: every entry is the max, index 0
+                      [0.0, nan, 5.0, nan],  # a NaN wins (numpy/jnp argmax), the first one: index 1
+                      [-2.0, -1.0, inf, inf]])  # the first +inf: index 2
+  got = np.asarray(argmax_first(logits))
+  np.testing.assert_array_equal(got, [1, 0, 1, 2])
+  np.testing.assert_array_equal(got, np.asarray(jnp.argmax(logits, axis=-1)))
+  rand = jax.random.normal(jax.random.key(0), (8, 1000)).round(1)  # rounded: many ties
+  np.testing.assert_array_equal(np.asarray(argmax_first(rand)), np.asarray(jnp.argmax(rand, axis=-1)))
+  assert argmax_first(rand).dtype == jnp.int32
+
+
+def test_last_only_logits_are_the_last_position_of_all_logits(lm):
+  """The prefill's last-position-only vocabulary projection gives the full extend's last logits and state."""
+  ids = jnp.asarray(np.random.RandomState(3).randint(3, 90, (2, 7)), jnp.int32)
+  mask = jnp.asarray([[0, 0, 1, 1, 1, 1, 1], [1] * 7], jnp.int32)  # left padding in row 0
+  spec = CaptureSpec(hidden_layers=(-1,))
+  full, cap_full, c_full = extend(lm.static_graph, lm.params, lm.new_cache(2, 16), ids, mask, capture=spec,
+                                  lockstep=True)
+  last, cap_last, c_last = extend(lm.static_graph, lm.params, lm.new_cache(2, 16), ids, mask, capture=spec,
+                                  lockstep=True, last_only=True)
+  assert last.shape == (2, 1, full.shape[-1])
+  np.testing.assert_allclose(np.asarray(last[:, 0]), np.asarray(full[:, -1]), rtol=1e-6, atol=1e-6)
+  layer = max(cap_full["hidden_states"])
+  np.testing.assert_allclose(np.asarray(cap_last["hidden_states"][layer][:, -1]),
+                             np.asarray(cap_full["hidden_states"][layer][:, -1]), rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(c_last.k[0]), np.asarray(c_full.k[0]))

@@ -134,7 +134,7 @@ def prefill(graphdef, params, cache: KVCache, input_ids, attention_mask, budget,
   finished, e.g. batch padding).
   """
   logits, captured, cache = extend(graphdef, params, cache, input_ids, attention_mask, capture=capture, shard=shard,
-                                   lockstep=True)
+                                   lockstep=True, last_only=True)
   return _fresh_state(cache, logits[:, -1], _last(captured), budget, rng, buffer_len, capture)
 
 

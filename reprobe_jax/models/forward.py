@@ -79,14 +79,16 @@ def collect_intermediates(inter: nnx.State, num_layers: int, capture: CaptureSpe
 
 
 def run_decoder(graphdef, params, input_ids, positions, key_valid, *, kv_caches=None, write_index=0,
-                write_slots=None, capture: CaptureSpec, shard: ShardingCtx | None, prefix=None):
+                write_slots=None, capture: CaptureSpec, shard: ShardingCtx | None, prefix=None,
+                last_only: bool = False):
   """Merges the module and runs it, capturing intermediates. Returns logits, new caches, captured dict.
-  `prefix`: a shared read-only context (`KVCache.prefix_view()`), or None."""
+  `prefix`: a shared read-only context (`KVCache.prefix_view()`), or None. last_only: logits [B, 1, V] of the last
+  position only (`Decoder.__call__`)."""
   model = nnx.merge(graphdef.value if isinstance(graphdef, StaticGraph) else graphdef, params)
 
   def call(m, *args):
     return m(*args, kv_caches=kv_caches, write_index=write_index, write_slots=write_slots, capture=capture,
-             shard=shard, prefix=prefix)
+             shard=shard, prefix=prefix, last_only=last_only)
 
   if capture.hidden_layers or capture.attn_window:
     (logits, caches), inter = nnx.capture(call, nnx.Intermediate)(model, input_ids, positions, key_valid)

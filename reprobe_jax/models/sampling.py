@@ -57,13 +57,23 @@ def bucket(n: int, minimum: int = 16) -> int:
   return b
 
 
+def argmax_first(logits):
+  """jnp.argmax(logits, -1) (the first index of the maximum; of the first NaN if there is one) as two plain
+  reductions, [B, V] -> [B] int32: XLA:CPU runs argmax's paired (value, index) reduction about 1.6x slower over
+  SmolLM2's 49k vocabulary (4.2 vs 6.9 ms at batch 32)."""
+  top = jnp.max(logits, axis=-1, keepdims=True)  # NaN if any entry is NaN
+  hit = (logits == top) | jnp.isnan(logits)
+  v = logits.shape[-1]
+  return jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+
+
 def sample_token(logits, rng, temperature, top_p, *, greedy: bool, top_k: int, filtered: bool = True):
   """logits [B, V] float32 -> token ids [B]. Filtering follows HF's TopK then TopP warpers.
 
   filtered (static) = whether top_p may be below 1; with top_k off and no top-p the categorical draw reads the raw
   scaled logits (no sort of the vocabulary)."""
   if greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return argmax_first(logits)
   scaled = logits / jnp.maximum(temperature, 1e-6)
   if not top_k and not filtered:
     return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
@@ -77,9 +87,10 @@ def sample_token(logits, rng, temperature, top_p, *, greedy: bool, top_k: int, f
   return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "lockstep"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "lockstep", "last_only"),
+                   donate_argnames=("cache",))
 def extend(graphdef, params, cache: KVCache, input_ids, attention_mask, *, capture: CaptureSpec = CaptureSpec(),
-           shard: ShardingCtx | None = None, lockstep: bool = False):
+           shard: ShardingCtx | None = None, lockstep: bool = False, last_only: bool = False):
   """Appends [B, T] tokens (left-padded: mask 0 = padding) to each row of `cache` (donated).
 
   Each row writes its real tokens at its own next slots (`cache.index [B]`), so rows append different counts and
@@ -101,7 +112,7 @@ def extend(graphdef, params, cache: KVCache, input_ids, attention_mask, *, captu
     start, new_index = 0, cache.index + jnp.sum(mask, axis=1, dtype=jnp.int32)
   logits, kv, captured = run_decoder(graphdef, params, input_ids, positions, valid, kv_caches=cache.layers(),
                                      write_index=start, write_slots=slots, capture=capture, shard=shard,
-                                     prefix=cache.prefix_view())
+                                     prefix=cache.prefix_view(), last_only=last_only)
   new_cache = cache.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv), valid=valid,
                             positions=cache.positions + jnp.sum(mask, axis=1, dtype=jnp.int32), index=new_index)
   return logits, captured, new_cache

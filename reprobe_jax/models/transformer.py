@@ -271,12 +271,15 @@ class Decoder(nnx.Module):
                     _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
 
   def __call__(self, input_ids, positions, key_valid, *, kv_caches=None, write_index=0, write_slots=None,
-               capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None, prefix=None):
+               capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None, prefix=None,
+               last_only: bool = False):
     """input_ids, positions [B, T] int; key_valid [B, S] bool (S = T without a cache, else the cache size);
     kv_caches: per-layer (k, v) [B, KV, S, Dh] or None. Queries sit at slots write_index + arange(T), or at
     write_slots [B, T] (per row; a slot >= S marks a padding query, written nowhere).
     prefix: optional (per-layer (k, v) [P, KV, Sp, Dh], valid [B, Sp] bool): a context shared by the B // P
-    consecutive rows of each of its P rows, read before the own slots (see `Attention`)."""
+    consecutive rows of each of its P rows, read before the own slots (see `Attention`).
+    last_only (static): logits (and the final-norm hidden state) of the last position only, [B, 1, V]: a prefill
+    needs no more, and the vocabulary projection of every prompt position is a fifth of a SmolLM2 prefill's FLOPs."""
     cfg = self.config
     t = input_ids.shape[1]
     layers_wanted = set(capture.resolve_layers(cfg.num_layers))
@@ -307,6 +310,8 @@ class Decoder(nnx.Module):
       new_caches.append(kv)
       if i + 1 < cfg.num_layers and (i + 1) in layers_wanted:
         self.sow(nnx.Intermediate, f"hidden_{i + 1}", x)
+    if last_only:
+      x = x[:, -1:]  # [B, 1, D]
     x = self.norm(x)
     if cfg.num_layers in layers_wanted:
       self.sow(nnx.Intermediate, f"hidden_{cfg.num_layers}", x)
