@@ -101,8 +101,8 @@ def test_roofline_goals_and_reports(result):
     for side in ("ours", "hf"):
       f = roof[name][f"{side}_of_bound"]
       assert (f is None) == (roof[name][f"{side}_status"] == "harness-error") and (f is None or 0 < f <= 1)
-  # the 8 of bench.run + the long-thinking SPAE goal (sizes.spae_lengths) + no harness errors
-  assert len(res["goals"]) == 10
+  # the 10 of bench.run + the long-thinking SPAE goal (sizes.spae_lengths) + no harness errors
+  assert len(res["goals"]) == 12
   assert all(g["status"] in ("met", "missed", "harness-error") or g["status"].startswith("pending")
              for g in res["goals"])
   md = (out / "results.md").read_text()
