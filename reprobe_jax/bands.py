@@ -148,9 +148,9 @@ def band_key(config) -> str:
     d.pop(k, None)
   extra = []
   if isinstance(d.get("target"), Mapping):
-    d["target"] = {k: v for k, v in d["target"].items() if k not in _RUN_ONLY}
+    from reprobe_jax.synthetic.build import config_from_dict, without_unused_interrupts
+    d["target"] = without_unused_interrupts({k: v for k, v in d["target"].items() if k not in _RUN_ONLY})
     if not d.get("target_path"):  # the built-in target's build key also hashes what the task code makes
-      from reprobe_jax.synthetic.build import config_from_dict
       extra.append(config_from_dict(dict(d["target"], seed=0), "config.target").key())
   return run_key(d, *extra)
 

@@ -82,3 +82,16 @@ def test_seeds_are_checked():
   for bad in ((0,), (1, 1), (0, -1), (0, 1.5), "012", None):
     with pytest.raises(ConfigError, match="config.seeds"):
       check_seeds(bad)
+
+
+def test_the_shipped_bands_apply_to_the_shipped_config():
+  """make demo compares its numbers with configs/bands/reprobe_synthetic.json only when the band file's key is the
+  demo config's: a field added later with its old behaviour as default (the interrupted-thinking ones, off here)
+  must not change the key, or the demo silently stops comparing."""
+  import json
+  import os
+  from configs import reprobe_synthetic
+  from reprobe_jax.bands import band_key
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "configs", "bands", "reprobe_synthetic.json")) as f:
+    assert json.load(f)["config_key"] == band_key(reprobe_synthetic.get_config())

@@ -110,11 +110,21 @@ class SyntheticBuildConfig:
   def key(self) -> str:
     """Hash of the config and of what the task code makes from it (a changed generator, prompt or solver
     rebuilds instead of reusing a model trained on other data)."""
-    d = dataclasses.asdict(self)
-    if not self.interrupt_share:  # added later: a build without interruptions keeps the key it had before
-      for name in ("interrupt_share", "interrupt_guess_share", "interrupt_loss_weight"):
-        d.pop(name)
-    return run_key(d, _task_code_fingerprint(self))
+    return run_key(without_unused_interrupts(dataclasses.asdict(self)), _task_code_fingerprint(self))
+
+
+INTERRUPT_FIELDS = ("interrupt_share", "interrupt_guess_share", "interrupt_loss_weight")
+
+
+def without_unused_interrupts(d: Mapping) -> dict:
+  """A build config's fields (a dict) without the interrupted-thinking ones when they are off (interrupt_share 0):
+  they were added later, so a build without interruptions keeps the key it had before, and so do the bands made
+  with it (`reprobe_jax.bands.band_key`)."""
+  d = dict(d)
+  if not d.get("interrupt_share"):
+    for name in INTERRUPT_FIELDS:
+      d.pop(name, None)
+  return d
 
 
 def _task_code_fingerprint(cfg: "SyntheticBuildConfig") -> str:
