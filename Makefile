@@ -33,7 +33,7 @@ results: $(STAMP)
 	$(PY) eval.py --config=configs/tts_synthetic.py --config.job=tts_seeds
 
 # Two worker processes, one test file each at a time (pytest-xdist): on 2 cores most tests wait on single-threaded
-# XLA compiles: 10-11 minutes with the notebooks, where one after another took 12.5 before they were added (their
+# XLA compiles: 10-12 minutes with the notebooks, where one after another took 12.5 before they were added (their
 # share is about 2.5 minutes). The slow tests (test-all, .ci/run) run one at a time: they start processes of their own.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
