@@ -1,8 +1,11 @@
 """Results over seeds and the README's bands: the mean and spread of every number of a job over build seeds, stored
 as a band file, and a user's own single-seed numbers printed beside those bands.
 
-A band is `mean +- 2 sd` over the seeds, widened to their min..max: with 3 seeds the standard deviation is itself
-uncertain, so the band never excludes a value a seed actually gave. Numbers are flattened to dotted keys
+A band is the 95% prediction interval of one more build, `mean +- t(0.975, n-1) * sd * sqrt(1 + 1/n)` (Student's t,
+n seeds; for 3 seeds mean +- 4.97 sd), widened to the seeds' min..max. It answers the question a user's single run
+asks: is this build one more draw of the spread the seeds showed? (`mean +- 2 sd` from 3 seeds is not that: a fourth
+build of the same distribution falls outside it about one time in four, so a table of a hundred numbers always
+showed some.) Numbers are flattened to dotted keys
 (`methods.maxprob.arithmetic.pr_auc`, `groups.qa/line.step_error_rate`), so one file format serves the target
 report and the ReProbe metrics.
 """
@@ -22,6 +25,19 @@ from reprobe_jax.readers import read_json
 from reprobe_jax.runs import run_key, write_json
 
 
+# Student's t 0.975 quantiles by degrees of freedom (the standard table); beyond 30 the normal's 1.96 is within 4%.
+_T_975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604,
+          2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
+          2.0518, 2.0484, 2.0452, 2.0423)
+
+
+def t_975(df: int) -> float:
+  """The 0.975 quantile of Student's t with `df` >= 1 degrees of freedom."""
+  if df < 1:
+    raise ValueError(f"degrees of freedom must be >= 1, found {df}")
+  return _T_975[df - 1] if df <= len(_T_975) else 1.96
+
+
 @dataclasses.dataclass(frozen=True)
 class Band:
   """One number over seeds."""
@@ -32,12 +48,19 @@ class Band:
   n: int
 
   @property
+  def half_width(self) -> float:
+    """Half the 95% prediction interval of one more seed (0 for one seed)."""
+    if self.n < 2:
+      return 0.0
+    return t_975(self.n - 1) * self.sd * math.sqrt(1.0 + 1.0 / self.n)
+
+  @property
   def lo(self) -> float:
-    return min(self.mean - 2 * self.sd, self.min)
+    return min(self.mean - self.half_width, self.min)
 
   @property
   def hi(self) -> float:
-    return max(self.mean + 2 * self.sd, self.max)
+    return max(self.mean + self.half_width, self.max)
 
   def holds(self, value: float) -> bool:
     return self.lo <= value <= self.hi
@@ -202,5 +225,5 @@ def beside_bands(config, result: Mapping[str, Any], *, machine: str) -> str:
     return (f"(The bands in {path} were made with another config ({band_file.config_key}, this one "
             f"{band_key(config)}); not compared.)")
   return (f"\nThis run ({machine}) beside the README's bands (mean +- sd over seeds "
-          f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside mean +- 2 sd and the seeds' "
+          f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside the 95% prediction interval of one more seed and the seeds' "
           f"range):\n\n" + _grids(result, band_file.bands, flatten(result)))

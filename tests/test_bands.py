@@ -9,15 +9,28 @@ from reprobe_jax.bands import Band, BandFile, flatten, grid_markdown, over_seeds
 from reprobe_jax.errors import DataFormatError
 
 
-def test_summarise_is_mean_and_sample_sd_widened_to_the_range():
+def test_summarise_is_mean_sample_sd_and_the_prediction_interval_of_one_more_seed():
   b = summarise([0.60, 0.64, 0.71])
   assert b.mean == pytest.approx(np.mean([0.60, 0.64, 0.71]))
   assert b.sd == pytest.approx(np.std([0.60, 0.64, 0.71], ddof=1))
-  assert b.lo == pytest.approx(b.mean - 2 * b.sd) and b.hi == pytest.approx(b.mean + 2 * b.sd)
-  assert b.holds(0.60) and b.holds(0.71) and not b.holds(0.90)
+  # Worked example: mean 0.65, sd sqrt(0.0062 / 2) = 0.05568; t(0.975, 2) = 4.3027, sqrt(1 + 1/3) = 1.1547, so the
+  # half width is 0.2766 and the band 0.3734 .. 0.9266.
+  assert b.half_width == pytest.approx(0.27663, abs=1e-4)
+  assert (b.lo, b.hi) == (pytest.approx(0.37337, abs=1e-4), pytest.approx(0.92663, abs=1e-4))
+  assert b.holds(0.60) and b.holds(0.90) and not b.holds(0.95) and not b.holds(0.35)
   one = summarise([0.5, math.nan])
   assert (one.sd, one.n, one.lo, one.hi) == (0.0, 1, 0.5, 0.5)
   assert summarise([]).n == 0
+
+
+def test_t_quantiles_match_scipy():
+  stats = pytest.importorskip("scipy.stats")
+  from reprobe_jax.bands import t_975
+  for df in (1, 2, 3, 5, 10, 30):
+    assert t_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-4)
+  assert t_975(1000) == pytest.approx(stats.t.ppf(0.975, 1000), rel=0.01)
+  with pytest.raises(ValueError, match="degrees of freedom"):
+    t_975(0)
 
 
 def test_flatten_and_over_seeds_follow_dotted_keys():
@@ -65,14 +78,14 @@ def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
   summary = summary_markdown(f, runs[0])
   assert "| arithmetic/line | 0.600 +- 0.100 |" in summary and "| maxprob | 0.600 +- 0.100 |" in summary
   f.save(config.bands)
-  mine = beside_bands(config, _result(0.95), machine="machine B")
-  assert "machine B" in mine and "machine A" in mine and "| maxprob | 0.950 ! (0.600 +- 0.100) |" in mine
+  mine = beside_bands(config, _result(1.2), machine="machine B")
+  assert "machine B" in mine and "machine A" in mine and "| maxprob | 1.200 ! (0.600 +- 0.100) |" in mine
   config.seed = 5  # the seed and workdir are not part of what a band depends on
-  assert "0.950 !" in beside_bands(config, _result(0.95), machine="B")
+  assert "1.200 !" in beside_bands(config, _result(1.2), machine="B")
   config.lr = 2.0
-  assert "made with another config" in beside_bands(config, _result(0.95), machine="B")
+  assert "made with another config" in beside_bands(config, _result(1.2), machine="B")
   config.bands = str(tmp_path / "none.json")
-  assert "No band file" in beside_bands(config, _result(0.95), machine="B")
+  assert "No band file" in beside_bands(config, _result(1.2), machine="B")
 
 
 def test_seeds_are_checked():
