@@ -225,5 +225,48 @@ def beside_bands(config, result: Mapping[str, Any], *, machine: str) -> str:
     return (f"(The bands in {path} were made with another config ({band_file.config_key}, this one "
             f"{band_key(config)}); not compared.)")
   return (f"\nThis run ({machine}) beside the README's bands (mean +- sd over seeds "
-          f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside the 95% prediction interval of one more seed and the seeds' "
-          f"range):\n\n" + _grids(result, band_file.bands, flatten(result)))
+          f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside the 95% prediction interval "
+          f"of one more seed and the seeds' range):\n\n" + _grids(result, band_file.bands, flatten(result)))
+
+
+def welch_t(a: Band, b: Band) -> float:
+  """Welch's t of two bands' means (b minus a); +-inf where both have no spread and the means differ."""
+  se = math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n)
+  d = b.mean - a.mean
+  if se > 0:
+    return d / se
+  return 0.0 if d == 0 else math.copysign(math.inf, d)
+
+
+def differing(a: BandFile, b: BandFile, limit: float | None = None) -> list[tuple[str, float]]:
+  """The numbers whose means differ between two band files (say two machines' seeds) by more than Welch's |t| of
+  `limit`, default t(0.975, min(n) - 1): (key, t), largest |t| first. Numbers with fewer than two seeds on either
+  side are left out."""
+  keys = [k for k in a.bands if k in b.bands and a.bands[k].n > 1 and b.bands[k].n > 1]
+  if not keys:
+    raise DataFormatError("the two band files share no number with at least two seeds on both sides")
+  limit = t_975(min(min(a.bands[k].n, b.bands[k].n) for k in keys) - 1) if limit is None else limit
+  out = [(k, welch_t(a.bands[k], b.bands[k])) for k in keys]
+  return sorted([(k, t) for k, t in out if abs(t) > limit], key=lambda kt: -abs(kt[1]))
+
+
+def main(argv=None) -> None:
+  """`python -m reprobe_jax.bands A.json B.json`: which numbers of two band files differ beyond their seed spread."""
+  import argparse
+  p = argparse.ArgumentParser(prog="python -m reprobe_jax.bands", description=main.__doc__)
+  p.add_argument("a"); p.add_argument("b")
+  p.add_argument("--limit", type=float, default=None, help="Welch |t| above which a number differs "
+                 "(default t(0.975, seeds - 1))")
+  args = p.parse_args(argv)
+  a, b = BandFile.load(args.a), BandFile.load(args.b)
+  diff = differing(a, b, args.limit)
+  n = sum(1 for k in a.bands if k in b.bands and a.bands[k].n > 1 and b.bands[k].n > 1)
+  print(f"{len(diff)} of {n} numbers differ: A = {a.machine} (seeds {list(a.seeds)}), B = {b.machine} "
+        f"(seeds {list(b.seeds)})")
+  print("| number | A | B | Welch t |\n|---|---|---|---|")
+  for k, t in diff:
+    print(f"| {k} | {a.bands[k]} | {b.bands[k]} | {t:.2f} |")
+
+
+if __name__ == "__main__":
+  main()

@@ -108,3 +108,19 @@ def test_the_shipped_bands_apply_to_the_shipped_config():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with open(os.path.join(root, "configs", "bands", "reprobe_synthetic.json")) as f:
     assert json.load(f)["config_key"] == band_key(reprobe_synthetic.get_config())
+
+
+def test_differing_names_the_numbers_two_machines_disagree_on():
+  from reprobe_jax.bands import differing, welch_t
+  a = BandFile("reprobe", (0, 1, 2), "A", "k", {"x": summarise([0.80, 0.82, 0.84]), "y": summarise([0.5, 0.5, 0.5]),
+                                                 "z": summarise([0.1, 0.2, 0.3]), "one": summarise([0.1])})
+  b = BandFile("reprobe", (0, 1, 2), "B", "k", {"x": summarise([0.70, 0.71, 0.72]), "y": summarise([0.6, 0.6, 0.6]),
+                                                 "z": summarise([0.15, 0.25, 0.35]), "one": summarise([0.9])})
+  # Worked example: x's means 0.82 and 0.71, sds 0.02 and 0.01, se sqrt(0.0004/3 + 0.0001/3) = 0.01291, t = -8.52.
+  assert welch_t(a.bands["x"], b.bands["x"]) == pytest.approx(-8.5206, abs=1e-3)
+  assert welch_t(a.bands["y"], b.bands["y"]) == math.inf  # no spread on either side, different means
+  got = differing(a, b)  # default limit t(0.975, 2) = 4.30: z (t = 0.61) agrees, 'one' has one seed
+  assert [k for k, _ in got] == ["y", "x"]
+  assert [k for k, _ in differing(a, b, limit=0.5)] == ["y", "x", "z"]
+  with pytest.raises(DataFormatError, match="share no number"):
+    differing(a, BandFile("reprobe", (0,), "C", "k", {"q": summarise([0.1, 0.2])}))
