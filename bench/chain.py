@@ -7,9 +7,10 @@ chain that only halves them (an earlier version) reaches denormals within 30 lay
 and measured nothing about GEMMs. Prints ms per pass and GFLOP/s, best of `--repeats`, with the machine line.
 """
 import argparse
-import time
 
 import numpy as np
+
+from bench.timing import best_time, threads
 
 LAYERS, D, F, KV = 30, 576, 1536, 192
 SHAPES = {"q": (D, D), "k": (D, KV), "v": (D, KV), "o": (D, D), "g": (D, F), "u": (D, F), "d": (F, D)}
@@ -42,13 +43,7 @@ def time_jax(ws, m: int, repeats: int) -> float:
       return x
     return jax.lax.fori_loop(0, PASSES, one, x)
 
-  run(x0, wj).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
-    run(x0, wj).block_until_ready()
-    best = min(best, (time.perf_counter() - t) / PASSES)
-  return best
+  return best_time(lambda: run(x0, wj).block_until_ready(), repeats) / PASSES
 
 
 def time_torch(ws, m: int, repeats: int, threads: int) -> float:
@@ -65,19 +60,12 @@ def time_torch(ws, m: int, repeats: int, threads: int) -> float:
         x = x / (x.abs().amax() + 1e-3)
     return x
 
-  run(x0)
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
-    run(x0)
-    best = min(best, (time.perf_counter() - t) / PASSES)
-  return best
+  return best_time(lambda: run(x0), repeats) / PASSES
 
 
 def main(argv=None) -> None:
   import os
   from bench.report import machine_line
-  from bench.timing import threads
   from reprobe_jax.machine import describe
   p = argparse.ArgumentParser(prog="python -m bench.chain", description=__doc__.splitlines()[0])
   p.add_argument("--m", default="1,8,32,1024", help="rows per GEMM (the decode batch; prefill tokens)")
