@@ -77,6 +77,7 @@ def test_stored_notebooks_carry_no_outputs(name):
   assert f"/colab/{name}.ipynb" in nb.cells[0].source
 
 
+@pytest.mark.slow  # a fresh kernel runs the notebook (about 100 s on 2 cores); .ci/run runs it
 def test_quickstart_runs(executed, workdir):
   nb = executed("quickstart")
   text = "".join(o.get("text", "") for o in _outputs(nb))
@@ -89,6 +90,7 @@ def test_quickstart_runs(executed, workdir):
   assert glob.glob(os.path.join(workdir, "reprobe_synthetic", "*", "probe_bundle", "attn+logit", "config.json"))
 
 
+@pytest.mark.slow  # a fresh kernel runs the notebook (about 65 s on 2 cores); .ci/run runs it
 def test_test_time_scaling_runs(executed):
   nb = executed("test_time_scaling")
   text = "".join(o.get("text", "") for o in _outputs(nb))
@@ -98,6 +100,7 @@ def test_test_time_scaling_runs(executed):
   assert _shown(nb, "image/png")  # accuracy against the budget
 
 
+@pytest.mark.slow  # a fresh kernel runs the notebook (about 80 s on 2 cores); .ci/run runs it
 def test_spae_runs(executed):
   nb = executed("spae")
   table = _shown(nb, "text/markdown")[-1]

@@ -34,6 +34,7 @@ def lm(synthetic_lm):
   return synthetic_lm
 
 
+@pytest.mark.slow  # the whole ReProbe job on a tiny world (about 130 s on 2 cores); .ci/run runs it
 def test_pipeline_end_to_end(lm, tmp_path):
   events = []
   metrics = pipeline.evaluate(lm, TINY, str(tmp_path), progress=lambda *e: events.append(e[0].split()[0]))

@@ -217,6 +217,7 @@ _PARITY_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a subprocess on 8 host devices (about 50 s on 2 cores); .ci/run runs it
 def test_sharded_load_forward_and_generate_match_unsharded(tmp_path):
   script = tmp_path / "parity.py"
   script.write_text(_PARITY_SCRIPT)
