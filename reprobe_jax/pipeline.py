@@ -95,6 +95,9 @@ class ReprobeConfig:
   val_problems: int = 90
   test_problems: int = 120  # per test domain
   difficulties: tuple[int, ...] = (1, 2, 3)
+  # The held-out domains' test problems at difficulties of their own (empty: `difficulties`), so a family the
+  # target finds harder can be tested where it gets 30-70% of its steps right (issue 13; docs/method.md).
+  ood_difficulties: tuple[int, ...] = ()
   trajectories: TrajectoryConfig = TrajectoryConfig()
   feature_sets: tuple[str, ...] = ("hidden", "hidden+logit", "attn+logit")
   hidden_layers: tuple[int, ...] = (-1,)
@@ -108,6 +111,7 @@ class ReprobeConfig:
     check_fields(self, {"seed": Int(0), "mode": OneOf(MODES), "train_domains": Seq(OneOf(DOMAINS)),
                         "ood_domains": Seq(OneOf(DOMAINS), nonempty=False), "train_problems": Int(1),
                         "val_problems": Int(1), "test_problems": Int(1), "difficulties": Seq(OneOf(DIFFICULTIES)),
+                        "ood_difficulties": Seq(OneOf(DIFFICULTIES), nonempty=False),
                         "feature_sets": Seq(FeatureSetName()), "hidden_layers": Seq(Int(), distinct=False)})
     both = sorted(set(self.train_domains) & set(self.ood_domains))
     if both:
@@ -176,18 +180,20 @@ SPLIT_SEEDS = {"train": 2_000_003, "val": 2_000_004, "test": 2_000_005}  # disjo
 
 
 def split_problems(cfg: ReprobeConfig) -> dict[str, list]:
-  """train / val in the training domains, test in every domain; difficulties mixed evenly."""
-  def take(domain, n, seed):
-    per = -(-n // len(cfg.difficulties))
+  """train / val in the training domains, test in every domain; difficulties mixed evenly (the held-out domains'
+  test problems at `ood_difficulties` when it is set)."""
+  def take(domain, n, seed, difficulties=cfg.difficulties):
+    per = -(-n // len(difficulties))
     out = []
-    for d in cfg.difficulties:
+    for d in difficulties:
       out += make_problems(domain, per, seed + cfg.seed, d)
     return out[:n]
+  held_out = cfg.ood_difficulties or cfg.difficulties
   return {
       "train": [p for d in cfg.train_domains for p in take(d, cfg.train_problems, SPLIT_SEEDS["train"])],
       "val": [p for d in cfg.train_domains for p in take(d, cfg.val_problems, SPLIT_SEEDS["val"])],
-      "test": [p for d in cfg.train_domains + cfg.ood_domains
-               for p in take(d, cfg.test_problems, SPLIT_SEEDS["test"])],
+      "test": [p for d in cfg.train_domains for p in take(d, cfg.test_problems, SPLIT_SEEDS["test"])]
+              + [p for d in cfg.ood_domains for p in take(d, cfg.test_problems, SPLIT_SEEDS["test"], held_out)],
   }
 
 
@@ -209,6 +215,8 @@ def run_folder(root: str, lm: LanguageModel, cfg: ReprobeConfig) -> str:
   config = dataclasses.asdict(cfg)
   for name in ("annotator", "judge", "labels_path"):
     del config[name]
+  if tuple(cfg.ood_difficulties) in ((), tuple(cfg.difficulties)):  # the same problems: the folder it had before
+    del config["ood_difficulties"]
   annotation = annotator_key(cfg.annotator, cfg.judge, cfg.labels_path)
   if annotation is not None:
     config["annotation"] = annotation

@@ -359,3 +359,24 @@ def test_annotator_config_is_checked_before_any_work(monkeypatch, tmp_path):
   c.annotator = "nope"
   with pytest.raises(ConfigError, match="config.annotator"):
     cli.reprobe_setup(c)
+
+
+def test_ood_difficulties_pick_the_held_out_domains_test_problems_only(lm, tmp_path):
+  from reprobe_jax.errors import ConfigError
+  mixed = dataclasses.replace(TINY, difficulties=(1, 2, 3), test_problems=6)
+  easy = dataclasses.replace(mixed, ood_difficulties=(1,))
+  diff = lambda ps: sorted(int(p.id.split("-")[1][1:]) for p in ps)  # noqa: E731  ids: {family}-d{k}-s{seed}-{i}
+  a, b = pipeline.split_problems(mixed), pipeline.split_problems(easy)
+  assert a["train"] == b["train"] and a["val"] == b["val"]  # the probes' data does not change
+  for domain in mixed.train_domains:  # in domain: every difficulty, the same problems
+    assert [p for p in a["test"] if p.domain == domain] == [p for p in b["test"] if p.domain == domain]
+  for domain in mixed.ood_domains:
+    assert diff(p for p in a["test"] if p.domain == domain) == [1, 1, 2, 2, 3, 3]
+    held = [p for p in b["test"] if p.domain == domain]
+    assert diff(held) == [1] * 6 and held == make_problems(domain, 6, pipeline.SPLIT_SEEDS["test"], 1)
+  folder = lambda cfg: pipeline.run_folder(str(tmp_path), lm, cfg)  # noqa: E731
+  assert folder(easy) != folder(mixed)
+  # Unset, or equal to `difficulties`, it is the same problems and the folder they had before the option existed.
+  assert folder(dataclasses.replace(mixed, ood_difficulties=(1, 2, 3))) == folder(mixed)
+  with pytest.raises(ConfigError, match="ood_difficulties"):
+    dataclasses.replace(mixed, ood_difficulties=(0,))

@@ -16,7 +16,9 @@ import hashlib
 import json
 import os
 import zlib
-from typing import Mapping
+from typing import Mapping, Sequence
+
+import numpy as np
 
 from reprobe_jax.atomic import atomic_open
 from reprobe_jax.config import Int, OneOf, Pairs, Real, Seq, check_fields, field_name, plain, replace_fields, \
@@ -269,7 +271,8 @@ def make_report(records: list[dict], cfg: SyntheticBuildConfig, lm: LanguageMode
       rs = [r for r in records if r["mode"] == mode and r["domain"] == family]
       groups[f"{family}/{mode}"] = evaluate.summarise_samples(rs)
   return {"config_key": cfg.key(), "model_parameters": lm.config.num_params, "temperature": cfg.eval_temperature,
-          "machine": str(describe()), "groups": groups}
+          "machine": str(describe()), "groups": groups,
+          "by_difficulty": evaluate.summarise_by_difficulty(records)}
 
 
 def report_markdown(report: dict) -> str:
@@ -281,6 +284,27 @@ def report_markdown(report: dict) -> str:
     for c in cols:
       v = g.get(c)
       cells.append("" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)))
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  if report.get("by_difficulty"):
+    lines += ["", difficulty_markdown([report["by_difficulty"]])]
+  return "\n".join(lines) + "\n"
+
+
+DIFFICULTY_COLUMNS = ("step_error_rate", "aligned_error_rate", "confident_error_share", "final_accuracy")
+
+
+def difficulty_markdown(reports: Sequence[Mapping[str, Mapping]]) -> str:
+  """The per-difficulty table of one or more builds' `summarise_by_difficulty` (mean +- sd over builds, with
+  `samples` per build), rows in the first build's order."""
+  lines = ["| family/format/difficulty | samples | " + " | ".join(DIFFICULTY_COLUMNS) + " |",
+           "|" + "---|" * (len(DIFFICULTY_COLUMNS) + 2)]
+  for name in reports[0]:
+    rows = [r[name] for r in reports if name in r]
+    cells = [str(rows[0]["samples"])]
+    for c in DIFFICULTY_COLUMNS:
+      v = np.array([r.get(c, np.nan) for r in rows], float)
+      v = v[np.isfinite(v)]
+      cells.append("" if not v.size else f"{v.mean():.3f}" if v.size == 1 else f"{v.mean():.3f} +- {v.std(ddof=1):.3f}")
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
@@ -300,3 +324,20 @@ def load_report(out: str) -> dict:
 
 def read_samples(out: str) -> list[dict]:
   return [rec for _, rec in read_jsonl(os.path.join(out, "samples_eval.jsonl"))]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """`python -m reprobe_jax.synthetic.build <build folder> [...]`: the per-difficulty table of the builds' own
+  held-out samples (`samples_eval.jsonl`), mean +- sd over the folders given (e.g. the three build seeds)."""
+  import argparse
+  ap = argparse.ArgumentParser(prog="python -m reprobe_jax.synthetic.build", description=main.__doc__)
+  ap.add_argument("builds", nargs="+", help="build folders (artifacts/target_synthetic/<key>)")
+  args = ap.parse_args(argv)
+  for out in args.builds:
+    if not os.path.isfile(os.path.join(out, "samples_eval.jsonl")):
+      raise SystemExit(f"{out}: no samples_eval.jsonl (not a finished build folder)")
+  print(difficulty_markdown([evaluate.summarise_by_difficulty(read_samples(out)) for out in args.builds]), end="")
+
+
+if __name__ == "__main__":
+  main()

@@ -12,12 +12,14 @@ error is what the model believes rather than a slip of sampling at T=1, and MaxP
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Sequence
 
 import numpy as np
 
 from reprobe_jax import steps as step_lib
 from reprobe_jax.annotate.rule import line_labels, match_labels
+from reprobe_jax.errors import DataFormatError
 from reprobe_jax.labels import labels_to_json
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.synthetic.tokenizer import chat_prompt
@@ -106,3 +108,22 @@ def summarise_samples(records: Sequence[dict]) -> dict:
     out["right_to_wrong_rate"] = (float(np.mean([not r["correct"] for r in right])) if right else float("nan"))
     out["right_established"] = len(right)
   return out
+
+
+_DIFFICULTY = re.compile(r"^[a-z]+-d(\d+)-s\d+")  # problem ids: {family}-d{difficulty}-s{seed}[-{i:05d}]
+
+
+def difficulty_of(problem_id: str) -> int:
+  """The difficulty a problem id names (`make_problems`' ids); DataFormatError when the id names none."""
+  m = _DIFFICULTY.match(problem_id)
+  if m is None:
+    raise DataFormatError(f"problem id {problem_id!r} names no difficulty (expected '<family>-d<k>-s<seed>...')")
+  return int(m.group(1))
+
+
+def summarise_by_difficulty(records: Sequence[dict]) -> dict[str, dict]:
+  """`summarise_samples` per (family, format, difficulty): {'planning/line/d1': {...}, ...}, in that order."""
+  groups: dict[tuple, list] = {}
+  for r in records:
+    groups.setdefault((r["domain"], r["mode"], difficulty_of(r["id"])), []).append(r)
+  return {f"{f}/{m}/d{d}": summarise_samples(groups[(f, m, d)]) for f, m, d in sorted(groups)}
