@@ -36,6 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.val_problems = 60
   c.test_problems = 120
   c.difficulties = (1, 2, 3)
+  # Planning and qa are tested at difficulty 1 only: over all three the target gets 20-25% of their line steps
+  # right, at difficulty 1 34-39% (measured on the target's own held-out problems, train.py's report, never on
+  # this test split; README, docs/method.md). () tests them at `difficulties` like arithmetic.
+  c.ood_difficulties = (1,)
   c.trajectories = ml_collections.ConfigDict(dict(samples=3, temperature=1.0, top_k=50, top_p=0.95,
                                                   max_new_tokens=96, batch_size=32, seed=0))
   c.feature_sets = ("hidden", "hidden+logit", "attn+logit")
