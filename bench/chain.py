@@ -5,6 +5,8 @@ layer, so none stays hot in cache), the jitted side as a `fori_loop` of 8 passes
 torch side in inference mode, 2 threads each. After every layer the activations are rescaled by their max: a
 chain that only halves them (an earlier version) reaches denormals within 30 layers, which slowed PyTorch 3-10x
 and measured nothing about GEMMs. Prints ms per pass and GFLOP/s, best of `--repeats`, with the machine line.
+`--dtype=bfloat16` stores weights and activations in bfloat16 on both sides (the bytes a bf16 decode would stream;
+on CPUs with AVX512-BF16 or AMX both libraries have bf16 kernels), so the two dtypes can be compared in one run.
 """
 import argparse
 
@@ -28,11 +30,14 @@ def layer(x, w, tile, silu):
   return h + (silu(h @ w["g"]) * (h @ w["u"])) @ w["d"]
 
 
-def time_jax(ws, m: int, repeats: int) -> float:
+DTYPES = ("float32", "bfloat16")
+
+
+def time_jax(ws, m: int, repeats: int, dtype: str = "float32") -> float:
   import jax
   import jax.numpy as jnp
-  wj = jax.tree.map(jnp.asarray, ws)
-  x0 = jnp.asarray(np.random.default_rng(1).standard_normal((m, D), dtype=np.float32))
+  wj = jax.tree.map(lambda a: jnp.asarray(a, dtype), ws)
+  x0 = jnp.asarray(np.random.default_rng(1).standard_normal((m, D), dtype=np.float32), dtype)
 
   @jax.jit
   def run(x, wj):
@@ -46,11 +51,12 @@ def time_jax(ws, m: int, repeats: int) -> float:
   return best_time(lambda: run(x0, wj).block_until_ready(), repeats) / PASSES
 
 
-def time_torch(ws, m: int, repeats: int, threads: int) -> float:
+def time_torch(ws, m: int, repeats: int, threads: int, dtype: str = "float32") -> float:
   import torch
   torch.set_num_threads(threads)
-  wt = [{n: torch.from_numpy(a) for n, a in w.items()} for w in ws]
-  x0 = torch.from_numpy(np.random.default_rng(1).standard_normal((m, D), dtype=np.float32))
+  td = getattr(torch, dtype)
+  wt = [{n: torch.from_numpy(a).to(td) for n, a in w.items()} for w in ws]
+  x0 = torch.from_numpy(np.random.default_rng(1).standard_normal((m, D), dtype=np.float32)).to(td)
 
   @torch.inference_mode()
   def run(x):
@@ -71,7 +77,10 @@ def main(argv=None) -> None:
   p.add_argument("--m", default="1,8,32,1024", help="rows per GEMM (the decode batch; prefill tokens)")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--threads", type=int, default=2)
+  p.add_argument("--dtype", default="float32", help="weights and activations: float32 or bfloat16 (both sides)")
   args = p.parse_args(argv)
+  if args.dtype not in DTYPES:
+    raise SystemExit(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
   try:
     ms = [int(v) for v in args.m.split(",")]
   except ValueError:
@@ -84,12 +93,13 @@ def main(argv=None) -> None:
   lines = []
   lines.append("| M | JAX ms | torch ms | JAX GFLOP/s | torch GFLOP/s | torch / JAX time |\n|---|---|---|---|---|---|")
   for m in ms:
-    tj, tt = time_jax(ws, m, args.repeats), time_torch(ws, m, args.repeats, args.threads)
+    tj = time_jax(ws, m, args.repeats, args.dtype)
+    tt = time_torch(ws, m, args.repeats, args.threads, args.dtype)
     lines.append(f"| {m} | {tj * 1e3:.1f} | {tt * 1e3:.1f} | {m * flops_per_row / tj / 1e9:.1f} | "
                  f"{m * flops_per_row / tt / 1e9:.1f} | {tt / tj:.2f}x |")
   env = {"machine_detail": describe().long(), "threads": threads(), "load_start": load,
          "load_end": list(os.getloadavg())}
-  print("\n".join([machine_line(env), ""] + lines))
+  print("\n".join([machine_line(env), f"dtype {args.dtype}", ""] + lines))
 
 
 if __name__ == "__main__":

@@ -402,3 +402,9 @@ def test_compile_figures_of_an_abstract_model():
   assert rows[1]["shape"] == {"batch": 1, "prompt": 16, "new_tokens": 16}  # generate's power-of-two buckets
   md = "\n".join(compile_bench.markdown({"rows": rows, "persistent_cache": None}))
   assert "| tiny | greedy decode loop |" in md and "- (abstract weights)" in md
+
+
+def test_chain_refuses_an_unknown_dtype():
+  from bench import chain
+  with pytest.raises(SystemExit, match="--dtype must be one of float32, bfloat16"):
+    chain.main(["--dtype=float16"])
