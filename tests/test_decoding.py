@@ -42,6 +42,7 @@ def _stop_rule(lm):
   return StopRule.from_mask(lm.stop_token_mask([".\n", "\n\n"]))
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_decode_to_boundaries_resume_and_features_equal_forward(lm):
   """Rows pause at every step boundary while others go on (holes in the lockstep cache), then resume: tokens,
   log-probs and features still equal a fresh forward, and each newest-step span ends at a boundary token."""
@@ -121,6 +122,7 @@ def test_a_full_cache_finishes_its_rows_with_their_own_reason(lm):
       assert row.finish_reason == "cache_full" and len(row.tokens) == 5  # 4 slots fed, the 5th token had none
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_fork_at_step_boundaries_equals_a_fresh_context(lm):
   """SPAE's probes: rows forked at several cuts of one trajectory (no copy of its context) and given a forced
   suffix score that suffix exactly as a fresh forward of context[:cut + 1] + suffix does."""
@@ -213,7 +215,7 @@ def test_one_key_for_the_batch_draws_what_it_drew_before_per_row_keys(lm):
   assert [r.tokens for r in smp.read(state)][:6] == _PINNED_SCALAR_KEY
 
 
-@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("n", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_per_row_keys_give_a_prompt_the_same_samples_in_any_batch(lm, n):
   """With prompt_seeds, a prompt in a batch of 3 (padded to 4) draws what it draws alone (batch bucket 1), through
   step pauses, take, resume and a re-key of its rows; without them the batch's one key does not."""

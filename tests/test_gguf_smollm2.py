@@ -109,6 +109,7 @@ def prompt(hf):
 
 
 @needs_smollm2
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_config_and_tokenizer_match_transformers(hf, ours, prompt):
   tok, model = hf
   c = model.config
@@ -121,6 +122,7 @@ def test_config_and_tokenizer_match_transformers(hf, ours, prompt):
 
 
 @needs_smollm2
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_logits_match_transformers(hf, ours, prompt):
   import torch
 
@@ -136,6 +138,7 @@ def test_logits_match_transformers(hf, ours, prompt):
 
 
 @needs_smollm2
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_greedy_generation_matches_transformers(hf, ours, prompt):
   import torch
 

@@ -83,6 +83,7 @@ def test_batched_scores_equal_one_trajectory_at_a_time(lm):
     np.testing.assert_allclose(s, want, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_training_learns_resumes_exactly_and_is_reused(lm, tmp_path, monkeypatch):
   train, val = _trajs(40, seed=1), _trajs(12, seed=2)
   whole = train_prm(lm, CFG, train, val, str(tmp_path / "whole"))

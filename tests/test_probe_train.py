@@ -43,6 +43,7 @@ def test_weighted_bce_worked_example():
   assert float(weighted_bce(jnp.nan_to_num(z), y, 3.0)) == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_probe_learns_and_resumes_exactly(tmp_path):
   train, val = _examples(96, 0), _examples(48, 1)
   cfg = ProbeConfig(feature_dim=F, d_model=16, n_layers=1, n_heads=2, ff_dim=32, dropout=0.1)
@@ -73,6 +74,7 @@ def test_probe_learns_and_resumes_exactly(tmp_path):
                              np.concatenate(scores), atol=1e-6)
 
 
+@pytest.mark.slow  # over 20 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_early_stopping(tmp_path):
   train, val = _examples(32, 2), _examples(16, 3)
   for e in val:  # validation labels unrelated to the features: no epoch improves after the first for long

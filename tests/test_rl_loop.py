@@ -86,6 +86,7 @@ def _thinking_groups(lm, ps, group_size=2):
   return groups
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_potentials_of_kept_trajectories_and_their_batch(synthetic_lm):
   lm = synthetic_lm
   ps = _prompts(lm, 4)
@@ -139,6 +140,7 @@ class _Kill(Exception):
   pass
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_a_killed_run_resumes_to_the_uninterrupted_run(synthetic_lm, tmp_path):
   cfg, pcfg = _tiny_rl(), ProbeConfig(samples=2, max_tokens=3)
   whole = loop.train_rl(synthetic_lm, cfg, pcfg, str(tmp_path / "whole"), reward=_coin_reward)

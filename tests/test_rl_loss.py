@@ -316,6 +316,7 @@ _DP_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_data_parallel_update_equals_one_device(tmp_path):
   script = tmp_path / "dp.py"
   script.write_text(_DP_SCRIPT)

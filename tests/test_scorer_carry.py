@@ -197,7 +197,8 @@ def _own_scores(scorer, prompt, cand):
 CFG = dict(n=3, max_steps=8, max_new_tokens=32, temperature=1.0, top_k=0, top_p=1.0, seed=2)
 
 
-@pytest.mark.parametrize("strategy,lookahead", [("beam", 0), ("dvts", 0), ("beam", 1),
+@pytest.mark.parametrize("strategy,lookahead", [pytest.param("beam", 0, marks=pytest.mark.slow), ("dvts", 0),
+                                                pytest.param("beam", 1, marks=pytest.mark.slow),
                                                 pytest.param("dvts", 1, marks=pytest.mark.slow)])
 def test_search_with_a_stateful_scorer_scores_every_kept_step_on_its_own_row(lm, strategy, lookahead):  # noqa: F811
   """Each kept candidate's step scores are the scorer's on that candidate's prompt and steps alone (with a lookahead:

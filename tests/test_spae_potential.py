@@ -135,6 +135,7 @@ def test_conf_and_acc_against_a_direct_forward_of_the_sampled_path(synthetic_lm,
       np.testing.assert_allclose(pot.acc[c], want_acc, rtol=2e-3, atol=1e-6)
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_a_trajectory_alone_equals_it_in_a_batch(synthetic_lm):
   problems, prompts, responses, answers = _thinking_set(synthetic_lm, 5)
   cfg = ProbeConfig(samples=3, max_tokens=5, temperature=1.0, batch_size=4)

@@ -43,6 +43,7 @@ def _probe(lm, spec=FeatureSpec(), dim=None, fingerprint=None):
   return get_scorer("probe", bundle=ProbeBundle.create(cfg, params, spec, fingerprint))
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_step_scores_equal_each_trajectory_scored_alone_on_a_fresh_forward(lm, probe):
   """On-device scores of the captured values = score_rows (one trajectory per call) on a teacher-forced forward of
   the same ids; the spans are steps.align's, cut after max_steps."""

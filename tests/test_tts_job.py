@@ -80,6 +80,7 @@ def lm(synthetic_lm):
   return synthetic_lm
 
 
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_a_tiny_grid_end_to_end_and_resumed(lm, tmp_path, monkeypatch):
   cfg = pipeline.ReprobeConfig(train_problems=4, val_problems=2, test_problems=3, difficulties=(1,),
                                trajectories=TrajectoryConfig(samples=1, max_new_tokens=24, batch_size=8),
