@@ -34,8 +34,7 @@ results: $(STAMP)
 
 # Two worker processes, one test file each at a time (pytest-xdist): on 2 cores most tests wait on single-threaded
 # XLA compiles. The tests over about 20 s are marked slow; test-all and .ci/run run them (also two files at a time).
-# On 2 cores of a slow Intel(R) Xeon(R) Processor (AMX): 22 min with them in, 14 min 29 s after marking those over
-# 25 s; two more (20-22 s) were marked after that measurement.
+# On 2 cores of a slow Intel(R) Xeon(R) Processor (AMX), alone: 17.5-22 min with them in, 14 min 11 s without.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
