@@ -263,14 +263,17 @@ def _shots(domain: str, mode: str, k: int) -> tuple:
   turns = []
   for shot in make_problems(domain, k, SHOT_SEED, 1) if k > 0 else []:
     trace = solve(shot, shot.domain, np.random.default_rng(0), mode, TraceNoise.clean())
-    turns += [(("role", "user"), ("content", user_prompt(shot, mode))),
+    turns += [(("role", "user"), ("content", user_prompt(shot, mode, example=False))),
               (("role", "assistant"), ("content", trace.text))]
   return tuple(turns)
 
 
 def prompt_text(lm: LanguageModel, problem: Problem, mode: str, few_shot: int = 0) -> str:
   """The chat-formatted prompt (after `few_shot` worked examples); without a chat template, plain text turns."""
-  messages = few_shot_turns(problem, mode, few_shot) + [{"role": "user", "content": user_prompt(problem, mode)}]
+  # With worked examples the hint drops its made-up step (`user_prompt`'s `example`); without, it is what shows
+  # the format.
+  messages = few_shot_turns(problem, mode, few_shot) + [
+      {"role": "user", "content": user_prompt(problem, mode, example=few_shot == 0)}]
   if getattr(lm.tokenizer, "chat_template", None):
     return lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
   return "\n\n".join(m["content"] for m in messages) + ("\n\n" if few_shot else "")

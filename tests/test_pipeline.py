@@ -121,7 +121,7 @@ def test_few_shot_prompts_hold_worked_examples_of_the_same_family(lm):
   shots = make_problems("qa", 2, SHOT_SEED, 1)
   family = get_family("qa")
   for shot, (user, assistant) in zip(shots, zip(turns[::2], turns[1::2])):
-    assert user["content"] == user_prompt(shot, "line")
+    assert user["content"] == user_prompt(shot, "line", example=False)  # the examples show the format
     # the worked answer is the clean reference solution, in the format the model is asked for
     bodies = [line.split(": ", 1)[1] for line in assistant["content"].splitlines() if line.startswith("- Step")]
     assert bodies == family.reference_steps(shot) and family.check_steps(shot, bodies) == [0.0] * len(bodies)
@@ -129,8 +129,10 @@ def test_few_shot_prompts_hold_worked_examples_of_the_same_family(lm):
   text = prompt_text(lm, problem, "line", 2)  # the synthetic tokenizer's chat template
   assert text.count("<|im_start|>assistant") == 3 and text.rstrip().endswith("<|im_start|>assistant")
   assert text.index(shots[1].question) < text.index(problem.question)
+  assert user_prompt(problem, "line", example=False) in text and family.step_hint not in text
   assert prompt_text(lm, problem, "line") == prompt_text(lm, problem, "line", 0)
   assert shots[0].question not in prompt_text(lm, problem, "line", 0)
+  assert user_prompt(problem, "line") in prompt_text(lm, problem, "line", 0)  # no examples: the hint shows a step
 
 
 def test_run_dir_is_keyed_by_config_and_target_model(lm):

@@ -409,6 +409,13 @@ def test_user_prompt_states_question_and_layout():
   assert QA.question in line and "- Step k:" in line and "<Answer>:" in line
   assert QA.question in think and "<think>" in think and "\\boxed{}" in think
   assert "the boss of 4 is 9" in line  # the family's step hint
+  # without its made-up step (prompts after worked examples): every family has a rule to fall back on, and only
+  # the hint's parenthesis changes
+  for problem in (ARITH, QA, make_problems("planning", 1, 0, 1)[0]):
+    family = get_family(problem.domain)
+    full, plain = user_prompt(problem, "line"), user_prompt(problem, "line", example=False)
+    assert family.step_rule and family.step_rule in plain and "like '" not in plain
+    assert plain == full.replace(f"({family.step_hint})", f"({family.step_rule})")
 
 
 # --- traces -------------------------------------------------------------------------------------------------------

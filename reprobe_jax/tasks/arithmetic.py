@@ -59,6 +59,7 @@ class Arithmetic(TaskFamily):
   """Start value plus operations; state = (index of the next operation, previous written result)."""
   name = "arithmetic"
   step_hint = "like '12 * 3 = 36'"
+  step_rule = "one operation per step"
   flip_kinds = ("result",)
 
   def generate(self, seed: int, difficulty: int) -> Problem:

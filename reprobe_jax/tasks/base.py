@@ -139,7 +139,8 @@ class TaskFamily(abc.ABC):
   `validate` and `normalize_answer`; checking and reference solutions are shared here.
   """
   name: str = ""
-  step_hint: str = ""  # one sentence for the prompt: how a step is written
+  step_hint: str = ""  # one sentence for the prompt: how a step is written, with a made-up example
+  step_rule: str = ""  # the same without the example, for prompts whose worked examples already show the format
   flip_kinds: tuple[str, ...] = ()  # error kinds a right-to-wrong re-check may use, in order of preference
 
   # --- generation -------------------------------------------------------------------------------------------

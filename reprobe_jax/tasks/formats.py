@@ -300,10 +300,16 @@ def check_response(problem: Problem, text: str, mode: str) -> Checked:
   return Checked(steps, labels, answer, family.check_answer(problem, answer), first_error(labels))
 
 
-def user_prompt(problem: Problem, mode: str) -> str:
-  """The user message: the question, then how to lay out the steps and the answer in `mode`."""
+def user_prompt(problem: Problem, mode: str, example: bool = True) -> str:
+  """The user message: the question, then how to lay out the steps and the answer in `mode`.
+
+  example: the step hint gives a made-up step ("like 'the boss of 4 is 9'"). Prompts after worked examples leave
+  it out (`trajectories.prompt_text`): the examples show the format, and SmolLM2-135M copied the made-up step's
+  people into its own qa steps (docs/tasks.md, "SmolLM2").
+  """
   _check_mode(mode)
-  hint = _family(problem).step_hint
+  family = _family(problem)
+  hint = family.step_hint if example or not family.step_rule else family.step_rule
   # Kept short: the built-in tiny model reads every prompt token on two CPU cores, many thousand times.
   if mode == "line":
     how = f"Solve step by step, one '- Step k:' line each ({hint}), then '<Answer>: ...'."

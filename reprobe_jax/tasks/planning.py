@@ -55,6 +55,7 @@ class Planning(TaskFamily):
   """Shortest-route walking; state = (current room as written, moves written so far)."""
   name = "planning"
   step_hint = "one door per step, like 'move from 4 to 7'"
+  step_rule = "one door per step"
   flip_kinds = ("detour", "illegal")
 
   def generate(self, seed: int, difficulty: int) -> Problem:

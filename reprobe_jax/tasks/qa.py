@@ -38,6 +38,7 @@ class MultiHopQA(TaskFamily):
   """Composed lookups; state = (index of the next hop, previous written entity)."""
   name = "qa"
   step_hint = "one fact per step, like 'the boss of 4 is 9'"
+  step_rule = "one fact per step"
   flip_kinds = ("entity",)
 
   def generate(self, seed: int, difficulty: int) -> Problem:
