@@ -31,8 +31,9 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.forward import logit_stats
 from reprobe_jax.models.kv_cache import KVCache
-from reprobe_jax.models.sampling import extend, sample_token
+from reprobe_jax.models.sampling import extend_in_jit, sample_token
 from reprobe_jax.models.sharding import ShardingCtx
+from reprobe_jax.models.xla_options import decode_jit
 
 FINISH_LENGTH, FINISH_EOS, FINISH_STOP, FINISH_CACHE_FULL = 0, 1, 2, 3
 FINISH_NAMES = {FINISH_LENGTH: "length", FINISH_EOS: "eos", FINISH_STOP: "stop", FINISH_CACHE_FULL: "cache_full"}
@@ -124,18 +125,21 @@ def _bmask(mask, x):
   return mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "buffer_len"), donate_argnames=("cache",))
-def prefill(graphdef, params, cache: KVCache, input_ids, attention_mask, budget, rng, *, buffer_len: int,
-            capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
+def _prefill_impl(graphdef, params, cache: KVCache, input_ids, attention_mask, budget, rng, *, buffer_len: int,
+                  capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
   """Prompts [B, P] (left-padded: mask 0 = padding) written into an empty `cache` (donated; its free slots hold the
   response and forced text) -> a state whose rows wait for their first token.
 
   buffer_len: N, the response tokens a row can hold; budget [B]: per-row token budget (<= N; 0 makes a row start
   finished, e.g. batch padding).
   """
-  logits, captured, cache = extend(graphdef, params, cache, input_ids, attention_mask, capture=capture, shard=shard,
-                                   lockstep=True, last_only=True)
+  logits, captured, cache = extend_in_jit(graphdef, params, cache, input_ids, attention_mask, capture=capture,
+                                          shard=shard, lockstep=True, last_only=True)
   return _fresh_state(cache, logits[:, -1], _last(captured), budget, rng, buffer_len, capture)
+
+
+prefill, prefill_in_jit = decode_jit(
+    static_argnames=("graphdef", "capture", "shard", "buffer_len"), donate_argnames=("cache",))(_prefill_impl)
 
 
 def _fresh_state(cache, logits, pending, budget, rng, buffer_len, capture):
@@ -164,11 +168,9 @@ def _write(buf, rows_pos, value, ok):
   return buf.at[jnp.arange(b), pos].set(value.astype(buf.dtype), mode="drop")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "greedy", "top_k", "filtered"),
-                   donate_argnames=("state",))
-def decode(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, temperature, top_p, max_steps, *,
-           greedy: bool, top_k: int, filtered: bool = True, capture: CaptureSpec = CaptureSpec(),
-           shard: ShardingCtx | None = None) -> DecodeState:
+def _decode_impl(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, temperature, top_p, max_steps, *,
+                 greedy: bool, top_k: int, filtered: bool = True, capture: CaptureSpec = CaptureSpec(),
+                 shard: ShardingCtx | None = None) -> DecodeState:
   """Samples tokens for every live row until each is done (EOS, step boundary, budget, cache end) or `max_steps`
   (traced) loop iterations have run. eos_mask [V] bool. `filtered` (static): whether top-p is applied (top_p < 1);
   top_k 0 = off. Token log-probs and entropies are of the unfiltered distribution at temperature 1."""
@@ -217,7 +219,8 @@ def decode(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, tempe
     again = jnp.where(ended, before & ((ends & ENDS_AFTER) != 0), s.again)
 
     def step(cache):
-      lg, capt, cache = extend(graphdef, params, cache, tok[:, None], feed[:, None], capture=capture, shard=shard)
+      lg, capt, cache = extend_in_jit(graphdef, params, cache, tok[:, None], feed[:, None], capture=capture,
+                                      shard=shard)
       return lg[:, -1], _last(capt), cache
 
     slots = _write(s.slots, s.lengths, s.cache.index, feed)
@@ -234,9 +237,13 @@ def decode(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, tempe
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard"), donate_argnames=("state",))
-def force(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forced_mask, *,
-          capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
+decode, decode_in_jit = decode_jit(
+    static_argnames=("graphdef", "capture", "shard", "greedy", "top_k", "filtered"),
+    donate_argnames=("state",))(_decode_impl)
+
+
+def _force_impl(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forced_mask, *,
+                capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
   """Appends forced tokens [B, K] (left-padded per row: mask 0 = none; a row with no forced token is untouched) to
   the response of each row, through the model, recording their log-probs (teacher-forced, METHOD B1's Acc) and
   features like sampled tokens. Forced tokens move the stop automaton but never end a step. A row whose tokens do
@@ -252,7 +259,7 @@ def force(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forc
   m = m & chosen[:, None]
 
   def run(cache):
-    lg, capt, cache = extend(graphdef, params, cache, forced_ids, m, capture=capture, shard=shard)
+    lg, capt, cache = extend_in_jit(graphdef, params, cache, forced_ids, m, capture=capture, shard=shard)
     return lg, _at(capt), cache
 
   def skip(cache):
@@ -297,6 +304,10 @@ def force(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forc
       tokens=tokens, logprobs=logprobs, features=bufs, slots=slots,
       lengths=state.lengths + jnp.where(chosen, count, 0),
       done=state.done | full, finish=finish, stop_state=stop_state)
+
+
+force, force_in_jit = decode_jit(
+    static_argnames=("graphdef", "capture", "shard"), donate_argnames=("state",))(_force_impl)
 
 
 @jax.jit
@@ -385,10 +396,9 @@ def flatten(state: DecodeState) -> DecodeState:
   return state.replace(cache=cache, slots=jnp.where(state.slots >= 0, state.slots + c.prefix.size, -1))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "n", "suffix_size", "buffer_len"))
-def fork(graphdef, params, state: DecodeState, cut_token, *, n: int, suffix_size: int,
-         capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None,
-         buffer_len: int | None = None) -> DecodeState:
+def _fork_impl(graphdef, params, state: DecodeState, cut_token, *, n: int, suffix_size: int,
+               capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None,
+               buffer_len: int | None = None) -> DecodeState:
   """n new rows per cut of every row, each continuing the row's context up to and including its response token
   cut_token[b, c] (cut_token [B, C] >= 0; C * n rows per row, in (row, cut, sample) order), with empty responses.
 
@@ -408,7 +418,12 @@ def fork(graphdef, params, state: DecodeState, cut_token, *, n: int, suffix_size
   slot = state.slots[rows, tok]
   cache = state.cache.share(per, suffix_size, cut=slot)
   ids = state.tokens[rows, tok][:, None]
-  logits, captured, cache = extend(graphdef, params, cache, ids, jnp.ones_like(ids), capture=capture, shard=shard)
+  logits, captured, cache = extend_in_jit(graphdef, params, cache, ids, jnp.ones_like(ids), capture=capture,
+                                          shard=shard)
   bn, nbuf = rows.shape[0], state.buffer_len if buffer_len is None else buffer_len
   rng = _row_rng(state.rng, lambda r: r[rows])  # per-row keys: each new row starts from its source row's key
   return _fresh_state(cache, logits[:, -1], _last(captured), jnp.full((bn,), nbuf, jnp.int32), rng, nbuf, capture)
+
+
+fork, fork_in_jit = decode_jit(
+    static_argnames=("graphdef", "capture", "shard", "n", "suffix_size", "buffer_len"))(_fork_impl)

@@ -7,7 +7,6 @@ it carries are in `decoding.py`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import numbers
 
 import jax
@@ -18,6 +17,7 @@ from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.forward import logit_stats, run_decoder
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sharding import ShardingCtx
+from reprobe_jax.models.xla_options import decode_jit
 
 
 
@@ -87,10 +87,8 @@ def sample_token(logits, rng, temperature, top_p, *, greedy: bool, top_k: int, f
   return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard", "lockstep", "last_only"),
-                   donate_argnames=("cache",))
-def extend(graphdef, params, cache: KVCache, input_ids, attention_mask, *, capture: CaptureSpec = CaptureSpec(),
-           shard: ShardingCtx | None = None, lockstep: bool = False, last_only: bool = False):
+def _extend_impl(graphdef, params, cache: KVCache, input_ids, attention_mask, *, capture: CaptureSpec = CaptureSpec(),
+                 shard: ShardingCtx | None = None, lockstep: bool = False, last_only: bool = False):
   """Appends [B, T] tokens (left-padded: mask 0 = padding) to each row of `cache` (donated).
 
   Each row writes its real tokens at its own next slots (`cache.index [B]`), so rows append different counts and
@@ -116,3 +114,7 @@ def extend(graphdef, params, cache: KVCache, input_ids, attention_mask, *, captu
   new_cache = cache.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv), valid=valid,
                             positions=cache.positions + jnp.sum(mask, axis=1, dtype=jnp.int32), index=new_index)
   return logits, captured, new_cache
+
+
+extend, extend_in_jit = decode_jit(
+    static_argnames=("graphdef", "capture", "shard", "lockstep", "last_only"), donate_argnames=("cache",))(_extend_impl)

@@ -37,7 +37,7 @@ from reprobe_jax.models.forward import StaticGraph, positions_from_mask, run_dec
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.language_model import resolve_dtype
 from reprobe_jax.models.loading import load_tokenizer, resolve_path
-from reprobe_jax.models.sampling import extend
+from reprobe_jax.models.sampling import extend_in_jit
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
 from reprobe_jax.readers import read_json
 
@@ -265,7 +265,7 @@ def prefill(prm: PRM, prompt_ids, prompt_mask, room: int) -> KVCache:
   their separators. Pure (callable inside jit); `room` is static."""
   b, tp = prompt_ids.shape
   cache = KVCache.zeros(prm.config, b, tp + room, jax.tree.leaves(prm.params)[0].dtype)
-  _, _, cache = extend(prm.graph, prm.params, cache, prompt_ids.astype(jnp.int32), prompt_mask.astype(jnp.int32),
+  _, _, cache = extend_in_jit(prm.graph, prm.params, cache, prompt_ids.astype(jnp.int32), prompt_mask.astype(jnp.int32),
                        capture=CaptureSpec())
   return cache
 
@@ -287,7 +287,7 @@ def append_step(prm: PRM, cache: KVCache, tokens, span):
     ids = jnp.take_along_axis(tokens, jnp.clip(start[:, None] + j, 0, t - 1), axis=1)
     ids = jnp.where(j == width[:, None] - 1, prm.separator_id, ids).astype(jnp.int32)
     mask = j < width[:, None]
-    _, captured, cache = extend(prm.graph, prm.params, cache, ids, mask.astype(jnp.int32), capture=_CAPTURE)
+    _, captured, cache = extend_in_jit(prm.graph, prm.params, cache, ids, mask.astype(jnp.int32), capture=_CAPTURE)
     hid = next(iter(captured["hidden_states"].values()))  # [B, C, H]
     last = j == width[:, None] - 1  # the separator, in this chunk for some rows
     h = jnp.where(jnp.any(last, axis=1)[:, None], jnp.sum(jnp.where(last[..., None], hid, 0.0), axis=1), h)

@@ -30,7 +30,6 @@ default.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Sequence
 
 import jax
@@ -44,6 +43,7 @@ from reprobe_jax.models import decoding
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decoding import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.steps import THINK_OPEN
 from reprobe_jax.tasks.formats import ANSWER_OPENER
 
@@ -142,11 +142,9 @@ def boundary_marks(table, tokens, lengths):
   return after | before_prev
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "shard", "n", "suffix_size", "buffer_len", "max_tokens",
-                                             "reading", "top_logprobs"))
-def probe(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, answer_len, close_rule: StopRule,
-          eos_mask, temperature, *, n: int, suffix_size: int, buffer_len: int, max_tokens: int, reading: str,
-          top_logprobs: int, shard=None):
+def _probe_impl(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, answer_len, close_rule: StopRule,
+                eos_mask, temperature, *, n: int, suffix_size: int, buffer_len: int, max_tokens: int, reading: str,
+                top_logprobs: int, shard=None):
   """(acc, conf) [B, C] at the cuts [B, C] (response-token index of each boundary's last token; -1 = none: NaN)
   of every row of `state` (a decode state without a shared prefix, each row's response in its buffers).
 
@@ -160,10 +158,10 @@ def probe(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, ans
   capture = CaptureSpec(token_stats=True, top_k_probs=top_logprobs if reading == "reference_code" else 0,
                         top_k_ids=reading == "reference_code")
   valid = cuts.reshape(-1) >= 0  # [B * C]
-  f = decoding.fork(graphdef, params, state, jnp.maximum(cuts, 0), n=1, suffix_size=suffix_size,
+  f = decoding.fork_in_jit(graphdef, params, state, jnp.maximum(cuts, 0), n=1, suffix_size=suffix_size,
                     capture=capture, shard=shard, buffer_len=buffer_len)  # [B * C] rows, (row, cut) order
   bc, s = f.batch, suffix.shape[0]
-  f = decoding.force(graphdef, params, f, close_rule, jnp.broadcast_to(suffix[None], (bc, s)),
+  f = decoding.force_in_jit(graphdef, params, f, close_rule, jnp.broadcast_to(suffix[None], (bc, s)),
                      jnp.broadcast_to(valid[:, None], (bc, s)).astype(jnp.int32), capture=capture, shard=shard)
   pos = jnp.arange(f.buffer_len)[None, :]
   a_len = jnp.repeat(answer_len, c)  # [B * C]
@@ -171,7 +169,7 @@ def probe(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, ans
   if reading == "paper":  # Acc: the answer teacher-forced after the suffix, at response positions [s, s + |y*|)
     a = answers.shape[1]
     a_mask = (jnp.arange(a)[None, :] >= a - answer_len[:, None])
-    fa = decoding.force(graphdef, params, f, close_rule, jnp.repeat(answers, c, axis=0),
+    fa = decoding.force_in_jit(graphdef, params, f, close_rule, jnp.repeat(answers, c, axis=0),
                         (jnp.repeat(a_mask, c, axis=0) & valid[:, None]).astype(jnp.int32), capture=capture,
                         shard=shard)
     in_ans = (pos >= s) & (pos < s + a_len[:, None])
@@ -180,7 +178,7 @@ def probe(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, ans
   fs = decoding.rekey(fs, decoding.row_keys(keys.reshape(-1), n))
   row_valid = jnp.repeat(valid, n)
   fs = fs.replace(done=fs.done | ~row_valid, budget=jnp.full((fs.batch,), s + max_tokens, jnp.int32))
-  fs = decoding.decode(graphdef, params, fs, close_rule, eos_mask, temperature, jnp.float32(1.0),
+  fs = decoding.decode_in_jit(graphdef, params, fs, close_rule, eos_mask, temperature, jnp.float32(1.0),
                        jnp.int32(max_tokens), greedy=False, top_k=0, filtered=False, capture=capture, shard=shard)
   sampled = (pos >= s) & (pos < fs.lengths[:, None])  # [R, Nbuf] the sampled tokens of each sample row
   if reading == "paper":
@@ -212,6 +210,10 @@ def probe(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, ans
   nan = jnp.float32(jnp.nan)
   ok = valid.reshape(b, c)
   return jnp.where(ok, acc, nan), jnp.where(ok, conf, nan)
+
+
+probe, probe_in_jit = decode_jit(static_argnames=("graphdef", "shard", "n", "suffix_size", "buffer_len", "max_tokens",
+                                                 "reading", "top_logprobs"))(_probe_impl)
 
 
 def cut_keys(seed: int, trajectory_seeds, ordinals) -> jax.Array:

@@ -52,6 +52,7 @@ from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models import decoding
 from reprobe_jax.models.decoding import FINISH_CACHE_FULL, FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.scorers import StepScorer, inputs_from_state, prompt_rows, take_carry
 from reprobe_jax.steps import token_bytes
 from reprobe_jax.trajectories import STEP_MODE
@@ -182,7 +183,8 @@ class _Book:
 
 
 def _decode(plan: _Plan, graphdef, params, shard, state, rule, eos_mask, temperature, top_p, *, greedy: bool):
-  return decoding.decode(graphdef, params, state, rule, eos_mask, temperature, top_p, jnp.int32(state.buffer_len),
+  return decoding.decode_in_jit(graphdef, params, state, rule, eos_mask, temperature, top_p,
+                                jnp.int32(state.buffer_len),
                          greedy=greedy, top_k=plan.top_k, filtered=plan.filtered, capture=plan.capture, shard=shard)
 
 
@@ -317,9 +319,8 @@ def _round(plan: _Plan, graphdef, params, shard, scorer, rule, answer, eos_mask,
   return state, book, carry, rnd + 1
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "plan", "shard"), donate_argnames=("state",))
-def _search(graphdef, params, state, prompt_keys, scorer, rule, answer, eos_mask, temperature, top_p, max_steps,
-            prompts, *, plan: _Plan, shard=None):
+def _search_impl(graphdef, params, state, prompt_keys, scorer, rule, answer, eos_mask, temperature, top_p, max_steps,
+                 prompts, *, plan: _Plan, shard=None):
   """Rounds until every kept row is finished (at most max_steps, traced): (the final state, the rows' book). The
   state (donated) is returned so that the loop runs in its buffers. prompts: (ids, mask) [R, Tp] of every row."""
   r_rows = state.batch
@@ -338,6 +339,10 @@ def _search(graphdef, params, state, prompt_keys, scorer, rule, answer, eos_mask
   cond = lambda c: (c[3] < max_steps) & jnp.any(~c[1].ended)
   state, book, _, _ = jax.lax.while_loop(cond, body, (state, book, carry, jnp.zeros((), jnp.int32)))
   return state, book
+
+
+_search, _search_in_jit = decode_jit(
+    static_argnames=("graphdef", "plan", "shard"), donate_argnames=("state",))(_search_impl)
 
 
 # ------------------------------------------------------------------------------------------------ the host shell
