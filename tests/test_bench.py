@@ -408,3 +408,22 @@ def test_chain_refuses_an_unknown_dtype():
   from bench import chain
   with pytest.raises(SystemExit, match="--dtype must be one of float32, bfloat16"):
     chain.main(["--dtype=float16"])
+
+
+def test_xla_options_compare_runs_both_sides_and_restores_the_entries(tiny_llama_dir):
+  """bench.xla_options times the decode entries and their *_in_jit twins on the same prompts, and leaves
+  `decoding.prefill` / `decoding.decode` as they were; on a greedy tiny model both sides give the same tokens."""
+  from bench import xla_options as xb
+  from reprobe_jax.models import decoding, load_pretrained
+  from reprobe_jax.models.xla_options import DECODE_COMPILER_OPTIONS
+  before = decoding.prefill, decoding.decode
+  lm = load_pretrained(tiny_llama_dir)
+  r = xb.compare(lm, np.array([[1, 10, 11, 12], [1, 20, 21, 22]]), n_new=6, rounds=1)
+  assert (decoding.prefill, decoding.decode) == before
+  assert set(r) == {"options", "defaults", "same_tokens"} and r["same_tokens"] is True
+  assert all(r[s]["total_s"] > 0 for s in ("options", "defaults"))
+  if not DECODE_COMPILER_OPTIONS:
+    with pytest.raises(SystemExit, match="options are off"):
+      xb.main(["--model=tiny"])
+  with pytest.raises(SystemExit, match="--batches must list positive"):
+    xb.main(["--batches=0"])
