@@ -17,6 +17,7 @@ def get_config() -> ml_collections.ConfigDict:
   c = reprobe_synthetic.get_config()
   c.workdir = "artifacts/reprobe_smollm2"
   c.bands = "configs/bands/reprobe_smollm2.json"
+  c.machine_bands = ()  # the built-in default's other CPU kinds do not apply here
   c.target_path = "smollm2"
   c.mode = "line"
   c.train_problems = 48

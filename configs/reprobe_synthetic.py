@@ -29,6 +29,9 @@ def get_config() -> ml_collections.ConfigDict:
   # names, for this config only).
   c.seeds = (0, 1, 2)
   c.bands = "configs/bands/reprobe_synthetic.json"
+  # Band files made on other CPU kinds (same config): a run on one of them also says how many of its numbers fall
+  # outside that machine's own bands (on one CPU kind the build repeats, so none should).
+  c.machine_bands = ("configs/bands/reprobe_synthetic.amd_epyc.json",)
   c.mode = "line"
   c.train_domains = ("arithmetic",)
   c.ood_domains = ("planning", "qa")

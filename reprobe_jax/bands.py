@@ -161,7 +161,8 @@ def check_seeds(seeds) -> tuple[int, ...]:
   return tuple(seeds)
 
 
-_RUN_ONLY = ("job", "workdir", "seed", "seeds", "bands")  # what changes per run, not what the bands depend on
+# What changes per run, or names band files, not what the bands depend on.
+_RUN_ONLY = ("job", "workdir", "seed", "seeds", "bands", "machine_bands")
 
 
 def band_key(config) -> str:
@@ -182,28 +183,54 @@ TARGET_COLUMNS = ("step_error_rate", "aligned_error_rate", "confident_error_shar
                   "recheck_after_answer_share")
 
 
-def _grids(result: Mapping[str, Any], bands: Mapping[str, Band], values: Mapping[str, float] | None) -> str:
-  """The target report grid and the ReProbe PR-AUC grid (rows and columns from `result`, one run's numbers)."""
-  out = []
+def _grid_specs(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[str], Callable[[str, str], str], str]]:
+  """(title, rows, cols, key, corner) of each grid a job's result is shown in: the target report and the ReProbe
+  PR-AUC grid, rows and columns from `result` (one run's numbers)."""
+  specs = []
   groups = list(result.get("target", {}).get("groups", {}))
   if groups:
-    out.append("Target model, its own samples on held-out problems:\n")
-    out.append(grid_markdown(groups, TARGET_COLUMNS, lambda r, c: f"target.groups.{r}.{c}", bands, values,
-                             "family/format"))
+    specs.append(("Target model, its own samples on held-out problems:\n", groups, list(TARGET_COLUMNS),
+                  lambda r, c: f"target.groups.{r}.{c}", "family/format"))
   reprobe = result.get("reprobe", {})
   methods, datasets = list(reprobe.get("methods", {})), list(reprobe.get("datasets", {}))
   if methods:
-    cols = datasets + ["ID mean", "OOD mean", "overall"]
     means = {"ID mean": "id_mean_pr_auc", "OOD mean": "ood_mean_pr_auc", "overall": "overall_pr_auc"}
 
     def key(m, c):
       return f"reprobe.methods.{m}.{means[c]}" if c in means else f"reprobe.methods.{m}.{c}.pr_auc"
 
-    out.append("Step-level PR-AUC (positive = incorrect step):\n")
-    out.append(grid_markdown(methods, cols, key, bands, values, "method"))
-    out.append(grid_markdown(["incorrect share"], datasets, lambda r, c: f"reprobe.datasets.{c}.incorrect_share",
-                             bands, values, "test steps"))
+    specs.append(("Step-level PR-AUC (positive = incorrect step):\n", methods, datasets + list(means), key,
+                  "method"))
+    specs.append(("", ["incorrect share"], datasets, lambda r, c: f"reprobe.datasets.{c}.incorrect_share",
+                  "test steps"))
+  return specs
+
+
+def _grids(result: Mapping[str, Any], bands: Mapping[str, Band], values: Mapping[str, float] | None) -> str:
+  """The target report grid and the ReProbe PR-AUC grid, each cell a band (or, given `values`, a value beside it)."""
+  out = []
+  for title, rows, cols, key, corner in _grid_specs(result):
+    if title:
+      out.append(title)
+    out.append(grid_markdown(rows, cols, key, bands, values, corner))
   return "\n".join(out)
+
+
+def outside(result: Mapping[str, Any], bands: Mapping[str, Band]) -> tuple[list[str], int]:
+  """(keys of the shown numbers outside their band, how many shown numbers have a band): the count of `!` in the
+  grids `beside_bands` prints."""
+  values, out, n = flatten(result), [], 0
+  for _, rows, cols, key, _ in _grid_specs(result):
+    for r in rows:
+      for c in cols:
+        k = key(r, c)
+        b, v = bands.get(k), values.get(k)
+        if b is None or b.n == 0 or v is None or math.isnan(v):
+          continue
+        n += 1
+        if not b.holds(v):
+          out.append(k)
+  return out, n
 
 
 def summary_markdown(band_file: BandFile, example: Mapping[str, Any]) -> str:
@@ -214,19 +241,33 @@ def summary_markdown(band_file: BandFile, example: Mapping[str, Any]) -> str:
 
 def beside_bands(config, result: Mapping[str, Any], *, machine: str) -> str:
   """A single run's numbers beside the README's bands (`config.bands`), or a line saying why they are not
-  compared: no band file, or bands made with another config."""
+  compared: no band file, or bands made with another config. Where `config.machine_bands` holds a band file made on
+  this run's machine kind (the same `machine` line) for this config, a line after it says how many numbers fall
+  outside those bands: the build repeats on one CPU kind, so there it should be none."""
   path = config.get("bands") if hasattr(config, "get") else None
   if not path:
     return ""
   if not isinstance(path, str) or not os.path.exists(path):
     return f"(No band file at {path!r}: `--config.job=seeds` makes one.)"
   band_file = BandFile.load(path)
-  if band_file.config_key != band_key(config):
+  key = band_key(config)
+  if band_file.config_key != key:
     return (f"(The bands in {path} were made with another config ({band_file.config_key}, this one "
-            f"{band_key(config)}); not compared.)")
-  return (f"\nThis run ({machine}) beside the README's bands (mean +- sd over seeds "
-          f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside the 95% prediction interval "
-          f"of one more seed and the seeds' range):\n\n" + _grids(result, band_file.bands, flatten(result)))
+            f"{key}); not compared.)")
+  out = (f"\nThis run ({machine}) beside the README's bands (mean +- sd over seeds "
+         f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside the 95% prediction interval "
+         f"of one more seed and the seeds' range):\n\n" + _grids(result, band_file.bands, flatten(result)))
+  for other in config.get("machine_bands", ()) or ():
+    if not os.path.exists(other):
+      continue
+    own = BandFile.load(other)
+    if own.machine != machine or own.config_key != key:
+      continue
+    flagged, n = outside(result, own.bands)
+    out += (f"\nBeside the bands made on this machine kind ({other}, seeds {', '.join(map(str, own.seeds))} on "
+            f"{own.machine}): {len(flagged)} of {n} numbers outside" + (": " + ", ".join(flagged) if flagged else "")
+            + ".\n")
+  return out
 
 
 def welch_t(a: Band, b: Band) -> float:
@@ -250,6 +291,11 @@ def differing(a: BandFile, b: BandFile, limit: float | None = None) -> list[tupl
   return sorted([(k, t) for k, t in out if abs(t) > limit], key=lambda kt: -abs(kt[1]))
 
 
+def is_timing(key: str) -> bool:
+  """Whether a flattened band key is a stage time (a `timings_s` entry) rather than a result."""
+  return "timings_s" in key.split(".")
+
+
 def main(argv=None) -> None:
   """`python -m reprobe_jax.bands A.json B.json`: which numbers of two band files differ beyond their seed spread."""
   import argparse
@@ -260,12 +306,19 @@ def main(argv=None) -> None:
   args = p.parse_args(argv)
   a, b = BandFile.load(args.a), BandFile.load(args.b)
   diff = differing(a, b, args.limit)
-  n = sum(1 for k in a.bands if k in b.bands and a.bands[k].n > 1 and b.bands[k].n > 1)
-  print(f"{len(diff)} of {n} numbers differ: A = {a.machine} (seeds {list(a.seeds)}), B = {b.machine} "
-        f"(seeds {list(b.seeds)})")
-  print("| number | A | B | Welch t |\n|---|---|---|---|")
-  for k, t in diff:
-    print(f"| {k} | {a.bands[k]} | {b.bands[k]} | {t:.2f} |")
+  shared = [k for k in a.bands if k in b.bands and a.bands[k].n > 1 and b.bands[k].n > 1]
+  print(f"A = {a.machine} (seeds {list(a.seeds)}), B = {b.machine} (seeds {list(b.seeds)})")
+  # Stage times say how fast the machine is, not what it computed: counted and listed apart from the results.
+  for label, part in (("results", False), ("stage times", True)):
+    rows = [(k, t) for k, t in diff if is_timing(k) == part]
+    n = sum(1 for k in shared if is_timing(k) == part)
+    if not n:
+      continue
+    print(f"\n{len(rows)} of {n} {label} differ")
+    if rows:
+      print("| number | A | B | Welch t |\n|---|---|---|---|")
+    for k, t in rows:
+      print(f"| {k} | {a.bands[k]} | {b.bands[k]} | {t:.2f} |")
 
 
 if __name__ == "__main__":

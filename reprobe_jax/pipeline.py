@@ -153,7 +153,7 @@ def check_target(cfg: ReprobeConfig, lm: LanguageModel) -> None:
 def config_from_dict(c) -> ReprobeConfig:
   """The CLI's ConfigDict -> ReprobeConfig, checked whole (every field's type and range, named on error)."""
   d = plain(c)
-  for k in ("job", "workdir", "target", "target_path", "seeds", "bands", "tts", "prm"):  # the CLI's, not the run's
+  for k in ("job", "workdir", "target", "target_path", "seeds", "bands", "machine_bands", "tts", "prm"):  # the CLI's
     d.pop(k, None)
   return replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
 

@@ -80,6 +80,19 @@ def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
   f.save(config.bands)
   mine = beside_bands(config, _result(1.2), machine="machine B")
   assert "machine B" in mine and "machine A" in mine and "| maxprob | 1.200 ! (0.600 +- 0.100) |" in mine
+  # A band file made on this run's machine kind is named after the README's comparison, with its flagged numbers.
+  f_b = BandFile("reprobe", (0, 1, 2), "machine B", band_key(config),
+                 over_seeds([_result(x) for x in (1.1, 1.2, 1.3)]))
+  f_b.save(str(tmp_path / "b.json"))
+  config.machine_bands = (str(tmp_path / "b.json"), str(tmp_path / "missing.json"))
+  assert band_key(config) == f.config_key  # naming band files is not part of what a band depends on
+  mine = beside_bands(config, _result(1.2), machine="machine B")
+  assert "| maxprob | 1.200 ! (0.600 +- 0.100) |" in mine  # the README's grid is still the one shown
+  # 7 shown numbers: 2 target cells, maxprob's arithmetic PR-AUC and its three means, the incorrect share.
+  assert "this machine kind" in mine and "0 of 7 numbers outside." in mine
+  mine = beside_bands(config, _result(5.0), machine="machine B")
+  assert "5 of 7 numbers outside: target.groups.arithmetic/line.step_error_rate, " in mine  # the constants hold
+  assert "this machine kind" not in beside_bands(config, _result(1.2), machine="machine C")
   config.seed = 5  # the seed and workdir are not part of what a band depends on
   assert "1.200 !" in beside_bands(config, _result(1.2), machine="B")
   config.lr = 2.0
@@ -106,8 +119,15 @@ def test_the_shipped_bands_apply_to_the_shipped_config():
   from configs import reprobe_synthetic
   from reprobe_jax.bands import band_key
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with open(os.path.join(root, "configs", "bands", "reprobe_synthetic.json")) as f:
-    assert json.load(f)["config_key"] == band_key(reprobe_synthetic.get_config())
+  config = reprobe_synthetic.get_config()
+  assert config.machine_bands  # the other CPU kinds' bands, each for this config and made on another machine
+  machines = set()
+  for path in (config.bands,) + tuple(config.machine_bands):
+    with open(os.path.join(root, path)) as f:
+      d = json.load(f)
+    assert d["config_key"] == band_key(config), path
+    machines.add(d["machine"])
+  assert len(machines) == 1 + len(config.machine_bands)
 
 
 def test_differing_names_the_numbers_two_machines_disagree_on():
@@ -124,3 +144,21 @@ def test_differing_names_the_numbers_two_machines_disagree_on():
   assert [k for k, _ in differing(a, b, limit=0.5)] == ["y", "x", "z"]
   with pytest.raises(DataFormatError, match="share no number"):
     differing(a, BandFile("reprobe", (0,), "C", "k", {"q": summarise([0.1, 0.2])}))
+
+
+def test_cli_counts_results_and_stage_times_apart(tmp_path, capsys):
+  from reprobe_jax.bands import main
+  a = BandFile("reprobe", (0, 1, 2), "Xeon", "k", {"reprobe.methods.p.x": summarise([0.80, 0.82, 0.84]),
+                                                    "reprobe.methods.p.z": summarise([0.1, 0.2, 0.3]),
+                                                    "target.timings_s.train_s": summarise([700.0, 710.0, 730.0])})
+  b = BandFile("reprobe", (0, 1, 2), "EPYC", "k", {"reprobe.methods.p.x": summarise([0.70, 0.71, 0.72]),
+                                                    "reprobe.methods.p.z": summarise([0.15, 0.25, 0.35]),
+                                                    "target.timings_s.train_s": summarise([350.0, 354.0, 360.0])})
+  a.save(str(tmp_path / "a.json")); b.save(str(tmp_path / "b.json"))
+  main([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+  out = capsys.readouterr().out
+  assert "A = Xeon (seeds [0, 1, 2]), B = EPYC" in out
+  assert "1 of 2 results differ" in out and "1 of 1 stage times differ" in out
+  results, times = out.split("stage times differ")
+  assert "reprobe.methods.p.x" in results and "train_s" not in results and "p.z" not in out
+  assert "target.timings_s.train_s" in times
