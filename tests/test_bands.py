@@ -128,6 +128,10 @@ def test_the_shipped_bands_apply_to_the_shipped_config():
     assert d["config_key"] == band_key(config), path
     machines.add(d["machine"])
   assert len(machines) == 1 + len(config.machine_bands)
+  from configs import reprobe_smollm2  # SmolLM2's bands (three seeds, no PRM: its config's default)
+  config = reprobe_smollm2.get_config()
+  with open(os.path.join(root, config.bands)) as f:
+    assert json.load(f)["config_key"] == band_key(config)
 
 
 def test_differing_names_the_numbers_two_machines_disagree_on():

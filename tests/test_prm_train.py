@@ -166,7 +166,10 @@ def test_cli_section_is_checked_and_named():
   without = c.copy_and_resolve_references()
   del without["prm"]
   assert pipeline.config_from_dict(c) == pipeline.config_from_dict(without)
-  assert pipeline.prm_config_from_dict(reprobe_smollm2.get_config().prm).separator == "<file_sep>"
+  smol = reprobe_smollm2.get_config().prm
+  assert pipeline.prm_config_from_dict(smol) is None  # off by default there: 65 of the job's 80 minutes
+  smol.enabled = True
+  assert pipeline.prm_config_from_dict(smol).separator == "<file_sep>"
   a, b = pipeline.prm_folder("run", cfg), pipeline.prm_folder("run", dataclasses.replace(cfg, epochs=3))
   assert a.startswith(os.path.join("run", "prm", "")) and a != b and a == pipeline.prm_folder("run", cfg)
 
