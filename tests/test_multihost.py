@@ -157,7 +157,7 @@ def test_cli_stops_a_misconfigured_job_in_one_line_within_seconds():
   procs = [subprocess.Popen([sys.executable, "train.py", *argv], cwd=ROOT, env=_env(1), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
            for argv in (job + ["--process_id=0"], job + ["--process_id=1"], lonely)]
-  errs = [p.communicate(timeout=60)[1] for p in procs]
+  errs = [p.communicate(timeout=200)[1] for p in procs]
   elapsed = time.monotonic() - t0
   lines = [[line for line in err.splitlines() if line.startswith("error: ")] for err in errs]
   for p, err, said in zip(procs, errs, lines):
@@ -165,7 +165,9 @@ def test_cli_stops_a_misconfigured_job_in_one_line_within_seconds():
   assert lines[0][0].startswith("error: process 0: 2 of num_processes=3 processes reached the coordinator")
   assert "refused the job" in lines[1][0] and "process id(s) [2] did not" in lines[1][0]
   assert lines[2][0].startswith("error: process 1 of 2: no coordinator at 127.0.0.1:")
-  assert elapsed < 30, elapsed  # jax's own start-up would wait 300 s, then abort without a message
+  # jax's own start-up would wait 300 s, then abort without a message. Alone this takes a few seconds; the bound
+  # leaves room for three jax imports beside another test worker on 2 cores (30 s is tight there).
+  assert elapsed < 120, elapsed
 
 
 # ------------------------------------------------------------------------------------------------ two processes
