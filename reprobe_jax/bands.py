@@ -126,6 +126,17 @@ class BandFile:
       raise DataFormatError(f"{path}: not a band file ({type(e).__name__}: {e})") from None
 
 
+def _has_band(b: Band | None) -> bool:
+  return b is not None and b.n > 0
+
+
+def _cell_state(b: Band | None, v: float | None) -> bool | None:
+  """Whether a run's value holds its band; None where there is no band or no value to compare."""
+  if not _has_band(b) or v is None or math.isnan(v):
+    return None
+  return b.holds(v)
+
+
 def grid_markdown(rows: Sequence[str], cols: Sequence[str], key: Callable[[str, str], str],
                   bands: Mapping[str, Band], values: Mapping[str, float] | None = None, corner: str = "") -> str:
   """A Markdown grid whose cell (row, col) shows the band of `key(row, col)` as `mean +- sd`, or, given `values`
@@ -137,17 +148,15 @@ def grid_markdown(rows: Sequence[str], cols: Sequence[str], key: Callable[[str, 
     for c in cols:
       k = key(r, c)
       b = bands.get(k)
-      has_band = b is not None and b.n > 0
       if values is None:
-        cells.append(str(b) if has_band else "")
+        cells.append(str(b) if _has_band(b) else "")
         continue
       v = values.get(k)
-      if v is None or math.isnan(v):
-        cells.append("")
-      elif not has_band:
-        cells.append(f"{v:.3f}")
+      state = _cell_state(b, v)
+      if state is None:
+        cells.append("" if v is None or math.isnan(v) else f"{v:.3f}")
       else:
-        cells.append(f"{v:.3f}{'' if b.holds(v) else ' !'} ({b})")
+        cells.append(f"{v:.3f}{'' if state else ' !'} ({b})")
     lines.append(f"| {r} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
@@ -224,11 +233,11 @@ def outside(result: Mapping[str, Any], bands: Mapping[str, Band]) -> tuple[list[
     for r in rows:
       for c in cols:
         k = key(r, c)
-        b, v = bands.get(k), values.get(k)
-        if b is None or b.n == 0 or v is None or math.isnan(v):
+        state = _cell_state(bands.get(k), values.get(k))
+        if state is None:
           continue
         n += 1
-        if not b.holds(v):
+        if not state:
           out.append(k)
   return out, n
 
@@ -279,11 +288,16 @@ def welch_t(a: Band, b: Band) -> float:
   return 0.0 if d == 0 else math.copysign(math.inf, d)
 
 
+def shared_keys(a: BandFile, b: BandFile) -> list[str]:
+  """The numbers two band files can be compared on: in both, with at least two seeds on each side."""
+  return [k for k in a.bands if k in b.bands and a.bands[k].n > 1 and b.bands[k].n > 1]
+
+
 def differing(a: BandFile, b: BandFile, limit: float | None = None) -> list[tuple[str, float]]:
   """The numbers whose means differ between two band files (say two machines' seeds) by more than Welch's |t| of
   `limit`, default t(0.975, min(n) - 1): (key, t), largest |t| first. Numbers with fewer than two seeds on either
   side are left out."""
-  keys = [k for k in a.bands if k in b.bands and a.bands[k].n > 1 and b.bands[k].n > 1]
+  keys = shared_keys(a, b)
   if not keys:
     raise DataFormatError("the two band files share no number with at least two seeds on both sides")
   limit = t_975(min(min(a.bands[k].n, b.bands[k].n) for k in keys) - 1) if limit is None else limit
@@ -306,7 +320,7 @@ def main(argv=None) -> None:
   args = p.parse_args(argv)
   a, b = BandFile.load(args.a), BandFile.load(args.b)
   diff = differing(a, b, args.limit)
-  shared = [k for k in a.bands if k in b.bands and a.bands[k].n > 1 and b.bands[k].n > 1]
+  shared = shared_keys(a, b)
   print(f"A = {a.machine} (seeds {list(a.seeds)}), B = {b.machine} (seeds {list(b.seeds)})")
   # Stage times say how fast the machine is, not what it computed: counted and listed apart from the results.
   for label, part in (("results", False), ("stage times", True)):
