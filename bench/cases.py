@@ -161,7 +161,8 @@ def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_ti
   Both sides decode n_new tokens per row (EOS off on ours, min_new_tokens on HF); throughput counts the tokens
   actually produced. HF's min_new_tokens masks EOS while ours only ignores it, so the greedy parity check compares
   each row up to our first EOS token. With step_time, a second pair of runs with fewer new tokens (same length
-  bucket: no recompile) gives the per-token decode time without the prefill, for the bandwidth roofline.
+  bucket: no recompile) gives the per-token decode time without the prefill (the bandwidth roofline reads batch 1's),
+  and a third pair with one new token the time to the first token (prefill included).
   """
   b, p = prompts.shape
   t_ours, gen, t_hf, hf_tokens = _generate_pair(pair, prompts, n_new, repeats)
@@ -184,6 +185,10 @@ def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_ti
     hf_step = (t_hf.min_s - t_hf2.min_s) / (n_new - n_short)
     extra["decode_step_s"] = {"ours": ours_step, "hf": hf_step, "from_new_tokens": [n_short, n_new],
                               "of": "fastest runs", "valid": full_rows and ours_step > 0 and hf_step > 0}
+    # The other phase: prefill and the first token alone (one new token), so a batch's end-to-end ratio can be read
+    # as its two phases (at batch 32 the 64-token prompts' prefill is about half of our end-to-end time).
+    t_ours1, _, t_hf1, _ = _generate_pair(pair, prompts, 1, repeats)
+    extra["first_token_s"] = {"ours": t_ours1.min_s, "hf": t_hf1.min_s, "of": "fastest runs"}
   return _row(f"decode_b{b}", f"Greedy decode, batch {b} ({p}-token prompts, {n_new} new tokens) vs HF generate",
               {"batch": b, "prompt": p, "new_tokens": n_new}, _side(t_ours, produced), _side(t_hf, float(b * n_new)),
               **extra)

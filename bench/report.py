@@ -78,8 +78,53 @@ def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, b
       if "error" in b:
         out["harness_errors"].append(b["error"])
     d["step_time_source"] = "decode-only difference" if step.get("valid") else "end-to-end (prefill included)"
+    # What a read-only kernel was seen to reach (the bound also counts copies): how far below the bound the memory
+    # reads themselves stop on this machine. A ratio, not a bound: our step may beat the read kernels measured.
+    reads = [(v, f"{kind} ({fw})") for kind in ("read", "gemv") for fw, v in bw["kinds"].get(kind, {}).items()]
+    if reads:
+      best, source = max(reads)
+      d["best_read_bytes_per_s"], d["best_read_from"] = best, source
+      d["best_read_of_bound"] = best / bound if bound > 0 else None
+      d["ours_of_best_read"] = d["ours_bytes_per_s"] / best
   out["decode_b1"] = d
   return out
+
+
+def decode_phases(rows: dict) -> list[dict]:
+  """Each greedy-decode row's end-to-end ratio split into its two phases: the decode step (the difference of two
+  run lengths, `cases.decode(step_time=True)`) and the time to the first token (prefill included). Rows without
+  both measurements are left out; a step difference that is not valid (a row ended early, a negative time) is
+  reported as None."""
+  out = []
+  for name, r in rows.items():
+    step, first = r.get("decode_step_s"), r.get("first_token_s")
+    if not name.startswith("decode_b") or step is None or first is None:
+      continue
+    ok = bool(step.get("valid"))
+    out.append({"name": name, "batch": r["shape"]["batch"], "prompt": r["shape"]["prompt"],
+                "new_tokens": r["shape"]["new_tokens"], "end_to_end_ratio": r["ratio"],
+                "ours_step_s": step["ours"] if ok else None, "hf_step_s": step["hf"] if ok else None,
+                "step_ratio": step["hf"] / step["ours"] if ok else None,
+                "ours_first_token_s": first["ours"], "hf_first_token_s": first["hf"],
+                "first_token_ratio": first["hf"] / first["ours"] if first["ours"] > 0 else None})
+  return out
+
+
+def decode_phases_markdown(phases: list[dict]) -> list[str]:
+  if not phases:
+    return []
+  ms = lambda s: "-" if s is None else f"{s * 1e3:.1f} ms"
+  x = lambda r: "-" if r is None else f"{r:.2f}x"
+  lines = ["Greedy decode by phase (fastest runs; the step is the difference of the "
+           f"{phases[0]['new_tokens'] // 2 + 1}- and {phases[0]['new_tokens']}-new-token runs, the first token a "
+           "run with one new token, prefill included):", "",
+           "| batch | end to end | decode step, reprobe-jax | PyTorch | ratio | first token, reprobe-jax | PyTorch | "
+           "ratio |", "|---|---|---|---|---|---|---|---|"]
+  for p in phases:
+    lines.append(f"| {p['batch']} | {p['end_to_end_ratio']:.2f}x | {ms(p['ours_step_s'])} | {ms(p['hf_step_s'])} | "
+                 f"{x(p['step_ratio'])} | {p['ours_first_token_s']:.2f} s | {p['hf_first_token_s']:.2f} s | "
+                 f"{x(p['first_token_ratio'])} |")
+  return lines + [""]
 
 
 def goals(rows: dict, roof: dict, search: dict | None = None, spae: dict | None = None,
@@ -191,7 +236,8 @@ def performance_markdown(result: dict) -> list[str]:
       lines.append(f"| compile: {c['model']} {c['function']} | {first}lower {c['lower_s']:.1f} s + XLA compile "
                    f"{c['compile_s']:.1f} s | | |")
   errors = [f"**Harness error**: {e}." for e in roof.get("harness_errors", [])]
-  return lines + [""] + errors + ([""] if errors else [])
+  phases = decode_phases_markdown(result.get("decode_phases") or decode_phases(rows))
+  return lines + [""] + phases + errors + ([""] if errors else [])
 
 
 def _g(x) -> str:
@@ -239,6 +285,10 @@ def roofline_markdown(roof: dict) -> list[str]:
                  f"({_pct(d['ours_of_bound'], d['ours_status'])}); PyTorch {1 / d['hf_step_s']:.1f} tokens/s = "
                  f"{d['hf_bytes_per_s'] / 1e9:.1f} GB/s ({_pct(d['hf_of_bound'], d['hf_status'])}); step time from "
                  f"{d['step_time_source']}.")
+    if "best_read_bytes_per_s" in d and d["ours_status"] == "ok":
+      lines.append(f"- The fastest read-only kernel measured ({d['best_read_from']}, "
+                   f"{d['best_read_bytes_per_s'] / 1e9:.1f} GB/s) reaches {d['best_read_of_bound']:.0%} of the bound; "
+                   f"reprobe-jax's batch-1 step streams {d['ours_of_best_read']:.2f}x that kernel's rate.")
   for e in roof.get("harness_errors", []):
     lines.append(f"- **Harness error**: {e}.")
   return lines

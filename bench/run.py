@@ -136,8 +136,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
     add(cases.prefill_plain(pair, prefill_ids, sizes.repeats))
     for b in sizes.decode_batches:
       log(f"greedy decode, batch {b}")
-      add(cases.decode(pair, windows(stream, b, sizes.prompt_len), sizes.new_tokens, sizes.repeats,
-                       step_time=(b == 1)))
+      add(cases.decode(pair, windows(stream, b, sizes.prompt_len), sizes.new_tokens, sizes.repeats, step_time=True))
     log("step scoring")
     add(cases.step_scoring(pair, sizes.prm_batch, sizes.prm_len, sizes.repeats))
     log(f"shared context: {sizes.shared_continuations} continuations of a {sizes.shared_context_len}-token context")
@@ -177,6 +176,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
                                "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(pair.lm.params)))},
               "rows": rows, "shared_context": shared, "search": searched, "spae": potentials,
               "spae_long": long, "roofline": roof, "compile": compiled,
+              "decode_phases": report.decode_phases(by_name),
               "goals": report.goals(by_name, roof, searched, potentials, long)}
   finally:
     pair.close()

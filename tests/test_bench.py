@@ -105,8 +105,14 @@ def test_roofline_goals_and_reports(result):
   assert len(res["goals"]) == 12
   assert all(g["status"] in ("met", "missed", "harness-error") or g["status"].startswith("pending")
              for g in res["goals"])
+  phases = {p["batch"]: p for p in res["decode_phases"]}
+  assert sorted(phases) == [1, 8, 32]
+  for p in phases.values():
+    assert p["ours_first_token_s"] > 0 and p["hf_first_token_s"] > 0 and p["first_token_ratio"] > 0
+    assert (p["step_ratio"] is None) == (p["ours_step_s"] is None) and (p["step_ratio"] is None or p["step_ratio"] > 0)
   md = (out / "results.md").read_text()
   assert "| Greedy decode, batch 32" in md and "## Goals" in md and "## Compile time" in md
+  assert "Greedy decode by phase" in md
   assert md.split("## Performance\n\n")[1].startswith("Machine: ")
   assert [r["function"] for r in res["compile"]["rows"]] == ["prefill forward", "greedy decode loop"]
   assert (out / "results.png").stat().st_size > 1000
@@ -358,6 +364,42 @@ def test_a_fraction_above_one_is_a_harness_error():
   assert all(int(x) <= 100 for x in re.findall(r"(\d+)%", md))
   assert report.bounded(5.0, 5.0, "x", "y", "u", 1.0) == {"fraction": 1.0, "status": "ok"}  # equal is within
   assert report.bounded(1.0, 0.0, "x", "y", "u", 1.0)["status"] == "harness-error"  # no bound measured
+
+
+def test_decode_phases_split_the_end_to_end_ratio():
+  from bench import report
+  # 32 rows x 32 new tokens: ours 3 s to the first token + 40 ms per step; PyTorch 3 s + 160 ms per step.
+  row = lambda step, valid: {"shape": {"batch": 32, "prompt": 64, "new_tokens": 32}, "ratio": 1.9,
+                             "decode_step_s": {"ours": 0.04, "hf": step, "valid": valid},
+                             "first_token_s": {"ours": 3.0, "hf": 3.3}}
+  rows = {"decode_b32": row(0.16, True), "decode_b8": {**row(0.1, False), "shape": {"batch": 8, "prompt": 64,
+                                                                                      "new_tokens": 32}},
+          "decode_b1": {"shape": {"batch": 1}, "ratio": 2.0}, "prefill_plain": {"ratio": 1.0}}
+  phases = {p["batch"]: p for p in report.decode_phases(rows)}
+  assert sorted(phases) == [8, 32]  # batch 1 has no phase measurements; prefill is not a decode row
+  p = phases[32]
+  assert p["step_ratio"] == pytest.approx(4.0) and p["first_token_ratio"] == pytest.approx(1.1)
+  assert p["end_to_end_ratio"] == 1.9 and p["ours_step_s"] == 0.04
+  assert phases[8]["step_ratio"] is None and phases[8]["ours_step_s"] is None  # an invalid difference is no figure
+  md = "\n".join(report.decode_phases_markdown(list(phases.values())))
+  assert "17- and 32-new-token runs" in md
+  assert "| 32 | 1.90x | 40.0 ms | 160.0 ms | 4.00x | 3.00 s | 3.30 s | 1.10x |" in md
+  assert "| 8 | 1.90x | - | - | - |" in md
+  assert report.decode_phases_markdown([]) == []
+
+
+def test_the_roofline_names_the_fastest_read_kernel():
+  from bench import report
+  rows = {"decode_b1": {"ours": {"tokens_per_s": 50.0}, "hf": {"tokens_per_s": 25.0},
+                        "decode_step_s": {"ours": 0.02, "hf": 0.04, "valid": True}}}
+  peaks = {"peak_flops_per_s": 100e9, "peak_from": "jax 2048^3"}
+  # 300 MB per token in 20 ms = 15 GB/s; bound 40 GB/s (a copy); fastest read kernel 20 GB/s (torch GEMV).
+  bw = {"kinds": {"copy": {"jax": 40e9}, "read": {"jax": 10e9, "torch": 18e9}, "gemv": {"torch": 20e9}},
+        "bound_bytes_per_s": 40e9, "bound_from": "copy (jax)"}
+  d = report.roofline(rows, peaks, bw, {}, 300_000_000, "cpu")["decode_b1"]
+  assert d["ours_of_bound"] == pytest.approx(0.375)
+  assert (d["best_read_bytes_per_s"], d["best_read_from"]) == (20e9, "gemv (torch)")
+  assert d["best_read_of_bound"] == pytest.approx(0.5) and d["ours_of_best_read"] == pytest.approx(0.75)
 
 
 def test_every_report_names_the_machine():
