@@ -7,6 +7,9 @@ chain that only halves them (an earlier version) reaches denormals within 30 lay
 and measured nothing about GEMMs. Prints ms per pass and GFLOP/s, best of `--repeats`, with the machine line.
 `--dtype=bfloat16` stores weights and activations in bfloat16 on both sides (the bytes a bf16 decode would stream;
 on CPUs with AVX512-BF16 or AMX both libraries have bf16 kernels), so the two dtypes can be compared in one run.
+`--split-k` adds a JAX column where every GEMM is a batched dot over the two halves of its K (`[2, M, K/2] x
+[2, K/2, N]`, a free reshape of the stored [K, N] weight, summed): at M = 1 XLA:CPU's dots mostly run on one
+thread, and a batch of two gives its runtime two pieces to spread over the cores (README, "Performance").
 """
 import argparse
 
@@ -24,16 +27,30 @@ def weights(seed: int = 0):
   return [{n: (rng.standard_normal(s, dtype=np.float32) * 0.02) for n, s in SHAPES.items()} for _ in range(LAYERS)]
 
 
-def layer(x, w, tile, silu):
-  q, k, v = x @ w["q"], x @ w["k"], x @ w["v"]
-  h = x + (q + tile(k + v)) @ w["o"]
-  return h + (silu(h @ w["g"]) * (h @ w["u"])) @ w["d"]
+def _matmul(x, w):
+  return x @ w
+
+
+def split_k_matmul(x, w):
+  """x @ w as a batched dot over the two halves of K (a free reshape of w), summed; K odd: a plain dot."""
+  import jax.numpy as jnp
+  k, n = w.shape
+  if k % 2:
+    return x @ w
+  halves = x.reshape(x.shape[0], 2, k // 2).transpose(1, 0, 2)  # [2, M, K/2]
+  return jnp.einsum("smk,skn->smn", halves, w.reshape(2, k // 2, n)).sum(0)
+
+
+def layer(x, w, tile, silu, mm=_matmul):
+  q, k, v = mm(x, w["q"]), mm(x, w["k"]), mm(x, w["v"])
+  h = x + mm(q + tile(k + v), w["o"])
+  return h + mm(silu(mm(h, w["g"])) * mm(h, w["u"]), w["d"])
 
 
 DTYPES = ("float32", "bfloat16")
 
 
-def time_jax(ws, m: int, repeats: int, dtype: str = "float32") -> float:
+def time_jax(ws, m: int, repeats: int, dtype: str = "float32", split_k: bool = False) -> float:
   import jax
   import jax.numpy as jnp
   wj = jax.tree.map(lambda a: jnp.asarray(a, dtype), ws)
@@ -43,7 +60,7 @@ def time_jax(ws, m: int, repeats: int, dtype: str = "float32") -> float:
   def run(x, wj):
     def one(_, x):
       for w in wj:
-        x = layer(x, w, lambda a: jnp.tile(a, (1, 3)), jax.nn.silu)
+        x = layer(x, w, lambda a: jnp.tile(a, (1, 3)), jax.nn.silu, split_k_matmul if split_k else _matmul)
         x = x / (jnp.max(jnp.abs(x)) + 1e-3)
       return x
     return jax.lax.fori_loop(0, PASSES, one, x)
@@ -78,6 +95,7 @@ def main(argv=None) -> None:
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--threads", type=int, default=2)
   p.add_argument("--dtype", default="float32", help="weights and activations: float32 or bfloat16 (both sides)")
+  p.add_argument("--split-k", action="store_true", help="also time JAX with every GEMM split over K as a batch of 2")
   args = p.parse_args(argv)
   if args.dtype not in DTYPES:
     raise SystemExit(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
@@ -91,12 +109,18 @@ def main(argv=None) -> None:
   flops_per_row = 2 * LAYERS * sum(a * b for a, b in SHAPES.values())
   load = list(os.getloadavg())
   lines = []
-  lines.append("| M | JAX ms | torch ms | JAX GFLOP/s | torch GFLOP/s | torch / JAX time |\n|---|---|---|---|---|---|")
+  split = " JAX split-K ms | JAX / split-K time |" if args.split_k else ""
+  lines.append("| M | JAX ms | torch ms | JAX GFLOP/s | torch GFLOP/s | torch / JAX time |" + split + "\n"
+               + "|" + "---|" * (6 + 2 * args.split_k))
   for m in ms:
     tj = time_jax(ws, m, args.repeats, args.dtype)
     tt = time_torch(ws, m, args.repeats, args.threads, args.dtype)
-    lines.append(f"| {m} | {tj * 1e3:.1f} | {tt * 1e3:.1f} | {m * flops_per_row / tj / 1e9:.1f} | "
-                 f"{m * flops_per_row / tt / 1e9:.1f} | {tt / tj:.2f}x |")
+    row = (f"| {m} | {tj * 1e3:.1f} | {tt * 1e3:.1f} | {m * flops_per_row / tj / 1e9:.1f} | "
+           f"{m * flops_per_row / tt / 1e9:.1f} | {tt / tj:.2f}x |")
+    if args.split_k:
+      ts = time_jax(ws, m, args.repeats, args.dtype, split_k=True)
+      row += f" {ts * 1e3:.1f} | {tj / ts:.2f}x |"
+    lines.append(row)
   env = {"machine_detail": describe().long(), "threads": threads(), "load_start": load,
          "load_end": list(os.getloadavg())}
   print("\n".join([machine_line(env), f"dtype {args.dtype}", ""] + lines))

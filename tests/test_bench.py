@@ -452,6 +452,19 @@ def test_chain_refuses_an_unknown_dtype():
     chain.main(["--dtype=float16"])
 
 
+def test_chain_split_k_is_the_same_product():
+  """bench.chain --split-k times x @ w as a batch of two half-K dots: the same product up to the order of the sum,
+  and a plain dot where K is odd."""
+  import jax.numpy as jnp
+  from bench import chain
+  rng = np.random.default_rng(0)
+  for m, k, n in ((1, 576, 192), (8, 1536, 576), (3, 7, 5)):
+    x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    got = np.asarray(chain.split_k_matmul(jnp.asarray(x), jnp.asarray(w)))
+    assert got.shape == (m, n)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
 def test_xla_options_compare_runs_both_sides_and_restores_the_entries(tiny_llama_dir):
   """bench.xla_options times the decode entries and their *_in_jit twins on the same prompts, and leaves
   `decoding.prefill` / `decoding.decode` as they were; on a greedy tiny model both sides give the same tokens."""
