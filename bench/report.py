@@ -102,7 +102,8 @@ def decode_phases(rows: dict) -> list[dict]:
       continue
     ok = bool(step.get("valid"))
     out.append({"name": name, "batch": r["shape"]["batch"], "prompt": r["shape"]["prompt"],
-                "new_tokens": r["shape"]["new_tokens"], "end_to_end_ratio": r["ratio"],
+                "new_tokens": r["shape"]["new_tokens"], "step_from_new_tokens": step.get("from_new_tokens"),
+                "end_to_end_ratio": r["ratio"],
                 "ours_step_s": step["ours"] if ok else None, "hf_step_s": step["hf"] if ok else None,
                 "step_ratio": step["hf"] / step["ours"] if ok else None,
                 "ours_first_token_s": first["ours"], "hf_first_token_s": first["hf"],
@@ -115,9 +116,9 @@ def decode_phases_markdown(phases: list[dict]) -> list[str]:
     return []
   ms = lambda s: "-" if s is None else f"{s * 1e3:.1f} ms"
   x = lambda r: "-" if r is None else f"{r:.2f}x"
+  short, full = phases[0]["step_from_new_tokens"] or ("?", phases[0]["new_tokens"])
   lines = ["Greedy decode by phase (fastest runs; the step is the difference of the "
-           f"{phases[0]['new_tokens'] // 2 + 1}- and {phases[0]['new_tokens']}-new-token runs, the first token a "
-           "run with one new token, prefill included):", "",
+           f"{short}- and {full}-new-token runs, the first token a run with one new token, prefill included):", "",
            "| batch | end to end | decode step, reprobe-jax | PyTorch | ratio | first token, reprobe-jax | PyTorch | "
            "ratio |", "|---|---|---|---|---|---|---|---|"]
   for p in phases:

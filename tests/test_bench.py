@@ -370,7 +370,7 @@ def test_decode_phases_split_the_end_to_end_ratio():
   from bench import report
   # 32 rows x 32 new tokens: ours 3 s to the first token + 40 ms per step; PyTorch 3 s + 160 ms per step.
   row = lambda step, valid: {"shape": {"batch": 32, "prompt": 64, "new_tokens": 32}, "ratio": 1.9,
-                             "decode_step_s": {"ours": 0.04, "hf": step, "valid": valid},
+                             "decode_step_s": {"ours": 0.04, "hf": step, "valid": valid, "from_new_tokens": [17, 32]},
                              "first_token_s": {"ours": 3.0, "hf": 3.3}}
   rows = {"decode_b32": row(0.16, True), "decode_b8": {**row(0.1, False), "shape": {"batch": 8, "prompt": 64,
                                                                                       "new_tokens": 32}},
