@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from reprobe_jax import kernels
 from reprobe_jax.atomic import atomic_folder
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.models import decoding, sampling
@@ -23,7 +24,7 @@ from reprobe_jax.models.decoding import StopRule
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sampler import Sampler
 from reprobe_jax.models.sharding import ShardingCtx, to_host
-from reprobe_jax.models.transformer import Decoder
+from reprobe_jax.models.transformer import Decoder, packing_applies, with_packed_weights
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -82,6 +83,10 @@ class LanguageModel:
     self.dtype = resolve_dtype(dtype)
     self._stop_cache: dict[tuple[str, ...], np.ndarray] = {}
     self._static: StaticGraph | None = None
+    # None: the decode path packs weights for the CPU kernel where `packing_applies`; False: never; True: wherever
+    # the kernel can run, whatever the model's size (tests, benchmarks).
+    self.packed_decode: bool | None = None
+    self._decode: tuple | None = None  # (graphdef, params, packed_decode, StaticGraph, params, why_not)
 
   @property
   def static_graph(self) -> StaticGraph:
@@ -89,6 +94,37 @@ class LanguageModel:
     if self._static is None or self._static.value is not self.graphdef:
       self._static = StaticGraph(self.graphdef)
     return self._static
+
+  def decode_view(self) -> tuple[StaticGraph, Any]:
+    """(graph, params) for the decode-path programs: prefill, decode, force, fork, `extend`, the step-level search
+    and SPAE's probes. On one CPU device, for a float32 model with at least `kernels.MIN_MODEL_BYTES` of matmul
+    weights (see `packed_decode`), the model with a packed copy of every weight beside it
+    (`transformer.with_packed_weights`), so steps of up to `kernels.MAX_ROWS` rows run the CPU kernel; else the
+    model's own. Made once per params object (replacing `params` makes a new one); the packed copies hold as many
+    bytes again as the matmul weights. `decode_kernel` says which."""
+    c = self._decode
+    if c is not None and c[0] is self.graphdef and c[1] is self.params and c[2] == self.packed_decode:
+      return c[3], c[4]
+    if self.packed_decode is False:
+      why = "off (packed_decode=False)"
+    elif self.shard is not None:
+      why = "sharded"
+    else:
+      why = packing_applies(self.params, min_bytes=0 if self.packed_decode else kernels.MIN_MODEL_BYTES)
+    if why:
+      graph, params = self.static_graph, self.params
+    else:
+      graphdef, params = nnx.split(with_packed_weights(nnx.merge(self.graphdef, self.params)))
+      graph = StaticGraph(graphdef)
+    self._decode = (self.graphdef, self.params, self.packed_decode, graph, params, why)
+    return graph, params
+
+  @property
+  def decode_kernel(self) -> str:
+    """Which matmuls the decode path runs: 'packed (CPU kernel)' or 'XLA dots (<why not packed>)'."""
+    self.decode_view()
+    why = self._decode[5]
+    return "packed (CPU kernel)" if not why else f"XLA dots ({why})"
 
   @classmethod
   def random(cls, config: ModelConfig, *, seed: int = 0, dtype="float32", tokenizer=None) -> "LanguageModel":
@@ -160,7 +196,7 @@ class LanguageModel:
       r = int(np.argmax(need))
       raise CacheFullError(f"cache of {cache.size} slots holds {int(held[r])}; cannot append "
                            f"{int(need[r] - held[r])} more (row {r})")
-    return sampling.extend(self.static_graph, self.params, cache, jnp.asarray(input_ids, jnp.int32),
+    return sampling.extend(*self.decode_view(), cache, jnp.asarray(input_ids, jnp.int32),
                            jnp.asarray(mask), capture=capture, shard=self.shard)
 
   # ------------------------------------------------------------------------------------------ generate

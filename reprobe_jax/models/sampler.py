@@ -115,13 +115,13 @@ class Sampler:
     if share:
       # The prompt rows only hold the prefix; their own budget is 0 so they start finished.
       cache = KVCache.zeros(lm.config, b, plen, lm.dtype)
-      state = decoding.prefill(lm.static_graph, lm.params, cache, arr, mask, np.zeros(b, np.int32), key,
+      state = decoding.prefill(*lm.decode_view(), cache, arr, mask, np.zeros(b, np.int32), key,
                                buffer_len=new_len, capture=self.capture, shard=lm.shard)
       state = decoding.share(state, n=n, suffix_size=room)
       state = state.replace(budget=jnp.minimum(jnp.asarray(budget), new_len), done=jnp.asarray(budget) <= 0)
     else:
       cache = KVCache.zeros(lm.config, b, plen + room, lm.dtype)
-      state = decoding.prefill(lm.static_graph, lm.params, cache, arr, mask, budget, key, buffer_len=new_len,
+      state = decoding.prefill(*lm.decode_view(), cache, arr, mask, budget, key, buffer_len=new_len,
                                capture=self.capture, shard=lm.shard)
       if n > 1:
         state = decoding.take(state, jnp.repeat(jnp.arange(b), n))
@@ -137,7 +137,7 @@ class Sampler:
     """Decodes every live row until it is done, or for at most `max_steps` tokens (default: the buffer)."""
     steps = state.buffer_len if max_steps is None else _positive_int("max_steps", max_steps)
     p = self.params
-    return decoding.decode(self.lm.static_graph, self.lm.params, state, self.stop, self._eos,
+    return decoding.decode(*self.lm.decode_view(), state, self.stop, self._eos,
                            jnp.float32(p.temperature), jnp.float32(p.top_p), jnp.int32(steps), greedy=p.greedy,
                            top_k=p.top_k, filtered=p.filtered, capture=self.capture, shard=self.lm.shard)
 
@@ -169,7 +169,7 @@ class Sampler:
     for r, s in enumerate(seqs):
       if s:
         arr[r, k - len(s):], mask[r, k - len(s):] = s, 1
-    return decoding.force(self.lm.static_graph, self.lm.params, state, self.stop, arr, mask, capture=self.capture,
+    return decoding.force(*self.lm.decode_view(), state, self.stop, arr, mask, capture=self.capture,
                           shard=self.lm.shard)
 
   def take(self, state: DecodeState, rows) -> DecodeState:

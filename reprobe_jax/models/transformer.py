@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from reprobe_jax import kernels
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.rope import apply_rope, rope_cos_sin
@@ -28,15 +29,33 @@ def _param(rngs, shape, axes, dtype, init=_INIT):
   return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
 
 
+class PackedWeight(nnx.Variable):
+  """A copy of a weight packed for the CPU decode kernel (`reprobe_jax.kernels.pack`): not a parameter. Only the
+  decode view made by `with_packed_weights` holds one; training, export and sharding never see it."""
+
+
+def _rows(x) -> int:
+  return int(np.prod(x.shape[:-1]))
+
+
+def matmul(x, kernel, packed):
+  """x [..., K] @ kernel [K, N]: through the packed-weight kernel where a packed copy exists and x has at most
+  `kernels.MAX_ROWS` rows (a decode step), else XLA's dot."""
+  if packed is not None and _rows(x) <= kernels.MAX_ROWS:
+    return kernels.packed_matmul(x, packed[...], kernel.shape[1])
+  return jnp.einsum("...i,io->...o", x, kernel[...])
+
+
 class Linear(nnx.Module):
   """y = x @ kernel (+ bias); kernel [in, out]."""
 
   def __init__(self, din: int, dout: int, axes: tuple[str, str], *, bias: bool, dtype, rngs: nnx.Rngs):
     self.kernel = _param(rngs, (din, dout), axes, dtype)
     self.bias = _param(rngs, (dout,), (axes[1],), dtype, jax.nn.initializers.zeros) if bias else None
+    self.packed = None  # a PackedWeight in the decode view on CPU (with_packed_weights)
 
   def __call__(self, x):
-    y = jnp.einsum("...i,io->...o", x, self.kernel[...])
+    y = matmul(x, self.kernel, self.packed)
     return y + self.bias[...] if self.bias is not None else y
 
 
@@ -269,6 +288,7 @@ class Decoder(nnx.Module):
     self.norm = _norm(cfg)(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
     self.lm_head = (None if cfg.tie_word_embeddings else
                     _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
+    self.packed_head = None  # the vocabulary projection [D, V] packed, in the decode view on CPU
 
   def __call__(self, input_ids, positions, key_valid, *, kv_caches=None, write_index=0, write_slots=None,
                capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None, prefix=None,
@@ -316,9 +336,48 @@ class Decoder(nnx.Module):
     if cfg.num_layers in layers_wanted:
       self.sow(nnx.Intermediate, f"hidden_{cfg.num_layers}", x)
     head = self.embed_tokens[...].T if self.lm_head is None else self.lm_head[...]
-    logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
+    if self.packed_head is not None and _rows(x) <= kernels.MAX_ROWS:
+      logits = kernels.packed_matmul(x, self.packed_head[...], cfg.vocab_size)
+    else:
+      logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
     if cfg.final_logit_softcapping is not None:
       cap = cfg.final_logit_softcapping
       logits = jnp.tanh(logits / cap) * cap
     logits = constrain(logits, ("batch", "seq", "vocab"), shard)
     return logits, tuple(new_caches)
+
+
+def matmul_weight_bytes(params) -> int:
+  """Bytes of a decoder's matmul weights (every [K, N] kernel and the vocabulary projection)."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params) if getattr(x, "ndim", 0) == 2)
+
+
+def packing_applies(params, *, min_bytes: int = kernels.MIN_MODEL_BYTES) -> str:
+  """'' when the CPU decode kernel should run on these params, else why not: float32 weights on one CPU device,
+  at least `min_bytes` of matmul weights (smaller models stay in cache, where XLA's dots are fine), and the kernel
+  built on this machine."""
+  leaves = jax.tree.leaves(params)
+  if any(getattr(x, "dtype", jnp.float32) != jnp.float32 for x in leaves if getattr(x, "ndim", 0) >= 2):
+    return "weights are not float32"
+  devices = set()
+  for x in leaves:
+    devices |= set(getattr(x, "devices", lambda: set())())
+  if len(devices) != 1 or next(iter(devices)).platform != "cpu":
+    return "weights are not on one CPU device"
+  if matmul_weight_bytes(params) < min_bytes:
+    return f"matmul weights under {min_bytes >> 20} MiB"
+  if not kernels.available():
+    return kernels.unavailable_reason()
+  return ""
+
+
+def with_packed_weights(model: Decoder) -> Decoder:
+  """Gives every Linear of `model` and its vocabulary projection a packed copy of the weight (in place; returns
+  `model`), so decode steps of at most `kernels.MAX_ROWS` rows run the CPU kernel. The parameters themselves are
+  untouched: split the result for a decode view beside the model's own (graphdef, params)."""
+  for _, node in nnx.iter_graph(model):
+    if isinstance(node, Linear):
+      node.packed = nnx.data(PackedWeight(kernels.pack(node.kernel[...])))
+  head = model.embed_tokens[...].T if model.lm_head is None else model.lm_head[...]
+  model.packed_head = nnx.data(PackedWeight(kernels.pack(head)))
+  return model

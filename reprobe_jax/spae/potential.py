@@ -311,7 +311,7 @@ class Prober:
     keys = cut_keys(self.cfg.seed, np.asarray(trajectory_seeds, np.uint32), np.maximum(ordinals, 0))
     cfg = self.cfg
     buf = bucket(len(self.suffix_ids) + max(a, cfg.max_tokens))
-    return probe(self.lm.static_graph, self.lm.params, state, jnp.asarray(cuts, jnp.int32), keys,
+    return probe(*self.lm.decode_view(), state, jnp.asarray(cuts, jnp.int32), keys,
                  jnp.asarray(self.suffix_ids, jnp.int32), jnp.asarray(ans), jnp.asarray(alen), self.close_rule,
                  self.eos, jnp.float32(cfg.temperature), n=cfg.samples, suffix_size=self.probe_room(a),
                  buffer_len=buf, max_tokens=cfg.max_tokens, reading=cfg.reading, top_logprobs=cfg.top_logprobs,

@@ -383,7 +383,7 @@ def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig
                dedupe=cfg.dedupe,
                spec=spec, num_layers=lm.config.num_layers, capture=capture, greedy=p.greedy, top_k=p.top_k,
                filtered=p.filtered)
-  state, book = _search(lm.static_graph, lm.params, state, decoding.prompt_keys(cfg.seed, padded), scorer, smp.stop,
+  state, book = _search(*lm.decode_view(), state, decoding.prompt_keys(cfg.seed, padded), scorer, smp.stop,
                         answer, jnp.asarray(lm.eos_mask()), jnp.float32(p.temperature), jnp.float32(p.top_p),
                         jnp.int32(cfg.max_steps), prompt_arrays, plan=plan, shard=lm.shard)
   out = jax.device_get({"tokens": state.tokens, "lengths": state.lengths, "book": book})

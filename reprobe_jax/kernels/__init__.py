@@ -1,0 +1,10 @@
+"""CPU kernels that XLA:CPU does not have: a small-M matmul over pre-packed weights for the decode path.
+
+`packed_matmul` is the entry; `build` compiles the C++ source at first use and registers it with XLA's FFI.
+"""
+
+from reprobe_jax.kernels.packed_matmul import (MAX_ROWS, MIN_MODEL_BYTES, PANEL, available, pack, packed_matmul,
+                                               reference_packed_matmul, unavailable_reason)
+
+__all__ = ["MAX_ROWS", "MIN_MODEL_BYTES", "PANEL", "available", "pack", "packed_matmul", "reference_packed_matmul",
+           "unavailable_reason"]

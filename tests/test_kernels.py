@@ -1,0 +1,148 @@
+"""The CPU decode kernel (reprobe_jax/kernels): y = x @ w over pre-packed weights, held to a float64 NumPy product,
+to XLA's dot on the same packed weights, and to itself one row at a time; and the decode view that uses it
+(`LanguageModel.decode_view`), held to the same decode through XLA's dots."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from reprobe_jax import kernels
+from reprobe_jax.kernels import build as build_lib
+from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams, load_pretrained
+
+needs_kernel = pytest.mark.skipif(not kernels.available(), reason=f"kernel not built: {kernels.unavailable_reason()}")
+
+SHAPES = [(1, 576, 192), (3, 64, 1536), (8, 1536, 576), (13, 100, 33), (32, 576, 4000), (128, 48, 7), (5, 1, 32)]
+
+
+def _data(m, k, n, seed=0):
+  rng = np.random.default_rng(seed)
+  return rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+
+
+def test_pack_lays_columns_out_in_zero_padded_panels():
+  w = np.arange(3 * 70, dtype=np.float32).reshape(3, 70)
+  wp = np.asarray(kernels.pack(jnp.asarray(w)))
+  assert wp.shape == (3, 3, kernels.PANEL)  # ceil(70 / 32) panels of [K, 32]
+  for p in range(3):
+    cols = w[:, p * 32:(p + 1) * 32]
+    np.testing.assert_array_equal(wp[p, :, :cols.shape[1]], cols)
+    np.testing.assert_array_equal(wp[p, :, cols.shape[1]:], 0)
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_reference_on_packed_weights_is_the_plain_product(m, k, n):
+  x, w = _data(m, k, n)
+  y = kernels.reference_packed_matmul(jnp.asarray(x), kernels.pack(jnp.asarray(w)), n)
+  np.testing.assert_allclose(np.asarray(y), x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_kernel_matches_a_float64_product_inside_jit(m, k, n):
+  x, w = _data(m, k, n, seed=m + k + n)
+  wp = kernels.pack(jnp.asarray(w))
+  y = np.asarray(jax.jit(kernels.packed_matmul, static_argnums=2)(jnp.asarray(x), wp, n))
+  ref = x.astype(np.float64) @ w
+  assert y.shape == (m, n)
+  assert np.abs(y - ref).max() <= 1e-5 * np.sqrt(k) * np.abs(ref).max()
+
+
+@needs_kernel
+def test_kernel_keeps_leading_axes_and_takes_no_rows():
+  x, w = _data(6, 40, 50)
+  wp = kernels.pack(jnp.asarray(w))
+  y = kernels.packed_matmul(jnp.asarray(x.reshape(2, 3, 40)), wp, 50)
+  np.testing.assert_allclose(np.asarray(y), (x @ w).reshape(2, 3, 50), rtol=1e-5, atol=1e-5)
+  assert kernels.packed_matmul(jnp.zeros((0, 40)), wp, 50).shape == (0, 50)
+
+
+@needs_kernel
+def test_each_row_gives_the_same_bits_at_any_number_of_rows():
+  """Batched and one-at-a-time decoding agree exactly: a row's sum order does not depend on the other rows."""
+  x, w = _data(kernels.MAX_ROWS, 576, 200)
+  wp = kernels.pack(jnp.asarray(w))
+  full = np.asarray(kernels.packed_matmul(jnp.asarray(x), wp, 200))
+  for lo, hi in [(0, 1), (5, 6), (0, 8), (3, 14), (100, 128)]:
+    np.testing.assert_array_equal(np.asarray(kernels.packed_matmul(jnp.asarray(x[lo:hi]), wp, 200)), full[lo:hi])
+
+
+@needs_kernel
+def test_bad_shapes_dtypes_and_too_many_rows_are_refused():
+  x, w = _data(2, 16, 40)
+  wp = kernels.pack(jnp.asarray(w))
+  with pytest.raises(ValueError, match="x \\[..., K\\] and wp"):
+    kernels.packed_matmul(jnp.zeros((2, 17)), wp, 40)
+  with pytest.raises(ValueError, match="n=70 does not match 2 panels"):
+    kernels.packed_matmul(jnp.asarray(x), wp, 70)
+  with pytest.raises(ValueError, match="float32 only"):
+    kernels.packed_matmul(jnp.asarray(x, jnp.bfloat16), wp, 40)
+  with pytest.raises(ValueError, match="at most MAX_ROWS"):
+    kernels.packed_matmul(jnp.zeros((kernels.MAX_ROWS + 1, 16)), wp, 40)
+  with pytest.raises(ValueError, match="a \\[K, N\\] weight expected"):
+    kernels.pack(jnp.zeros((2, 3, 4)))
+
+
+def test_build_off_by_environment_and_a_failed_compile_name_the_reason(tmp_path, monkeypatch):
+  monkeypatch.setenv(build_lib.DISABLE_ENV, "0")
+  off = build_lib.build.__wrapped__("packed_matmul.cc", "ReprobePackedMatmul", "unused_target")
+  assert off.target is None and build_lib.DISABLE_ENV in off.reason
+  monkeypatch.delenv(build_lib.DISABLE_ENV)
+  if build_lib._compiler() is None:
+    pytest.skip("no C++ compiler here")
+  monkeypatch.setenv(build_lib.CACHE_ENV, str(tmp_path / "cache"))
+  bad = tmp_path / "broken.cc"
+  bad.write_text("this is not C++;\n")
+  res = build_lib.build.__wrapped__(str(bad), "Nothing", "unused_target")
+  assert res.target is None and "failed on" in res.reason and "broken.cc" in res.reason
+  assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-written left in the cache
+
+
+# ------------------------------------------------------------------------------------------ the decode view
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+  return load_pretrained(tiny_llama_dir)
+
+
+def test_small_models_keep_xla_dots_by_default(tiny):
+  graph, params = tiny.decode_view()
+  assert graph is tiny.static_graph and params is tiny.params
+  assert tiny.decode_kernel.startswith("XLA dots (matmul weights under")
+
+
+@needs_kernel
+def test_decode_view_is_made_once_per_params_and_follows_replaced_params(tiny):
+  lm = LanguageModel(tiny.config, tiny.graphdef, tiny.params, tiny.tokenizer)
+  lm.packed_decode = True
+  g1, p1 = lm.decode_view()
+  assert lm.decode_kernel == "packed (CPU kernel)"
+  assert lm.decode_view()[1] is p1
+  lm.params = jax.tree.map(lambda a: a * 1.0, tiny.params)
+  assert lm.decode_view()[1] is not p1
+  lm.packed_decode = False
+  assert lm.decode_view() == (lm.static_graph, lm.params) and lm.decode_kernel.startswith("XLA dots (off")
+
+
+@needs_kernel
+def test_packed_decode_gives_the_same_tokens_and_features_as_xla_dots(tiny):
+  """Greedy decode with capture through the kernel against the same decode through XLA's dots; and each prompt
+  decoded alone gives the batch's tokens and log-probabilities."""
+  cap = CaptureSpec(hidden_layers=(-1,), attn_window=3, top_k_probs=2, token_stats=True)
+  prompts = [[1, 10, 11, 12, 13], [1, 20, 21], [1, 30, 31, 32, 33, 34, 35]]
+  packed = LanguageModel(tiny.config, tiny.graphdef, tiny.params, tiny.tokenizer)
+  packed.packed_decode = True
+  greedy = SamplingParams(temperature=0)
+  a = packed.generate(prompts, greedy, max_new_tokens=12, capture=cap)
+  b = tiny.generate(prompts, greedy, max_new_tokens=12, capture=cap)
+  np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+  np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+  for name in a.features:
+    np.testing.assert_allclose(np.asarray(a.features[name]), np.asarray(b.features[name]), atol=1e-5, err_msg=name)
+  for i, p in enumerate(prompts):
+    one = packed.generate([p], greedy, max_new_tokens=12)
+    np.testing.assert_array_equal(np.asarray(one.tokens)[0], np.asarray(a.tokens)[i])
+    np.testing.assert_allclose(np.asarray(one.logprobs)[0], np.asarray(a.logprobs)[i], atol=1e-6)
