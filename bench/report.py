@@ -204,8 +204,10 @@ def _pct(fraction, status) -> str:
 def performance_markdown(result: dict) -> list[str]:
   """One table per run, starting with the machine line: what the README shows for each CPU kind measured on."""
   env, rows, roof = result["environment"], {r["name"]: r for r in result["rows"]}, result["roofline"]
-  lines = ["## Performance", "", machine_line(env), "", "| measurement | reprobe-jax | PyTorch | ratio |",
-           "|---|---|---|---|"]
+  lines = ["## Performance", "", machine_line(env), ""]
+  if env.get("decode_kernel"):
+    lines += [f"reprobe-jax's decode path: {env['decode_kernel']}.", ""]
+  lines += ["| measurement | reprobe-jax | PyTorch | ratio |", "|---|---|---|---|"]
   for r in result["rows"]:
     unit = r["unit"].replace("_per_s", "/s")
     lines.append(f"| {r['title'].split(' vs ')[0]} | {_fmt(r['ours'][r['unit']])} {unit} | "

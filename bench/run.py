@@ -110,6 +110,8 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
   pair = load_pair(model)
   try:
     cfg = pair.lm.config
+    env["decode_kernel"] = pair.lm.decode_kernel  # packed CPU kernels or XLA dots (and why), for every report
+    log(f"reprobe-jax decode matmuls: {env['decode_kernel']}")
     param_bytes = timing.decode_param_bytes(pair.lm)
     shapes = timing.gemm_shapes(cfg, (sizes.prefill_batch * sizes.prefill_len,) + tuple(sizes.decode_batches))
     log(f"roofline: fp32 matmul on the model's {len(shapes)} GEMM shapes and {sizes.matmul_n}^3, best of "

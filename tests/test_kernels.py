@@ -1,6 +1,6 @@
-"""The CPU decode kernel (reprobe_jax/kernels): y = x @ w over pre-packed weights, held to a float64 NumPy product,
-to XLA's dot on the same packed weights, and to itself one row at a time; and the decode view that uses it
-(`LanguageModel.decode_view`), held to the same decode through XLA's dots."""
+"""The CPU decode kernels (reprobe_jax/kernels): y = x @ w over pre-packed weights and the two attention products,
+held to a float64 NumPy product, to XLA's products, and (the matmul) to itself one row at a time; and the decode
+view that uses them (`LanguageModel.decode_view`), held to the same decode through XLA's dots."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_bad_shapes_dtypes_and_too_many_rows_are_refused():
 
 def test_build_off_by_environment_and_a_failed_compile_name_the_reason(tmp_path, monkeypatch):
   monkeypatch.setenv(build_lib.DISABLE_ENV, "0")
-  off = build_lib.build.__wrapped__("packed_matmul.cc", "ReprobePackedMatmul", "unused_target")
+  off = build_lib.build.__wrapped__("decode.cc", "ReprobePackedMatmul", "unused_target")
   assert off.target is None and build_lib.DISABLE_ENV in off.reason
   monkeypatch.delenv(build_lib.DISABLE_ENV)
   if build_lib._compiler() is None:
@@ -130,7 +130,8 @@ def test_decode_view_is_made_once_per_params_and_follows_replaced_params(tiny):
 @needs_kernel
 def test_packed_decode_gives_the_same_tokens_and_features_as_xla_dots(tiny):
   """Greedy decode with capture through the kernel against the same decode through XLA's dots; and each prompt
-  decoded alone gives the batch's tokens and log-probabilities."""
+  decoded alone (another padding bucket, so the rest of the step may round differently) gives the batch's tokens and
+  log-probabilities."""
   cap = CaptureSpec(hidden_layers=(-1,), attn_window=3, top_k_probs=2, token_stats=True)
   prompts = [[1, 10, 11, 12, 13], [1, 20, 21], [1, 30, 31, 32, 33, 34, 35]]
   packed = LanguageModel(tiny.config, tiny.graphdef, tiny.params, tiny.tokenizer)
@@ -145,4 +146,39 @@ def test_packed_decode_gives_the_same_tokens_and_features_as_xla_dots(tiny):
   for i, p in enumerate(prompts):
     one = packed.generate([p], greedy, max_new_tokens=12)
     np.testing.assert_array_equal(np.asarray(one.tokens)[0], np.asarray(a.tokens)[i])
-    np.testing.assert_allclose(np.asarray(one.logprobs)[0], np.asarray(a.logprobs)[i], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(one.logprobs)[0], np.asarray(a.logprobs)[i], atol=1e-5)
+
+
+@needs_kernel
+def test_packed_decode_of_rows_sharing_a_prompt_prefix_matches_xla(tiny):
+  """n samples of a prompt read its cache as a shared prefix (the prefix attention products through the kernel):
+  the same samples, with the same seed, as through XLA's dots."""
+  cap = CaptureSpec(attn_window=3, token_stats=True)
+  packed = LanguageModel(tiny.config, tiny.graphdef, tiny.params, tiny.tokenizer)
+  packed.packed_decode = True
+  prompts = [[1, 10, 11, 12, 13], [1, 20, 21]]
+  warm = SamplingParams(temperature=0.7)
+  a = packed.generate(prompts, warm, max_new_tokens=10, n=4, seed=3, capture=cap)
+  b = tiny.generate(prompts, warm, max_new_tokens=10, n=4, seed=3, capture=cap)
+  np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+  np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(a.features["attn_window"]), np.asarray(b.features["attn_window"]), atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("p,q,s,d", [(96, 3, 96, 64), (8, 48, 300, 64), (5, 2, 17, 80), (3, 1, 1, 8), (4, 5, 33, 130)])
+def test_decode_attention_products_match_float64(p, q, s, d):
+  from reprobe_jax.kernels import attention
+  rng = np.random.default_rng(p + q + s + d)
+  qs, ks = rng.standard_normal((p, q, d), dtype=np.float32), rng.standard_normal((p, s, d), dtype=np.float32)
+  probs, vs = rng.random((p, q, s), dtype=np.float32), rng.standard_normal((p, s, d), dtype=np.float32)
+  scores = np.asarray(jax.jit(attention.decode_qk)(jnp.asarray(qs), jnp.asarray(ks)))
+  out = np.asarray(jax.jit(attention.decode_pv)(jnp.asarray(probs), jnp.asarray(vs)))
+  np.testing.assert_allclose(scores, np.einsum("pqd,psd->pqs", qs.astype(np.float64), ks), atol=2e-5 * np.sqrt(d))
+  np.testing.assert_allclose(out, np.einsum("pqs,psd->pqd", probs.astype(np.float64), vs), atol=2e-5 * np.sqrt(s))
+  np.testing.assert_allclose(np.asarray(attention.reference_qk(jnp.asarray(qs), jnp.asarray(ks))), scores, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(attention.reference_pv(jnp.asarray(probs), jnp.asarray(vs))), out, atol=1e-4)
+  with pytest.raises(ValueError, match="head sizes differ"):
+    attention.decode_qk(jnp.asarray(qs), jnp.asarray(ks[..., :-1]))
+  with pytest.raises(ValueError, match="probabilities per query"):
+    attention.decode_pv(jnp.asarray(probs[..., :-1]), jnp.asarray(vs))

@@ -1,4 +1,4 @@
-"""y = x @ w for the decode path on CPU, with w pre-packed into column panels (`packed_matmul.cc`).
+"""y = x @ w for the decode path on CPU, with w pre-packed into column panels (`decode.cc`).
 
 Why: a decode step at batch B multiplies B rows by every weight. XLA:CPU's dots read a weight at about one core's
 streaming rate at B = 1 and re-pack it on every call at B = 8-32, so a batch-8 step of SmolLM2-135M took twice the
@@ -29,7 +29,7 @@ MAX_ROWS = 128
 # weights stay in cache, where XLA's dots are not the bottleneck, and their numerics (and the README's bands) stay.
 MIN_MODEL_BYTES = 64 << 20
 
-_SOURCE, _SYMBOL, _TARGET = "packed_matmul.cc", "ReprobePackedMatmul", "reprobe_packed_matmul"
+_SOURCE, _SYMBOL, _TARGET = "decode.cc", "ReprobePackedMatmul", "reprobe_packed_matmul"
 
 
 def available() -> bool:

@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from reprobe_jax import kernels
+from reprobe_jax.kernels import attention as attention_kernels
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.rope import apply_rope, rope_cos_sin
@@ -139,6 +140,29 @@ class Attention(nnx.Module):
     self.window = cfg.sliding_windows[layer]
     # Gemma 3 scales by query_pre_attn_scalar ** -0.5, which need not be head_dim ** -0.5.
     self.score_scale = hd**-0.5 if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar**-0.5
+    self.decode_kernels = False  # True in the decode view on CPU (with_packed_weights): the products run in C++
+
+  def _kernels_for(self, queries: int, dtype) -> bool:
+    return self.decode_kernels and queries <= attention_kernels.MAX_QUERIES and dtype == jnp.float32
+
+  def _qk(self, q, k):
+    """q [P, KV, Q, Dh] . k [P, KV, S, Dh] -> float32 scores [P, KV, Q, S]: the CPU kernel in the decode view for a
+    few queries, else XLA's batched dot."""
+    k = k.astype(q.dtype)
+    if not self._kernels_for(q.shape[2], q.dtype):
+      return jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+    p, kvh, nq, hd = q.shape
+    scores = attention_kernels.decode_qk(q.reshape(p * kvh, nq, hd), k.reshape(p * kvh, k.shape[2], hd))
+    return scores.reshape(p, kvh, nq, k.shape[2])
+
+  def _pv(self, probs, v, dtype):
+    """probs [P, KV, Q, S] . v [P, KV, S, Dh] -> [P, KV, Q, Dh] in `dtype`, as `_qk` chooses."""
+    probs, v = probs.astype(dtype), v.astype(dtype)
+    if not self._kernels_for(probs.shape[2], dtype):
+      return jnp.einsum("bkqs,bksd->bkqd", probs, v)
+    p, kvh, nq, s = probs.shape
+    out = attention_kernels.decode_pv(probs.reshape(p * kvh, nq, s), v.reshape(p * kvh, s, v.shape[3]))
+    return out.reshape(p, kvh, nq, v.shape[3])
 
   def __call__(self, x, cos, sin, mask, kv_cache, write_index, write_slots, capture: CaptureSpec, layout):
     """x [B, T, D]; mask [B, T, S] bool; kv_cache (k, v) [B, KV, S, Dh] or None. Returns out, (k, v).
@@ -179,7 +203,7 @@ class Attention(nnx.Module):
         prefix_mask = prefix_mask & near[:, :, :sp]
     groups = h // kvh
     qg = q.reshape(b, kvh, groups * t, hd)  # heads h = kv * G + g share KV head kv (HF's repeat_kv order)
-    scores = jnp.einsum("bkqd,bksd->bkqs", qg, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    scores = self._qk(qg, k)
     scores = (scores * self.score_scale).reshape(b, kvh, groups, t, s)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)  # [B, KV, G, T, S]
     if sp:
@@ -187,7 +211,7 @@ class Attention(nnx.Module):
       p = kp.shape[0]
       r = b // p
       qp = jnp.swapaxes(q.reshape(p, r, kvh, groups * t, hd), 1, 2).reshape(p, kvh, r * groups * t, hd)
-      sc_p = jnp.einsum("pkqd,pksd->pkqs", qp, kp.astype(q.dtype), preferred_element_type=jnp.float32)
+      sc_p = self._qk(qp, kp)
       sc_p = (sc_p * self.score_scale).reshape(p, kvh, r, groups, t, sp)
       sc_p = jnp.swapaxes(sc_p, 1, 2).reshape(b, kvh, groups, t, sp)
       sc_p = jnp.where(prefix_mask[:, None, None], sc_p, jnp.finfo(jnp.float32).min)
@@ -197,10 +221,10 @@ class Attention(nnx.Module):
       win = attention_window(probs.reshape(b, h, t, sp + s), layout.window_idx, layout.window_ok)
       self.sow(nnx.Intermediate, "attn_window", win)
     own = probs[..., sp:] if sp else probs
-    out = jnp.einsum("bkqs,bksd->bkqd", own.reshape(b, kvh, groups * t, s).astype(x.dtype), v.astype(x.dtype))
+    out = self._pv(own.reshape(b, kvh, groups * t, s), v, x.dtype)
     if sp:
       pp = jnp.swapaxes(probs[..., :sp].reshape(p, r, kvh, groups * t, sp), 1, 2).reshape(p, kvh, r * groups * t, sp)
-      out_p = jnp.einsum("pkqs,pksd->pkqd", pp.astype(x.dtype), vp.astype(x.dtype))  # [P, KV, R*G*T, Dh]
+      out_p = self._pv(pp, vp, x.dtype)  # [P, KV, R*G*T, Dh]
       out = out + jnp.swapaxes(out_p.reshape(p, kvh, r, groups * t, hd), 1, 2).reshape(b, kvh, groups * t, hd)
     out = jnp.swapaxes(out.reshape(b, h, t, hd), 1, 2).reshape(b, t, h * hd)
     return self.o_proj(out), (k, v)
@@ -378,6 +402,8 @@ def with_packed_weights(model: Decoder) -> Decoder:
   for _, node in nnx.iter_graph(model):
     if isinstance(node, Linear):
       node.packed = nnx.data(PackedWeight(kernels.pack(node.kernel[...])))
+    elif isinstance(node, Attention) and attention_kernels.available():
+      node.decode_kernels = True
   head = model.embed_tokens[...].T if model.lm_head is None else model.lm_head[...]
   model.packed_head = nnx.data(PackedWeight(kernels.pack(head)))
   return model

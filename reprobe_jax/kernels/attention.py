@@ -1,0 +1,64 @@
+"""The two products of decode attention on CPU (`decode.cc`): scores = q . k and out = p . v per (row, KV head).
+
+XLA:CPU runs them as B * KV tiny batched GEMMs: a 30-layer stack of SmolLM2-shaped caches read at about 10 GB/s
+at batch 8-32 (docs/kernels.md), so at batch 32 with a 512-slot cache the attention products cost more than all
+the weights. Here each (row, KV head) pair's keys and values are read as one stream, pairs spread over the cores.
+The mask and softmax stay in XLA. `reference_qk` / `reference_pv` are the same products in XLA.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from reprobe_jax.kernels.build import build
+
+MAX_QUERIES = 64  # queries per (row, KV head) up to which the decode path uses these kernels (G * T; decode: G)
+
+_SOURCE = "decode.cc"
+_QK = ("ReprobeDecodeQk", "reprobe_decode_qk")
+_PV = ("ReprobeDecodePv", "reprobe_decode_pv")
+
+
+def available() -> bool:
+  return build(_SOURCE, *_QK).target is not None and build(_SOURCE, *_PV).target is not None
+
+
+def _target(which) -> str:
+  built = build(_SOURCE, *which)
+  if built.target is None:
+    raise RuntimeError(f"decode attention kernel unavailable: {built.reason}")
+  return built.target
+
+
+def _check(a, b, what: str):
+  if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0]:
+    raise ValueError(f"{what}: [P, Q, .] and [P, S, D] expected, got {a.shape} and {b.shape}")
+  if a.dtype != jnp.float32 or b.dtype != jnp.float32:
+    raise ValueError(f"{what}: float32 only, got {a.dtype} and {b.dtype}")
+
+
+def reference_qk(q, k):
+  return jnp.einsum("pqd,psd->pqs", q, k, preferred_element_type=jnp.float32)
+
+
+def reference_pv(p, v):
+  return jnp.einsum("pqs,psd->pqd", p, v)
+
+
+def decode_qk(q: jax.Array, k: jax.Array) -> jax.Array:
+  """q [P, Q, D], k [P, S, D] float32 -> scores [P, Q, S] (each score one dot product in a fixed order)."""
+  _check(q, k, "decode_qk")
+  if q.shape[2] != k.shape[2]:
+    raise ValueError(f"decode_qk: head sizes differ, {q.shape} and {k.shape}")
+  out = jax.ShapeDtypeStruct((q.shape[0], q.shape[1], k.shape[1]), jnp.float32)
+  return jax.ffi.ffi_call(_target(_QK), out, vmap_method="sequential")(q, k)
+
+
+def decode_pv(p: jax.Array, v: jax.Array) -> jax.Array:
+  """p [P, Q, S], v [P, S, D] float32 -> out [P, Q, D]."""
+  _check(p, v, "decode_pv")
+  if p.shape[2] != v.shape[1]:
+    raise ValueError(f"decode_pv: {p.shape[2]} probabilities per query against {v.shape[1]} value rows")
+  out = jax.ShapeDtypeStruct((p.shape[0], p.shape[1], v.shape[2]), jnp.float32)
+  return jax.ffi.ffi_call(_target(_PV), out, vmap_method="sequential")(p, v)
