@@ -46,13 +46,17 @@ def reference_pv(p, v):
   return jnp.einsum("pqs,psd->pqd", p, v)
 
 
+def _call(which, a, b, last: int):
+  out = jax.ShapeDtypeStruct((a.shape[0], a.shape[1], last), jnp.float32)
+  return jax.ffi.ffi_call(_target(which), out, vmap_method="sequential")(a, b)
+
+
 def decode_qk(q: jax.Array, k: jax.Array) -> jax.Array:
   """q [P, Q, D], k [P, S, D] float32 -> scores [P, Q, S] (each score one dot product in a fixed order)."""
   _check(q, k, "decode_qk")
   if q.shape[2] != k.shape[2]:
     raise ValueError(f"decode_qk: head sizes differ, {q.shape} and {k.shape}")
-  out = jax.ShapeDtypeStruct((q.shape[0], q.shape[1], k.shape[1]), jnp.float32)
-  return jax.ffi.ffi_call(_target(_QK), out, vmap_method="sequential")(q, k)
+  return _call(_QK, q, k, k.shape[1])
 
 
 def decode_pv(p: jax.Array, v: jax.Array) -> jax.Array:
@@ -60,5 +64,4 @@ def decode_pv(p: jax.Array, v: jax.Array) -> jax.Array:
   _check(p, v, "decode_pv")
   if p.shape[2] != v.shape[1]:
     raise ValueError(f"decode_pv: {p.shape[2]} probabilities per query against {v.shape[1]} value rows")
-  out = jax.ShapeDtypeStruct((p.shape[0], p.shape[1], v.shape[2]), jnp.float32)
-  return jax.ffi.ffi_call(_target(_PV), out, vmap_method="sequential")(p, v)
+  return _call(_PV, p, v, v.shape[2])

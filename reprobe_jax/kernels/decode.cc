@@ -82,29 +82,35 @@ void panel_rows(const float* x, const float* panel, float* y, int64_t m_dim, int
   }
 }
 
-// Work shared by the calling thread and the pool's: chunks of panels claimed from one counter. The caller also
-// claims chunks, so the call finishes even if no pool thread ever runs a task (a pool of one, or busy threads);
-// a task that starts late finds nothing left. Held by shared_ptr, so a late task never touches freed memory.
-struct Work {
-  const float* x;
-  const float* wp;
-  float* y;
-  int64_t m, k, n, panels, chunk, chunks;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-
-  void run() {
-    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
-         c = next.fetch_add(1, std::memory_order_relaxed)) {
-      const int64_t p1 = std::min(panels, (c + 1) * chunk);
-      for (int64_t p = c * chunk; p < p1; ++p) {
-        const int64_t cols = std::min(kPanel, n - p * kPanel);
-        panel_rows(x, wp + p * k * kPanel, y + p * kPanel, m, k, n, cols);
+// Runs fn(i) for i in [0, items) on XLA's intra-op pool and the calling thread: chunks of items are claimed from
+// one counter, about four per thread (small enough to even out, large enough that each is a long stream). The
+// caller claims chunks too, so the call finishes even if no pool thread ever runs a task (a pool of one, or busy
+// threads); a task that starts late finds nothing left, and holds the shared state, so it never touches freed memory.
+template <typename F>
+void parallel_for(ffi::ThreadPool& pool, int64_t items, F fn) {
+  struct Shared {
+    F fn;
+    int64_t pairs, chunk, chunks;
+    std::atomic<int64_t> next{0}, done{0};
+    explicit Shared(F f) : fn(std::move(f)) {}
+    void run() {
+      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+           c = next.fetch_add(1, std::memory_order_relaxed)) {
+        for (int64_t b = c * chunk; b < std::min(pairs, (c + 1) * chunk); ++b) fn(b);
+        done.fetch_add(1, std::memory_order_release);
       }
-      done.fetch_add(1, std::memory_order_release);
     }
-  }
-};
+  };
+  auto sh = std::make_shared<Shared>(std::move(fn));
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  sh->pairs = items;
+  sh->chunk = std::max<int64_t>(1, items / (4 * threads));
+  sh->chunks = (items + sh->chunk - 1) / sh->chunk;
+  const int64_t helpers = std::min<int64_t>(threads, sh->chunks) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([sh] { sh->run(); });
+  sh->run();
+  while (sh->done.load(std::memory_order_acquire) < sh->chunks) std::this_thread::yield();
+}
 
 ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wp,
                             ffi::ResultBuffer<ffi::F32> y) {
@@ -119,22 +125,12 @@ ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
     return ffi::Error::InvalidArgument("packed_matmul: shapes do not match (x [M, K], wp [ceil(N/32), K, 32])");
   }
   if (m == 0 || n == 0) return ffi::Error::Success();
-  auto work = std::make_shared<Work>();
-  work->x = x.typed_data();
-  work->wp = wp.typed_data();
-  work->y = y->typed_data();
-  work->m = m;
-  work->k = k;
-  work->n = n;
-  work->panels = panels;
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  // About four chunks per thread: small enough to even out, large enough that each is a long stream.
-  work->chunk = std::max<int64_t>(1, panels / (4 * threads));
-  work->chunks = (panels + work->chunk - 1) / work->chunk;
-  const int64_t helpers = std::min<int64_t>(threads, work->chunks) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([work] { work->run(); });
-  work->run();
-  while (work->done.load(std::memory_order_acquire) < work->chunks) std::this_thread::yield();
+  const float* xp = x.typed_data();
+  const float* wpp = wp.typed_data();
+  float* yp = y->typed_data();
+  parallel_for(pool, panels, [=](int64_t p) {
+    panel_rows(xp, wpp + p * k * kPanel, yp + p * kPanel, m, k, n, std::min(kPanel, n - p * kPanel));
+  });
   return ffi::Error::Success();
 }
 
@@ -144,7 +140,7 @@ ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
 //   scores[bt, q, s] = sum_d q[bt, q, d] * k[bt, s, d]       (QK: each key row read once for all of bt's queries)
 //   out[bt, q, d]    = sum_s p[bt, q, s] * v[bt, s, d]       (PV: each value row read once likewise)
 // XLA:CPU runs these as B * KV tiny batched GEMMs and read a SmolLM2 batch-32 cache at about 10 GB/s; here each
-// pair's keys and values are one contiguous stream. Pairs are shared out over the pool as the panels above.
+// pair's keys and values are one contiguous stream. Pairs are shared out over the pool as the panels are.
 
 inline float hsum(v16 v) {
   float t[16];
@@ -199,33 +195,6 @@ void pv_pair(const float* p, const float* v, float* out, int64_t nq, int64_t s_d
   }
 }
 
-// Runs fn(bt) for bt in [0, pairs) on the pool and the calling thread (same claiming scheme as Work).
-template <typename F>
-void parallel_pairs(ffi::ThreadPool& pool, int64_t pairs, F fn) {
-  struct Shared {
-    F fn;
-    int64_t pairs, chunk, chunks;
-    std::atomic<int64_t> next{0}, done{0};
-    explicit Shared(F f) : fn(std::move(f)) {}
-    void run() {
-      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
-           c = next.fetch_add(1, std::memory_order_relaxed)) {
-        for (int64_t b = c * chunk; b < std::min(pairs, (c + 1) * chunk); ++b) fn(b);
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-  auto sh = std::make_shared<Shared>(std::move(fn));
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  sh->pairs = pairs;
-  sh->chunk = std::max<int64_t>(1, pairs / (4 * threads));
-  sh->chunks = (pairs + sh->chunk - 1) / sh->chunk;
-  const int64_t helpers = std::min<int64_t>(threads, sh->chunks) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([sh] { sh->run(); });
-  sh->run();
-  while (sh->done.load(std::memory_order_acquire) < sh->chunks) std::this_thread::yield();
-}
-
 ffi::Error QkImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                   ffi::ResultBuffer<ffi::F32> out) {
   const auto qd = q.dimensions(), kd = k.dimensions(), od = out->dimensions();
@@ -237,7 +206,7 @@ ffi::Error QkImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi
   const float *qp = q.typed_data(), *kp = k.typed_data();
   float* op = out->typed_data();
   if (qd[0] == 0 || nq == 0 || s_dim == 0) return ffi::Error::Success();
-  parallel_pairs(pool, qd[0], [=](int64_t b) {
+  parallel_for(pool, qd[0], [=](int64_t b) {
     qk_pair(qp + b * nq * d, kp + b * s_dim * d, op + b * nq * s_dim, nq, s_dim, d);
   });
   return ffi::Error::Success();
@@ -258,7 +227,7 @@ ffi::Error PvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi
     std::memset(op, 0, sizeof(float) * pd[0] * nq * d);
     return ffi::Error::Success();
   }
-  parallel_pairs(pool, pd[0], [=](int64_t b) {
+  parallel_for(pool, pd[0], [=](int64_t b) {
     pv_pair(pp + b * nq * s_dim, vp + b * s_dim * d, op + b * nq * d, nq, s_dim, d);
   });
   return ffi::Error::Success();
