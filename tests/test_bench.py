@@ -482,3 +482,36 @@ def test_xla_options_compare_runs_both_sides_and_restores_the_entries(tiny_llama
       xb.main(["--model=tiny"])
   with pytest.raises(SystemExit, match="--batches must list positive"):
     xb.main(["--batches=0"])
+
+
+def test_chain_packed_is_the_same_product_and_refuses_what_the_kernel_cannot_take():
+  """bench.chain --packed times x @ w through the CPU decode kernel on packed weights: the same product."""
+  import jax.numpy as jnp
+  from bench import chain
+  from reprobe_jax import kernels
+  if not kernels.available():
+    pytest.skip(f"kernel not built: {kernels.unavailable_reason()}")
+  rng = np.random.default_rng(0)
+  for m, k, n in ((1, 576, 192), (8, 1536, 576), (32, 576, 1536)):
+    x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    got = np.asarray(chain.packed_matmul(jnp.asarray(x), kernels.pack(jnp.asarray(w))))
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+  with pytest.raises(SystemExit, match="--packed runs the float32 kernel"):
+    chain.main(["--packed", "--dtype=bfloat16"])
+  with pytest.raises(SystemExit, match="--packed takes at most 128 rows"):
+    chain.main(["--packed", "--m=1,1024"])
+
+
+def test_attention_bench_sides_compute_the_same_and_bad_lists_are_refused():
+  import jax.numpy as jnp
+  from bench import attention as ab
+  from reprobe_jax.kernels import attention
+  with pytest.raises(SystemExit, match="--batches and --slots must list positive integers"):
+    ab.main(["--slots=0"])
+  if not attention.available():
+    pytest.skip("kernel not built")
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((6, ab.GROUPS, ab.HEAD), dtype=np.float32))
+  k, v = (jnp.asarray(rng.standard_normal((6, 40, ab.HEAD), dtype=np.float32)) for _ in range(2))
+  np.testing.assert_allclose(np.asarray(ab.attention_kernel(q, k, v)), np.asarray(ab.attention_xla(q, k, v)),
+                             atol=1e-5)
