@@ -142,12 +142,14 @@ ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
 // XLA:CPU runs these as B * KV tiny batched GEMMs and read a SmolLM2 batch-32 cache at about 10 GB/s; here each
 // pair's keys and values are one contiguous stream. Pairs are shared out over the pool as the panels are.
 
-inline float hsum(v16 v) {
-  float t[16];
-  std::memcpy(t, &v, sizeof v);
-  float a = 0.f;
-  for (int i = 0; i < 16; ++i) a += t[i];
-  return a;
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+inline float hsum(v16 v) {  // a fixed tree: halves, then quarters, then the last four
+  const v8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
 void qk_pair(const float* q, const float* k, float* out, int64_t nq, int64_t s_dim, int64_t d) {
