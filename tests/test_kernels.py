@@ -119,7 +119,7 @@ def test_decode_view_is_made_once_per_params_and_follows_replaced_params(tiny):
   lm = LanguageModel(tiny.config, tiny.graphdef, tiny.params, tiny.tokenizer)
   lm.packed_decode = True
   g1, p1 = lm.decode_view()
-  assert lm.decode_kernel == "packed (CPU kernel)"
+  assert lm.decode_kernel == "packed (CPU kernels)"
   assert lm.decode_view()[1] is p1
   lm.params = jax.tree.map(lambda a: a * 1.0, tiny.params)
   assert lm.decode_view()[1] is not p1

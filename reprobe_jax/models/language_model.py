@@ -70,6 +70,17 @@ def _strings(name: str, values) -> tuple[str, ...]:
   return values
 
 
+@dataclasses.dataclass(frozen=True)
+class _DecodeView:
+  """`LanguageModel.decode_view`'s cache: what it was made from, what it is, and why it is not packed ('' if it is)."""
+  graphdef: Any
+  params: Any
+  packed_decode: bool | None
+  graph: StaticGraph
+  view_params: Any
+  why_not: str
+
+
 class LanguageModel:
   """A frozen decoder: `forward` with capture, `generate`, `save_pretrained`; params split once for jit."""
 
@@ -86,7 +97,7 @@ class LanguageModel:
     # None: the decode path packs weights for the CPU kernel where `packing_applies`; False: never; True: wherever
     # the kernel can run, whatever the model's size (tests, benchmarks).
     self.packed_decode: bool | None = None
-    self._decode: tuple | None = None  # (graphdef, params, packed_decode, StaticGraph, params, why_not)
+    self._decode: _DecodeView | None = None
 
   @property
   def static_graph(self) -> StaticGraph:
@@ -103,8 +114,8 @@ class LanguageModel:
     model's own. Made once per params object (replacing `params` makes a new one); the packed copies hold as many
     bytes again as the matmul weights. `decode_kernel` says which."""
     c = self._decode
-    if c is not None and c[0] is self.graphdef and c[1] is self.params and c[2] == self.packed_decode:
-      return c[3], c[4]
+    if c is not None and c.graphdef is self.graphdef and c.params is self.params and c.packed_decode == self.packed_decode:
+      return c.graph, c.view_params
     if self.packed_decode is False:
       why = "off (packed_decode=False)"
     elif self.shard is not None:
@@ -116,15 +127,15 @@ class LanguageModel:
     else:
       graphdef, params = nnx.split(with_packed_weights(nnx.merge(self.graphdef, self.params)))
       graph = StaticGraph(graphdef)
-    self._decode = (self.graphdef, self.params, self.packed_decode, graph, params, why)
+    self._decode = _DecodeView(self.graphdef, self.params, self.packed_decode, graph, params, why)
     return graph, params
 
   @property
   def decode_kernel(self) -> str:
-    """Which matmuls the decode path runs: 'packed (CPU kernel)' or 'XLA dots (<why not packed>)'."""
+    """Which matmuls the decode path runs: 'packed (CPU kernels)' or 'XLA dots (<why not packed>)'."""
     self.decode_view()
-    why = self._decode[5]
-    return "packed (CPU kernel)" if not why else f"XLA dots ({why})"
+    why = self._decode.why_not
+    return "packed (CPU kernels)" if not why else f"XLA dots ({why})"
 
   @classmethod
   def random(cls, config: ModelConfig, *, seed: int = 0, dtype="float32", tokenizer=None) -> "LanguageModel":
