@@ -505,11 +505,12 @@ def test_chain_packed_is_the_same_product_and_refuses_what_the_kernel_cannot_tak
 def test_attention_bench_sides_compute_the_same_and_bad_lists_are_refused():
   import jax.numpy as jnp
   from bench import attention as ab
+  from reprobe_jax import kernels
   from reprobe_jax.kernels import attention
   with pytest.raises(SystemExit, match="--batches and --slots must list positive integers"):
     ab.main(["--slots=0"])
   if not attention.available():
-    pytest.skip("kernel not built")
+    pytest.skip(f"kernel not built: {kernels.unavailable_reason()}")
   rng = np.random.default_rng(0)
   q = jnp.asarray(rng.standard_normal((6, ab.GROUPS, ab.HEAD), dtype=np.float32))
   k, v = (jnp.asarray(rng.standard_normal((6, 40, ab.HEAD), dtype=np.float32)) for _ in range(2))

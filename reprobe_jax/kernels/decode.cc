@@ -90,20 +90,20 @@ template <typename F>
 void parallel_for(ffi::ThreadPool& pool, int64_t items, F fn) {
   struct Shared {
     F fn;
-    int64_t pairs, chunk, chunks;
+    int64_t items, chunk, chunks;
     std::atomic<int64_t> next{0}, done{0};
     explicit Shared(F f) : fn(std::move(f)) {}
     void run() {
       for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
            c = next.fetch_add(1, std::memory_order_relaxed)) {
-        for (int64_t b = c * chunk; b < std::min(pairs, (c + 1) * chunk); ++b) fn(b);
+        for (int64_t i = c * chunk; i < std::min(items, (c + 1) * chunk); ++i) fn(i);
         done.fetch_add(1, std::memory_order_release);
       }
     }
   };
   auto sh = std::make_shared<Shared>(std::move(fn));
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  sh->pairs = items;
+  sh->items = items;
   sh->chunk = std::max<int64_t>(1, items / (4 * threads));
   sh->chunks = (items + sh->chunk - 1) / sh->chunk;
   const int64_t helpers = std::min<int64_t>(threads, sh->chunks) - 1;
@@ -133,7 +133,6 @@ ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
   });
   return ffi::Error::Success();
 }
-
 
 // ------------------------------------------------------------------------------------------ decode attention
 // The two products of attention for a few queries against a KV cache, per (row, KV head) pair bt:
@@ -235,25 +234,14 @@ ffi::Error PvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi
   return ffi::Error::Success();
 }
 
+// Every kernel here takes XLA's intra-op pool, two float32 operands and one float32 result.
+auto TwoInOneOut() {
+  return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Ret<
+      ffi::Buffer<ffi::F32>>();
+}
+
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReprobePackedMatmul, PackedMatmulImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReprobeDecodeQk, QkImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReprobeDecodePv, PvImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReprobePackedMatmul, PackedMatmulImpl, TwoInOneOut());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReprobeDecodeQk, QkImpl, TwoInOneOut());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReprobeDecodePv, PvImpl, TwoInOneOut());

@@ -7,7 +7,7 @@ contiguous stream per panel, by all cores, once per call whatever B is.
 
 `pack(w)` turns a [K, N] weight into [P, K, PANEL] panels (P = ceil(N / PANEL), zero-padded); `packed_matmul(x, wp,
 n)` runs the compiled kernel (float32, CPU) on x [..., K] with at most MAX_ROWS rows; `reference_packed_matmul` is
-the same product in XLA, for tests and for machines without the kernel. Who packs what is decided in
+the same product in XLA, for tests (without the kernel the model multiplies its own unpacked weights). Who packs what is decided in
 `reprobe_jax.models.transformer.with_packed_weights` (models whose matmul weights exceed MIN_MODEL_BYTES, float32,
 one CPU device).
 """
@@ -23,7 +23,8 @@ from reprobe_jax.kernels.build import build
 
 PANEL = 32  # columns per panel (two 16-float vectors in the kernel)
 # Rows up to which the decode path uses the kernel: on a 2-core AMD EPYC (Zen 4) a 30-layer chain of SmolLM2's
-# projection shapes ran 1.33x / 2.11x / 1.66x / 1.28x / 1.16x XLA's dots at 1 / 8 / 32 / 64 / 128 rows (docs/kernels.md).
+# projection shapes ran 1.33x / 1.92x / 1.47x / 1.15x XLA's dots at 1 / 8 / 32 / 128 rows
+# (`python -m bench.chain --m=1,8,32,128 --packed`, docs/kernels.md).
 MAX_ROWS = 128
 # Models whose matmul weights are smaller than this (the built-in 0.9M-parameter target) keep XLA's dots: their
 # weights stay in cache, where XLA's dots are not the bottleneck, and their numerics (and the README's bands) stay.

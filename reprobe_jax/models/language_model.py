@@ -114,7 +114,8 @@ class LanguageModel:
     model's own. Made once per params object (replacing `params` makes a new one); the packed copies hold as many
     bytes again as the matmul weights. `decode_kernel` says which."""
     c = self._decode
-    if c is not None and c.graphdef is self.graphdef and c.params is self.params and c.packed_decode == self.packed_decode:
+    if (c is not None and c.graphdef is self.graphdef and c.params is self.params
+        and c.packed_decode == self.packed_decode):
       return c.graph, c.view_params
     if self.packed_decode is False:
       why = "off (packed_decode=False)"

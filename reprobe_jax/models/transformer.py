@@ -39,12 +39,12 @@ def _rows(x) -> int:
   return int(np.prod(x.shape[:-1]))
 
 
-def matmul(x, kernel, packed):
-  """x [..., K] @ kernel [K, N]: through the packed-weight kernel where a packed copy exists and x has at most
+def matmul(x, w, packed, preferred_element_type=None):
+  """x [..., K] @ w [K, N]: through the packed-weight kernel where a packed copy of w exists and x has at most
   `kernels.MAX_ROWS` rows (a decode step), else XLA's dot."""
   if packed is not None and _rows(x) <= kernels.MAX_ROWS:
-    return kernels.packed_matmul(x, packed[...], kernel.shape[1])
-  return jnp.einsum("...i,io->...o", x, kernel[...])
+    return kernels.packed_matmul(x, packed[...], w.shape[1])
+  return jnp.einsum("...i,io->...o", x, w, preferred_element_type=preferred_element_type)
 
 
 class Linear(nnx.Module):
@@ -56,7 +56,7 @@ class Linear(nnx.Module):
     self.packed = None  # a PackedWeight in the decode view on CPU (with_packed_weights)
 
   def __call__(self, x):
-    y = matmul(x, self.kernel, self.packed)
+    y = matmul(x, self.kernel[...], self.packed)
     return y + self.bias[...] if self.bias is not None else y
 
 
@@ -360,10 +360,7 @@ class Decoder(nnx.Module):
     if cfg.num_layers in layers_wanted:
       self.sow(nnx.Intermediate, f"hidden_{cfg.num_layers}", x)
     head = self.embed_tokens[...].T if self.lm_head is None else self.lm_head[...]
-    if self.packed_head is not None and _rows(x) <= kernels.MAX_ROWS:
-      logits = kernels.packed_matmul(x, self.packed_head[...], cfg.vocab_size)
-    else:
-      logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
+    logits = matmul(x, head, self.packed_head, preferred_element_type=jnp.float32)
     if cfg.final_logit_softcapping is not None:
       cap = cfg.final_logit_softcapping
       logits = jnp.tanh(logits / cap) * cap
