@@ -129,8 +129,7 @@ def _without_eos(lm: LanguageModel) -> LanguageModel:
   """The same weights with no EOS token, so every row decodes max_new_tokens: our counterpart of HF's
   min_new_tokens (an instruct model otherwise ends some rows after a few tokens, and the two sides would
   time different work). Prompts are token ids, so no tokenizer is needed."""
-  return LanguageModel(dataclasses.replace(lm.config, eos_token_ids=()), lm.graphdef, lm.params, None,
-                       shard=lm.shard, dtype=lm.dtype)
+  return lm.sharing_weights(config=dataclasses.replace(lm.config, eos_token_ids=()))
 
 
 def _generate_pair(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):

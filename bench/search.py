@@ -66,8 +66,7 @@ def target(pair: Pair, n_problems: int, seed: int = 0) -> tuple[LanguageModel, l
     from reprobe_jax.trajectories import prompt_text
     problems = tasks.make_problems("arithmetic", n_problems, seed=seed, difficulty=2)
     return lm, lm.encode([prompt_text(lm, p, "line") for p in problems]), "arithmetic problems (prompt_text, line mode)"
-  lm = LanguageModel(lm.config, lm.graphdef, lm.params, word_tokenizer(lm.config.vocab_size), shard=lm.shard,
-                     dtype=lm.dtype)
+  lm = lm.sharing_weights(tokenizer=word_tokenizer(lm.config.vocab_size))
   rng = np.random.default_rng(seed)
   words = np.array([i for i in range(1, lm.config.vocab_size) if i % LINE_WORD_EVERY != LINE_WORD_EVERY - 1])
   prompts = [rng.choice(words, size=8 + 4 * (i % 3)).tolist() for i in range(n_problems)]

@@ -91,8 +91,7 @@ def with_tokenizer(lm: LanguageModel) -> LanguageModel:
   """`lm` itself, or the same weights with `word_tokenizer` when it has no tokenizer."""
   if lm.tokenizer is not None:
     return lm
-  return LanguageModel(lm.config, lm.graphdef, lm.params, word_tokenizer(lm.config.vocab_size), shard=lm.shard,
-                       dtype=lm.dtype)
+  return lm.sharing_weights(tokenizer=word_tokenizer(lm.config.vocab_size))
 
 
 def _random_words(lm: LanguageModel, n: int, seed: int) -> ThinkingSet:

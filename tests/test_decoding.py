@@ -255,3 +255,33 @@ def test_per_row_key_arguments_are_checked(lm):
   state = smp.prefill(PROMPTS, max_new_tokens=4)
   with pytest.raises(ConfigError, match="rekey: need \\[4\\] typed PRNG keys"):
     decoding.rekey(state, decoding.row_keys(decoding.prompt_keys(0, [1, 2]), 1))
+
+
+# ------------------------------------------------------------------------------------------ the cache write
+
+def _cache_copies(lm, batch: int) -> list[str]:
+  """The compiled decode loop's copy instructions of a whole layer's K or V cache, for `batch` prompts."""
+  smp = lm.sampler(SamplingParams(temperature=0))
+  state = smp.prefill([[1, 5, 6, 7]] * batch, max_new_tokens=6)
+  p = smp.params
+  text = decoding.decode.lower(*lm.decode_view(), state, smp.stop, smp._eos, jnp.float32(p.temperature),
+                               jnp.float32(p.top_p), jnp.int32(6), greedy=p.greedy, top_k=p.top_k,
+                               filtered=p.filtered, capture=smp.capture, shard=lm.shard).compile().as_text()
+  k = state.cache.k[0]
+  shape = "f32[" + ",".join(map(str, k.shape)) + "]"
+  return [line for line in text.splitlines() if f"= {shape}" in line and " copy(" in line]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_batch_one_decode_copies_no_cache(lm, packed):
+  """With the CPU attention kernels reading the cache reshaped to [B * KV, S, Dh], XLA:CPU duplicated each layer's
+  one-row cache write into a second fusion for the reshape and copied every layer's K and V cache on every step
+  (and again where the step's cond joined); the kernels now take [B, KV, S, Dh] as it is and the compiled loop has
+  none of those copies, with XLA's products or the kernels (issue 19's batch-1 bandwidth)."""
+  from reprobe_jax import kernels
+  if packed and not kernels.available():
+    pytest.skip(f"kernel not built: {kernels.unavailable_reason()}")
+  from reprobe_jax.models import LanguageModel
+  m = LanguageModel(lm.config, lm.graphdef, lm.params, lm.tokenizer)
+  m.packed_decode = packed
+  assert _cache_copies(m, 1) == []

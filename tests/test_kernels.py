@@ -4,6 +4,8 @@ view that uses them (`LanguageModel.decode_view`), held to the same decode throu
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -128,6 +130,17 @@ def test_decode_view_is_made_once_per_params_and_follows_replaced_params(tiny):
 
 
 @needs_kernel
+def test_a_model_sharing_the_weights_shares_the_packed_copies(tiny):
+  lm = LanguageModel(tiny.config, tiny.graphdef, tiny.params, tiny.tokenizer)
+  lm.packed_decode = True
+  other = lm.sharing_weights(config=dataclasses.replace(tiny.config, eos_token_ids=()))
+  assert other.config.eos_token_ids == () and other.tokenizer is tiny.tokenizer
+  assert other.decode_view()[1] is lm.decode_view()[1] and other.decode_kernel == "packed (CPU kernels)"
+  other.packed_decode = False  # its own choice, not the first model's
+  assert other.decode_view()[1] is other.params and lm.decode_kernel == "packed (CPU kernels)"
+
+
+@needs_kernel
 def test_packed_decode_gives_the_same_tokens_and_features_as_xla_dots(tiny):
   """Greedy decode with capture through the kernel against the same decode through XLA's dots; and each prompt
   decoded alone (another padding bucket, so the rest of the step may round differently) gives the batch's tokens and
@@ -178,6 +191,15 @@ def test_decode_attention_products_match_float64(p, q, s, d):
   np.testing.assert_allclose(out, np.einsum("pqs,psd->pqd", probs.astype(np.float64), vs), atol=2e-5 * np.sqrt(s))
   np.testing.assert_allclose(np.asarray(attention.reference_qk(jnp.asarray(qs), jnp.asarray(ks))), scores, atol=1e-4)
   np.testing.assert_allclose(np.asarray(attention.reference_pv(jnp.asarray(probs), jnp.asarray(vs))), out, atol=1e-4)
+  # Leading dimensions are pairs too ([B, KV, S, D] as the cache is kept): the same products, bit for bit.
+  if p % 3 == 0:
+    split = lambda a: jnp.asarray(a).reshape(3, p // 3, *a.shape[1:])
+    np.testing.assert_array_equal(np.asarray(jax.jit(attention.decode_qk)(split(qs), split(ks))).reshape(scores.shape),
+                                  scores)
+    np.testing.assert_array_equal(np.asarray(jax.jit(attention.decode_pv)(split(probs), split(vs))).reshape(out.shape),
+                                  out)
+    with pytest.raises(ValueError, match="same leading dimensions"):
+      attention.decode_qk(split(qs), jnp.asarray(ks))
   with pytest.raises(ValueError, match="head sizes differ"):
     attention.decode_qk(jnp.asarray(qs), jnp.asarray(ks[..., :-1]))
   with pytest.raises(ValueError, match="probabilities per query"):

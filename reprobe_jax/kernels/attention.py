@@ -32,36 +32,38 @@ def _target(which) -> str:
 
 
 def _check(a, b, what: str):
-  if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0]:
-    raise ValueError(f"{what}: [P, Q, .] and [P, S, D] expected, got {a.shape} and {b.shape}")
+  if a.ndim < 3 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]:
+    raise ValueError(f"{what}: [..., Q, .] and [..., S, D] with the same leading dimensions expected, got {a.shape} "
+                     f"and {b.shape}")
   if a.dtype != jnp.float32 or b.dtype != jnp.float32:
     raise ValueError(f"{what}: float32 only, got {a.dtype} and {b.dtype}")
 
 
 def reference_qk(q, k):
-  return jnp.einsum("pqd,psd->pqs", q, k, preferred_element_type=jnp.float32)
+  return jnp.einsum("...qd,...sd->...qs", q, k, preferred_element_type=jnp.float32)
 
 
 def reference_pv(p, v):
-  return jnp.einsum("pqs,psd->pqd", p, v)
+  return jnp.einsum("...qs,...sd->...qd", p, v)
 
 
 def _call(which, a, b, last: int):
-  out = jax.ShapeDtypeStruct((a.shape[0], a.shape[1], last), jnp.float32)
+  out = jax.ShapeDtypeStruct(a.shape[:-1] + (last,), jnp.float32)
   return jax.ffi.ffi_call(_target(which), out, vmap_method="sequential")(a, b)
 
 
 def decode_qk(q: jax.Array, k: jax.Array) -> jax.Array:
-  """q [P, Q, D], k [P, S, D] float32 -> scores [P, Q, S] (each score one dot product in a fixed order)."""
+  """q [..., Q, D], k [..., S, D] float32 -> scores [..., Q, S] (each score one dot product in a fixed order); the
+  leading dimensions (e.g. [B, KV]) are pairs, each read as one stream."""
   _check(q, k, "decode_qk")
-  if q.shape[2] != k.shape[2]:
+  if q.shape[-1] != k.shape[-1]:
     raise ValueError(f"decode_qk: head sizes differ, {q.shape} and {k.shape}")
-  return _call(_QK, q, k, k.shape[1])
+  return _call(_QK, q, k, k.shape[-2])
 
 
 def decode_pv(p: jax.Array, v: jax.Array) -> jax.Array:
-  """p [P, Q, S], v [P, S, D] float32 -> out [P, Q, D]."""
+  """p [..., Q, S], v [..., S, D] float32 -> out [..., Q, D]."""
   _check(p, v, "decode_pv")
-  if p.shape[2] != v.shape[1]:
-    raise ValueError(f"decode_pv: {p.shape[2]} probabilities per query against {v.shape[1]} value rows")
-  return _call(_PV, p, v, v.shape[2])
+  if p.shape[-1] != v.shape[-2]:
+    raise ValueError(f"decode_pv: {p.shape[-1]} probabilities per query against {v.shape[-2]} value rows")
+  return _call(_PV, p, v, v.shape[-1])

@@ -196,18 +196,33 @@ void pv_pair(const float* p, const float* v, float* out, int64_t nq, int64_t s_d
   }
 }
 
+// The pairs of a decode-attention operand: the product of every dimension but the last two (so [B, KV, S, D] is
+// read as B * KV pairs without a reshape in XLA, which would make it duplicate the cache write into a second
+// fusion). -1 where `a` has fewer than 3 dimensions or its leading dimensions differ from `b`'s.
+template <typename DimsA, typename DimsB>
+int64_t leading_pairs(const DimsA& a, const DimsB& b) {
+  if (a.size() < 3 || a.size() != b.size()) return -1;
+  int64_t pairs = 1;
+  for (size_t i = 0; i + 2 < a.size(); ++i) {
+    if (a[i] != b[i]) return -1;
+    pairs *= a[i];
+  }
+  return pairs;
+}
+
 ffi::Error QkImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                   ffi::ResultBuffer<ffi::F32> out) {
   const auto qd = q.dimensions(), kd = k.dimensions(), od = out->dimensions();
-  if (qd.size() != 3 || kd.size() != 3 || od.size() != 3 || kd[0] != qd[0] || kd[2] != qd[2] || od[0] != qd[0] ||
-      od[1] != qd[1] || od[2] != kd[1]) {
-    return ffi::Error::InvalidArgument("decode_qk: q [P, Q, D], k [P, S, D] -> [P, Q, S] expected");
+  const int64_t pairs = leading_pairs(qd, kd), n = qd.size();
+  if (pairs < 0 || leading_pairs(qd, od) != pairs || kd[n - 1] != qd[n - 1] || od[n - 2] != qd[n - 2] ||
+      od[n - 1] != kd[n - 2]) {
+    return ffi::Error::InvalidArgument("decode_qk: q [..., Q, D], k [..., S, D] -> [..., Q, S] expected");
   }
-  const int64_t nq = qd[1], d = qd[2], s_dim = kd[1];
+  const int64_t nq = qd[n - 2], d = qd[n - 1], s_dim = kd[n - 2];
   const float *qp = q.typed_data(), *kp = k.typed_data();
   float* op = out->typed_data();
-  if (qd[0] == 0 || nq == 0 || s_dim == 0) return ffi::Error::Success();
-  parallel_for(pool, qd[0], [=](int64_t b) {
+  if (pairs == 0 || nq == 0 || s_dim == 0) return ffi::Error::Success();
+  parallel_for(pool, pairs, [=](int64_t b) {
     qk_pair(qp + b * nq * d, kp + b * s_dim * d, op + b * nq * s_dim, nq, s_dim, d);
   });
   return ffi::Error::Success();
@@ -216,19 +231,20 @@ ffi::Error QkImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi
 ffi::Error PvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi::F32> v,
                   ffi::ResultBuffer<ffi::F32> out) {
   const auto pd = p.dimensions(), vd = v.dimensions(), od = out->dimensions();
-  if (pd.size() != 3 || vd.size() != 3 || od.size() != 3 || vd[0] != pd[0] || vd[1] != pd[2] || od[0] != pd[0] ||
-      od[1] != pd[1] || od[2] != vd[2]) {
-    return ffi::Error::InvalidArgument("decode_pv: p [P, Q, S], v [P, S, D] -> [P, Q, D] expected");
+  const int64_t pairs = leading_pairs(pd, vd), n = pd.size();
+  if (pairs < 0 || leading_pairs(pd, od) != pairs || vd[n - 2] != pd[n - 1] || od[n - 2] != pd[n - 2] ||
+      od[n - 1] != vd[n - 1]) {
+    return ffi::Error::InvalidArgument("decode_pv: p [..., Q, S], v [..., S, D] -> [..., Q, D] expected");
   }
-  const int64_t nq = pd[1], s_dim = pd[2], d = vd[2];
+  const int64_t nq = pd[n - 2], s_dim = pd[n - 1], d = vd[n - 1];
   const float *pp = p.typed_data(), *vp = v.typed_data();
   float* op = out->typed_data();
-  if (pd[0] == 0 || nq == 0 || d == 0) return ffi::Error::Success();
+  if (pairs == 0 || nq == 0 || d == 0) return ffi::Error::Success();
   if (s_dim == 0) {
-    std::memset(op, 0, sizeof(float) * pd[0] * nq * d);
+    std::memset(op, 0, sizeof(float) * pairs * nq * d);
     return ffi::Error::Success();
   }
-  parallel_for(pool, pd[0], [=](int64_t b) {
+  parallel_for(pool, pairs, [=](int64_t b) {
     pv_pair(pp + b * nq * s_dim, vp + b * s_dim * d, op + b * nq * d, nq, s_dim, d);
   });
   return ffi::Error::Success();

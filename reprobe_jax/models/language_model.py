@@ -131,6 +131,17 @@ class LanguageModel:
     self._decode = _DecodeView(self.graphdef, self.params, self.packed_decode, graph, params, why)
     return graph, params
 
+  def sharing_weights(self, *, config: ModelConfig | None = None, tokenizer=None) -> "LanguageModel":
+    """The same weights under another config (e.g. no EOS ids) or tokenizer, sharing this model's decode view: the
+    packed copies are made once per params object, not once per `LanguageModel` (each holds as many bytes as the
+    matmul weights). The config must describe the same architecture; only token ids and the like may differ."""
+    lm = LanguageModel(config or self.config, self.graphdef, self.params,
+                       tokenizer if tokenizer is not None else self.tokenizer, shard=self.shard, dtype=self.dtype)
+    lm.packed_decode = self.packed_decode
+    self.decode_view()
+    lm._decode = self._decode  # checked by graphdef, params and packed_decode identity on each use: valid for both
+    return lm
+
   @property
   def decode_kernel(self) -> str:
     """Which matmuls the decode path runs: 'packed (CPU kernels)' or 'XLA dots (<why not packed>)'."""

@@ -151,18 +151,17 @@ class Attention(nnx.Module):
     k = k.astype(q.dtype)
     if not self._kernels_for(q.shape[2], q.dtype):
       return jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
-    p, kvh, nq, hd = q.shape
-    scores = attention_kernels.decode_qk(q.reshape(p * kvh, nq, hd), k.reshape(p * kvh, k.shape[2], hd))
-    return scores.reshape(p, kvh, nq, k.shape[2])
+    # The cache goes in as it is kept, [B, KV, S, Dh]: reshaped to [B * KV, S, Dh], XLA fused a second copy of the
+    # layer's cache write into the reshape and then copied the whole K and V cache of every layer on every batch-1
+    # step (tests/test_decoding.py, test_batch_one_decode_copies_no_cache).
+    return attention_kernels.decode_qk(q, k)
 
   def _pv(self, probs, v, dtype):
     """probs [P, KV, Q, S] . v [P, KV, S, Dh] -> [P, KV, Q, Dh] in `dtype`, as `_qk` chooses."""
     probs, v = probs.astype(dtype), v.astype(dtype)
     if not self._kernels_for(probs.shape[2], dtype):
       return jnp.einsum("bkqs,bksd->bkqd", probs, v)
-    p, kvh, nq, s = probs.shape
-    out = attention_kernels.decode_pv(probs.reshape(p * kvh, nq, s), v.reshape(p * kvh, s, v.shape[3]))
-    return out.reshape(p, kvh, nq, v.shape[3])
+    return attention_kernels.decode_pv(probs, v)
 
   def __call__(self, x, cos, sin, mask, kv_cache, write_index, write_slots, capture: CaptureSpec, layout):
     """x [B, T, D]; mask [B, T, S] bool; kv_cache (k, v) [B, KV, S, Dh] or None. Returns out, (k, v).
