@@ -7,6 +7,7 @@ calls; throughput uses the median. Each row also records a parity check, so a fa
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import numpy as np
@@ -129,29 +130,58 @@ def _without_eos(lm: LanguageModel) -> LanguageModel:
   """The same weights with no EOS token, so every row decodes max_new_tokens: our counterpart of HF's
   min_new_tokens (an instruct model otherwise ends some rows after a few tokens, and the two sides would
   time different work). Prompts are token ids, so no tokenizer is needed."""
-  return lm.sharing_weights(config=dataclasses.replace(lm.config, eos_token_ids=()))
+  return lm.sharing_weights(config=dataclasses.replace(lm.config, eos_token_ids=()), tokenizer=None)
 
 
-def _generate_pair(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
-  """Times our greedy generate and HF's (min_new_tokens = max_new_tokens = n_new) on the same prompts [B, P]."""
+def _hf_generate(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
+  """Times HF's greedy generate (min_new_tokens = max_new_tokens = n_new) on prompts [B, P]; returns (timing,
+  new tokens [B, n_new])."""
   torch = _torch()
-  lm = _without_eos(pair.lm)
-  lists = prompts.tolist()
-  greedy = SamplingParams(temperature=0)
-  t_ours, gen = time_call(lambda: lm.generate(lists, greedy, max_new_tokens=n_new), repeats)
   ids_t = torch.from_numpy(prompts).long().to(pair.device)
   pair.hf.set_attn_implementation("sdpa")
 
   def hf():
     with torch.inference_mode():
       out = pair.hf.generate(input_ids=ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False,
-                             max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=lm.pad_id(),
+                             max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=_without_eos(pair.lm).pad_id(),
                              temperature=None, top_p=None, top_k=None)
     _sync(pair)
     return out
 
   t_hf, out = time_call(hf, repeats)
-  return t_ours, gen, t_hf, out[:, prompts.shape[1]:].cpu().numpy()
+  return t_hf, out[:, prompts.shape[1]:].cpu().numpy()
+
+
+def _generate_pair(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
+  """Times our greedy generate and HF's (min_new_tokens = max_new_tokens = n_new) on the same prompts [B, P]."""
+  lm = _without_eos(pair.lm)
+  lists = prompts.tolist()
+  greedy = SamplingParams(temperature=0)
+  t_ours, gen = time_call(lambda: lm.generate(lists, greedy, max_new_tokens=n_new), repeats)
+  t_hf, hf_tokens = _hf_generate(pair, prompts, n_new, repeats)
+  return t_ours, gen, t_hf, hf_tokens
+
+
+def decode_loop_step(lm: LanguageModel, prompts: np.ndarray, n_new: int, repeats: int) -> dict:
+  """Our greedy decode loop timed alone: each repeat prefills (untimed), then times `Sampler.decode` over the
+  n_new tokens, which runs n_new - 1 forwards (the first token comes from the prefill's logits). The step is the
+  fastest repeat over n_new - 1, so the last iteration's sampling is counted in, never a forward left out. No
+  difference of two runs: a difference of two fastest runs of ~0.6 s over a 15-step gap moved the batch-1 step by
+  +-4 ms (9.7 to 21 ms) between two passes on one machine."""
+  lm = _without_eos(lm)
+  smp = lm.sampler(SamplingParams(temperature=0))
+  lists = prompts.tolist()
+  warm = smp.decode(smp.prefill(lists, max_new_tokens=n_new))  # compiles both programs
+  jax.block_until_ready(warm)
+  lengths = np.asarray(warm.lengths)[:len(lists)]
+  times = []
+  for _ in range(repeats):
+    state = jax.block_until_ready(smp.prefill(lists, max_new_tokens=n_new))
+    t0 = time.perf_counter()
+    jax.block_until_ready(smp.decode(state))
+    times.append(time.perf_counter() - t0)
+  return {"step_s": min(times) / (n_new - 1), "forwards": n_new - 1, "times_s": times,
+          "valid": bool(n_new > 1 and np.all(lengths == n_new))}
 
 
 def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_time: bool = False) -> dict:
@@ -159,9 +189,11 @@ def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_ti
 
   Both sides decode n_new tokens per row (EOS off on ours, min_new_tokens on HF); throughput counts the tokens
   actually produced. HF's min_new_tokens masks EOS while ours only ignores it, so the greedy parity check compares
-  each row up to our first EOS token. With step_time, a second pair of runs with fewer new tokens (same length
-  bucket: no recompile) gives the per-token decode time without the prefill (the bandwidth roofline reads batch 1's),
-  and a third pair with one new token the time to the first token (prefill included).
+  each row up to our first EOS token. With step_time, the per-token decode time without the prefill (the
+  bandwidth roofline reads batch 1's): ours from our decode loop timed alone (`decode_loop_step`), HF's from the
+  difference of a second pair of runs with fewer new tokens (same length bucket: no recompile), since `generate`
+  cannot be timed apart from its prefill; and a third pair with one new token gives the time to the first token
+  (prefill included).
   """
   b, p = prompts.shape
   t_ours, gen, t_hf, hf_tokens = _generate_pair(pair, prompts, n_new, repeats)
@@ -176,14 +208,15 @@ def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_ti
                       "hf_tokens_produced": float(hf_tokens.size)}}
   if step_time:
     n_short = n_new // 2 + 1
-    t_ours2, gen2, t_hf2, _ = _generate_pair(pair, prompts, n_short, repeats)
-    full_rows = bool(np.all(gen.lengths == n_new) and np.all(gen2.lengths == n_short))
+    t_hf2, _ = _hf_generate(pair, prompts, n_short, repeats)
+    loop = decode_loop_step(pair.lm, prompts, n_new, repeats)
     # Fastest runs, not medians: a difference of two medians on a loaded machine can come out near zero or negative
     # (a step "faster" than the memory allows); the fastest run of each length is the least disturbed one.
-    ours_step = (t_ours.min_s - t_ours2.min_s) / (n_new - n_short)
     hf_step = (t_hf.min_s - t_hf2.min_s) / (n_new - n_short)
-    extra["decode_step_s"] = {"ours": ours_step, "hf": hf_step, "from_new_tokens": [n_short, n_new],
-                              "of": "fastest runs", "valid": full_rows and ours_step > 0 and hf_step > 0}
+    extra["decode_step_s"] = {"ours": loop["step_s"], "hf": hf_step, "from_new_tokens": [n_short, n_new],
+                              "ours_from": f"decode loop alone, {loop['forwards']} forwards", "of": "fastest runs",
+                              "ours_loop_times_s": loop["times_s"],
+                              "valid": loop["valid"] and bool(np.all(gen.lengths == n_new)) and hf_step > 0}
     # The other phase: prefill and the first token alone (one new token), so a batch's end-to-end ratio can be read
     # as its two phases (at batch 32 the 64-token prompts' prefill is about half of our end-to-end time).
     t_ours1, _, t_hf1, _ = _generate_pair(pair, prompts, 1, repeats)

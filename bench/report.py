@@ -91,10 +91,10 @@ def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, b
 
 
 def decode_phases(rows: dict) -> list[dict]:
-  """Each greedy-decode row's end-to-end ratio split into its two phases: the decode step (the difference of two
-  run lengths, `cases.decode(step_time=True)`) and the time to the first token (prefill included). Rows without
-  both measurements are left out; a step difference that is not valid (a row ended early, a negative time) is
-  reported as None."""
+  """Each greedy-decode row's end-to-end ratio split into its two phases: the decode step (ours: the decode loop
+  timed alone; HF's: the difference of two run lengths; `cases.decode(step_time=True)`) and the time to the first
+  token (prefill included). Rows without both measurements are left out; a step that is not valid (a row ended
+  early, a negative difference) is reported as None."""
   out = []
   for name, r in rows.items():
     step, first = r.get("decode_step_s"), r.get("first_token_s")
@@ -117,8 +117,9 @@ def decode_phases_markdown(phases: list[dict]) -> list[str]:
   ms = lambda s: "-" if s is None else f"{s * 1e3:.1f} ms"
   x = lambda r: "-" if r is None else f"{r:.2f}x"
   short, full = phases[0]["step_from_new_tokens"] or ("?", phases[0]["new_tokens"])
-  lines = ["Greedy decode by phase (fastest runs; the step is the difference of the "
-           f"{short}- and {full}-new-token runs, the first token a run with one new token, prefill included):", "",
+  lines = ["Greedy decode by phase (fastest runs; our step is our decode loop timed alone over "
+           f"{full} new tokens, PyTorch's the difference of its {short}- and {full}-new-token `generate` runs; the "
+           "first token a run with one new token, prefill included):", "",
            "| batch | end to end | decode step, reprobe-jax | PyTorch | ratio | first token, reprobe-jax | PyTorch | "
            "ratio |", "|---|---|---|---|---|---|---|---|"]
   for p in phases:

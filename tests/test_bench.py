@@ -382,7 +382,7 @@ def test_decode_phases_split_the_end_to_end_ratio():
   assert p["end_to_end_ratio"] == 1.9 and p["ours_step_s"] == 0.04
   assert phases[8]["step_ratio"] is None and phases[8]["ours_step_s"] is None  # an invalid difference is no figure
   md = "\n".join(report.decode_phases_markdown(list(phases.values())))
-  assert "17- and 32-new-token runs" in md
+  assert "decode loop timed alone over 32 new tokens" in md and "its 17- and 32-new-token `generate` runs" in md
   assert "| 32 | 1.90x | 40.0 ms | 160.0 ms | 4.00x | 3.00 s | 3.30 s | 1.10x |" in md
   assert "| 8 | 1.90x | - | - | - |" in md
   assert report.decode_phases_markdown([]) == []
@@ -516,3 +516,18 @@ def test_attention_bench_sides_compute_the_same_and_bad_lists_are_refused():
   k, v = (jnp.asarray(rng.standard_normal((6, 40, ab.HEAD), dtype=np.float32)) for _ in range(2))
   np.testing.assert_allclose(np.asarray(ab.attention_kernel(q, k, v)), np.asarray(ab.attention_xla(q, k, v)),
                              atol=1e-5)
+
+
+def test_decode_loop_step_times_the_loop_alone_and_says_when_rows_ended_early(tiny_llama_dir):
+  """The batch-1 roofline's step: our decode loop timed apart from its prefill, over n_new - 1 forwards; valid only
+  when every row decoded all n_new tokens (EOS is off, as on the generate side)."""
+  from bench import cases
+  from bench.cases import decode_loop_step
+  from reprobe_jax.models import load_pretrained
+  lm = load_pretrained(tiny_llama_dir)
+  assert lm.tokenizer is not None and lm.tokenizer.eos_token_id is not None  # an EOS from the tokenizer is off too
+  assert not cases._without_eos(lm).eos_mask().any() and lm.eos_mask().any()
+  r = decode_loop_step(lm, np.array([[1, 10, 11, 12]]), 8, 5)
+  assert r["valid"] is True and r["forwards"] == 7 and len(r["times_s"]) == 5
+  assert r["step_s"] == pytest.approx(min(r["times_s"]) / 7)
+  assert lm.config.eos_token_ids  # the caller's model keeps its EOS ids

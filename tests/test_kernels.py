@@ -135,6 +135,7 @@ def test_a_model_sharing_the_weights_shares_the_packed_copies(tiny):
   lm.packed_decode = True
   other = lm.sharing_weights(config=dataclasses.replace(tiny.config, eos_token_ids=()))
   assert other.config.eos_token_ids == () and other.tokenizer is tiny.tokenizer
+  assert lm.sharing_weights(tokenizer=None).tokenizer is None
   assert other.decode_view()[1] is lm.decode_view()[1] and other.decode_kernel == "packed (CPU kernels)"
   other.packed_decode = False  # its own choice, not the first model's
   assert other.decode_view()[1] is other.params and lm.decode_kernel == "packed (CPU kernels)"

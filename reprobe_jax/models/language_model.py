@@ -70,6 +70,9 @@ def _strings(name: str, values) -> tuple[str, ...]:
   return values
 
 
+KEEP = object()  # `sharing_weights`: keep this model's tokenizer
+
+
 @dataclasses.dataclass(frozen=True)
 class _DecodeView:
   """`LanguageModel.decode_view`'s cache: what it was made from, what it is, and why it is not packed ('' if it is)."""
@@ -131,12 +134,13 @@ class LanguageModel:
     self._decode = _DecodeView(self.graphdef, self.params, self.packed_decode, graph, params, why)
     return graph, params
 
-  def sharing_weights(self, *, config: ModelConfig | None = None, tokenizer=None) -> "LanguageModel":
-    """The same weights under another config (e.g. no EOS ids) or tokenizer, sharing this model's decode view: the
-    packed copies are made once per params object, not once per `LanguageModel` (each holds as many bytes as the
-    matmul weights). The config must describe the same architecture; only token ids and the like may differ."""
+  def sharing_weights(self, *, config: ModelConfig | None = None, tokenizer: Any = KEEP) -> "LanguageModel":
+    """The same weights under another config (e.g. no EOS ids) or tokenizer (None: none), sharing this model's
+    decode view: the packed copies are made once per params object, not once per `LanguageModel` (each holds as
+    many bytes as the matmul weights). The config must describe the same architecture; only token ids and the like
+    may differ."""
     lm = LanguageModel(config or self.config, self.graphdef, self.params,
-                       tokenizer if tokenizer is not None else self.tokenizer, shard=self.shard, dtype=self.dtype)
+                       self.tokenizer if tokenizer is KEEP else tokenizer, shard=self.shard, dtype=self.dtype)
     lm.packed_decode = self.packed_decode
     self.decode_view()
     lm._decode = self._decode  # checked by graphdef, params and packed_decode identity on each use: valid for both
