@@ -77,7 +77,8 @@ def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, b
       d[f"{side}_of_bound"], d[f"{side}_status"] = b["fraction"], b["status"]
       if "error" in b:
         out["harness_errors"].append(b["error"])
-    d["step_time_source"] = "decode-only difference" if step.get("valid") else "end-to-end (prefill included)"
+    d["step_time_source"] = (f"ours: {step.get('ours_from', 'decode-only difference')}; PyTorch: decode-only "
+                             "difference" if step.get("valid") else "end-to-end (prefill included)")
     # What a read-only kernel was seen to reach (the bound also counts copies): how far below the bound the memory
     # reads themselves stop on this machine. A ratio, not a bound: our step may beat the read kernels measured.
     reads = [(v, f"{kind} ({fw})") for kind in ("read", "gemv") for fw, v in bw["kinds"].get(kind, {}).items()]
