@@ -26,7 +26,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 import numpy as np
 
 from reprobe_jax import steps as step_lib
-from reprobe_jax.config import Int, Real, check_fields
+from reprobe_jax.config import Int, OneOf, Real, check_fields
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.labels import labels_from_json, labels_to_json
 from reprobe_jax.features import FeatureSpec, union_capture, with_logprobs
@@ -238,49 +238,54 @@ class TrajectoryConfig:
   # Worked examples (clean reference solutions of other problems of the same family, easiest difficulty) shown as
   # earlier chat turns: a pretrained model that never saw the format learns it in context. 0 for the built-in target.
   few_shot: int = 0
+  # Spell out the first step's starting point in qa and planning questions (`TaskFamily.first_step_question`), in
+  # the worked examples too: SmolLM2-135M otherwise starts from a person or room of the fact list, not the
+  # question's (docs/tasks.md, "SmolLM2"). Off for the built-in target.
+  first_step: bool = False
 
   def __post_init__(self):
     # temperature 0 is greedy, top_k 0 and top_p 1 are off; errors name config.trajectories.<field> when built by
     # replace_fields, else TrajectoryConfig.<field>
     check_fields(self, {"samples": Int(1), "temperature": Real(0.0), "top_k": Int(0),
                         "top_p": Real(0.0, 1.0, low_open=True), "max_new_tokens": Int(1), "batch_size": Int(1),
-                        "seed": Int(0), "few_shot": Int(0)})
+                        "seed": Int(0), "few_shot": Int(0), "first_step": OneOf((False, True))})
 
 
 SHOT_SEED = 3_000_017  # few-shot examples come from their own seed, disjoint from every split
 
 
-def few_shot_turns(problem: Problem, mode: str, k: int) -> list[dict]:
+def few_shot_turns(problem: Problem, mode: str, k: int, first_step: bool = False) -> list[dict]:
   """k (user, assistant) message pairs: the same family's problems with their clean reference solutions."""
-  return [dict(m) for m in _shots(problem.domain, mode, k)]
+  return [dict(m) for m in _shots(problem.domain, mode, k, first_step)]
 
 
 @functools.lru_cache(maxsize=64)
-def _shots(domain: str, mode: str, k: int) -> tuple:
+def _shots(domain: str, mode: str, k: int, first_step: bool = False) -> tuple:
   from reprobe_jax.tasks import make_problems
   from reprobe_jax.tasks.traces import TraceNoise, solve
 
   turns = []
   for shot in make_problems(domain, k, SHOT_SEED, 1) if k > 0 else []:
     trace = solve(shot, shot.domain, np.random.default_rng(0), mode, TraceNoise.clean())
-    turns += [(("role", "user"), ("content", user_prompt(shot, mode, example=False))),
+    turns += [(("role", "user"), ("content", user_prompt(shot, mode, example=False, first_step=first_step))),
               (("role", "assistant"), ("content", trace.text))]
   return tuple(turns)
 
 
-def prompt_text(lm: LanguageModel, problem: Problem, mode: str, few_shot: int = 0) -> str:
-  """The chat-formatted prompt (after `few_shot` worked examples); without a chat template, plain text turns."""
+def prompt_text(lm: LanguageModel, problem: Problem, mode: str, few_shot: int = 0, first_step: bool = False) -> str:
+  """The chat-formatted prompt (after `few_shot` worked examples; `first_step`: `TrajectoryConfig.first_step`);
+  without a chat template, plain text turns."""
   # With worked examples the hint drops its made-up step (`user_prompt`'s `example`); without, it is what shows
   # the format.
-  messages = few_shot_turns(problem, mode, few_shot) + [
-      {"role": "user", "content": user_prompt(problem, mode, example=few_shot == 0)}]
+  messages = few_shot_turns(problem, mode, few_shot, first_step) + [
+      {"role": "user", "content": user_prompt(problem, mode, example=few_shot == 0, first_step=first_step)}]
   if getattr(lm.tokenizer, "chat_template", None):
     return lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
   return "\n\n".join(m["content"] for m in messages) + ("\n\n" if few_shot else "")
 
 
 def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: str, cfg: TrajectoryConfig,
-                        *, prompt_fn: Callable[[LanguageModel, Problem, str, int], str] = prompt_text,
+                        *, prompt_fn: Callable[[LanguageModel, Problem, str, int, bool], str] = prompt_text,
                         on_batch: Callable[[int], None] | None = None,
                         feature_specs: Sequence[FeatureSpec] = (),
                         on_features: Callable[[list[Trajectory], dict[str, dict[str, np.ndarray]]], None] | None = None,
@@ -298,7 +303,7 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
   out = []
   for start in range(0, len(problems), cfg.batch_size):
     chunk = problems[start:start + cfg.batch_size]
-    prompts = [prompt_fn(lm, p, mode, cfg.few_shot) for p in chunk]
+    prompts = [prompt_fn(lm, p, mode, cfg.few_shot, cfg.first_step) for p in chunk]
     gen = lm.generate(prompts, sampling, max_new_tokens=cfg.max_new_tokens, n=cfg.samples,
                       seed=cfg.seed + start, capture=capture)
     batch = []

@@ -135,6 +135,22 @@ def test_few_shot_prompts_hold_worked_examples_of_the_same_family(lm):
   assert user_prompt(problem, "line") in prompt_text(lm, problem, "line", 0)  # no examples: the hint shows a step
 
 
+def test_first_step_prompts_spell_out_the_examples_and_the_question(lm):
+  from reprobe_jax.errors import ConfigError
+  from reprobe_jax.tasks import get_family
+  from reprobe_jax.trajectories import SHOT_SEED, TrajectoryConfig, few_shot_turns, prompt_text
+
+  family = get_family("qa")
+  problem = make_problems("qa", 1, 7, 1)[0]
+  text = prompt_text(lm, problem, "line", 2, first_step=True)
+  assert family.first_step_question(problem) in text and problem.question not in text
+  for shot, turn in zip(make_problems("qa", 2, SHOT_SEED, 1), few_shot_turns(problem, "line", 2, True)[::2]):
+    assert turn["content"] == user_prompt(shot, "line", example=False, first_step=True)
+  assert prompt_text(lm, problem, "line", 2, first_step=False) == prompt_text(lm, problem, "line", 2)
+  with pytest.raises(ConfigError, match="first_step"):
+    TrajectoryConfig(first_step=1)
+
+
 def test_run_dir_is_keyed_by_config_and_target_model(lm):
   from configs import reprobe_synthetic
   from reprobe_jax.cli import run_dir
@@ -145,6 +161,11 @@ def test_run_dir_is_keyed_by_config_and_target_model(lm):
   other_model = LanguageModel.random(lm.config, seed=1, tokenizer=lm.tokenizer)
   assert run_dir(config, other_model) != here
   config.probe.d_model = 64
+  assert run_dir(config, lm) != here
+  config.probe.d_model = reprobe_synthetic.get_config().probe.d_model
+  config.trajectories.first_step = False  # the default: the folder it had before the option
+  assert run_dir(config, lm) == here
+  config.trajectories.first_step = True
   assert run_dir(config, lm) != here
 
 

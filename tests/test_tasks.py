@@ -635,3 +635,20 @@ def test_bug_rate_follows_p_bug_and_qa_reads_mentor_backwards():
 def test_unknown_bug_is_refused():
   with pytest.raises(ConfigError, match="unknown bug"):
     TraceNoise(bugs=("carry", "typo"))
+
+
+def test_first_step_question_spells_out_where_the_first_step_starts():
+  """qa: the start person becomes the first look-up's subject; planning: the start room the first move's origin;
+  arithmetic's question already starts from its value. Everything else in the question stays as it was."""
+  qa = make_problems("qa", 1, 2_000_004, 1)[0]
+  assert qa.data["start"] == "10" and qa.data["hops"][0] == "mentor"
+  spelled = get_family("qa").first_step_question(qa)
+  assert spelled == qa.question.replace("Step 1: mentor.", "Step 1: the mentor of 10.")
+  assert spelled.startswith("Start at 10. Step 1: the mentor of 10. Step 2: friend. Who is that?")
+  plan = make_problems("planning", 1, 2_000_004, 1)[0]
+  assert get_family("planning").first_step_question(plan) == (
+      "Start at 1. Go to room 9 by a shortest route, one door per move, the first from 1. Doors: from 2 to 1 or 6; "
+      "from 5 to 9; from 9 to 5 or 6; from 6 to 2 or 9 or 1; from 1 to 6 or 2. How many moves is that?")
+  assert get_family("arithmetic").first_step_question(ARITH) == ARITH.question
+  line = user_prompt(qa, "line", example=False, first_step=True)
+  assert line == user_prompt(qa, "line", example=False).replace(qa.question, spelled)

@@ -160,6 +160,11 @@ class TaskFamily(abc.ABC):
     """An upper bound on the length of a (possibly erroneous) scripted solution, so solving always ends."""
     ...
 
+  def first_step_question(self, problem: Problem) -> str:
+    """The question with its first step's starting point spelled out where the question leaves it implicit
+    (`TrajectoryConfig.first_step`); this default, for families whose question already gives it, is the question."""
+    return problem.question
+
   # --- checker state machine --------------------------------------------------------------------------------
 
   @abc.abstractmethod

@@ -300,19 +300,22 @@ def check_response(problem: Problem, text: str, mode: str) -> Checked:
   return Checked(steps, labels, answer, family.check_answer(problem, answer), first_error(labels))
 
 
-def user_prompt(problem: Problem, mode: str, example: bool = True) -> str:
+def user_prompt(problem: Problem, mode: str, example: bool = True, first_step: bool = False) -> str:
   """The user message: the question, then how to lay out the steps and the answer in `mode`.
 
   example: the step hint gives a made-up step ("like 'the boss of 4 is 9'"). Prompts after worked examples leave
   it out (`trajectories.prompt_text`): the examples show the format, and SmolLM2-135M copied the made-up step's
   people into its own qa steps (docs/tasks.md, "SmolLM2").
+  first_step: the question with its first step's starting point spelled out (`TaskFamily.first_step_question`;
+  qa's start person as the first look-up's subject, planning's start room as the first move's origin).
   """
   _check_mode(mode)
   family = _family(problem)
+  question = family.first_step_question(problem) if first_step else problem.question
   hint = family.step_hint if example or not family.step_rule else family.step_rule
   # Kept short: the built-in tiny model reads every prompt token on two CPU cores, many thousand times.
   if mode == "line":
     how = f"Solve step by step, one '- Step k:' line each ({hint}), then '<Answer>: ...'."
   else:
     how = f"Think in <think> paragraphs ({hint}), then '**Final Answer**' and \\boxed{{}}."
-  return f"{problem.question}\n\n{how}"
+  return f"{question}\n\n{how}"

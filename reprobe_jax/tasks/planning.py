@@ -102,6 +102,12 @@ class Planning(TaskFamily):
                    data={"rooms": sorted(rooms), "doors": [list(d) for d in doors], "start": start, "goal": goal,
                          "difficulty": difficulty})
 
+  def first_step_question(self, problem: Problem) -> str:
+    """'..., one door per move.' becomes '..., one door per move, the first from 5.' (the start room): which door
+    leads closer to the goal is still to be found."""
+    return problem.question.replace("one door per move.", f"one door per move, the first from {problem.data['start']}.",
+                                    1)
+
   def validate(self, problem: Problem, where: str) -> None:
     data = problem.data
     rooms = data.get("rooms")

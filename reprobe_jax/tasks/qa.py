@@ -77,6 +77,12 @@ class MultiHopQA(TaskFamily):
                    data={"people": sorted(people), "relations": relations, "facts": triples, "start": start,
                          "hops": hops, "difficulty": difficulty})
 
+  def first_step_question(self, problem: Problem) -> str:
+    """'Step 1: mentor.' becomes 'Step 1: the mentor of 4.' (the start person as the first look-up's subject): the
+    object is still to be found among the facts, where other facts share the relation or the person."""
+    d = problem.data
+    return problem.question.replace(f"Step 1: {d['hops'][0]}.", f"Step 1: the {d['hops'][0]} of {d['start']}.", 1)
+
   def validate(self, problem: Problem, where: str) -> None:
     data = problem.data
     people, relations = data.get("people"), data.get("relations")
