@@ -139,11 +139,12 @@ def _hf_generate(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
   torch = _torch()
   ids_t = torch.from_numpy(prompts).long().to(pair.device)
   pair.hf.set_attn_implementation("sdpa")
+  pad = _without_eos(pair.lm).pad_id()
 
   def hf():
     with torch.inference_mode():
       out = pair.hf.generate(input_ids=ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False,
-                             max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=_without_eos(pair.lm).pad_id(),
+                             max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=pad,
                              temperature=None, top_p=None, top_k=None)
     _sync(pair)
     return out
