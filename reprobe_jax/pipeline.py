@@ -204,7 +204,8 @@ def data_fingerprint(lm: LanguageModel, cfg: ReprobeConfig) -> str:
   h = hashlib.sha256()
   for split, problems in split_problems(cfg).items():
     for p in problems:
-      prompt = prompt_text(lm, p, cfg.mode, cfg.trajectories.few_shot, cfg.trajectories.first_step)
+      prompt = prompt_text(lm, p, cfg.mode, cfg.trajectories.few_shot, cfg.trajectories.first_step,
+                           cfg.trajectories.goal_mark)
       h.update(json.dumps([split, p.to_json(), prompt]).encode())
   return h.hexdigest()
 
@@ -218,8 +219,9 @@ def run_folder(root: str, lm: LanguageModel, cfg: ReprobeConfig) -> str:
     del config[name]
   if tuple(cfg.ood_difficulties) in ((), tuple(cfg.difficulties)):  # the same problems: the folder it had before
     del config["ood_difficulties"]
-  if not cfg.trajectories.first_step:  # the same prompts: the folder it had before the option existed
-    del config["trajectories"]["first_step"]
+  for option in ("first_step", "goal_mark"):  # off: the same prompts, the folder it had before the option existed
+    if not getattr(cfg.trajectories, option):
+      del config["trajectories"][option]
   annotation = annotator_key(cfg.annotator, cfg.judge, cfg.labels_path)
   if annotation is not None:
     config["annotation"] = annotation

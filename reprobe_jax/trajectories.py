@@ -27,7 +27,7 @@ import numpy as np
 
 from reprobe_jax import steps as step_lib
 from reprobe_jax.config import Int, OneOf, Real, check_fields
-from reprobe_jax.errors import DataFormatError
+from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.labels import labels_from_json, labels_to_json
 from reprobe_jax.features import FeatureSpec, union_capture, with_logprobs
 from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
@@ -242,42 +242,74 @@ class TrajectoryConfig:
   # the worked examples too: SmolLM2-135M otherwise starts from a person or room of the fact list, not the
   # question's (docs/tasks.md, "SmolLM2"). Off for the built-in target.
   first_step: bool = False
+  # Worked examples end the step that completes the chain with the family's `done_mark` (planning: 'move from 6 to
+  # 9 (the goal)'): SmolLM2-135M otherwise walks on past the goal (docs/tasks.md, "SmolLM2"). Line mode only; off
+  # for the built-in target.
+  goal_mark: bool = False
 
   def __post_init__(self):
     # temperature 0 is greedy, top_k 0 and top_p 1 are off; errors name config.trajectories.<field> when built by
     # replace_fields, else TrajectoryConfig.<field>
     check_fields(self, {"samples": Int(1), "temperature": Real(0.0), "top_k": Int(0),
                         "top_p": Real(0.0, 1.0, low_open=True), "max_new_tokens": Int(1), "batch_size": Int(1),
-                        "seed": Int(0), "few_shot": Int(0), "first_step": OneOf((False, True))})
+                        "seed": Int(0), "few_shot": Int(0), "first_step": OneOf((False, True)),
+                        "goal_mark": OneOf((False, True))})
 
 
 SHOT_SEED = 3_000_017  # few-shot examples come from their own seed, disjoint from every split
 
 
-def few_shot_turns(problem: Problem, mode: str, k: int, first_step: bool = False) -> list[dict]:
-  """k (user, assistant) message pairs: the same family's problems with their clean reference solutions."""
-  return [dict(m) for m in _shots(problem.domain, mode, k, first_step)]
+def few_shot_turns(problem: Problem, mode: str, k: int, first_step: bool = False,
+                   goal_mark: bool = False) -> list[dict]:
+  """k (user, assistant) message pairs: the same family's problems with their clean reference solutions
+  (`first_step`, `goal_mark`: as `TrajectoryConfig`'s)."""
+  return [dict(m) for m in _shots(problem.domain, mode, k, first_step, goal_mark)]
+
+
+def with_done_mark(problem: Problem, steps: Sequence[str]) -> list[str]:
+  """Line-mode step bodies with the family's `done_mark` added to the step after which the checker finds the chain
+  complete (none added where the family has no mark or the steps never complete it)."""
+  from reprobe_jax.tasks import get_family
+
+  family = get_family(problem.domain)
+  state, out = family.initial_state(problem), list(steps)
+  if not family.done_mark:
+    return out
+  for i, body in enumerate(steps):
+    parsed = family.parse_step(body)
+    if parsed is None:
+      break
+    _, state = family.judge_step(problem, state, parsed, None)
+    if family.is_done(problem, state):
+      out[i] = body + family.done_mark
+      break
+  return out
 
 
 @functools.lru_cache(maxsize=64)
-def _shots(domain: str, mode: str, k: int, first_step: bool = False) -> tuple:
+def _shots(domain: str, mode: str, k: int, first_step: bool = False, goal_mark: bool = False) -> tuple:
   from reprobe_jax.tasks import make_problems
+  from reprobe_jax.tasks.formats import render_line
   from reprobe_jax.tasks.traces import TraceNoise, solve
 
+  if goal_mark and mode != "line":
+    raise ConfigError(f"trajectories.goal_mark marks line-mode worked examples; answer mode is {mode!r}")
   turns = []
   for shot in make_problems(domain, k, SHOT_SEED, 1) if k > 0 else []:
     trace = solve(shot, shot.domain, np.random.default_rng(0), mode, TraceNoise.clean())
+    text = render_line(with_done_mark(shot, trace.steps), trace.answer) if goal_mark else trace.text
     turns += [(("role", "user"), ("content", user_prompt(shot, mode, example=False, first_step=first_step))),
-              (("role", "assistant"), ("content", trace.text))]
+              (("role", "assistant"), ("content", text))]
   return tuple(turns)
 
 
-def prompt_text(lm: LanguageModel, problem: Problem, mode: str, few_shot: int = 0, first_step: bool = False) -> str:
-  """The chat-formatted prompt (after `few_shot` worked examples; `first_step`: `TrajectoryConfig.first_step`);
-  without a chat template, plain text turns."""
+def prompt_text(lm: LanguageModel, problem: Problem, mode: str, few_shot: int = 0, first_step: bool = False,
+                goal_mark: bool = False) -> str:
+  """The chat-formatted prompt (after `few_shot` worked examples; `first_step`, `goal_mark`: as
+  `TrajectoryConfig`'s); without a chat template, plain text turns."""
   # With worked examples the hint drops its made-up step (`user_prompt`'s `example`); without, it is what shows
   # the format.
-  messages = few_shot_turns(problem, mode, few_shot, first_step) + [
+  messages = few_shot_turns(problem, mode, few_shot, first_step, goal_mark) + [
       {"role": "user", "content": user_prompt(problem, mode, example=few_shot == 0, first_step=first_step)}]
   if getattr(lm.tokenizer, "chat_template", None):
     return lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -285,7 +317,7 @@ def prompt_text(lm: LanguageModel, problem: Problem, mode: str, few_shot: int = 
 
 
 def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: str, cfg: TrajectoryConfig,
-                        *, prompt_fn: Callable[[LanguageModel, Problem, str, int, bool], str] = prompt_text,
+                        *, prompt_fn: Callable[[LanguageModel, Problem, str, int, bool, bool], str] = prompt_text,
                         on_batch: Callable[[int], None] | None = None,
                         feature_specs: Sequence[FeatureSpec] = (),
                         on_features: Callable[[list[Trajectory], dict[str, dict[str, np.ndarray]]], None] | None = None,
@@ -303,7 +335,7 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
   out = []
   for start in range(0, len(problems), cfg.batch_size):
     chunk = problems[start:start + cfg.batch_size]
-    prompts = [prompt_fn(lm, p, mode, cfg.few_shot, cfg.first_step) for p in chunk]
+    prompts = [prompt_fn(lm, p, mode, cfg.few_shot, cfg.first_step, cfg.goal_mark) for p in chunk]
     gen = lm.generate(prompts, sampling, max_new_tokens=cfg.max_new_tokens, n=cfg.samples,
                       seed=cfg.seed + start, capture=capture)
     batch = []

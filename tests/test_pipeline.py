@@ -151,6 +151,36 @@ def test_first_step_prompts_spell_out_the_examples_and_the_question(lm):
     TrajectoryConfig(first_step=1)
 
 
+def test_goal_mark_marks_the_move_into_the_goal_in_planning_examples_only(lm):
+  from reprobe_jax.errors import ConfigError
+  from reprobe_jax.tasks import get_family
+  from reprobe_jax.trajectories import SHOT_SEED, TrajectoryConfig, few_shot_turns, prompt_text, with_done_mark
+
+  family = get_family("planning")
+  problem = make_problems("planning", 1, 7, 1)[0]
+  shots = make_problems("planning", 4, SHOT_SEED, 1)
+  marked = few_shot_turns(problem, "line", 4, True, True)
+  plain = few_shot_turns(problem, "line", 4, True)
+  assert [t["content"] for t in marked[::2]] == [t["content"] for t in plain[::2]]  # the questions are the same
+  for shot, with_mark, without in zip(shots, marked[1::2], plain[1::2]):
+    bodies = [line.split(": ", 1)[1] for line in with_mark["content"].splitlines() if line.startswith("- Step")]
+    reference = family.reference_steps(shot)
+    # only the last move, the one into the goal, says so; the marked example is still all correct
+    assert bodies == reference[:-1] + [reference[-1] + " (the goal)"] and reference[-1].endswith(shot.data["goal"])
+    assert family.check_steps(shot, bodies) == [0.0] * len(bodies)
+    assert with_mark["content"] == without["content"].replace(reference[-1], bodies[-1])
+  # a walk that never reaches the goal gets no mark; families without a mark are left as they are
+  assert with_done_mark(shots[0], ["move from 1 to 1"]) == ["move from 1 to 1"]
+  for domain in ("arithmetic", "qa"):
+    other = make_problems(domain, 1, 7, 1)[0]
+    assert prompt_text(lm, other, "line", 2, True, True) == prompt_text(lm, other, "line", 2, True)
+  assert prompt_text(lm, problem, "line", 2, True, False) == prompt_text(lm, problem, "line", 2, True)
+  with pytest.raises(ConfigError, match="goal_mark.*thinking"):
+    prompt_text(lm, problem, "thinking", 2, False, True)
+  with pytest.raises(ConfigError, match="goal_mark"):
+    TrajectoryConfig(goal_mark="yes")
+
+
 def test_run_dir_is_keyed_by_config_and_target_model(lm):
   from configs import reprobe_synthetic
   from reprobe_jax.cli import run_dir
@@ -166,6 +196,11 @@ def test_run_dir_is_keyed_by_config_and_target_model(lm):
   config.trajectories.first_step = False  # the default: the folder it had before the option
   assert run_dir(config, lm) == here
   config.trajectories.first_step = True
+  assert run_dir(config, lm) != here
+  config.trajectories.first_step = False
+  config.trajectories.goal_mark = False  # likewise
+  assert run_dir(config, lm) == here
+  config.trajectories.goal_mark = True
   assert run_dir(config, lm) != here
 
 

@@ -637,6 +637,23 @@ def test_unknown_bug_is_refused():
     TraceNoise(bugs=("carry", "typo"))
 
 
+def test_planning_goal_mark_is_a_claim_the_checker_judges():
+  """'(the goal)' after a move (TrajectoryConfig.goal_mark's worked examples) parses, and a move that says it ends in
+  the goal is correct only where it does; without the mark the move is judged as before."""
+  plan = make_problems("planning", 1, 2_000_004, 1)[0]  # start 1, goal 9; doors 1-2, 1-6, 2-6, 5-9, 6-9
+  fam = get_family("planning")
+  assert fam.parse_step("move from 6 to 9 (the goal)") == ("6", "9", True)
+  assert fam.parse_step("move from 6 to 9 (The Goal).") == ("6", "9", True)
+  assert fam.parse_step("move from 6 to 9") == ("6", "9", False)
+  assert fam.parse_step("move from 6 to 9 (a goal)") is None
+  assert fam.check_steps(plan, ["move from 1 to 6", "move from 6 to 9 (the goal)"]) == [0.0, 0.0]
+  assert fam.check_steps(plan, ["move from 1 to 6", "move from 6 to 9"]) == [0.0, 0.0]
+  # a right move that claims the goal one room early is wrong; the walk goes on from where it ended
+  assert fam.check_steps(plan, ["move from 1 to 6 (the goal)", "move from 6 to 9"]) == [1.0, 0.0]
+  assert fam.check_steps(plan, ["move from 1 to 2 (the goal)"]) == [1.0]
+  assert fam.done_mark == " (the goal)" and get_family("qa").done_mark == get_family("arithmetic").done_mark == ""
+
+
 def test_first_step_question_spells_out_where_the_first_step_starts():
   """qa: the start person becomes the first look-up's subject; planning: the start room the first move's origin;
   arithmetic's question already starts from its value. Everything else in the question stays as it was."""

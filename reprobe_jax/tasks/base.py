@@ -142,6 +142,9 @@ class TaskFamily(abc.ABC):
   step_hint: str = ""  # one sentence for the prompt: how a step is written, with a made-up example
   step_rule: str = ""  # the same without the example, for prompts whose worked examples already show the format
   flip_kinds: tuple[str, ...] = ()  # error kinds a right-to-wrong re-check may use, in order of preference
+  # What a step may end with to say it completes the chain (planning: ' (the goal)'); the checker accepts it and
+  # judges a false claim wrong. Worked examples carry it under `TrajectoryConfig.goal_mark`; '' for none.
+  done_mark: str = ""
 
   # --- generation -------------------------------------------------------------------------------------------
 

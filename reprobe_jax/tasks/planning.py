@@ -2,8 +2,9 @@
 
 A step is one move, "move from 4 to 7". It is correct when it starts in the room the previous written
 move ended in (or the start room), goes through a door that exists, and ends one door closer to the goal (a step
-of some shortest route). The answer is the number of moves the walk took; the true answer is the length of a
-shortest route (the goal room itself is stated in the question, so it would be no test).
+of some shortest route); a move that adds "(the goal)" must also end in the goal. The answer is the number of moves
+the walk took; the true answer is the length of a shortest route (the goal room itself is stated in the question,
+so it would be no test).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,7 +25,9 @@ ROOMS = tuple(str(i) for i in range(1, 13))
 _N_ROOMS = {1: 5, 2: 6, 3: 7}
 _DISTANCE = {1: (1, 2), 2: (2, 3), 3: (3, 4)}  # inclusive range of the shortest-route length per difficulty
 _ROOM = r"(?:room\s+)?([a-z]+|\d+)"
-_STEP = re.compile(rf"^\s*move\s+from\s+(?:the\s+)?{_ROOM}\s+to\s+(?:the\s+)?{_ROOM}\s*\.?\s*$", re.IGNORECASE)
+GOAL_MARK = " (the goal)"  # TaskFamily.done_mark: a move may say it ends in the goal
+_STEP = re.compile(rf"^\s*move\s+from\s+(?:the\s+)?{_ROOM}\s+to\s+(?:the\s+)?{_ROOM}\s*(\(the\s+goal\))?\s*\.?\s*$",
+                   re.IGNORECASE)
 _INF = 10**9
 
 
@@ -46,6 +49,13 @@ def _graph(doors: tuple[tuple[str, str], ...], goal: str) -> tuple[dict[str, fro
   return {k: frozenset(v) for k, v in adj.items()}, dist
 
 
+class Move(NamedTuple):
+  """A parsed move: from `start` to `end`; `claims_goal` when it says it ends in the goal ('... (the goal)')."""
+  start: str
+  end: str
+  claims_goal: bool = False
+
+
 def graph(problem: Problem) -> tuple[dict[str, frozenset[str]], dict[str, int]]:
   """(adjacency, distance to goal) of a planning problem."""
   return _graph(tuple(tuple(d) for d in problem.data["doors"]), problem.data["goal"])
@@ -56,6 +66,7 @@ class Planning(TaskFamily):
   name = "planning"
   step_hint = "one door per step, like 'move from 4 to 7'"
   step_rule = "one door per step"
+  done_mark = GOAL_MARK
   flip_kinds = ("detour", "illegal")
 
   def generate(self, seed: int, difficulty: int) -> Problem:
@@ -134,16 +145,18 @@ class Planning(TaskFamily):
   def initial_state(self, problem: Problem) -> State:
     return (problem.data["start"], 0)
 
-  def parse_step(self, body: str) -> tuple[str, str] | None:
+  def parse_step(self, body: str) -> Move | None:
     m = _STEP.match(body or "")
-    return None if m is None else (m.group(1).lower(), m.group(2).lower())
+    return None if m is None else Move(m.group(1).lower(), m.group(2).lower(), m.group(3) is not None)
 
   def judge_step(self, problem: Problem, state: State, parsed: Any, next_parsed: Any | None) -> tuple[bool, State]:
-    """Correct iff it starts where the walk is, the door exists, and it ends one door closer to the goal."""
+    """Correct iff it starts where the walk is, the door exists, it ends one door closer to the goal, and it says
+    '(the goal)' only when it ends there."""
     room, count = state
-    a, b = parsed
+    a, b, claims_goal = parsed
     adj, dist = graph(problem)
-    ok = a == room and b in adj.get(a, ()) and dist.get(b, _INF) == dist.get(a, _INF) - 1
+    ok = a == room and b in adj.get(a, ()) and dist.get(b, _INF) == dist.get(a, _INF) - 1 and \
+        (not claims_goal or b == problem.data["goal"])
     return ok, (b, count + 1)
 
   def is_done(self, problem: Problem, state: State) -> bool:

@@ -288,7 +288,8 @@ def evaluate(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, wo
     problems = [every[i * len(every) // tcfg.problems] for i in range(min(tcfg.problems, len(every)))]
     if not problems:
       raise ConfigError(f"config.tts.domains: the {tcfg.split} split has no {domain!r} problems")
-    prompts = [prompt_text(lm, p, mode, cfg.trajectories.few_shot, cfg.trajectories.first_step) for p in problems]
+    prompts = [prompt_text(lm, p, mode, cfg.trajectories.few_shot, cfg.trajectories.first_step,
+                           cfg.trajectories.goal_mark) for p in problems]
     per = results.setdefault(domain, {})
     any_scorer = next(iter(scorers.values()))
 
