@@ -142,6 +142,53 @@ def test_a_model_sharing_the_weights_shares_the_packed_copies(tiny):
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows", [1, 8, kernels.MAX_ROWS, kernels.MAX_ROWS + 1])
+def test_fused_projections_equal_each_packed_product_bit_for_bit(rows):
+  """q, k, v (with biases, as Qwen2's) through one packed call give each separate packed product exactly: every
+  output column reads its own weight column only. Above MAX_ROWS each Linear runs XLA's dot on its own."""
+  from flax import nnx
+  from reprobe_jax.models.transformer import Linear, PackedWeight, fused_matmul
+  rngs = nnx.Rngs(0)
+  lins = [Linear(64, n, ("embed", "heads"), bias=True, dtype=jnp.float32, rngs=rngs) for n in (96, 32, 32)]
+  for i, lin in enumerate(lins):
+    lin.bias[...] = jnp.full(lin.bias.shape, 0.1 * (i + 1), jnp.float32)
+  x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, 64), dtype=np.float32))
+  both = PackedWeight(kernels.pack(jnp.concatenate([lin.kernel[...] for lin in lins], axis=1)))
+  fused = fused_matmul(x, lins, both)
+  for lin, part in zip(lins, fused):
+    if rows <= kernels.MAX_ROWS:
+      alone = kernels.packed_matmul(x, kernels.pack(lin.kernel[...]), lin.kernel.shape[1]) + lin.bias[...]
+    else:
+      alone = lin(x)
+    np.testing.assert_array_equal(np.asarray(part), np.asarray(alone))
+  assert [p.shape[-1] for p in fused_matmul(x, lins, None)] == [96, 32, 32]
+
+
+@needs_kernel
+def test_decode_view_packs_qkv_and_gate_up_once(tiny):
+  """The decode view holds q/k/v and gate/up side by side (one packed weight each), o, down and the head alone:
+  as many packed bytes as the projection weights plus the panel padding, none of them twice."""
+  lm = LanguageModel(tiny.config, tiny.graphdef, tiny.params, tiny.tokenizer)
+  lm.packed_decode = True
+  _, view = lm.decode_view()
+  packed = {}
+  for path, x in jax.tree_util.tree_leaves_with_path(view):
+    keys = [str(getattr(k, "key", k)) for k in path]
+    name = next((k for k in keys if k.startswith("packed")), None)
+    if name is not None:
+      packed.setdefault(name, []).append(x)
+  layers = tiny.config.num_layers
+  assert {k: len(v) for k, v in packed.items()} == {"packed_qkv": layers, "packed": 2 * layers,
+                                                      "packed_gate_up": layers, "packed_head": 1}
+  nbytes = sum(x.nbytes for xs in packed.values() for x in xs)
+  weights = sum(x.nbytes for path, x in jax.tree_util.tree_leaves_with_path(tiny.params)
+                if str(getattr(path[-2], "key", "")) in ("kernel", "lm_head"))
+  if tiny.config.tie_word_embeddings:
+    weights += tiny.params["embed_tokens"][...].nbytes
+  assert weights <= nbytes < 1.25 * weights
+
+
+@needs_kernel
 def test_packed_decode_gives_the_same_tokens_and_features_as_xla_dots(tiny):
   """Greedy decode with capture through the kernel against the same decode through XLA's dots; and each prompt
   decoded alone (another padding bucket, so the rest of the step may round differently) gives the batch's tokens and
