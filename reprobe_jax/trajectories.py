@@ -32,7 +32,7 @@ from reprobe_jax.labels import labels_from_json, labels_to_json
 from reprobe_jax.features import FeatureSpec, union_capture, with_logprobs
 from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
 from reprobe_jax.readers import shown
-from reprobe_jax.tasks import Problem
+from reprobe_jax.tasks import Problem, get_family
 from reprobe_jax.tasks.formats import user_prompt
 from reprobe_jax.tasks.io import read_jsonl
 
@@ -269,12 +269,11 @@ def few_shot_turns(problem: Problem, mode: str, k: int, first_step: bool = False
 def with_done_mark(problem: Problem, steps: Sequence[str]) -> list[str]:
   """Line-mode step bodies with the family's `done_mark` added to the step after which the checker finds the chain
   complete (none added where the family has no mark or the steps never complete it)."""
-  from reprobe_jax.tasks import get_family
-
   family = get_family(problem.domain)
-  state, out = family.initial_state(problem), list(steps)
+  out = list(steps)
   if not family.done_mark:
     return out
+  state = family.initial_state(problem)
   for i, body in enumerate(steps):
     parsed = family.parse_step(body)
     if parsed is None:
