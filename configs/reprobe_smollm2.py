@@ -23,8 +23,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.mode = "line"
   c.train_problems = 48
   c.val_problems = 12
-  # 48 test problems a family (x 3 samples, about 120 steps): at 24 the per-seed test shares of wrong steps spread
-  # by up to 0.19 (qa 0.60 / 0.79 / 0.64), more than the 30-70% band's margins.
+  # 48 test problems a family (x 3 samples: 360-540 steps a family and seed): at 24 the per-seed test shares of
+  # wrong steps spread by up to 0.19 (qa 0.60 / 0.79 / 0.64), more than the 30-70% band's margins.
   c.test_problems = 48
   c.difficulties = (1,)  # the easiest problems: a 135M model gets some steps right, and prompts stay short
   # 4 worked examples at T = 0.3 (dev split, 8 problems a family): 0.68 / 0.68 / 0.83 of arithmetic / planning /
