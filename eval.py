@@ -17,14 +17,14 @@ import os
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.cli import ProgressBars, parse_flags, reprobe_setup, run_job, target_report, workdir_of
+from reprobe_jax.jobs.cli import ProgressBars, parse_flags, reprobe_setup, run_job, target_report, workdir_of
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.py", "Job configuration.")
 
 
 def _evaluate(config):
   """(metrics, target report or None, run folder) of one reprobe run."""
-  from reprobe_jax import pipeline
+  from reprobe_jax.jobs import reprobe as pipeline
   prm = pipeline.prm_config_from_dict(config.get("prm"))  # checked before the target is built
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
@@ -33,8 +33,8 @@ def _evaluate(config):
 
 
 def run_reprobe(config) -> None:
-  from reprobe_jax import bands
-  from reprobe_jax.report import table_markdown
+  from reprobe_jax.eval import bands
+  from reprobe_jax.eval.report import table_markdown
   metrics, report, workdir = _evaluate(config)
   print("\nStep-level PR-AUC (positive = incorrect step):\n")
   print(table_markdown(metrics))
@@ -65,8 +65,8 @@ def _per_seed(config, seeds):
 
 
 def run_seeds(config) -> None:
-  from reprobe_jax import bands
-  from reprobe_jax.machine import describe
+  from reprobe_jax.eval import bands
+  from reprobe_jax.eval.machine import describe
   seeds = bands.check_seeds(config.get("seeds"))
   out = os.path.join(workdir_of(config), "seeds")
   results = []
@@ -77,7 +77,7 @@ def run_seeds(config) -> None:
                              bands=bands.over_seeds(results))
   summary = bands.summary_markdown(band_file, results[0])
   band_file.save(os.path.join(out, "bands.json"))
-  from reprobe_jax.atomic import atomic_open
+  from reprobe_jax.io.atomic import atomic_open
   with atomic_open(os.path.join(out, "summary.md")) as f:
     f.write(summary)
   print("\n" + summary)
@@ -86,8 +86,9 @@ def run_seeds(config) -> None:
 
 
 def run_tts(config) -> None:
-  from reprobe_jax.tts import job, report
-  from reprobe_jax import pipeline
+  from reprobe_jax.jobs import tts as job
+  from reprobe_jax.jobs import tts_report as report
+  from reprobe_jax.jobs import reprobe as pipeline
   tcfg = job.tts_config_from_dict(config.get("tts", {}))
   prm = pipeline.prm_config_from_dict(config.get("prm"))
   job.check_prm(tcfg, prm)  # before the target is built
@@ -102,10 +103,12 @@ def run_tts(config) -> None:
 
 def run_tts_seeds(config) -> None:
   """The tts job once per config.seeds (each seed its own target, probes and samples), then mean +- sd."""
-  from reprobe_jax import bands, runs
-  from reprobe_jax.atomic import atomic_open
-  from reprobe_jax.tts import job, report
-  from reprobe_jax import pipeline
+  from reprobe_jax.eval import bands
+  from reprobe_jax.jobs import runs
+  from reprobe_jax.io.atomic import atomic_open
+  from reprobe_jax.jobs import tts as job
+  from reprobe_jax.jobs import tts_report as report
+  from reprobe_jax.jobs import reprobe as pipeline
   seeds = bands.check_seeds(config.get("seeds"))
   tcfg = job.tts_config_from_dict(config.get("tts", {}))
   prm = pipeline.prm_config_from_dict(config.get("prm"))
@@ -132,8 +135,8 @@ def run_tts_seeds(config) -> None:
 
 
 def _spae_once(config) -> dict:
-  from reprobe_jax.cli import build_target
-  from reprobe_jax.spae import job
+  from reprobe_jax.jobs.cli import build_target
+  from reprobe_jax.jobs import spae as job
   jcfg = job.job_config_from_dict(config.get("spae", {}))
   jcfg = dataclasses.replace(jcfg, seed=config.get("seed", jcfg.seed))
   pcfg = job.probe_config_from_dict(config.get("probe", {}))
@@ -153,9 +156,10 @@ def run_spae(config) -> None:
 
 def run_spae_seeds(config) -> None:
   """The spae job once per config.seeds (each seed its own built-in target and problems), then mean +- sd."""
-  from reprobe_jax import bands, runs
-  from reprobe_jax.atomic import atomic_open
-  from reprobe_jax.spae import report
+  from reprobe_jax.eval import bands
+  from reprobe_jax.jobs import runs
+  from reprobe_jax.io.atomic import atomic_open
+  from reprobe_jax.jobs import spae_report as report
   seeds = bands.check_seeds(config.get("seeds"))
   per_seed = [_spae_once(one) for one in _per_seed(config, seeds)]
   for r in per_seed:

@@ -10,13 +10,13 @@ from __future__ import annotations
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.cli import ProgressBars, build_target, parse_flags, reprobe_setup, run_job, workdir_of
+from reprobe_jax.jobs.cli import ProgressBars, build_target, parse_flags, reprobe_setup, run_job, workdir_of
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/target_synthetic.py", "Job configuration.")
 
 
 def run_target_synthetic(config) -> None:
-  from reprobe_jax.synthetic.build import build, config_from_dict, load_report, report_markdown
+  from reprobe_jax.jobs.target import build, config_from_dict, load_report, report_markdown
   cfg = config_from_dict(config)
   with ProgressBars() as bars:
     out = build(cfg, workdir_of(config), progress=bars.update)
@@ -27,7 +27,7 @@ def run_target_synthetic(config) -> None:
 
 
 def run_reprobe(config) -> None:
-  from reprobe_jax import pipeline
+  from reprobe_jax.jobs import reprobe as pipeline
   from reprobe_jax.prm.train import history as prm_history
   prm = pipeline.prm_config_from_dict(config.get("prm"))  # checked before the target is built
   lm, cfg, workdir = reprobe_setup(config)
@@ -49,7 +49,7 @@ def run_reprobe(config) -> None:
 def _rl_setup(config):
   """(start policy, RLConfig, ProbeConfig, eval SPAEJobConfig): every field checked before the target is built."""
   from reprobe_jax.rl.loop import rl_config_from_dict
-  from reprobe_jax.spae.job import job_config_from_dict, probe_config_from_dict
+  from reprobe_jax.jobs.spae import job_config_from_dict, probe_config_from_dict
   rl = rl_config_from_dict({**dict(config.get("rl", {})), "advantage": config.advantage, "seed": config.seed})
   pcfg = probe_config_from_dict(config.get("probe", {}))
   ecfg = job_config_from_dict(config.get("eval", {}))
@@ -57,7 +57,7 @@ def _rl_setup(config):
 
 
 def run_rl(config) -> None:
-  from reprobe_jax.rl import job
+  from reprobe_jax.jobs import rl as job
   lm, rl, pcfg, ecfg = _rl_setup(config)
   with ProgressBars() as bars:
     s = job.run(lm, rl, pcfg, ecfg, workdir_of(config), progress=bars.update)
@@ -73,8 +73,8 @@ def run_rl(config) -> None:
 
 
 def run_rl_compare(config) -> None:
-  from reprobe_jax import bands
-  from reprobe_jax.rl import job
+  from reprobe_jax.eval import bands
+  from reprobe_jax.jobs import rl as job
   seeds = bands.check_seeds(config.get("seeds"))
   lm, rl, pcfg, ecfg = _rl_setup(config)
   with ProgressBars() as bars:

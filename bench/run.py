@@ -83,7 +83,7 @@ def parse_args(argv):
 def environment() -> dict:
   import jax
   from bench.timing import threads
-  from reprobe_jax.machine import describe
+  from reprobe_jax.eval.machine import describe
   import torch
   import transformers
   machine = describe()

@@ -22,7 +22,7 @@ import numpy as np
 
 from bench.pair import Pair
 from bench.timing import time_call
-from reprobe_jax.boundary import ENDS_BEFORE, StepBoundary
+from reprobe_jax.steps.boundary import ENDS_BEFORE, StepBoundary
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.scorers import get_scorer

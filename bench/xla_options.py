@@ -50,7 +50,7 @@ def main(argv=None) -> None:
   from bench.pair import load_pair, token_stream, windows
   from bench.report import machine_line
   from bench.timing import threads
-  from reprobe_jax.machine import describe
+  from reprobe_jax.eval.machine import describe
   from reprobe_jax.models.xla_options import DECODE_COMPILER_OPTIONS
   p = argparse.ArgumentParser(prog="python -m bench.xla_options", description=__doc__.splitlines()[0])
   p.add_argument("--model", default="smollm2", help="smollm2, tiny, or a HF directory / .gguf (as bench.run)")

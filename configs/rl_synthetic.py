@@ -35,7 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
       train_domains=("arithmetic",), train_difficulties=(1, 2, 3), train_problems=200, few_shot=0,
       log_every=1, checkpoint_every=10))
   c.probe = base.probe
-  # The held-out evaluation (reprobe_jax.spae.job.SPAEJobConfig; plain decoding only, every boundary probed).
+  # The held-out evaluation (reprobe_jax.jobs.spae.SPAEJobConfig; plain decoding only, every boundary probed).
   c.eval = ml_collections.ConfigDict(dict(
       problems=8, domains=("arithmetic", "planning", "qa"), in_domain=("arithmetic",), difficulties=(1, 2, 3),
       samples=16, max_new_tokens=192, temperature=0.6, top_k=0, top_p=1.0, few_shot=0, batch_size=128,

@@ -415,7 +415,7 @@ def test_import_unknown_and_missing_ids(tmp_path):
 def test_annotators_take_and_return_trajectories(world, tmp_path):
   """A Trajectory in gives a Trajectory out (NaN for unknown, the annotator's keys in `extra`), labelled exactly
   as its dict would be."""
-  from reprobe_jax.labels import labels_to_json
+  from reprobe_jax.steps.labels import labels_to_json
   from reprobe_jax.trajectories import Trajectory
   problems, traces, tok = world
   dicts = [to_record(tok, t.text, problems[t.problem_id], t.mode, i) for i, t in enumerate(traces[::25])]

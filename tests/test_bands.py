@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from reprobe_jax.bands import Band, BandFile, flatten, grid_markdown, over_seeds, summarise
+from reprobe_jax.eval.bands import Band, BandFile, flatten, grid_markdown, over_seeds, summarise
 from reprobe_jax.errors import DataFormatError
 
 
@@ -25,7 +25,7 @@ def test_summarise_is_mean_sample_sd_and_the_prediction_interval_of_one_more_see
 
 def test_t_quantiles_match_scipy():
   stats = pytest.importorskip("scipy.stats")
-  from reprobe_jax.bands import t_975
+  from reprobe_jax.eval.bands import t_975
   for df in (1, 2, 3, 5, 10, 30):
     assert t_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-4)
   assert t_975(1000) == pytest.approx(stats.t.ppf(0.975, 1000), rel=0.01)
@@ -69,7 +69,7 @@ def _result(x):
 
 def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
   import ml_collections
-  from reprobe_jax.bands import band_key, beside_bands, summary_markdown
+  from reprobe_jax.eval.bands import band_key, beside_bands, summary_markdown
   runs = [_result(x) for x in (0.5, 0.6, 0.7)]
   config = ml_collections.ConfigDict({"job": "reprobe", "seed": 0, "workdir": "w", "target_path": "m", "lr": 1.0,
                                       "bands": str(tmp_path / "bands.json")})
@@ -102,7 +102,7 @@ def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
 
 
 def test_seeds_are_checked():
-  from reprobe_jax.bands import check_seeds
+  from reprobe_jax.eval.bands import check_seeds
   from reprobe_jax.errors import ConfigError
   assert check_seeds((0, 1, 2)) == (0, 1, 2)
   for bad in ((0,), (1, 1), (0, -1), (0, 1.5), "012", None):
@@ -117,7 +117,7 @@ def test_the_shipped_bands_apply_to_the_shipped_config():
   import json
   import os
   from configs import reprobe_synthetic
-  from reprobe_jax.bands import band_key
+  from reprobe_jax.eval.bands import band_key
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   config = reprobe_synthetic.get_config()
   assert config.machine_bands  # the other CPU kinds' bands, each for this config and made on another machine
@@ -135,7 +135,7 @@ def test_the_shipped_bands_apply_to_the_shipped_config():
 
 
 def test_differing_names_the_numbers_two_machines_disagree_on():
-  from reprobe_jax.bands import differing, welch_t
+  from reprobe_jax.eval.bands import differing, welch_t
   a = BandFile("reprobe", (0, 1, 2), "A", "k", {"x": summarise([0.80, 0.82, 0.84]), "y": summarise([0.5, 0.5, 0.5]),
                                                  "z": summarise([0.1, 0.2, 0.3]), "one": summarise([0.1])})
   b = BandFile("reprobe", (0, 1, 2), "B", "k", {"x": summarise([0.70, 0.71, 0.72]), "y": summarise([0.6, 0.6, 0.6]),
@@ -151,7 +151,7 @@ def test_differing_names_the_numbers_two_machines_disagree_on():
 
 
 def test_cli_counts_results_and_stage_times_apart(tmp_path, capsys):
-  from reprobe_jax.bands import main
+  from reprobe_jax.eval.bands import main
   a = BandFile("reprobe", (0, 1, 2), "Xeon", "k", {"reprobe.methods.p.x": summarise([0.80, 0.82, 0.84]),
                                                     "reprobe.methods.p.z": summarise([0.1, 0.2, 0.3]),
                                                     "target.timings_s.train_s": summarise([700.0, 710.0, 730.0])})

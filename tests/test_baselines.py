@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reprobe_jax.baselines import BASELINES, step_scores
+from reprobe_jax.eval.baselines import BASELINES, step_scores
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.scorers import ScoreInputs, UncertaintyScorer, get_scorer, pad_rows, score, score_newest, score_rows
 

@@ -404,7 +404,7 @@ def test_the_roofline_names_the_fastest_read_kernel():
 
 def test_every_report_names_the_machine():
   from bench import report
-  from reprobe_jax.machine import Machine, extensions_from_flags
+  from reprobe_jax.eval.machine import Machine, extensions_from_flags
   assert extensions_from_flags({"fpu", "avx", "avx2", "fma", "sse4_2"}) == ("avx2", "fma")  # a Zen 3 EPYC
   assert extensions_from_flags({"avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}) == (
       "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")

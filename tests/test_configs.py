@@ -7,10 +7,10 @@ import pytest
 
 from configs import colab, reprobe_smollm2, reprobe_synthetic, spae_smollm2, spae_synthetic, tts_smollm2, \
     tts_synthetic
-from reprobe_jax import pipeline
-from reprobe_jax.spae import job as spae_job
-from reprobe_jax.synthetic.build import config_from_dict as target_config
-from reprobe_jax.tts import job as tts_job
+from reprobe_jax.jobs import reprobe as pipeline
+from reprobe_jax.jobs import spae as spae_job
+from reprobe_jax.jobs.target import config_from_dict as target_config
+from reprobe_jax.jobs import tts as tts_job
 
 
 def _check(c):

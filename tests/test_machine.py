@@ -1,6 +1,6 @@
 """The machine description every reported number carries."""
 
-from reprobe_jax.machine import _cpuinfo, describe, isa_from_flags
+from reprobe_jax.eval.machine import _cpuinfo, describe, isa_from_flags
 
 
 def test_isa_is_the_widest_instruction_set_the_flags_name():

@@ -232,7 +232,7 @@ _WORKER = textwrap.dedent('''
     from reprobe_jax.probe import ProbeConfig
     from reprobe_jax.probe.data import pack_shape, pack_steps
     from reprobe_jax.probe.train import new_probe, probe_loss
-    from reprobe_jax.trainer import Trainer, TrainerConfig, make_train_step
+    from reprobe_jax.train.trainer import Trainer, TrainerConfig, make_train_step
 
     role, out, port = sys.argv[1], sys.argv[2], sys.argv[3]
     if role != "alone":

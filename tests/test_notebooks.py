@@ -149,7 +149,7 @@ def test_readme_links_every_notebook():
 
 def test_steps_html_worked_example():
   from reprobe_jax.errors import ConfigError
-  from reprobe_jax.notebook import risk_colour, steps_html, steps_text
+  from reprobe_jax.eval.notebook import risk_colour, steps_html, steps_text
   # hue = round(120 * (1 - risk)): 0 -> 120 (green), 0.25 -> 90, 0.5 -> 60 (yellow), 1 -> 0 (red); out of range
   # clipped; NaN grey
   assert [risk_colour(r) for r in (0.0, 0.25, 0.5, 1.0, 1.7)] == [

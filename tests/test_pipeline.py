@@ -11,9 +11,10 @@ import shutil
 import numpy as np
 import pytest
 
-from reprobe_jax import pipeline, report
+from reprobe_jax.jobs import reprobe as pipeline
+from reprobe_jax.eval import report
 from reprobe_jax.features import FeatureMismatchError
-from reprobe_jax.labels import labels_to_json
+from reprobe_jax.steps.labels import labels_to_json
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.probe import linear
 from reprobe_jax.probe.train import ProbeTrainConfig
@@ -183,7 +184,7 @@ def test_goal_mark_marks_the_move_into_the_goal_in_planning_examples_only(lm):
 
 def test_run_dir_is_keyed_by_config_and_target_model(lm):
   from configs import reprobe_synthetic
-  from reprobe_jax.cli import run_dir
+  from reprobe_jax.jobs.cli import run_dir
 
   config = reprobe_synthetic.get_config()
   here = run_dir(config, lm)
@@ -207,7 +208,7 @@ def test_run_dir_is_keyed_by_config_and_target_model(lm):
 def test_run_dir_changes_with_the_task_generator(lm, monkeypatch):
   """Trajectories cached for one question layout are not reused after the generator changes."""
   from configs import reprobe_synthetic
-  from reprobe_jax.cli import run_dir
+  from reprobe_jax.jobs.cli import run_dir
   from reprobe_jax.tasks import FAMILIES
 
   config = reprobe_synthetic.get_config()
@@ -384,7 +385,7 @@ def test_annotator_settings_key_the_run_folder_only_where_they_decide_labels(lm,
 
 def test_annotator_config_is_checked_before_any_work(monkeypatch, tmp_path):
   from configs import judge_prompts, reprobe_synthetic
-  from reprobe_jax import cli
+  from reprobe_jax.jobs import cli
   from reprobe_jax.errors import ConfigError
   c = reprobe_synthetic.get_config()
   c.annotator = "self"

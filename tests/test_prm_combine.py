@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from reprobe_jax.errors import ConfigError, DataFormatError
-from reprobe_jax.metrics import pr_auc
+from reprobe_jax.eval.metrics import pr_auc
 from reprobe_jax.prm.combine import (CascadeCurve, Fusion, cascade_curve, cascade_scores, fit_fusion,
                                      plot_cascade)
-from reprobe_jax.readers import read_json
+from reprobe_jax.io.readers import read_json
 
 
 def _sigmoid(x):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reprobe_jax import pipeline
+from reprobe_jax.jobs import reprobe as pipeline
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.prm.model import from_target, load_prm, rewards
 from reprobe_jax.prm.train import PRMTrainConfig, history, prm_scores, step_loss, train_prm

@@ -10,7 +10,7 @@ import pytest
 from reprobe_jax.errors import CheckpointError
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.data import Example
-from reprobe_jax.tblog import read_scalars
+from reprobe_jax.train.tblog import read_scalars
 from reprobe_jax.probe.train import ProbeTrainConfig, evaluate_examples, predict_examples, train_probe, weighted_bce
 
 F = 8

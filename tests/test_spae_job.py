@@ -8,7 +8,7 @@ import os
 import pytest
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.spae import job
+from reprobe_jax.jobs import spae as job
 from reprobe_jax.spae.potential import ProbeConfig
 
 

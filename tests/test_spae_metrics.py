@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reprobe_jax.boundary import StepBoundary
+from reprobe_jax.steps.boundary import StepBoundary
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.spae.metrics import (ThinkingOutcome, metrics_markdown, outcome_from, plot_curves,
                                       plot_displacement, potential_curves, summarise)

@@ -14,7 +14,7 @@ import transformers
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import load_pretrained
-from reprobe_jax.synthetic.build import (SyntheticBuildConfig, TinyLMShape, build, config_from_dict, load_report)
+from reprobe_jax.jobs.target import (SyntheticBuildConfig, TinyLMShape, build, config_from_dict, load_report)
 from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
 from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
 
@@ -114,7 +114,7 @@ def test_config_overrides_are_checked():
 
 
 def test_thinking_subset_is_a_stable_share_of_the_problems():
-  from reprobe_jax.synthetic.build import thinking_subset
+  from reprobe_jax.jobs.target import thinking_subset
   from reprobe_jax.tasks import make_problems
   problems = make_problems("arithmetic", 400, seed=0, difficulty=1)
   chosen = thinking_subset(problems, 0.4)

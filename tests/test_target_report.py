@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from reprobe_jax.errors import DataFormatError
-from reprobe_jax.synthetic import build, evaluate
+from reprobe_jax.synthetic import evaluate
+from reprobe_jax.jobs import target as build
 
 
 def _rec(pid, labels, aligned, min_prob, correct, mode="line"):

@@ -13,8 +13,8 @@ import optax
 import pytest
 
 from reprobe_jax.errors import CheckpointError, ConfigError
-from reprobe_jax.tblog import read_scalars
-from reprobe_jax.trainer import Trainer, TrainerConfig, make_train_step
+from reprobe_jax.train.tblog import read_scalars
+from reprobe_jax.train.trainer import Trainer, TrainerConfig, make_train_step
 
 W_TRUE = np.array([1.5, -2.0, 0.5], np.float32)
 

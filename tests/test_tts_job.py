@@ -9,11 +9,12 @@ import os
 import numpy as np
 import pytest
 
-from reprobe_jax import pipeline
+from reprobe_jax.jobs import reprobe as pipeline
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.trajectories import TrajectoryConfig
-from reprobe_jax.tts import job, report
+from reprobe_jax.jobs import tts as job
+from reprobe_jax.jobs import tts_report as report
 
 
 def test_budget_shapes_multiply_to_the_budget():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx, struct
 
-from reprobe_jax.boundary import StepBoundary
+from reprobe_jax.steps.boundary import StepBoundary
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import LanguageModel, ModelConfig, SamplingParams

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence, Union
 import numpy as np
 
 from reprobe_jax.errors import DataFormatError
-from reprobe_jax.labels import labels_from_json, labels_to_json
+from reprobe_jax.steps.labels import labels_from_json, labels_to_json
 from reprobe_jax.tasks.base import first_error
 from reprobe_jax.trajectories import StepSpan, Trajectory
 

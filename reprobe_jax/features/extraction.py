@@ -49,12 +49,12 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from reprobe_jax.atomic import atomic_open
+from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, DistributedError, ReprobeError
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.sharding import barrier, failed_processes, spans_processes, to_host
-from reprobe_jax.readers import read_json, shown
+from reprobe_jax.io.readers import read_json, shown
 
 MANIFEST = "manifest.json"
 FORMAT = "reprobe-features"

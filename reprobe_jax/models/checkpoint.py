@@ -22,12 +22,12 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from reprobe_jax.atomic import atomic_open
+from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import CheckpointError
 from reprobe_jax.models.config import ModelConfig, is_int
 from reprobe_jax.models.sharding import ShardingCtx
 from reprobe_jax.models.transformer import Decoder
-from reprobe_jax.readers import read_json
+from reprobe_jax.io.readers import read_json
 
 # ------------------------------------------------------------------------------------------------ tables
 

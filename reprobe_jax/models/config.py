@@ -13,7 +13,7 @@ import os
 from typing import Any, Mapping
 
 from reprobe_jax.errors import ConfigError, ReprobeError, UnsupportedModelError
-from reprobe_jax.readers import read_json
+from reprobe_jax.io.readers import read_json
 
 # Hugging Face `model_type` -> our family name. Mistral and SmolLM2 are Llama-shaped. "gemma3" is the multimodal
 # Gemma 3 config, read for its `text_config` (the language model); we export the text model as "gemma3_text".

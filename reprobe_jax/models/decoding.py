@@ -39,14 +39,14 @@ FINISH_LENGTH, FINISH_EOS, FINISH_STOP, FINISH_CACHE_FULL = 0, 1, 2, 3
 FINISH_NAMES = {FINISH_LENGTH: "length", FINISH_EOS: "eos", FINISH_STOP: "stop", FINISH_CACHE_FULL: "cache_full"}
 
 
-ENDS_BEFORE, ENDS_AFTER = 1, 2  # a stop rule's codes: the step ended before / after the token (reprobe_jax.boundary)
+ENDS_BEFORE, ENDS_AFTER = 1, 2  # a stop rule's codes: the step ended before / after the token (reprobe_jax.steps.boundary)
 
 
 @struct.dataclass
 class StopRule:
   """The plain rule "a token whose own text ends with a delimiter ends a step" (`LanguageModel.stop_token_mask`).
   Exact multi-token boundaries (a '.' and a '\n\n' in two tokens, sentence ends seen only at the next word) are
-  `reprobe_jax.boundary.StepBoundary(...).compile(tokenizer)`, a `StopTable` with the same `advance` interface:
+  `reprobe_jax.steps.boundary.StepBoundary(...).compile(tokenizer)`, a `StopTable` with the same `advance` interface:
   (state [B] int32, tok [B] int32) -> (state [B], ends [B] int32 of ENDS_BEFORE | ENDS_AFTER)."""
 
   fires: jax.Array  # [V] bool

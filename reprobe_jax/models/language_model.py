@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from reprobe_jax import kernels
-from reprobe_jax.atomic import atomic_folder
+from reprobe_jax.io.atomic import atomic_folder
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.models import decoding, sampling
 from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
@@ -284,10 +284,10 @@ class LanguageModel:
   def sampler(self, sampling_params: sampling.SamplingParams = sampling.SamplingParams(), *,
               capture: CaptureSpec = CaptureSpec(), stop=None) -> Sampler:
     """The open sampler (prefill, decode to a boundary, force, take, resume, read). `stop`: a
-    `reprobe_jax.boundary.StepBoundary` (compiled for this tokenizer: the exact step ends of METHOD A1, the same as
+    `reprobe_jax.steps.boundary.StepBoundary` (compiled for this tokenizer: the exact step ends of METHOD A1, the same as
     `steps.align`), a compiled StopTable or StopRule, or stop strings (a token whose own text ends with one of them
     ends a step)."""
-    from reprobe_jax.boundary import StepBoundary
+    from reprobe_jax.steps.boundary import StepBoundary
     if isinstance(stop, StepBoundary):
       if self.tokenizer is None:
         raise ConfigError("a StepBoundary needs the model's tokenizer")

@@ -11,7 +11,7 @@ from reprobe_jax.models.checkpoint import iter_hf_tensors, language_model_tensor
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.language_model import LanguageModel, resolve_dtype
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
-from reprobe_jax.readers import read_json
+from reprobe_jax.io.readers import read_json
 
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
 

@@ -15,11 +15,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.atomic import atomic_open
+from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import ConfigError, DataFormatError
-from reprobe_jax.metrics import pr_auc
+from reprobe_jax.eval.metrics import pr_auc
 from reprobe_jax.probe.linear import Logistic, fit_logistic
-from reprobe_jax.readers import shown
+from reprobe_jax.io.readers import shown
 
 EPS = 1e-6  # scores are clipped to [EPS, 1 - EPS] before the logit
 FRACTIONS = tuple(i / 10 for i in range(11))  # 0, 0.1, ..., 1

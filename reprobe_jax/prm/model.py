@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from reprobe_jax.atomic import atomic_folder
+from reprobe_jax.io.atomic import atomic_folder
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.checkpoint import export_tensors, iter_hf_tensors, load_tensors, write_safetensors
@@ -39,7 +39,7 @@ from reprobe_jax.models.language_model import resolve_dtype
 from reprobe_jax.models.loading import load_tokenizer, resolve_path
 from reprobe_jax.models.sampling import extend_in_jit
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
-from reprobe_jax.readers import read_json
+from reprobe_jax.io.readers import read_json
 
 QWEN_SEPARATOR = "<extra_0>"  # Qwen2.5-Math-PRM's step separator
 HEAD_TENSORS = ("score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias")

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from reprobe_jax.errors import DataFormatError
-from reprobe_jax.metrics import pr_auc
+from reprobe_jax.eval.metrics import pr_auc
 from reprobe_jax.prm.combine import CascadeCurve, Fusion, cascade_curve, fit_fusion
 
 

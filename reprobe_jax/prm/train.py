@@ -32,18 +32,18 @@ import numpy as np
 import optax
 from absl import logging
 
-from reprobe_jax.config import Int, OneOf, Real, check_fields, field_name
+from reprobe_jax.fields import Int, OneOf, Real, check_fields, field_name
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.features import model_fingerprint
-from reprobe_jax.metrics import pr_auc, roc_auc
+from reprobe_jax.eval.metrics import pr_auc, roc_auc
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.prm.model import PRM, QWEN_SEPARATOR, from_target, load_prm, rewards, save_prm, separator_token_id, \
     step_logits, valid_spans
 from reprobe_jax.probe.train import weighted_bce
-from reprobe_jax.readers import read_json
-from reprobe_jax.runs import write_json
-from reprobe_jax.trainer import Trainer, TrainerConfig
+from reprobe_jax.io.readers import read_json
+from reprobe_jax.jobs.runs import write_json
+from reprobe_jax.train.trainer import Trainer, TrainerConfig
 from reprobe_jax.trajectories import Trajectory
 
 MODEL = "model"  # the trained PRM's folder inside a training folder (load_prm reads it)

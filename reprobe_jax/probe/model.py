@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from reprobe_jax.config import Int, Real, check_fields, field_name
+from reprobe_jax.fields import Int, Real, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.forward import StaticGraph
 

@@ -1,5 +1,5 @@
 """Probe training (METHOD A5): weighted BCE, AdamW with warm-up and linear decay, early stopping on validation
-PR-AUC, orbax checkpoints of the best and the latest epoch, exact resume (the loop is `reprobe_jax.trainer`'s).
+PR-AUC, orbax checkpoints of the best and the latest epoch, exact resume (the loop is `reprobe_jax.train.trainer`'s).
 
 Determinism: epoch e's batch order comes from (seed, e) and step k's dropout from (seed, k), so a run killed
 between epochs and restarted ends with the same parameters and metrics as one that ran through.
@@ -20,14 +20,14 @@ import optax
 from absl import logging
 from flax import nnx
 
-from reprobe_jax.atomic import atomic_open
-from reprobe_jax.config import Int, Real, check_fields
+from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.fields import Int, Real, check_fields
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.metrics import pr_auc, roc_auc
+from reprobe_jax.eval.metrics import pr_auc, roc_auc
 from reprobe_jax.probe.data import Example, pack_shape, pack_steps
 from reprobe_jax.models.forward import StaticGraph
 from reprobe_jax.probe.model import Probe, ProbeConfig, score_packed
-from reprobe_jax.trainer import Trainer, TrainerConfig
+from reprobe_jax.train.trainer import Trainer, TrainerConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from reprobe_jax.config import Real, check_fields
+from reprobe_jax.fields import Real, check_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.rl.types import AdvantageInputs
 

@@ -28,18 +28,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features.extraction import model_fingerprint
 from reprobe_jax.models.sampling import SamplingParams
-from reprobe_jax.pipeline import DOMAINS, SPLIT_SEEDS
+from reprobe_jax.jobs.reprobe import DOMAINS, SPLIT_SEEDS
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
 from reprobe_jax.rl.rollout import (PromptSet, collect, policy_batch, potentials, rollout_fn, step_batch)
 from reprobe_jax.spae.potential import ProbeConfig, Prober
 from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
 from reprobe_jax.tasks import DIFFICULTIES, make_problems
-from reprobe_jax.trainer import Trainer, TrainerConfig
+from reprobe_jax.train.trainer import Trainer, TrainerConfig
 from reprobe_jax.trajectories import prompt_text
 
 

@@ -19,7 +19,7 @@ import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from reprobe_jax.config import Int, OneOf, Real, check_fields
+from reprobe_jax.fields import Int, OneOf, Real, check_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.logprob import sequence_logprobs
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx

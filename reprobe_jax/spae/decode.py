@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.boundary import StepBoundary
+from reprobe_jax.steps.boundary import StepBoundary
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import decoding
 from reprobe_jax.models.capture import CaptureSpec

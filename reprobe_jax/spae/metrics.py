@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.atomic import atomic_open
+from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.spae.potential import StepPotentials
 from reprobe_jax.steps import THINK_CLOSE, align, token_end_offsets, token_ids

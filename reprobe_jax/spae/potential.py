@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.boundary import ENDS_AFTER, ENDS_BEFORE, StepBoundary
-from reprobe_jax.config import Int, OneOf, Real, check_fields
+from reprobe_jax.steps.boundary import ENDS_AFTER, ENDS_BEFORE, StepBoundary
+from reprobe_jax.fields import Int, OneOf, Real, check_fields
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError
 from reprobe_jax.models import decoding
 from reprobe_jax.models.capture import CaptureSpec

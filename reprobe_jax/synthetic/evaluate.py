@@ -20,7 +20,7 @@ import numpy as np
 from reprobe_jax import steps as step_lib
 from reprobe_jax.annotate.rule import line_labels, match_labels
 from reprobe_jax.errors import DataFormatError
-from reprobe_jax.labels import labels_to_json
+from reprobe_jax.steps.labels import labels_to_json
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.synthetic.tokenizer import chat_prompt
 from reprobe_jax.tasks import Problem
@@ -80,7 +80,7 @@ def label_samples(problems: Sequence[Problem], samples: Sequence[dict]) -> list[
 
 def summarise_samples(records: Sequence[dict]) -> dict:
   """The report's numbers for one (family, format) group of the target's labelled samples (not a scorer's
-  metrics: those are `reprobe_jax.report.scorer_metrics`)."""
+  metrics: those are `reprobe_jax.eval.report.scorer_metrics`)."""
   labels = np.array([x for r in records for x in r["labels"] if x is not None], float)
   correct = np.array([r["correct"] for r in records], bool)
   out = {

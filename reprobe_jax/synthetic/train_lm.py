@@ -2,7 +2,7 @@
 
 The loss is next-token cross-entropy on response tokens only. Batches come from a grain `MapDataset` read by
 index (batch i is a pure function of the seed and i), so a resumed run sees exactly the batches an uninterrupted
-run would; the loop, checkpoints and TensorBoard scalars are `reprobe_jax.trainer.Trainer`'s.
+run would; the loop, checkpoints and TensorBoard scalars are `reprobe_jax.train.trainer.Trainer`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import optax
 
 from reprobe_jax.models import LanguageModel, ModelConfig
 from reprobe_jax.models.logprob import masked_mean_nll, sequence_logprobs
-from reprobe_jax.trainer import Trainer, TrainerConfig
+from reprobe_jax.train.trainer import Trainer, TrainerConfig
 
 
 @dataclasses.dataclass(frozen=True)

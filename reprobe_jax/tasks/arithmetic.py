@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from reprobe_jax.readers import shown
+from reprobe_jax.io.readers import shown
 from reprobe_jax.tasks.base import (Problem, State, TaskFamily, advance_pointer, family_rng, integer_text,
                                     read_int)
 

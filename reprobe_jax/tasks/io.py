@@ -1,5 +1,5 @@
 """JSONL files of problems (schema in docs/tasks.md): atomic writes, and reads that name the bad line
-(`reprobe_jax.readers.read_jsonl`, re-exported here)."""
+(`reprobe_jax.io.readers.read_jsonl`, re-exported here)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import os
 from typing import Any, Iterable
 
-from reprobe_jax.atomic import atomic_open
+from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import DataFormatError
-from reprobe_jax.readers import read_jsonl
+from reprobe_jax.io.readers import read_jsonl
 from reprobe_jax.tasks.base import Problem
 
 

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.labels import labels_to_json
+from reprobe_jax.steps.labels import labels_to_json
 from reprobe_jax.tasks import formats
 from reprobe_jax.tasks.base import Problem, State, TaskFamily
 

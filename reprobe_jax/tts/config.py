@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from reprobe_jax.config import Int, OneOf, Real, check_fields, field_name
+from reprobe_jax.fields import Int, OneOf, Real, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.sampling import SamplingParams
 

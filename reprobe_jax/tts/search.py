@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from reprobe_jax.boundary import StepBoundary
+from reprobe_jax.steps.boundary import StepBoundary
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel

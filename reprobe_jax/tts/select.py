@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from reprobe_jax.metrics import roc_auc
+from reprobe_jax.eval.metrics import roc_auc
 
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.tasks import Problem, TaskFamily, get_family

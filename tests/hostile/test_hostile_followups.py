@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from reprobe_jax import pipeline
+from reprobe_jax.jobs import reprobe as pipeline
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.trajectories import TrajectoryConfig
 
@@ -61,7 +61,7 @@ def test_the_built_in_target_keeps_its_build_key():
   seed-0 target (world v2, issue 13) is still found. A change of this key must be deliberate (it rebuilds)."""
   import importlib.util
 
-  from reprobe_jax.synthetic.build import config_from_dict
+  from reprobe_jax.jobs.target import config_from_dict
   path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "target_synthetic.py")
   spec = importlib.util.spec_from_file_location("target_synthetic", path)
   module = importlib.util.module_from_spec(spec)

@@ -18,15 +18,15 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from configs import judge_prompts
-from reprobe_jax import pipeline
-from reprobe_jax.config import replace_fields
+from reprobe_jax.jobs import reprobe as pipeline
+from reprobe_jax.fields import replace_fields
 from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError, ReprobeError
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.data import Example
 from reprobe_jax.probe.train import ProbeTrainConfig, train_probe
-from reprobe_jax.runs import Run
-from reprobe_jax.synthetic import build
-from reprobe_jax.trainer import Trainer, TrainerConfig
+from reprobe_jax.jobs.runs import Run
+from reprobe_jax.jobs import target as build
+from reprobe_jax.train.trainer import Trainer, TrainerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,4 +1,4 @@
-"""The shared readers (reprobe_jax.readers): every failure is a DataFormatError naming the file (and line)."""
+"""The shared readers (reprobe_jax.io.readers): every failure is a DataFormatError naming the file (and line)."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from reprobe_jax.errors import DataFormatError
-from reprobe_jax.readers import read_json, read_jsonl, read_text
+from reprobe_jax.io.readers import read_json, read_jsonl, read_text
 
 
 def test_missing_file_is_named(tmp_path):

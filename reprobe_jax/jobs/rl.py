@@ -14,15 +14,15 @@ import copy
 import dataclasses
 import os
 
-from reprobe_jax import runs
-from reprobe_jax.atomic import atomic_open
+from reprobe_jax.jobs import runs
+from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.machine import describe
-from reprobe_jax.rl import report
+from reprobe_jax.eval.machine import describe
+from reprobe_jax.jobs import rl_report as report
 from reprobe_jax.rl.loop import RLConfig, signature, train_rl
-from reprobe_jax.runs import Progress, no_progress
-from reprobe_jax.spae import job as spae_job
-from reprobe_jax.spae.job import SPAEJobConfig
+from reprobe_jax.jobs.runs import Progress, no_progress
+from reprobe_jax.jobs import spae as spae_job
+from reprobe_jax.jobs.spae import SPAEJobConfig
 from reprobe_jax.spae.potential import ProbeConfig
 
 EVAL_MODES = ("plain",)

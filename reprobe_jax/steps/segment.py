@@ -1,6 +1,6 @@
 """Steps: their character-region definition, the bytes tokens add to the text, and exact token alignment (METHOD A1).
 
-Where a step ends is defined once, in `reprobe_jax.boundary` (a finite automaton over the text's bytes), and both the
+Where a step ends is defined once, in `reprobe_jax.steps.boundary` (a finite automaton over the text's bytes), and both the
 sampler's on-device stop rule and `align` below run it. This module holds the `Step` record, the readable
 character-level statement of each mode (`segment`: the reference the automaton is tested against), the byte model
 of a tokenizer's vocabulary (`token_bytes`) and exact, O(n) token end offsets (`token_end_offsets`).
@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from reprobe_jax.errors import ConfigError, DataFormatError
-from reprobe_jax.readers import shown
+from reprobe_jax.io.readers import shown
 
 MODES = ("line", "sentence", "paragraph", "regex")
 WHITESPACE = " \t\n\r\x0b\x0c"
@@ -194,7 +194,7 @@ def regex_regions(text: str, pattern: str) -> list[tuple[int, int, str]]:
 def segment(text: str, mode: str, *, min_chars: int = 20, pattern: str | None = None) -> list[tuple[int, int, str]]:
   """Character regions (body start, end, step text) of `text` in `mode` ('line', 'sentence', 'paragraph', 'regex').
 
-  This is the readable definition; `reprobe_jax.boundary` compiles the same rules into an automaton."""
+  This is the readable definition; `reprobe_jax.steps.boundary` compiles the same rules into an automaton."""
   if mode == "line":
     return line_regions(text)
   if mode == "sentence":
@@ -499,9 +499,9 @@ def token_ids(ids) -> list[int]:
 def align(tokenizer, ids: Sequence[int], mode: str, *, min_chars: int = 20, pattern: str | None = None,
           offset: int = 0) -> list[Step]:
   """Steps of the response token ids `ids` with exact token spans; `offset` shifts spans (e.g. by the prompt length)
-  so they index the full sequence. Runs the same automaton as the sampler's stop rule (`reprobe_jax.boundary`).
+  so they index the full sequence. Runs the same automaton as the sampler's stop rule (`reprobe_jax.steps.boundary`).
   Spans are ordered, do not overlap and lie in [offset, offset + len(ids)]; ids are checked (`token_ids`)."""
-  from reprobe_jax.boundary import StepBoundary  # boundary builds on this module
+  from reprobe_jax.steps.boundary import StepBoundary  # boundary builds on this module
   if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
     raise ConfigError(f"align: offset must be an integer >= 0, found {offset!r}")
   return StepBoundary(mode, pattern=pattern, min_chars=min_chars).align(tokenizer, token_ids(ids), offset=int(offset))

@@ -16,9 +16,9 @@ import os
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-from reprobe_jax.atomic import atomic_open
+from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import DataFormatError
-from reprobe_jax.readers import read_json
+from reprobe_jax.io.readers import read_json
 
 Progress = Callable[[str, int, int], None]  # (stage label, done, total); the label's first word names the stage
 

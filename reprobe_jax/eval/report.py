@@ -11,8 +11,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.atomic import atomic_open
-from reprobe_jax.metrics import bootstrap_pr_auc, pr_auc, pr_curve, roc_auc
+from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.eval.metrics import bootstrap_pr_auc, pr_auc, pr_curve, roc_auc
 
 Scores = Mapping[str, Mapping[str, np.ndarray]]
 

@@ -28,7 +28,7 @@ import numpy as np
 from flax import struct
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.steps import (ABBREVIATIONS, HEADER_WORDS, MODES, SENTENCE_ENDS, THINK_CLOSE, THINK_OPEN, WHITESPACE,
+from reprobe_jax.steps.segment import (ABBREVIATIONS, HEADER_WORDS, MODES, SENTENCE_ENDS, THINK_CLOSE, THINK_OPEN, WHITESPACE,
                                Step, byte_ends, char_offsets, check_text, regex_literals, token_bytes)
 
 ENDS_BEFORE, ENDS_AFTER = 1, 2

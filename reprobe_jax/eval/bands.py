@@ -19,10 +19,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.config import plain
+from reprobe_jax.fields import plain
 from reprobe_jax.errors import ConfigError, DataFormatError
-from reprobe_jax.readers import read_json
-from reprobe_jax.runs import run_key, write_json
+from reprobe_jax.io.readers import read_json
+from reprobe_jax.jobs.runs import run_key, write_json
 
 
 # Student's t 0.975 quantiles by degrees of freedom (the standard table); beyond 30 the normal's 1.96 is within 4%.
@@ -181,7 +181,7 @@ def band_key(config) -> str:
     d.pop(k, None)
   extra = []
   if isinstance(d.get("target"), Mapping):
-    from reprobe_jax.synthetic.build import config_from_dict, without_unused_interrupts
+    from reprobe_jax.jobs.target import config_from_dict, without_unused_interrupts
     d["target"] = without_unused_interrupts({k: v for k, v in d["target"].items() if k not in _RUN_ONLY})
     if not d.get("target_path"):  # the built-in target's build key also hashes what the task code makes
       extra.append(config_from_dict(dict(d["target"], seed=0), "config.target").key())
@@ -311,9 +311,9 @@ def is_timing(key: str) -> bool:
 
 
 def main(argv=None) -> None:
-  """`python -m reprobe_jax.bands A.json B.json`: which numbers of two band files differ beyond their seed spread."""
+  """`python -m reprobe_jax.eval.bands A.json B.json`: which numbers of two band files differ beyond their seed spread."""
   import argparse
-  p = argparse.ArgumentParser(prog="python -m reprobe_jax.bands", description=main.__doc__)
+  p = argparse.ArgumentParser(prog="python -m reprobe_jax.eval.bands", description=main.__doc__)
   p.add_argument("a"); p.add_argument("b")
   p.add_argument("--limit", type=float, default=None, help="Welch |t| above which a number differs "
                  "(default t(0.975, seeds - 1))")

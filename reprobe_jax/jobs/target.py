@@ -20,15 +20,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.atomic import atomic_open
-from reprobe_jax.config import Int, OneOf, Pairs, Real, Seq, check_fields, field_name, plain, replace_fields, \
+from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.fields import Int, OneOf, Pairs, Real, Seq, check_fields, field_name, plain, replace_fields, \
     sorted_pairs
 from reprobe_jax.errors import ConfigError, DataFormatError
-from reprobe_jax.machine import describe
+from reprobe_jax.eval.machine import describe
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
-from reprobe_jax.readers import read_json
+from reprobe_jax.io.readers import read_json
 from reprobe_jax.synthetic.interrupt import interrupted_examples
-from reprobe_jax.runs import Progress, Run, no_progress, run_key, write_json
+from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key, write_json
 from reprobe_jax.synthetic import evaluate
 from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
 from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
@@ -121,7 +121,7 @@ INTERRUPT_FIELDS = ("interrupt_share", "interrupt_guess_share", "interrupt_loss_
 def without_unused_interrupts(d: Mapping) -> dict:
   """A build config's fields (a dict) without the interrupted-thinking ones when they are off (interrupt_share 0):
   they were added later, so a build without interruptions keeps the key it had before, and so do the bands made
-  with it (`reprobe_jax.bands.band_key`)."""
+  with it (`reprobe_jax.eval.bands.band_key`)."""
   d = dict(d)
   if not d.get("interrupt_share"):
     for name in INTERRUPT_FIELDS:
@@ -327,10 +327,10 @@ def read_samples(out: str) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  """`python -m reprobe_jax.synthetic.build <build folder> [...]`: the per-difficulty table of the builds' own
+  """`python -m reprobe_jax.jobs.target <build folder> [...]`: the per-difficulty table of the builds' own
   held-out samples (`samples_eval.jsonl`), mean +- sd over the folders given (e.g. the three build seeds)."""
   import argparse
-  ap = argparse.ArgumentParser(prog="python -m reprobe_jax.synthetic.build", description=main.__doc__)
+  ap = argparse.ArgumentParser(prog="python -m reprobe_jax.jobs.target", description=main.__doc__)
   ap.add_argument("builds", nargs="+", help="build folders (artifacts/target_synthetic/<key>)")
   args = ap.parse_args(argv)
   for out in args.builds:

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.bands import summarise
+from reprobe_jax.eval.bands import summarise
 
 STAGES = ("time_rollout", "time_probe", "time_update")
 EVAL_COLUMNS = (("acc_at_k", "Acc@{k}", 100.0, ".1f"), ("len_at_k", "Len@{k}", 1.0, ".1f"),
@@ -62,7 +62,7 @@ def plot_curves(per: Mapping[str, Sequence[dict]], path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from reprobe_jax.atomic import atomic_open
+  from reprobe_jax.io.atomic import atomic_open
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
   for method, runs in per.items():
     for ax, key in zip(axes, ("reward", "response_length")):

@@ -17,16 +17,16 @@ import zlib
 
 import numpy as np
 
-from reprobe_jax import runs
-from reprobe_jax.atomic import atomic_open
-from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.jobs import runs
+from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.machine import describe
+from reprobe_jax.eval.machine import describe
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.sampling import SamplingParams
-from reprobe_jax.pipeline import DOMAINS, SPLIT_SEEDS, model_fingerprint
-from reprobe_jax.readers import read_jsonl
-from reprobe_jax.runs import Progress, Run, no_progress
+from reprobe_jax.jobs.reprobe import DOMAINS, SPLIT_SEEDS, model_fingerprint
+from reprobe_jax.io.readers import read_jsonl
+from reprobe_jax.jobs.runs import Progress, Run, no_progress
 from reprobe_jax.spae import metrics as spae_metrics
 from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
 from reprobe_jax.spae.potential import ProbeConfig, Prober, StepPotentials

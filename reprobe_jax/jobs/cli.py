@@ -142,7 +142,7 @@ def build_target(config):
   from reprobe_jax.models import load_pretrained
   if config.get("target_path"):
     return load_pretrained(config.target_path, **target_placement())
-  from reprobe_jax.synthetic.build import build, config_from_dict, load_report, report_markdown
+  from reprobe_jax.jobs.target import build, config_from_dict, load_report, report_markdown
   with ProgressBars() as bars:
     out = build(config_from_dict(config.target, "config.target"), config.target.workdir, progress=bars.update)
   print(f"\nTarget model {out}/model, its own samples on held-out problems (T=1.0):\n")
@@ -154,7 +154,7 @@ def target_report(config) -> dict | None:
   """The built-in target's report (`synthetic.build`, reused from its cache), or None for a `target_path` job."""
   if config.get("target_path"):
     return None
-  from reprobe_jax.synthetic.build import build, config_from_dict, load_report
+  from reprobe_jax.jobs.target import build, config_from_dict, load_report
   return load_report(build(config_from_dict(config.target, "config.target"), config.target.workdir))
 
 
@@ -162,7 +162,7 @@ def run_dir(config, lm) -> str:
   """`<config.workdir>/<hash>`: one folder per (job config, target model, problems and prompts), so a rebuilt
   target, a changed config or a changed task generator starts afresh while a rerun of the same one resumes and
   reuses its cached stages (`pipeline.run_folder`)."""
-  from reprobe_jax import pipeline
+  from reprobe_jax.jobs import reprobe as pipeline
   return pipeline.run_folder(config.workdir, lm, pipeline.config_from_dict(config))
 
 
@@ -170,7 +170,7 @@ def reprobe_setup(config):
   """(target model, ReprobeConfig, run folder) of a reprobe job: the common start of its train and eval runs. The
   whole config is checked before the target is built or loaded, and against the target's shape (its layers,
   context, vocabulary) before anything is sampled: for the built-in target from its config, before the build."""
-  from reprobe_jax import pipeline
+  from reprobe_jax.jobs import reprobe as pipeline
   cfg = pipeline.config_from_dict(config)
   workdir = workdir_of(config)
   target_path = config.get("target_path")
@@ -178,7 +178,7 @@ def reprobe_setup(config):
     raise ConfigError(f"config.target_path: expected a path or hub id (empty = the built-in target), got "
                       f"{target_path!r}")
   if not target_path:
-    from reprobe_jax.synthetic.build import config_from_dict
+    from reprobe_jax.jobs.target import config_from_dict
     target = config_from_dict(config.target, "config.target")
     workdir_of(config.target, "config.target")
     pipeline.check_model(cfg, num_layers=target.model.num_layers, context=target.model.max_position_embeddings,

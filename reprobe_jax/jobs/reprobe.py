@@ -23,13 +23,14 @@ import os
 
 import numpy as np
 
-from reprobe_jax import baselines, runs
+from reprobe_jax.eval import baselines
+from reprobe_jax.jobs import runs
 from reprobe_jax.annotate import JudgePrompts, JudgeSettings, annotate, annotator_key, check_annotator
-from reprobe_jax.atomic import atomic_open
-from reprobe_jax.config import Int, OneOf, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.fields import Int, OneOf, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, extract, model_fingerprint
-from reprobe_jax.machine import describe
+from reprobe_jax.eval.machine import describe
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.prm import report as prm_report
 from reprobe_jax.prm.combine import plot_cascade
@@ -41,9 +42,9 @@ from reprobe_jax.probe import linear
 from reprobe_jax.probe.bundle import ProbeBundle
 from reprobe_jax.probe.data import examples
 from reprobe_jax.probe.train import ProbeTrainConfig, predict_examples, train_probe
-from reprobe_jax.report import plot_pr_curves, scorer_metrics, table_markdown
-from reprobe_jax.runs import Progress, Run, no_progress
-from reprobe_jax.readers import read_json
+from reprobe_jax.eval.report import plot_pr_curves, scorer_metrics, table_markdown
+from reprobe_jax.jobs.runs import Progress, Run, no_progress
+from reprobe_jax.io.readers import read_json
 from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, make_problems
 from reprobe_jax.tasks import formats
 from reprobe_jax.tasks.formats import MODES

@@ -27,7 +27,7 @@ from absl import logging
 
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.models.sharding import as_global, as_local
-from reprobe_jax.tblog import ScalarWriter
+from reprobe_jax.train.tblog import ScalarWriter
 
 LossFn = Callable[..., Any]  # (params, batch, rng, frozen) -> loss, or (loss, {name: scalar}) with has_aux
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from reprobe_jax.bands import summarise
+from reprobe_jax.eval.bands import summarise
 
 COLUMNS = (("acc_at_k", "Acc@k", 100.0, ".1f"), ("len_at_k", "Len@k", 1.0, ".1f"),
            ("solving_tokens", "solving", 1.0, ".1f"), ("checking_tokens", "checking", 1.0, ".1f"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Iterator, Sequence
 
-from reprobe_jax.bands import Band, summarise
+from reprobe_jax.eval.bands import Band, summarise
 
 STRATEGY_TITLES = {"best_of_n": "Best-of-N", "beam": "Beam search", "dvts": "DVTS"}
 
@@ -88,7 +88,7 @@ def plot_cascade(metrics: dict, path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from reprobe_jax.atomic import atomic_open
+  from reprobe_jax.io.atomic import atomic_open
   cascades = metrics["cascade"]
   fig, axes = plt.subplots(1, len(cascades), figsize=(5 * len(cascades), 4), squeeze=False)
   for ax, (d, c) in zip(axes[0], cascades.items()):
@@ -154,7 +154,7 @@ def plot_budgets(metrics: dict, path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from reprobe_jax.atomic import atomic_open
+  from reprobe_jax.io.atomic import atomic_open
   results = metrics["results"]
   budgets = metrics["config"]["budgets"]
   fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)

@@ -18,12 +18,13 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax import pipeline, runs
-from reprobe_jax.config import Int, OneOf, Real, Seq, check_fields, field_name
+from reprobe_jax.jobs import reprobe as pipeline
+from reprobe_jax.jobs import runs
+from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.readers import read_json
-from reprobe_jax.runs import Progress, Run, no_progress
+from reprobe_jax.io.readers import read_json
+from reprobe_jax.jobs.runs import Progress, Run, no_progress
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.prm import report as prm_report
 from reprobe_jax.prm.combine import FRACTIONS, Fusion, cascade_scores
@@ -103,7 +104,7 @@ def dvts_shape(budget: int) -> tuple[int, int]:
 
 
 def tts_config_from_dict(d) -> TTSConfig:
-  from reprobe_jax.config import plain, replace_fields
+  from reprobe_jax.fields import plain, replace_fields
   return replace_fields(TTSConfig(), plain(d), root="config.tts")
 
 
@@ -342,14 +343,14 @@ def evaluate(lm: LanguageModel, cfg: pipeline.ReprobeConfig, tcfg: TTSConfig, wo
       per[f"best_of_n[{fname}]"] = _cell(run, f"{domain}.best_of_n.{fname}.{tag['prm']}", lambda: both("fusion"))
       cascades[domain] = {"probe": pname, **_cell(run, f"{domain}.cascade.{fname}.{tag['prm']}",
                                                   lambda: both("cascade"))}
-  from reprobe_jax.machine import describe
-  from reprobe_jax.tts import report
+  from reprobe_jax.eval.machine import describe
+  from reprobe_jax.jobs import tts_report as report
   metrics = {"results": results, "config": dataclasses.asdict(tcfg), "train_domains": list(cfg.train_domains),
              "machine": str(describe())}
   if cascades:
     metrics["cascade"] = cascades
   runs.write_json(run.path("metrics.json"), metrics)
-  from reprobe_jax.atomic import atomic_open
+  from reprobe_jax.io.atomic import atomic_open
   with atomic_open(run.path("table.md")) as f:
     f.write(report.table_markdown(metrics))
   report.plot_budgets(metrics, run.path("accuracy.png"))

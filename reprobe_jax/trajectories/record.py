@@ -26,12 +26,12 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 import numpy as np
 
 from reprobe_jax import steps as step_lib
-from reprobe_jax.config import Int, OneOf, Real, check_fields
+from reprobe_jax.fields import Int, OneOf, Real, check_fields
 from reprobe_jax.errors import ConfigError, DataFormatError
-from reprobe_jax.labels import labels_from_json, labels_to_json
+from reprobe_jax.steps.labels import labels_from_json, labels_to_json
 from reprobe_jax.features import FeatureSpec, union_capture, with_logprobs
 from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
-from reprobe_jax.readers import shown
+from reprobe_jax.io.readers import shown
 from reprobe_jax.tasks import Problem, get_family
 from reprobe_jax.tasks.formats import user_prompt
 from reprobe_jax.tasks.io import read_jsonl
