@@ -265,7 +265,7 @@ def _probe_side(pair: Pair, ids, mask, spans, repeats: int) -> dict:
 
 
 def step_scoring(pair: Pair, batch: int, length: int, repeats: int) -> dict:
-  """Step scoring (issue 15): the PRM (target backbone + Linear-ReLU-Linear head) on the whole text in both
+  """Step scoring: the PRM (target backbone + Linear-ReLU-Linear head) on the whole text in both
   frameworks and incrementally in ours, against the probe over packed windows. Work unit: steps scored; the
   probe's ratio is against the PRM's fastest path."""
   torch = _torch()

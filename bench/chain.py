@@ -9,7 +9,7 @@ and measured nothing about GEMMs. Prints ms per pass and GFLOP/s, best of `--rep
 on CPUs with AVX512-BF16 or AMX both libraries have bf16 kernels), so the two dtypes can be compared in one run.
 `--split-k` adds a JAX column where every GEMM is a batched dot over the two halves of its K (`[2, M, K/2] x
 [2, K/2, N]`, a free reshape of the stored [K, N] weight, summed): at M = 1 XLA:CPU's dots mostly run on one
-thread, and a batch of two gives its runtime two pieces to spread over the cores (README, "Performance").
+thread, and a batch of two gives its runtime two pieces to spread over the cores (docs/performance.md, AMD EPYC Zen 5).
 `--packed` adds a JAX column where every GEMM runs reprobe-jax's CPU decode kernel on weights packed beforehand
 (docs/kernels.md; float32, at most 128 rows).
 """

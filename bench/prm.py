@@ -1,5 +1,5 @@
-"""Step-scoring cost (issue 15 item 4): the PRM of `reprobe_jax.prm` (the target's backbone, a random head: only
-its cost matters here) against the probe, each on its fastest path, and the PRM in PyTorch for the framework ratio.
+"""Step-scoring cost: the PRM of `reprobe_jax.prm` (the target's backbone, a random head: only its cost matters
+here) against the probe, each on its fastest path, and the PRM in PyTorch for the framework ratio.
 
 - PRM, whole text: prompt + steps joined by separators, one forward per trajectory, the reward read at each
   separator (what Best-of-N pays); in PyTorch the same joined ids through `model.model` plus the same head.

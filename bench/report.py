@@ -7,9 +7,9 @@ import os
 
 from bench import spae
 
-# (row, what, threshold): the ratio reprobe-jax / PyTorch a row must reach (issue 5).
-# Issue 19's decode and prefill goals (they replace issue 5's batch-32 >= 3x and plain prefill >= 0.9x); issue 5's
-# prefill-with-capture goal stays.
+# (row, what, threshold): the ratio reprobe-jax / PyTorch a row must reach (docs/performance.md, Goals).
+# The decode-speed goals' decode and prefill rows (they replace the first goals' batch-32 >= 3x and plain prefill
+# >= 0.9x); the first goals' prefill-with-capture row stays.
 RATIO_GOALS = [
     ("decode_b1", "batch-1 greedy decode >= 1.5x HF generate", 1.5),
     ("decode_b8", "batch-8 greedy decode >= 1.5x HF generate", 1.5),
@@ -19,9 +19,9 @@ RATIO_GOALS = [
 ]
 BANDWIDTH_GOAL = 0.7  # batch-1 decode reaches this fraction of the memory-bandwidth bound
 PROBE_GOAL = 10.0  # probe step scoring this many times cheaper than the PRM
-SEARCH_GOAL = 10.0  # our beam search this many times the search-and-learn-style loop's sampled steps/s (issue 14)
-BEAM_COST_GOAL = 2.0  # our beam search costs at most this many times our Best-of-N per sampled step (issue 14)
-SPAE_GOAL = 20.0  # batched SPAE potentials this many times the one-request-per-boundary loop's boundaries/s (issue 16)
+SEARCH_GOAL = 10.0  # our beam search this many times the search-and-learn-style loop's sampled steps/s
+BEAM_COST_GOAL = 2.0  # our beam search costs at most this many times our Best-of-N per sampled step
+SPAE_GOAL = 20.0  # batched SPAE potentials this many times the one-request-per-boundary loop's boundaries/s
 
 
 HARNESS_ERROR = "harness-error"  # a measured figure above its roofline bound: the bound (or the work count) is wrong
@@ -204,7 +204,7 @@ def _pct(fraction, status) -> str:
 
 
 def performance_markdown(result: dict) -> list[str]:
-  """One table per run, starting with the machine line: what the README shows for each CPU kind measured on."""
+  """One table per run, starting with the machine line: what docs/performance.md shows for each CPU kind."""
   env, rows, roof = result["environment"], {r["name"]: r for r in result["rows"]}, result["roofline"]
   lines = ["## Performance", "", machine_line(env), ""]
   if env.get("decode_kernel"):

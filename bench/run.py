@@ -37,10 +37,10 @@ class Sizes:
   repeats: int = 5
   matmul_n: int = 2048
   bandwidth_mib: int = 512
-  shared_context_len: int = 1024  # N continuations of one context: shared prefix vs copied caches (issue 11)
+  shared_context_len: int = 1024  # N continuations of one context: shared prefix vs copied caches
   shared_continuations: int = 16
   shared_new_tokens: int = 16
-  # Step-level beam search (issue 14): problems searched at once, beams B, candidates N per beam, rounds (max steps),
+  # Step-level beam search: problems searched at once, beams B, candidates N per beam, rounds (max steps),
   # each trajectory's token budget, timed repeats (each a whole search: tens of seconds on SmolLM2's reference side),
   # rounds of the greedy same-steps check.
   search_problems: int = 2
@@ -50,7 +50,7 @@ class Sizes:
   search_new_tokens: int = 64
   search_repeats: int = 2
   search_check_steps: int = 3
-  # SPAE step potentials (issue 16): thinking trajectories probed by both sides (bench/spae.py), timed repeats.
+  # SPAE step potentials: thinking trajectories probed by both sides (bench/spae.py), timed repeats.
   spae_trajectories: int = 2  # SmolLM2: about 3 minutes of the run (the loop compiles a prefill per length bucket)
   spae_repeats: int = 2
   # ... and on long thinking (bench.spae.long_set) of these lengths, one trajectory each: tiny by default (a few

@@ -1,4 +1,4 @@
-"""SPAE step potentials (issue 16, item 5): our batched probe against the released design's one request per boundary.
+"""SPAE step potentials: our batched probe against the released design's one request per boundary.
 
 - Ours: `Prober.potentials`, every paragraph boundary x N samples of a chunk of trajectories in one jitted `probe`
   call that forks each trajectory's own KV cache at its boundaries (METHOD B1; the question and earlier steps are

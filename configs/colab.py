@@ -16,7 +16,7 @@ import ml_collections
 
 from configs import reprobe_smollm2, reprobe_synthetic, spae_smollm2, spae_synthetic, tts_synthetic
 
-PROBE = "attn+logit"  # the notebooks' probe: the best in-domain feature set of the README's table
+PROBE = "attn+logit"  # the notebooks' probe: the best in-domain feature set of docs/results.md's table
 
 
 def _smoke_target(t: ml_collections.ConfigDict) -> None:

@@ -1,4 +1,4 @@
-"""ReProbe on the built-in default (issue 4): the tiny synthetic target, rule labels, probes vs baselines.
+"""ReProbe on the built-in default: the tiny synthetic target, rule labels, probes vs baselines.
 
     python train.py --config=configs/reprobe_synthetic.py      # target (cached), trajectories, features, probes
     python eval.py  --config=configs/reprobe_synthetic.py      # PR-AUC table, metrics.json, pr_curves.png
@@ -25,8 +25,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.seed = 0  # the build seed: the built-in target's seed follows it (one override reseeds the whole chain)
   c.target.seed = c.get_ref("seed")
   # `--config.job=seeds`: the whole job once per seed, then every number's mean and spread (a band file); the
-  # README's tables are made this way, and a single run prints its numbers beside `bands` (made on the machine it
-  # names, for this config only).
+  # tables of docs/results.md are made this way, and a single run prints its numbers beside `bands` (made on the
+  # machine it names, for this config only).
   c.seeds = (0, 1, 2)
   c.bands = "configs/bands/reprobe_synthetic.json"
   # Band files made on other CPU kinds (same config): a run on one of them also says how many of its numbers fall
@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.difficulties = (1, 2, 3)
   # Planning and qa are tested at difficulty 1 only: over all three the target gets 20-25% of their line steps
   # right, at difficulty 1 34-39% (measured on the target's own held-out problems, train.py's report, never on
-  # this test split; README, docs/method.md). () tests them at `difficulties` like arithmetic.
+  # this test split; docs/results.md, docs/method.md). () tests them at `difficulties` like arithmetic.
   c.ood_difficulties = (1,)
   c.trajectories = ml_collections.ConfigDict(dict(samples=3, temperature=1.0, top_k=50, top_p=0.95,
                                                   max_new_tokens=96, batch_size=32, seed=0))
@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.annotator = "rule"
   c.judge = judge_prompts.get_config()  # prompts, self_judge, api, per_step
   c.labels_path = ""
-  # The PRM baseline (METHOD A7, issue 15): the target's own weights plus the Qwen2.5-Math-PRM head, fine-tuned on
+  # The PRM baseline (docs/method.md §A7): the target's own weights plus the Qwen2.5-Math-PRM head, fine-tuned on
   # the same rule-labelled train split (val for early stopping); scorer 'prm' in the table. Outside the run's key:
   # its artifacts go to <run>/prm/<hash of this section>. The separator is '<|pad|>': the synthetic tokenizer has
   # no unused token like Qwen's '<extra_0>', and pad is one token that never occurs in a prompt or response (the

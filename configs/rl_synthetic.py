@@ -1,4 +1,4 @@
-"""RL with SPAE and its baselines from the built-in target's thinking mode (issue 17):
+"""RL with SPAE and its baselines from the built-in target's thinking mode (docs/method.md §B2):
 
     python train.py --config=configs/rl_synthetic.py --config.advantage=spae     # one method, one seed
     python train.py --config=configs/rl_synthetic.py --config.job=rl_compare     # GRPO, DAPO, RF-B, SPAE x seeds

@@ -1,4 +1,4 @@
-"""SPAE's step potential on the built-in target's thinking mode (issue 16):
+"""SPAE's step potential on the built-in target's thinking mode (docs/method.md §B1, §B3):
 
     python eval.py --config=configs/spae_synthetic.py
 

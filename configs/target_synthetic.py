@@ -1,4 +1,4 @@
-"""The built-in default target model: synthetic worlds + a tiny Llama trained on them (issue 3).
+"""The built-in default target model: synthetic worlds + a tiny Llama trained on them.
 
     python train.py --config=configs/target_synthetic.py --config.train.steps=800 --config.workdir=/tmp/x
 """

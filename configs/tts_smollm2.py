@@ -1,4 +1,4 @@
-"""Test-time scaling on a real pretrained model (issue 14): SmolLM2-135M-Instruct, a smaller grid than the built-in
+"""Test-time scaling on a real pretrained model: SmolLM2-135M-Instruct, a smaller grid than the built-in
 default's.
 
     python eval.py --config=configs/tts_smollm2.py

@@ -1,11 +1,11 @@
-"""Test-time scaling on the built-in default (issue 14): greedy, majority vote, Best-of-N, weighted vote, beam
+"""Test-time scaling on the built-in default (docs/method.md §A7): greedy, majority vote, Best-of-N, weighted vote, beam
 search and DVTS with the probes and the uncertainty baselines as step scorers, at equal sample budgets.
 
     python eval.py --config=configs/tts_synthetic.py                     # the whole grid (reuses the ReProbe run)
     python eval.py --config=configs/tts_synthetic.py --config.tts.problems=20 --config.tts.budgets=1,2,4
     python eval.py --config=configs/tts_synthetic.py --config.tts.lookahead=1
     python eval.py --config=configs/tts_synthetic.py:demo                # make demo's small grid (about 2 minutes)
-    python eval.py --config=configs/tts_synthetic.py --config.job=tts_seeds   # the README's tables: seeds 0, 1, 2
+    python eval.py --config=configs/tts_synthetic.py --config.job=tts_seeds   # docs/results.md's tables: seeds 0, 1, 2
 
 The target and the probes come from the ReProbe job's cache (configs/reprobe_synthetic.py: same workdir, same run
 folder); what is missing is built first. Outputs: <run folder>/tts/<key>/{metrics.json, table.md, accuracy.png}.
@@ -34,7 +34,7 @@ def get_config(grid: str = "full") -> ml_collections.ConfigDict:
       aggregation="min",  # the paper's trajectory score: min over steps of P(correct)
       max_steps=12,
       lookahead=0,
-      temperature=1.0,  # of every sampled strategy; chosen on the validation split (README)
+      temperature=1.0,  # of every sampled strategy; chosen on the validation split (docs/method.md)
       split="test",  # 'val' to choose settings: the test split is never used to choose anything
       dedupe=False))  # beam search: keep distinct trajectories (chosen on the validation split, docs/method.md)
   if grid == "demo":
