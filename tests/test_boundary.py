@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_steps import CORPUS, LINE, PROSE, THINK, TOKENIZERS, bpe, get_tokenizer, tok  # noqa: F401 (fixtures)
 
 from reprobe_jax import steps as S
-from reprobe_jax.steps.boundary import ENDS_AFTER, ENDS_BEFORE, StepBoundary, advance, initial_state
+from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, StepBoundary, advance, initial_state
 from reprobe_jax.errors import ConfigError
 
 BOUNDARIES = [StepBoundary("line"), StepBoundary("sentence"), StepBoundary("sentence", min_chars=0),
