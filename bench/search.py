@@ -22,14 +22,13 @@ import numpy as np
 
 from bench.pair import Pair
 from bench.timing import time_call
-from reprobe_jax.steps.boundary import ENDS_BEFORE, StepBoundary
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.scorers import get_scorer
+from reprobe_jax.steps import ANSWER_PREFIX, ENDS_BEFORE, StepBoundary
 from reprobe_jax.tts import SearchConfig
 from reprobe_jax.tts.beam import beam_search
 from reprobe_jax.tts.best_of_n import best_of_n
-from reprobe_jax.tts.search import ANSWER_PREFIX
 
 SCORER = "perplexity"
 LINE_WORD_EVERY = 4  # the tiny model's word vocabulary: every 4th word ends a line

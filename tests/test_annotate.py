@@ -19,9 +19,9 @@ from reprobe_jax.annotate import (JudgeBackendError, JudgePrompts, OpenAICompati
                                   annotate_rule, import_labels, label_array, parse_verdict, parse_verdict_list,
                                   reference_solution)
 from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.steps import STEP_MODE
 from reprobe_jax.tasks import Problem, TraceNoise, make_problems, solve_many
 
-STEP_MODE = {"line": "line", "thinking": "paragraph"}  # as reprobe_jax.trajectories aligns each answer mode
 # Noisier than the default, so that many traces have wrong steps and wrong answers.
 NOISE = TraceNoise(p_wrong_result=0.15, p_wrong_operand=0.05, p_wrong_operation=0.05, p_skip=0.05,
                    p_illegal_move=0.1, p_detour=0.1, p_wrong_entity=0.15, p_wrong_relation=0.05)

@@ -4,7 +4,9 @@ BPE, SentencePiece-style and SmolLM2 tokenizers, on sampled-like texts and on ra
 
 from __future__ import annotations
 
+import ast
 import bisect
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -13,10 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_steps import CORPUS, LINE, PROSE, THINK, TOKENIZERS, bpe, get_tokenizer, tok  # noqa: F401 (fixtures)
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
 
 from reprobe_jax import steps as S
-from reprobe_jax.steps.boundary import ENDS_AFTER, ENDS_BEFORE, StepBoundary, advance, initial_state
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.models import LanguageModel, ModelConfig, SamplingParams
+from reprobe_jax.models import decoding
+from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, StepBoundary, advance, initial_state
 
 BOUNDARIES = [StepBoundary("line"), StepBoundary("sentence"), StepBoundary("sentence", min_chars=0),
               StepBoundary("paragraph"), StepBoundary("regex", pattern=r";|\n\n")]
@@ -157,8 +163,6 @@ def test_nothing_stops_after_think_close(bpe):
 def test_tokens_holding_several_sentence_ends():
   """A vocabulary with tokens like 'Ok. Yes! No?' (one token may open several gates) and no decoder (tokens joined
   by spaces): stops, spans and character regions agree for every min_chars."""
-  from tokenizers import Tokenizer, models
-  from transformers import PreTrainedTokenizerFast
   words = ["<unk>", "x", "yy", "a.", "Ok. Yes! No?", ". . .", "e.g.", "etc. x. y", "\n", "<think>", "</think>", "Zz."]
   tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)},
                                                                             unk_token="<unk>")))
@@ -242,14 +246,32 @@ def test_boundary_errors():
     StepBoundary("regex", pattern=r"\n+")
   with pytest.raises(ConfigError, match="min_chars"):
     StepBoundary("sentence", min_chars=-1)
+  with pytest.raises(ConfigError, match="no tokenizer"):
+    StepBoundary("line").compile(None, 16)
+
+
+def test_the_model_layer_takes_the_compiled_table_as_data(bpe):
+  """The sampler runs a compiled StopTable (the step-end codes are the data contract between the two layers) and
+  refuses a boundary it would have to compile: the model layer does not know what a step is."""
+  assert (decoding.ENDS_BEFORE, decoding.ENDS_AFTER) == (ENDS_BEFORE, ENDS_AFTER)
+  cfg = ModelConfig(family="llama", vocab_size=len(bpe), hidden_size=16, intermediate_size=16, num_layers=1,
+                    num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+  lm = LanguageModel.random(cfg, tokenizer=bpe)
+  table = StepBoundary("paragraph").compile(lm.tokenizer, lm.config.vocab_size)
+  assert lm.sampler(stop=table).stop is table
+  with pytest.raises(ConfigError, match=r"step boundary, not a compiled stop table.*boundary\.compile"):
+    lm.sampler(stop=StepBoundary("paragraph"))
+  models_dir = pathlib.Path(decoding.__file__).parent
+  for path in sorted(models_dir.glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(
+          node, ast.ImportFrom) else []
+      assert not any(n == "reprobe_jax.steps" or n.startswith("reprobe_jax.steps.") for n in names), path
 
 
 def _unigram_model(tok, favoured, seed: int):
   """A random decoder that samples (nearly) independently from the `favoured` tokens: attention and MLP outputs are
   zero, so the final state is the token's embedding, whose dimension 0 is a constant 1 that the output head reads."""
-  import jax
-
-  from reprobe_jax.models import LanguageModel, ModelConfig
   v = len(tok)
   cfg = ModelConfig(family="llama", vocab_size=v, hidden_size=16, intermediate_size=16, num_layers=1, num_heads=2,
                     num_kv_heads=1, head_dim=8, tie_word_embeddings=False, max_position_embeddings=512,
@@ -286,13 +308,12 @@ def test_sampler_stops_are_the_aligned_step_ends(name, mode):
   `StepBoundary.align` finds in the finished response (every one but the last), on byte-level BPE,
   SentencePiece-style and SmolLM2's tokenizer. Its newest-step span starts where the previous step ended, so it also
   holds the blank or header tokens that `align` leaves out between steps."""
-  from reprobe_jax.models import SamplingParams
   tok = get_tokenizer(name)
   favoured = sorted({i for text in CORPUS[:5] for i in tok(text, add_special_tokens=False)["input_ids"]
                      if "think>" not in tok.decode([i])})  # a sampled '</think>' would end every step
   lm = _unigram_model(tok, favoured, seed=len(name) + len(mode))
   boundary = StepBoundary(mode)
-  smp = lm.sampler(SamplingParams(1.0), stop=boundary)
+  smp = lm.sampler(SamplingParams(1.0), stop=boundary.compile(tok, lm.config.vocab_size))
   rows_n = 8
   state = smp.prefill([favoured[:4]], max_new_tokens=128, n=rows_n, seed=1)
   paused = [[] for _ in range(rows_n)]

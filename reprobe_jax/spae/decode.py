@@ -22,13 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.steps.boundary import StepBoundary
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import decoding
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.sampling import SamplingParams, bucket
 from reprobe_jax.spae.potential import Prober, StepPotentials, step_potential
-from reprobe_jax.steps import THINK_CLOSE
+from reprobe_jax.steps import THINK_CLOSE, StepBoundary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +64,8 @@ def decode_thinking(lm, prober: Prober, prompt_ids: Sequence[Sequence[int]], ans
   ans = prober.answer_ids(answers)
   for p, a in zip(prompt_ids, ans):
     prober.check_room(len(p) + max_new_tokens, len(a))
-  smp = lm.sampler(sampling, capture=CaptureSpec(), stop=StepBoundary("paragraph"))
+  smp = lm.sampler(sampling, capture=CaptureSpec(),
+                   stop=StepBoundary("paragraph").compile(lm.tokenizer, lm.config.vocab_size))
   n_prompts = len(prompt_ids)
   state = smp.prefill([list(p) for p in prompt_ids], max_new_tokens=max_new_tokens, n=samples, seed=seed,
                       share=False, extra_slots=len(close_ids), prompt_seeds=list(prompt_seeds))

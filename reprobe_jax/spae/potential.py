@@ -36,7 +36,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.steps.boundary import ENDS_AFTER, ENDS_BEFORE, StepBoundary
 from reprobe_jax.fields import Int, OneOf, Real, check_fields
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError
 from reprobe_jax.models import decoding
@@ -44,7 +43,7 @@ from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decoding import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.xla_options import decode_jit
-from reprobe_jax.steps import THINK_OPEN
+from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, THINK_OPEN, StepBoundary
 from reprobe_jax.tasks.formats import ANSWER_OPENER
 
 READINGS = ("paper", "reference_code")

@@ -15,9 +15,9 @@ import re
 from typing import Any, NamedTuple, Sequence
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.steps.modes import RESPONSE_FORMATS as MODES
 from reprobe_jax.tasks.base import Problem, State, TaskFamily, first_error
 
-MODES = ("line", "thinking")
 REFLECT_PREFIXES = ("Wait, let me check: ", "Let me double-check: ", "Hmm, let me verify: ")
 _LINE_STEP = re.compile(r"^\s*[-*]?\s*step\s*(\d+)\s*[:.]\s*(.*?)\s*$", re.IGNORECASE)
 _LINE_ANSWER = re.compile(r"^\s*<answer>\s*:?\s*(.*?)\s*$", re.IGNORECASE)

@@ -32,11 +32,10 @@ from reprobe_jax.steps.labels import labels_from_json, labels_to_json
 from reprobe_jax.features import FeatureSpec, union_capture, with_logprobs
 from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
 from reprobe_jax.io.readers import shown
+from reprobe_jax.steps.modes import RESPONSE_FORMATS as MODES, STEP_MODE
 from reprobe_jax.tasks import Problem, get_family
 from reprobe_jax.tasks.formats import user_prompt
 from reprobe_jax.tasks.io import read_jsonl
-
-STEP_MODE = {"line": "line", "thinking": "paragraph"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +67,6 @@ def _str_or_none(v) -> bool:
   return v is None or isinstance(v, str)
 
 
-MODES = tuple(STEP_MODE)
 # (field, check, what the check expects) in file order; `labels`, `first_error`, `annotator` follow.
 _SCHEMA = (
     ("id", lambda v: isinstance(v, str) and bool(v), "a non-empty string"),

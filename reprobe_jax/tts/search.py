@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import weakref
 from typing import Sequence
 
 import jax
@@ -45,7 +44,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from reprobe_jax.steps.boundary import StepBoundary
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel
@@ -54,8 +52,7 @@ from reprobe_jax.models.decoding import FINISH_CACHE_FULL, FINISH_EOS, FINISH_LE
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.scorers import StepScorer, inputs_from_state, prompt_rows, take_carry
-from reprobe_jax.steps import token_bytes
-from reprobe_jax.trajectories import STEP_MODE
+from reprobe_jax.steps import ANSWER_PREFIX, STEP_MODE, StepBoundary, answer_lines, answer_table
 from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
 from reprobe_jax.tts.config import SearchConfig
 from reprobe_jax.tts.result import Candidate, PromptResult
@@ -64,73 +61,6 @@ FINISH_ANSWER, FINISH_MAX_STEPS = 4, 5
 REASONS = {FINISH_LENGTH: "length", FINISH_EOS: "eos", FINISH_CACHE_FULL: "cache_full", FINISH_ANSWER: "answer",
            FINISH_MAX_STEPS: "max_steps"}
 GOES_ON = -1  # the reason of a row that is not finished
-# The text a line-mode answer line starts with (tasks.formats' '<Answer>: X', case-insensitive); thinking mode ends
-# its rows on EOS (after '</think>' no boundary is a step, so the answer section closes the last step).
-ANSWER_PREFIX = {"line": "<answer>", "thinking": None}
-
-# ------------------------------------------------------------------------------------------------ answer lines
-
-_ANSWER_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # TokenBytes -> {(prefix, V): table}
-_BLANK = frozenset(b" \t\r\f\v")
-
-
-def answer_table(tokenizer, vocab_size: int, prefix: str = ANSWER_PREFIX["line"]) -> jax.Array:
-  """[S, V] int32 token-level automaton for "a line of the text read so far starts with `prefix` (ASCII,
-  case-insensitive, after blanks)". States 0..m-1: at a line start with k prefix bytes matched; m: found (it stays);
-  m + 1: inside a line that does not start with it. Built once per tokenizer, prefix and vocabulary size."""
-  tb = token_bytes(tokenizer)
-  cache = _ANSWER_TABLES.setdefault(tb, {})
-  if (prefix, vocab_size) in cache:
-    return cache[(prefix, vocab_size)]
-  pat = prefix.lower().encode()
-  m = len(pat)
-  by_byte = np.empty((m + 2, 256), np.int32)  # the automaton over one byte
-  for q in range(m + 2):
-    for b in range(256):
-      low = ord(chr(b).lower()) if b < 128 else b
-      if q == m:
-        by_byte[q, b] = m
-      elif b == ord("\n"):
-        by_byte[q, b] = 0
-      elif q < m and low == pat[q]:
-        by_byte[q, b] = q + 1
-      elif q == 0 and b in _BLANK:
-        by_byte[q, b] = 0
-      else:
-        by_byte[q, b] = m + 1
-  pieces = tb.pieces[:vocab_size]
-  longest = max([len(p) for p in pieces] + [1])
-  data = np.zeros((len(pieces), longest), np.int32)
-  mask = np.zeros((len(pieces), longest), bool)
-  for t, p in enumerate(pieces):
-    data[t, :len(p)] = np.frombuffer(p, np.uint8)
-    mask[t, :len(p)] = True
-  state = np.broadcast_to(np.arange(m + 2, dtype=np.int32), (len(pieces), m + 2)).copy()  # [V, S]
-  for j in range(longest):
-    state = np.where(mask[:, j:j + 1], by_byte[state, data[:, j:j + 1]], state)
-  table = np.broadcast_to(np.arange(m + 2, dtype=np.int32)[:, None], (m + 2, vocab_size)).copy()
-  table[:, :len(pieces)] = state.T  # ids the tokenizer lacks change nothing
-  cache[(prefix, vocab_size)] = jnp.asarray(table)
-  return cache[(prefix, vocab_size)]
-
-
-def answer_lines(table: jax.Array | None, tokens, spans):
-  """[B] bool: the span [start, end) of each row's tokens [B, N] (spans [B, 2]) holds an answer line (`answer_table`);
-  all False without a table. Pure; runs inside the search's jit."""
-  b = tokens.shape[0]
-  if table is None:
-    return jnp.zeros((b,), bool)
-  found = table.shape[0] - 2
-  start, end = spans[:, 0], spans[:, 1]
-
-  def body(j, q):
-    tok = jnp.take_along_axis(tokens, jnp.full((b, 1), j, jnp.int32), axis=1, mode="clip")[:, 0]
-    return jnp.where((j >= start) & (j < end), table[q, tok], q)
-
-  q = jax.lax.fori_loop(jnp.min(start), jnp.max(end), body, jnp.zeros((b,), jnp.int32))
-  return q == found
-
-
 # ------------------------------------------------------------------------------------------------ keys
 
 
@@ -370,7 +300,8 @@ def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig
     raise ConfigError("no prompts to search")
   seeds = prompt_seeds_for(ids, prompt_seeds)
   capture = union_capture([spec]) if spec is not None else CaptureSpec(token_stats=True)
-  smp = lm.sampler(cfg.sampling, capture=capture, stop=StepBoundary(STEP_MODE[mode]))
+  smp = lm.sampler(cfg.sampling, capture=capture,
+                   stop=StepBoundary(STEP_MODE[mode]).compile(lm.tokenizer, lm.config.vocab_size))
   rows = cfg.beams * cfg.n
   state = smp.prefill(ids, max_new_tokens=cfg.max_new_tokens, n=rows, seed=cfg.seed, prompt_seeds=seeds)
   prompt_arrays = tuple(jnp.asarray(a) for a in prompt_rows(ids, rows, state.batch, lm.pad_id()))
