@@ -26,7 +26,8 @@ from flax import nnx  # noqa: E402
 
 from reprobe_jax.models import decoding  # noqa: E402
 from reprobe_jax.models.capture import CaptureSpec  # noqa: E402
-from reprobe_jax.models.config import ModelConfig, RopeConfig  # noqa: E402
+from reprobe_jax.models.config import ModelConfig  # noqa: E402
+from reprobe_jax.models.rope_config import RopeConfig  # noqa: E402
 from reprobe_jax.models.forward import StaticGraph, forward, positions_from_mask  # noqa: E402
 from reprobe_jax.models.kv_cache import KVCache  # noqa: E402
 from reprobe_jax.models.sampling import SamplingParams, bucket  # noqa: E402

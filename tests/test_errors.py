@@ -11,7 +11,7 @@ from reprobe_jax.errors import (CacheFullError, CheckpointError, ConfigError, Da
                                 UnsupportedModelError)
 from reprobe_jax.models import CaptureSpec, LanguageModel, ModelConfig, SamplingParams, load_pretrained
 from reprobe_jax.models import language_model as language_model_module
-from reprobe_jax.models.checkpoint import SafetensorsFile, write_safetensors
+from reprobe_jax.models.safetensors_io import SafetensorsFile, write_safetensors
 
 _CFG = ModelConfig(family="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=8, max_position_embeddings=32, eos_token_ids=(2,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -11,6 +12,7 @@ from reprobe_jax.features import FeatureMismatchError, FeatureSpec, FeatureStore
     with_logprobs
 from reprobe_jax.features import extraction as extract_mod
 from reprobe_jax.models import CaptureSpec, LanguageModel, load_pretrained
+from reprobe_jax.trajectories import Trajectory
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +20,15 @@ def lm(tiny_llama_dir):
   return load_pretrained(tiny_llama_dir)
 
 
+def _record(tid, prompt_ids, response_ids):
+  """A trajectory record with only what extraction reads: its id and token ids."""
+  return Trajectory(tid, "", "", "line", (), prompt_ids=tuple(prompt_ids), response_ids=tuple(response_ids))
+
+
 def _records(n=5, seed=0):
   rng = np.random.RandomState(seed)
-  return [{"id": f"t{i}", "prompt_ids": rng.randint(3, 90, rng.randint(3, 9)).tolist(),
-           "response_ids": rng.randint(3, 90, rng.randint(2, 12)).tolist()} for i in range(n)]
+  return [_record(f"t{i}", rng.randint(3, 90, rng.randint(3, 9)).tolist(),
+                  rng.randint(3, 90, rng.randint(2, 12)).tolist()) for i in range(n)]
 
 
 def test_next_token_alignment_and_sets(lm):
@@ -31,9 +38,9 @@ def test_next_token_alignment_and_sets(lm):
   L, H, D = lm.config.num_layers, lm.config.num_heads, lm.config.hidden_size
   assert spec.dim(lm.config) == 2 * D + 5 * H * L + 4 + 2
   for rec, f in zip(recs, feats):
-    seq = np.asarray([rec["prompt_ids"] + rec["response_ids"]])
+    seq = np.asarray([rec.prompt_ids + rec.response_ids])
     ref = lm.forward(seq, capture=CaptureSpec(hidden_layers=(0, L), attn_window=5, top_k_probs=4))
-    p, n = len(rec["prompt_ids"]), len(rec["response_ids"])
+    p, n = len(rec.prompt_ids), len(rec.response_ids)
     at = slice(p - 1, p - 1 + n)  # token j's features come from position j - 1
     assert f.shape == (n, spec.dim(lm.config))
     np.testing.assert_allclose(f[:, :D], np.asarray(ref.hidden_states[0])[0, at], atol=1e-5)
@@ -44,7 +51,7 @@ def test_next_token_alignment_and_sets(lm):
     z = np.asarray(ref.logits, np.float64)[0, at]
     logp = z - z.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-    np.testing.assert_allclose(f[:, -2], logp[np.arange(n), rec["response_ids"]], atol=1e-4)
+    np.testing.assert_allclose(f[:, -2], logp[np.arange(n), list(rec.response_ids)], atol=1e-4)
     np.testing.assert_allclose(f[:, -1], -(np.exp(logp) * logp).sum(-1), atol=1e-4)
   # The top-4 probabilities of token j's feature are those of the distribution that sampled it.
   logp = np.log(np.asarray(ref.top_probs)[0, p - 1, 0])
@@ -71,7 +78,7 @@ def test_extraction_resumes_and_refuses_foreign_shards(lm, tmp_path, monkeypatch
   assert len(FeatureStore(str(tmp_path / "b")).ids) == 4  # two finished shards survive
   monkeypatch.setattr(extract_mod, "token_features", real)
   resumed = extract(lm, recs, spec, str(tmp_path / "b"), shard_size=2, batch_size=2)
-  assert sorted(resumed.ids) == sorted(whole.ids) == sorted(r["id"] for r in recs)
+  assert sorted(resumed.ids) == sorted(whole.ids) == sorted(r.id for r in recs)
   for tid in whole.ids:
     np.testing.assert_array_equal(resumed[tid], whole[tid])
   assert resumed.manifest["complete"] and resumed.manifest["counts"]["trajectories"] == 7
@@ -96,8 +103,7 @@ def test_sampler_captured_features_equal_teacher_forced(lm, tmp_path):
   g = lm.generate(prompts, SamplingParams(2.0), max_new_tokens=14, n=2, seed=7, stop_strings=(".\n", "\n\n"),
                   capture=union_capture(specs))
   assert len(set(g.lengths.tolist())) > 1, "every row ran to the same length: no early finish was tested"
-  recs = [{"id": f"r{r}", "prompt_ids": prompts[g.prompt_index[r]], "response_ids": g.token_ids(r)}
-          for r in range(len(g.lengths))]
+  recs = [_record(f"r{r}", prompts[g.prompt_index[r]], g.token_ids(r)) for r in range(len(g.lengths))]
   for spec in specs:
     sampled = np.asarray(spec.assemble(with_logprobs(g.features, g.logprobs), lm.config.num_layers))  # [R, N, F]
     forced = token_features(lm, recs, spec, batch_size=4)
@@ -106,7 +112,7 @@ def test_sampler_captured_features_equal_teacher_forced(lm, tmp_path):
                                  err_msg=f"{spec.name} row {r}")
   spec = specs[1]
   sampled = np.asarray(spec.assemble(with_logprobs(g.features, g.logprobs), lm.config.num_layers))
-  captured = {rec["id"]: sampled[r, :len(rec["response_ids"])] for r, rec in enumerate(recs)}
+  captured = {rec.id: sampled[r, :len(rec.response_ids)] for r, rec in enumerate(recs)}
   calls = []
   real = extract_mod.token_features
   try:
@@ -116,15 +122,15 @@ def test_sampler_captured_features_equal_teacher_forced(lm, tmp_path):
     extract_mod.token_features = real
   assert sum(calls) == 0, "a store filled from captured features ran the model"
   for rec in recs:
-    np.testing.assert_allclose(store[rec["id"]], captured[rec["id"]], atol=0)
+    np.testing.assert_allclose(store[rec.id], captured[rec.id], atol=0)
   with pytest.raises(FeatureMismatchError, match="captured features have shape"):
-    extract(lm, recs[:1], spec, str(tmp_path / "t"), captured={recs[0]["id"]: np.zeros((1, 3), np.float32)})
+    extract(lm, recs[:1], spec, str(tmp_path / "t"), captured={recs[0].id: np.zeros((1, 3), np.float32)})
 
 
 def test_resume_refuses_features_made_from_other_tokens(lm, tmp_path):
   recs = _records(3, seed=2)
   extract(lm, recs, FeatureSpec.from_name("hidden"), str(tmp_path / "a"), shard_size=2)
-  changed = [dict(r) for r in recs]
-  changed[1]["response_ids"] = changed[1]["response_ids"][:-1] + [91]  # same id, another response
+  changed = list(recs)
+  changed[1] = dataclasses.replace(recs[1], response_ids=recs[1].response_ids[:-1] + (91,))  # same id, another response
   with pytest.raises(FeatureMismatchError, match="trajectory 't1'.*other tokens"):
     extract(lm, changed, FeatureSpec.from_name("hidden"), str(tmp_path / "a"), shard_size=2)

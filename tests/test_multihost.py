@@ -233,6 +233,7 @@ _WORKER = textwrap.dedent('''
     from reprobe_jax.probe.data import pack_shape, pack_steps
     from reprobe_jax.probe.train import new_probe, probe_loss
     from reprobe_jax.train.trainer import Trainer, TrainerConfig, make_train_step
+    from reprobe_jax.trajectories import Trajectory
 
     role, out, port = sys.argv[1], sys.argv[2], sys.argv[3]
     if role != "alone":
@@ -314,13 +315,14 @@ _WORKER = textwrap.dedent('''
       written.append(os.path.basename(path))
       real(path, data)
     extraction._atomic_bytes = logged
-    recs = [{"id": f"t{i}", "prompt_ids": rng.integers(3, 100, int(rng.integers(2, 7))).tolist(),
-             "response_ids": rng.integers(3, 100, int(rng.integers(2, 9))).tolist()} for i in range(7)]
+    recs = [Trajectory(f"t{i}", "", "", "line", (),
+                       prompt_ids=tuple(rng.integers(3, 100, int(rng.integers(2, 7))).tolist()),
+                       response_ids=tuple(rng.integers(3, 100, int(rng.integers(2, 9))).tolist())) for i in range(7)]
     spec = FeatureSpec.from_name("hidden+logit", hidden_layers=(0, -1))
     for name, model in (("store_sharded", lm), ("store_local", local)):
       written.clear()
       store = extract(model, recs, spec, os.path.join(out, name), shard_size=2, batch_size=4)
-      assert sorted(store.ids) == sorted(r["id"] for r in recs)
+      assert sorted(store.ids) == sorted(r.id for r in recs)
       with open(os.path.join(out, f"{name}_writes_{role}.json"), "w") as f:
         json.dump(sorted(set(written)), f)
     if me == 0:

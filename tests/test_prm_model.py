@@ -16,7 +16,7 @@ import transformers
 
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.models import CaptureSpec, LanguageModel, ModelConfig
-from reprobe_jax.models.checkpoint import write_safetensors
+from reprobe_jax.models.safetensors_io import write_safetensors
 from reprobe_jax.prm.model import append_step, from_target, load_prm, prefill, rewards, save_prm
 
 SEP = "<extra_0>"

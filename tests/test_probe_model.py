@@ -14,7 +14,7 @@ from flax import nnx
 
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec
-from reprobe_jax.models.checkpoint import SafetensorsFile, write_safetensors
+from reprobe_jax.models.safetensors_io import SafetensorsFile, write_safetensors
 from reprobe_jax.probe import (Probe, ProbeBundle, ProbeConfig, abstract_probe, count_params, load_probe, save_probe,
                                score_steps)
 

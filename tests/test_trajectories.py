@@ -3,6 +3,7 @@ is refused with an error naming the file, line, trajectory and field."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -75,3 +76,21 @@ def test_file_level_errors(tmp_path):
   assert loose.response is None and loose.prompt_ids == () and loose.mode == ""
   with pytest.raises(DataFormatError, match="trajectory 'x': missing field 'steps'"):
     Trajectory.from_json({"id": "x"}, required=("steps",))
+
+
+def test_a_record_built_in_code_is_held_to_the_file_schema():
+  """`Trajectory.check` refuses what `from_json` refuses in a file, with the same message, for the fields named."""
+  good = Trajectory.from_json(RECORD)
+  good.check()
+  good.check("<record 0>: ", fields=("id", "prompt_ids", "response_ids"))
+  for change, match in [({"prompt_ids": ()}, "field 'prompt_ids' must be a non-empty list of integers >= 0"),
+                        ({"response_ids": (4, -8)}, "field 'response_ids' must be a list of integers >= 0"),
+                        ({"mode": "essay"}, "field 'mode' must be one of line, thinking")]:
+    bad = dataclasses.replace(good, id="t1", **change)
+    with pytest.raises(DataFormatError, match=rf"<record 3>: trajectory 't1': {match}"):
+      bad.check("<record 3>: ")
+    with pytest.raises(DataFormatError, match=rf"trajectory 't1': {match}"):
+      Trajectory.from_json(bad.to_json())
+  dataclasses.replace(good, mode="essay").check(fields=("id", "prompt_ids"))  # fields not named are not read
+  with pytest.raises(DataFormatError, match="trajectory: field 'id' must be a non-empty string, found str ''"):
+    dataclasses.replace(good, id="").check()

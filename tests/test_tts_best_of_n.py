@@ -20,7 +20,7 @@ from reprobe_jax.tasks import Problem, make_problems
 from reprobe_jax.tts import SearchConfig
 from reprobe_jax.synthetic.tokenizer import build_tokenizer
 from reprobe_jax.tts.best_of_n import best_of_n, decode_trajectories, trajectory_steps
-from reprobe_jax.trajectories import prompt_text
+from reprobe_jax.trajectories import Trajectory, prompt_text
 from reprobe_jax.tts.select import select
 
 PROMPTS = [[1, 10, 11, 12, 13], [1, 20, 21], [1, 30, 31, 32, 33, 34, 35]]
@@ -53,8 +53,8 @@ def test_step_scores_equal_each_trajectory_scored_alone_on_a_fresh_forward(lm, p
   by_ppl = best_of_n(lm, ppl, PROMPTS, CFG, prompt_seeds=[5, 6, 7], feature_spec=probe.bundle.features)
   cands = [(prompt, c, q) for prompt, rp, rq in zip(PROMPTS, by_probe, by_ppl) for c, q in zip(rp.candidates,
                                                                                             rq.candidates)]
-  records = [{"id": f"t{i}", "prompt_ids": p, "response_ids": list(c.response_ids)} for i, (p, c, _) in
-             enumerate(cands)]
+  records = [Trajectory(f"t{i}", "", "", "line", (), prompt_ids=tuple(p), response_ids=tuple(c.response_ids))
+             for i, (p, c, _) in enumerate(cands)]
   # One teacher-forced forward of each prompt + response: [n, 64 + 3] = the probe's last hidden state, then 'logit'
   # with top_k 1: [top-1 prob, log p(token), entropy]
   both = token_features(lm, records, FeatureSpec(("hidden", "logit"), top_k=1), batch_size=16)

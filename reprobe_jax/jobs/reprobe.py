@@ -268,9 +268,8 @@ def _samples(lm, cfg: ReprobeConfig, run: Run, split: str, problems, tick: Progr
   specs = feature_specs(cfg)
 
   def store(batch, feats):  # features captured while sampling go straight into the stores: no second forward
-    recs = [t.to_json() for t in batch]
     for spec in specs:
-      extract(lm, recs, spec, run.path("features", spec.name), shard_size=max(len(recs), 1),
+      extract(lm, batch, spec, run.path("features", spec.name), shard_size=max(len(batch), 1),
               captured=feats[spec.name])
 
   run.stage(f"sample_{split}", [name], lambda: write_jsonl(
@@ -289,7 +288,7 @@ def prepare(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Pr
   tick = progress or no_progress
   run = Run(workdir)
   trajs = trajectories(lm, cfg, workdir, progress=tick)
-  every = [t.to_json() for recs in trajs.values() for t in recs]  # the feature stage reads records as dicts
+  every = [t for recs in trajs.values() for t in recs]
   stores = {}
   for spec in feature_specs(cfg):
     name = spec.name

@@ -1,10 +1,11 @@
 """Target models: one NNX decoder for Llama, Mistral, Qwen2, Qwen3 and Phi-3, loading, capture and sampling."""
 
 from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
-from reprobe_jax.models.config import ModelConfig, RopeConfig
+from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.language_model import Generation, LanguageModel
 from reprobe_jax.models.loading import load_pretrained, load_tokenizer, resolve_path, smollm2_gguf_path
+from reprobe_jax.models.rope_config import RopeConfig
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.models.sharding import (DEFAULT_RULES, DistributedConfig, ShardingCtx, make_mesh,
                                          maybe_initialize_distributed)

@@ -17,11 +17,12 @@ from reprobe_jax.io.atomic import atomic_folder
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.models import decoding, sampling
 from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
-from reprobe_jax.models.checkpoint import export_tensors, write_safetensors
+from reprobe_jax.models.checkpoint import export_tensors
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.forward import StaticGraph, forward as _forward, positions_from_mask
 from reprobe_jax.models.decoding import StopRule
 from reprobe_jax.models.kv_cache import KVCache
+from reprobe_jax.models.safetensors_io import write_safetensors
 from reprobe_jax.models.sampler import Sampler
 from reprobe_jax.models.sharding import ShardingCtx, to_host
 from reprobe_jax.models.transformer import Decoder, packing_applies, with_packed_weights

@@ -7,9 +7,12 @@ import os
 from jax.sharding import Mesh
 
 from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError
-from reprobe_jax.models.checkpoint import iter_hf_tensors, language_model_tensors, load_tensors
+from reprobe_jax.models.checkpoint import language_model_tensors, load_tensors
 from reprobe_jax.models.config import ModelConfig
+from reprobe_jax.models.gguf_file import has_tokenizer, open_gguf
+from reprobe_jax.models.gguf_io import read_gguf
 from reprobe_jax.models.language_model import LanguageModel, resolve_dtype
+from reprobe_jax.models.safetensors_io import iter_hf_tensors
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
 from reprobe_jax.io.readers import read_json
 
@@ -75,11 +78,10 @@ def load_pretrained(path: str, *, dtype="float32", mesh: Mesh | None = None, rul
   if os.path.isfile(path):
     if not path.endswith(".gguf"):
       raise ConfigError(f"{path}: a file must be a .gguf checkpoint; for safetensors pass the directory")
-    from reprobe_jax.models import gguf_io
-    g = gguf_io.open_gguf(path)
-    cfg, tensors = gguf_io.read_gguf(g)
+    g = open_gguf(path)
+    cfg, tensors = read_gguf(g)
     graphdef, params = load_tensors(cfg, tensors, dtype=dt, shard=shard, source=path)
-    with_tok = tokenizer and gguf_io.has_tokenizer(g)
+    with_tok = tokenizer and has_tokenizer(g)
     tok = load_tokenizer(os.path.dirname(path), os.path.basename(path)) if with_tok else None
     return LanguageModel(cfg, graphdef, params, tok, shard=shard, dtype=dt)
   cfg_path = os.path.join(path, "config.json")

@@ -12,7 +12,8 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.models.config import ModelConfig, RopeConfig
+from reprobe_jax.models.config import ModelConfig
+from reprobe_jax.models.rope_config import RopeConfig
 
 
 def _base_exponents(dim: int) -> np.ndarray:

@@ -31,7 +31,8 @@ from flax import struct
 from reprobe_jax.io.atomic import atomic_folder
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.models import CaptureSpec, LanguageModel
-from reprobe_jax.models.checkpoint import export_tensors, iter_hf_tensors, load_tensors, write_safetensors
+from reprobe_jax.models.checkpoint import export_tensors, load_tensors
+from reprobe_jax.models.safetensors_io import iter_hf_tensors, write_safetensors
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.forward import StaticGraph, positions_from_mask, run_decoder
 from reprobe_jax.models.kv_cache import KVCache

@@ -19,8 +19,9 @@ from flax import nnx, struct
 
 from reprobe_jax.io.atomic import atomic_folder
 from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError, ReprobeError
-from reprobe_jax.features.extraction import FeatureMismatchError, FeatureSpec
-from reprobe_jax.models.checkpoint import SafetensorsFile, write_safetensors
+from reprobe_jax.features.spec import FeatureSpec
+from reprobe_jax.features.store import FeatureMismatchError
+from reprobe_jax.models.safetensors_io import SafetensorsFile, write_safetensors
 from reprobe_jax.models.forward import StaticGraph
 from reprobe_jax.probe.model import ProbeConfig, abstract_probe, score_steps
 from reprobe_jax.io.readers import read_json

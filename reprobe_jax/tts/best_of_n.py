@@ -35,7 +35,8 @@ from reprobe_jax.probe.model import score_packed
 from reprobe_jax.scorers import ProbeScorer, StepScorer, inputs_from_state, prompt_rows
 from reprobe_jax.tasks import Problem
 from reprobe_jax.tasks.formats import MODES, is_answer_line
-from reprobe_jax.trajectories import STEP_MODE, prompt_text
+from reprobe_jax.steps.modes import STEP_MODE
+from reprobe_jax.trajectories import prompt_text
 from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
 from reprobe_jax.tts.config import SearchConfig
 from reprobe_jax.tts.result import Candidate, PromptResult

@@ -5,6 +5,7 @@ record and the field; fuzzers check that nothing but a ReprobeError escapes and 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -277,8 +278,13 @@ def lm(word_tokenizer):
 
 def _recs(n=5, seed=0):
   rng = np.random.RandomState(seed)
-  return [{"id": f"r{i}", "prompt_ids": rng.randint(3, 90, rng.randint(2, 5)).tolist(),
-           "response_ids": rng.randint(3, 90, rng.randint(1, 6)).tolist()} for i in range(n)]
+  return [Trajectory(f"r{i}", "", "", "line", (), prompt_ids=tuple(rng.randint(3, 90, rng.randint(2, 5)).tolist()),
+                     response_ids=tuple(rng.randint(3, 90, rng.randint(1, 6)).tolist())) for i in range(n)]
+
+
+def _change(i, **fields):
+  """Replaces record i of a list with a copy whose `fields` are changed."""
+  return lambda recs: recs.__setitem__(i, dataclasses.replace(recs[i], **fields))
 
 
 SPEC = FeatureSpec.from_name("hidden+logit", top_k=3)
@@ -302,13 +308,17 @@ def _all(store):
 
 
 @pytest.mark.parametrize("change,error,match", [
-    (lambda r: r[1].update(prompt_ids=[]), DataFormatError, r"<record 1>: trajectory 'r1': field 'prompt_ids' must be "
-                                                            "a non-empty list"),
-    (lambda r: r[2].update(response_ids=[5, 101]), DataFormatError,
+    (_change(1, prompt_ids=()), DataFormatError, r"<record 1>: trajectory 'r1': field 'prompt_ids' must be a non-empty "
+                                                 "list"),
+    (_change(2, response_ids=(5, 101)), DataFormatError,
      r"trajectory 'r2': response_ids\[1\]: token id 101 is outside the vocabulary \[0, 101\)"),
-    (lambda r: r[0].update(response_ids=[5] * 70), CacheFullError, r"trajectory 'r0': sequence of \d+ tokens exceeds"),
-    (lambda r: r[3].update(id="r0"), DataFormatError, r"<record 3>: trajectory 'r0' is also record 0"),
-    (lambda r: r[0].pop("id"), DataFormatError, r"<record 0>: trajectory: missing field 'id'"),
+    (_change(0, response_ids=(5,) * 70), CacheFullError, r"trajectory 'r0': sequence of \d+ tokens exceeds"),
+    (_change(3, id="r0"), DataFormatError, r"<record 3>: trajectory 'r0' is also record 0"),
+    (_change(0, id=""), DataFormatError, r"<record 0>: trajectory: field 'id' must be a non-empty string"),
+    (_change(1, response_ids=(5, -1)), DataFormatError, r"<record 1>: trajectory 'r1': field 'response_ids' must be "
+                                                        "a list of integers >= 0"),
+    (lambda r: r.__setitem__(2, r[2].to_json()), DataFormatError, r"<record 2>: expected a Trajectory record, found "
+                                                                  "dict"),
 ])
 def test_bad_records_are_refused_before_anything_is_written(lm, tmp_path, change, error, match):
   recs = _recs()
@@ -329,7 +339,7 @@ def test_bad_job_settings_are_config_errors(lm, tmp_path):
   with pytest.raises(ConfigError, match="hidden_layers: index 9"):
     extract(lm, _recs(), FeatureSpec.from_name("hidden", hidden_layers=(9,)), str(tmp_path / "f"))
   recs = _recs(2)
-  big = {r["id"]: np.full((len(r["response_ids"]), SPEC.dim(lm.config)), 1e6, np.float32) for r in recs}
+  big = {r.id: np.full((len(r.response_ids), SPEC.dim(lm.config)), 1e6, np.float32) for r in recs}
   with pytest.raises(ConfigError, match="trajectory 'r0': its features reach 1e\\+06, past what float16 holds"):
     extract(lm, recs, SPEC, str(tmp_path / "g"), dtype="float16", captured=big)
   big["r0"][0, 0] = np.nan

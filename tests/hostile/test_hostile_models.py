@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError, ReprobeError, UnsupportedModelError
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained, load_tokenizer
-from reprobe_jax.models import gguf_io
-from reprobe_jax.models.checkpoint import SafetensorsFile, export_tensors, write_safetensors
+from reprobe_jax.models import gguf_file, gguf_io
+from reprobe_jax.models.checkpoint import export_tensors
+from reprobe_jax.models.safetensors_io import SafetensorsFile, write_safetensors
 
 from test_errors import _CFG, _edit_config, copy, saved  # noqa: F401 (fixtures: a tiny Llama saved once)
 
@@ -501,7 +502,7 @@ def test_gguf_counts_and_lengths_are_bounded_by_the_file(tiny_gguf, tmp_path):
   for case, (patches, match) in cases.items():
     error = UnsupportedModelError if case == "version" else CheckpointError
     with pytest.raises(error, match=match):
-      gguf_io.open_gguf(_patched(tmp_path, tiny_gguf, patches, f"{case.replace(' ', '_')}.gguf"))
+      gguf_file.open_gguf(_patched(tmp_path, tiny_gguf, patches, f"{case.replace(' ', '_')}.gguf"))
 
 
 def test_gguf_tensor_table_is_checked(tiny_gguf, tmp_path):
@@ -525,7 +526,7 @@ def test_gguf_tensor_table_is_checked(tiny_gguf, tmp_path):
   }
   for case, (patches, match) in cases.items():
     with pytest.raises(CheckpointError, match=match) as e:
-      gguf_io.open_gguf(_patched(tmp_path, tiny_gguf, patches, f"{case.replace(' ', '_')}.gguf"))
+      gguf_file.open_gguf(_patched(tmp_path, tiny_gguf, patches, f"{case.replace(' ', '_')}.gguf"))
     assert f"{case.replace(' ', '_')}.gguf" in str(e.value)
 
 
@@ -541,7 +542,7 @@ def test_gguf_repeated_metadata_key(tmp_path):
   raw[16:24] = struct.pack("<Q", 3)  # general.architecture, llama.block_count, and the same again
   (tmp_path / "dup.gguf").write_bytes(bytes(raw) + bytes(field))
   with pytest.raises(CheckpointError, match=r"dup\.gguf: GGUF metadata key 'llama\.block_count' appears twice"):
-    gguf_io.open_gguf(tmp_path / "dup.gguf")
+    gguf_file.open_gguf(tmp_path / "dup.gguf")
 
 
 _U32, _F32, _STR, _BOOLT, _I32 = 4, 6, 8, 7, 5
@@ -746,7 +747,7 @@ def gguf_bytes(tiny_gguf):
 def test_fuzz_gguf_mutations(tmp_path_factory, tiny, tiny_gguf, gguf_bytes, data):
   """Byte edits, truncations and random u64 counts anywhere in the header region of a valid tiny GGUF: only
   ReprobeErrors escape; an accepted file parses as gguf.GGUFReader parses it; the unmutated file loads exactly."""
-  header_end = len(gguf_bytes) - sum(t.data.nbytes for t in gguf_io.open_gguf(tiny_gguf).tensors)
+  header_end = len(gguf_bytes) - sum(t.data.nbytes for t in gguf_file.open_gguf(tiny_gguf).tensors)
   raw = bytearray(gguf_bytes)
   kind = data.draw(st.sampled_from(["none", "byte", "u64", "cut"]))
   if kind == "byte":
@@ -760,7 +761,7 @@ def test_fuzz_gguf_mutations(tmp_path_factory, tiny, tiny_gguf, gguf_bytes, data
   path = str(tmp_path_factory.mktemp("gg") / "f.gguf")
   open(path, "wb").write(bytes(raw))
   try:
-    g = gguf_io.open_gguf(path)
+    g = gguf_file.open_gguf(path)
   except ReprobeError as e:
     event(f"{kind}: header refused")
     assert path in str(e)
