@@ -53,7 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
   # (configs/bands/reprobe_smollm2.json, three seeds) are made without it; `--config.prm.enabled=True` adds it.
   c.prm.enabled = False
   c.prm.separator = "<file_sep>"
-  c.prm.learning_rate = 2e-5
+  c.prm.optimizer.learning_rate = 2e-5
   c.prm.batch_size = 8
   c.prm.epochs = 3
   return c

@@ -38,7 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
       hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
       max_position_embeddings=1024))
 
+  # optimizer: reprobe_jax.train.optimizer.OptimizerConfig; the fields not named here keep TrainLMConfig's defaults
+  # (warmup at most a tenth of the steps, a decay to 5% of the rate, b2 0.98).
   c.train = ml_collections.ConfigDict(dict(
-      steps=1700, batch_size=12, learning_rate=4e-3, warmup_steps=50, weight_decay=0.01, grad_clip=1.0,
-      checkpoint_every=50))
+      steps=1700, batch_size=12, checkpoint_every=50,
+      optimizer=dict(learning_rate=4e-3, schedule="cosine", warmup_steps=50, weight_decay=0.01, grad_clip=1.0)))
   return c

@@ -51,7 +51,8 @@ def _trajs(n: int, seed: int, labelled: bool = True) -> list[Trajectory]:
   return out
 
 
-CFG = PRMTrainConfig(separator=SEP, learning_rate=1e-2, warmup_frac=0.1, batch_size=8, epochs=3, patience=3)
+CFG = PRMTrainConfig(separator=SEP, batch_size=8, epochs=3, patience=3,
+                     optimizer=dataclasses.replace(PRMTrainConfig().optimizer, learning_rate=1e-2, warmup_frac=0.1))
 
 
 def test_loss_worked_example_masks_unknown_labels():
@@ -134,8 +135,6 @@ def test_head_only_training_keeps_the_target_backbone(lm, tmp_path):
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("learning_rate", 0.0, r"PRMTrainConfig\.learning_rate: expected a finite number > 0"),
-    ("warmup_frac", 1.0, r"PRMTrainConfig\.warmup_frac"),
     ("batch_size", 0, r"PRMTrainConfig\.batch_size: expected an int >= 1"),
     ("epochs", 1.5, r"PRMTrainConfig\.epochs"),
     ("patience", 0, r"PRMTrainConfig\.patience"),
@@ -146,6 +145,15 @@ def test_head_only_training_keeps_the_target_backbone(lm, tmp_path):
 def test_bad_config_fields_are_named(field, value, match):
   with pytest.raises(ConfigError, match=match):
     PRMTrainConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("learning_rate", 0.0, r"^config\.prm\.optimizer\.learning_rate: expected a finite number > 0"),
+    ("warmup_frac", 1.0, r"^config\.prm\.optimizer\.warmup_frac: expected a finite number in \[0\.0, 1\.0\)"),
+])
+def test_bad_optimizer_fields_are_named(field, value, match):
+  with pytest.raises(ConfigError, match=match):
+    pipeline.prm_config_from_dict({"enabled": True, "separator": SEP, "optimizer": {field: value}})
 
 
 def test_cli_section_is_checked_and_named():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -47,7 +48,8 @@ def test_weighted_bce_worked_example():
 def test_probe_learns_and_resumes_exactly(tmp_path):
   train, val = _examples(96, 0), _examples(48, 1)
   cfg = ProbeConfig(feature_dim=F, d_model=16, n_layers=1, n_heads=2, ff_dim=32, dropout=0.1)
-  tcfg = ProbeTrainConfig(batch_size=16, epochs=4, learning_rate=3e-3)
+  tcfg = ProbeTrainConfig(batch_size=16, epochs=4,
+                          optimizer=dataclasses.replace(ProbeTrainConfig().optimizer, learning_rate=3e-3))
   g, best, rest, hist = train_probe(cfg, train, val, tcfg, str(tmp_path / "a"))
   scores = predict_examples(g, best, rest, val, 16, F)
   m = evaluate_examples(scores, val)

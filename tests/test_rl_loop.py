@@ -125,7 +125,8 @@ def test_potentials_of_kept_trajectories_and_their_batch(synthetic_lm):
 
 def _tiny_rl(**kw):
   base = dict(advantage="dapo", steps=3, prompts_per_step=2, group_size=2, prompts_per_round=2, max_refill_rounds=1,
-              max_new_tokens=12, learning_rate=1e-2, train_problems=4, train_difficulties=(1,), mini_batches=2,
+              max_new_tokens=12, optimizer=dataclasses.replace(loop.RLConfig().optimizer, learning_rate=1e-2),
+              train_problems=4, train_difficulties=(1,), mini_batches=2,
               checkpoint_every=1)
   base.update(kw)
   return loop.RLConfig(**base)
@@ -162,9 +163,9 @@ def test_a_killed_run_resumes_to_the_uninterrupted_run(synthetic_lm, tmp_path):
   moved = [not np.array_equal(a, b) for a, b in zip(leaves(whole.params), leaves(synthetic_lm.params))]
   assert any(moved)  # the loop trained the policy (and left the model it started from as it was)
   # a checkpoint of another config is refused, naming the field
-  with pytest.raises(CheckpointError, match="learning_rate"):
-    loop.train_rl(synthetic_lm, dataclasses.replace(cfg, learning_rate=5e-3), pcfg, str(tmp_path / "whole"),
-                  reward=_coin_reward)
+  with pytest.raises(CheckpointError, match=r"rl\.optimizer\.learning_rate"):
+    other = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, learning_rate=5e-3))
+    loop.train_rl(synthetic_lm, other, pcfg, str(tmp_path / "whole"), reward=_coin_reward)
 
 
 def test_bad_rl_input_is_refused_before_work(synthetic_lm, tmp_path):

@@ -5,6 +5,8 @@ itself for the decoding tests."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -197,8 +199,9 @@ def memoriser(tmp_path_factory):
                     num_heads=2, num_kv_heads=1, head_dim=32, tie_word_embeddings=True, max_position_embeddings=512,
                     bos_token_id=tok.bos_token_id, eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id)
   d = tmp_path_factory.mktemp("memoriser")
-  lm, losses = train_lm(cfg, data, TrainLMConfig(steps=200, batch_size=4, learning_rate=1e-2, warmup_steps=10,
-                                                 checkpoint_every=1000), str(d / "train"))
+  opt = dataclasses.replace(TrainLMConfig().optimizer, learning_rate=1e-2, warmup_steps=10)
+  lm, losses = train_lm(cfg, data, TrainLMConfig(steps=200, batch_size=4, optimizer=opt, checkpoint_every=1000),
+                        str(d / "train"))
   lm.tokenizer = tok
   lm.save_pretrained(str(d / "model"))
   prompts = [chat_prompt(tok, q) for q, _ in pairs]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from reprobe_jax.annotate.importer import import_labels
 from reprobe_jax.annotate.judge import JudgePrompts, OpenAICompatibleJudge, SelfJudge, annotate_judge
@@ -19,9 +19,11 @@ from reprobe_jax.annotate.records import Record
 from reprobe_jax.annotate.rule import annotate_rule
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel, SamplingParams
+from reprobe_jax.registry import Registry
 from reprobe_jax.tasks.base import Problem
 
-ANNOTATORS = ("rule", "self", "judge", "import")
+# name -> `fn(records, problems, judge, labels_path, lm)` -> the records labelled (the functions are at the end).
+ANNOTATORS: Registry[Callable[..., list[Record]]] = Registry("annotator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +68,7 @@ class JudgeSettings:
 def check_annotator(annotator: str, judge: JudgeSettings, labels_path: str) -> None:
   """ConfigError naming the config field when the chosen annotator cannot run with these settings."""
   if annotator not in ANNOTATORS:
-    raise ConfigError(f"config.annotator must be one of {', '.join(ANNOTATORS)}, found {annotator!r}")
+    raise ConfigError(f"config.annotator must be one of {', '.join(ANNOTATORS.names())}, found {annotator!r}")
   if annotator in ("self", "judge") and not isinstance(judge.prompts, JudgePrompts):
     raise ConfigError(f"config.judge.prompts: annotator {annotator!r} needs the judge's prompt templates (see "
                       "configs/judge_prompts.py), found none")
@@ -114,19 +116,33 @@ def annotate(records: Sequence[Record], problems: Mapping[str, Problem], annotat
   -> Problem for the rule checkers and the judge's reference solutions. 'import' is strict: the file must label
   every record and name no other."""
   check_annotator(annotator, judge, labels_path)
-  if annotator == "rule":
-    return annotate_rule(records, problems)
-  if annotator == "import":
-    return import_labels(records, labels_path)
-  if annotator == "self":
-    if lm is None:
-      raise ConfigError("annotator 'self' needs the target model (lm) to judge its own steps")
-    s = judge.self_judge
-    backend = SelfJudge(lm, SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
-                        seed=s.seed, batch_size=s.batch_size)
-  else:
-    api = judge.api
-    backend = OpenAICompatibleJudge(api.base_url, api.model, os.environ.get(api.api_key_env) or None,
-                                    temperature=api.temperature, top_p=api.top_p, max_tokens=api.max_tokens,
-                                    timeout=api.timeout, retries=api.retries, max_workers=api.max_workers)
+  return ANNOTATORS.get(annotator)(records, problems, judge, labels_path, lm)
+
+
+@ANNOTATORS.register("rule")
+def _rule(records, problems, judge, labels_path, lm) -> list[Record]:
+  return annotate_rule(records, problems)
+
+
+@ANNOTATORS.register("self")
+def _self(records, problems, judge, labels_path, lm) -> list[Record]:
+  if lm is None:
+    raise ConfigError("annotator 'self' needs the target model (lm) to judge its own steps")
+  s = judge.self_judge
+  backend = SelfJudge(lm, SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
+                      seed=s.seed, batch_size=s.batch_size)
   return annotate_judge(records, problems, backend, judge.prompts, per_step=judge.per_step)
+
+
+@ANNOTATORS.register("judge")
+def _judge(records, problems, judge, labels_path, lm) -> list[Record]:
+  api = judge.api
+  backend = OpenAICompatibleJudge(api.base_url, api.model, os.environ.get(api.api_key_env) or None,
+                                  temperature=api.temperature, top_p=api.top_p, max_tokens=api.max_tokens,
+                                  timeout=api.timeout, retries=api.retries, max_workers=api.max_workers)
+  return annotate_judge(records, problems, backend, judge.prompts, per_step=judge.per_step)
+
+
+@ANNOTATORS.register("import")
+def _import(records, problems, judge, labels_path, lm) -> list[Record]:
+  return import_labels(records, labels_path)

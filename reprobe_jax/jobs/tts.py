@@ -34,13 +34,9 @@ from reprobe_jax.scorers import (BASELINES, PRMScorer, ProbeScorer, ScoreInputs,
 from reprobe_jax.scorers import score as score_jit
 from reprobe_jax.trajectories import prompt_text
 from reprobe_jax.tts import select
-from reprobe_jax.tts.beam import beam_search
-from reprobe_jax.tts.best_of_n import best_of_n
-from reprobe_jax.tts.config import AGGREGATIONS, SearchConfig
-from reprobe_jax.tts.dvts import dvts
+from reprobe_jax.tts.config import AGGREGATIONS, STRATEGIES, SearchConfig
 from reprobe_jax.tts.result import PromptResult
 
-STRATEGIES = ("best_of_n", "beam", "dvts")
 DVTS_CANDIDATES = 4  # N per subtree; the budget's rest is subtrees (search-and-learn's DVTS default shape)
 
 
@@ -69,7 +65,7 @@ class TTSConfig:
   domains: tuple[str, ...] = ("arithmetic", "planning", "qa")
   scorers: tuple[str, ...] = ("probe[attn+logit]", "probe[hidden]", "maxprob", "perplexity", "mean_entropy",
                               "random")
-  strategies: tuple[str, ...] = STRATEGIES
+  strategies: tuple[str, ...] = STRATEGIES.names()  # ('best_of_n', 'beam', 'dvts')
   budgets: tuple[int, ...] = (1, 2, 4, 8, 16)
   aggregation: str = "min"
   max_steps: int = 12
@@ -80,7 +76,7 @@ class TTSConfig:
 
   def __post_init__(self):
     check_fields(self, {"problems": Int(1), "domains": Seq(OneOf(pipeline.DOMAINS)), "scorers": Seq(ScorerName()),
-                        "strategies": Seq(OneOf(STRATEGIES)), "budgets": Seq(Int(1)),
+                        "strategies": Seq(OneOf(STRATEGIES.names())), "budgets": Seq(Int(1)),
                         "aggregation": OneOf(AGGREGATIONS), "max_steps": Int(1), "lookahead": Int(0),
                         "temperature": Real(0.0, low_open=True), "split": OneOf(("val", "test")),
                         "dedupe": OneOf((False, True))})
@@ -230,8 +226,7 @@ def _search_config(strategy: str, budget: int, cfg: pipeline.ReprobeConfig, tcfg
 def _run(strategy: str, lm, scorer, prompts, scfg: SearchConfig, mode: str) -> list[PromptResult]:
   """One strategy over all prompts; each prompt's randomness is its own (seeded by its token ids), whatever the
   batch."""
-  fn = {"best_of_n": best_of_n, "beam": beam_search, "dvts": dvts}[strategy]
-  return fn(lm, scorer, prompts, scfg, mode=mode)
+  return STRATEGIES.get(strategy)(lm, scorer, prompts, scfg, mode=mode)
 
 
 def _cell(run: Run, key: str, make) -> dict:

@@ -29,7 +29,6 @@ from typing import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 
 from reprobe_jax.fields import Int, OneOf, Real, check_fields, field_name
@@ -43,6 +42,7 @@ from reprobe_jax.prm.model import PRM, QWEN_SEPARATOR, from_target, load_prm, re
 from reprobe_jax.probe.train import weighted_bce
 from reprobe_jax.io.readers import read_json
 from reprobe_jax.jobs.runs import write_json
+from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 from reprobe_jax.trajectories import Trajectory
 
@@ -54,13 +54,12 @@ HISTORY = "history.json"
 class PRMTrainConfig:
   """How the PRM is trained. separator: the token string appended after each step (the tokenizer must have it as
   one token); pos_weight: the loss weight of an incorrect step (a correct one weighs 1); train_backbone: fine-tune
-  the whole backbone (the paper's PRMs are fully trained) or, False, the head only on the frozen target."""
+  the whole backbone (the paper's PRMs are fully trained) or, False, the head only on the frozen target;
+  optimizer: a cosine decay to 0 after a warmup of 10% of the steps."""
 
   separator: str = QWEN_SEPARATOR
-  learning_rate: float = 1e-4
-  warmup_frac: float = 0.1
-  weight_decay: float = 0.01
-  grad_clip: float = 1.0
+  optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-4, schedule="cosine", warmup_frac=0.1,
+                                               weight_decay=0.01, grad_clip=1.0)
   batch_size: int = 16
   epochs: int = 3
   patience: int = 2
@@ -72,10 +71,9 @@ class PRMTrainConfig:
     if not isinstance(self.separator, str) or not self.separator:
       raise ConfigError(f"{field_name(self, 'separator')}: expected a non-empty token string, got "
                         f"{self.separator!r}")
-    check_fields(self, {"learning_rate": Real(0.0, low_open=True), "warmup_frac": Real(0.0, 1.0, high_open=True),
-                        "weight_decay": Real(0.0), "grad_clip": Real(0.0, low_open=True), "batch_size": Int(1),
-                        "epochs": Int(1), "patience": Int(1), "pos_weight": Real(0.0, low_open=True),
-                        "seed": Int(0), "train_backbone": OneOf((True, False))})
+    check_fields(self, {"batch_size": Int(1), "epochs": Int(1), "patience": Int(1),
+                        "pos_weight": Real(0.0, low_open=True), "seed": Int(0),
+                        "train_backbone": OneOf((True, False))})
 
 
 # ------------------------------------------------------------------------------------------------ batches
@@ -218,9 +216,7 @@ def train_prm(lm: LanguageModel, cfg: PRMTrainConfig, train_trajs: Sequence[Traj
   n = len(train_trajs)
   steps_per_epoch = -(-n // cfg.batch_size)
   total = steps_per_epoch * cfg.epochs
-  warmup = max(int(total * cfg.warmup_frac), 1)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(total, warmup + 1), 0.0)
-  tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), optax.adamw(schedule, weight_decay=cfg.weight_decay))
+  tx, schedule = make_optimizer(cfg.optimizer, total)
 
   # Every training trajectory at one shape, on the host once; a batch is a gather of rows (one compile).
   rows = pad_batch(train_trajs, n + 1, _shape(train_trajs, quantum=16))  # row n: all padding, fills the last batch

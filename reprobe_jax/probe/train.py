@@ -16,7 +16,6 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 from flax import nnx
 
@@ -27,17 +26,16 @@ from reprobe_jax.eval.metrics import pr_auc, roc_auc
 from reprobe_jax.probe.data import Example, pack_shape, pack_steps
 from reprobe_jax.models.forward import StaticGraph
 from reprobe_jax.probe.model import Probe, ProbeConfig, score_packed
+from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class ProbeTrainConfig:
-  """METHOD A5 defaults."""
+  """METHOD A5 defaults; optimizer: a linear decay to 0 after a warmup of 5% of the steps."""
 
-  learning_rate: float = 5e-4
-  warmup_frac: float = 0.05
-  weight_decay: float = 0.1
-  grad_clip: float = 1.0
+  optimizer: OptimizerConfig = OptimizerConfig(learning_rate=5e-4, schedule="linear", warmup_frac=0.05,
+                                               weight_decay=0.1, grad_clip=1.0)
   batch_size: int = 32
   epochs: int = 5
   patience: int = 3
@@ -45,10 +43,8 @@ class ProbeTrainConfig:
   seed: int = 0
 
   def __post_init__(self):
-    check_fields(self, {"learning_rate": Real(0.0, low_open=True), "warmup_frac": Real(0.0, 1.0, high_open=True),
-                        "weight_decay": Real(0.0), "grad_clip": Real(0.0, low_open=True), "batch_size": Int(1),
-                        "epochs": Int(1), "patience": Int(1), "pos_weight": Real(0.0, low_open=True),
-                        "seed": Int(0)})
+    check_fields(self, {"batch_size": Int(1), "epochs": Int(1), "patience": Int(1),
+                        "pos_weight": Real(0.0, low_open=True), "seed": Int(0)})
 
 
 def weighted_bce(logits, labels, pos_weight: float):
@@ -121,11 +117,7 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
   graphdef, params, rest = new_probe(cfg, tcfg.seed)
   steps_per_epoch = -(-len(train) // tcfg.batch_size)
   total = steps_per_epoch * tcfg.epochs
-  warmup = max(int(total * tcfg.warmup_frac), 1)
-  schedule = optax.join_schedules([optax.linear_schedule(0.0, tcfg.learning_rate, warmup),
-                                   optax.linear_schedule(tcfg.learning_rate, 0.0, max(total - warmup, 1))], [warmup])
-  tx = optax.chain(optax.clip_by_global_norm(tcfg.grad_clip),
-                   optax.adamw(schedule, weight_decay=tcfg.weight_decay))
+  tx, schedule = make_optimizer(tcfg.optimizer, total)
   feature_dim = cfg.feature_dim
   predict = functools.partial(_predict_batch, StaticGraph(graphdef))
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from reprobe_jax.fields import Real, check_fields
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.registry import Registry
 from reprobe_jax.rl.types import AdvantageInputs
 
 
@@ -52,17 +53,15 @@ class Estimator:
   doc: str
 
 
-ESTIMATORS: dict[str, Estimator] = {}
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
 def register(name: str, *, needs_potentials: bool = False) -> Callable[[EstimatorFn], EstimatorFn]:
-  """Decorator: registers `fn` under `name` (a second registration of one name is a ConfigError)."""
+  """Decorator: registers `fn` under `name` as an `Estimator` (a second registration of one name is a ConfigError)."""
 
   def add(fn: EstimatorFn) -> EstimatorFn:
-    if name in ESTIMATORS:
-      raise ConfigError(f"advantage estimator {name!r} is already registered")
     doc = (fn.__doc__ or "").strip().splitlines()
-    ESTIMATORS[name] = Estimator(name, fn, needs_potentials, doc[0] if doc else "")
+    ESTIMATORS.register(name, Estimator(name, fn, needs_potentials, doc[0] if doc else ""))
     return fn
 
   return add
@@ -70,9 +69,7 @@ def register(name: str, *, needs_potentials: bool = False) -> Callable[[Estimato
 
 def get_estimator(name: str) -> Estimator:
   """The estimator registered as `name`; ConfigError listing the known names otherwise."""
-  if name not in ESTIMATORS:
-    raise ConfigError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
-  return ESTIMATORS[name]
+  return ESTIMATORS.get(name)
 
 
 @functools.partial(jax.jit, static_argnames=("name", "cfg"))

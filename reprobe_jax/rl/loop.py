@@ -26,7 +26,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
@@ -39,6 +38,7 @@ from reprobe_jax.rl.rollout import (PromptSet, collect, policy_batch, potentials
 from reprobe_jax.spae.potential import ProbeConfig, Prober
 from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
 from reprobe_jax.tasks import DIFFICULTIES, make_problems
+from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 from reprobe_jax.trajectories import prompt_text
 
@@ -76,10 +76,8 @@ class RLConfig:
   max_new_tokens: int = 192
   temperature: float = 1.0
   top_p: float = 1.0
-  learning_rate: float = 5e-4
-  warmup_steps: int = 0
-  grad_clip: float = 1.0
-  weight_decay: float = 0.0
+  optimizer: OptimizerConfig = OptimizerConfig(learning_rate=5e-4, schedule="constant", warmup_steps=0,
+                                               weight_decay=0.0, grad_clip=1.0)
   mini_batches: int = 2
   micro_batches: int = 1
   clip_low: float = 0.2
@@ -101,8 +99,7 @@ class RLConfig:
     check_fields(self, {"steps": Int(1), "prompts_per_step": Int(1), "group_size": Int(2),
                         "prompts_per_round": Int(1), "max_refill_rounds": Int(0), "max_new_tokens": Int(1),
                         "temperature": Real(0.0, low_open=True), "top_p": Real(0.0, 1.0, low_open=True),
-                        "learning_rate": Real(0.0, low_open=True), "warmup_steps": Int(0), "grad_clip": Real(0.0),
-                        "weight_decay": Real(0.0), "mini_batches": Int(1), "micro_batches": Int(1),
+                        "mini_batches": Int(1), "micro_batches": Int(1),
                         "clip_low": Real(0.0, 1.0), "kl_coef": Real(0.0), "alpha": Real(0.0, 1.0), "xi": Real(0.0),
                         "train_domains": Seq(OneOf(DOMAINS)), "train_difficulties": Seq(OneOf(DIFFICULTIES)),
                         "train_problems": Int(1), "few_shot": Int(0), "seed": Int(0), "log_every": Int(1),
@@ -268,14 +265,6 @@ class RLResult:
   step: int
 
 
-def optimizer(cfg: RLConfig) -> tuple[optax.GradientTransformation, Callable]:
-  lr = (optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps) if cfg.warmup_steps
-        else optax.constant_schedule(cfg.learning_rate))
-  parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
-  parts.append(optax.adamw(lr, weight_decay=cfg.weight_decay) if cfg.weight_decay else optax.adam(lr))
-  return optax.chain(*parts), lr
-
-
 def signature(lm, cfg: RLConfig, pcfg: ProbeConfig) -> dict:
   """What an RL checkpoint depends on: the start model, the RL and probe configs."""
   return {"rl": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg), "start_model": model_fingerprint(lm)}
@@ -306,7 +295,7 @@ def train_rl(lm, cfg: RLConfig, pcfg: ProbeConfig, workdir: str, *, mesh=None, r
   if longest + cfg.max_new_tokens > lm.config.max_position_embeddings:
     raise ConfigError(f"RL prompts of up to {longest} tokens + max_new_tokens={cfg.max_new_tokens} exceed "
                       f"max_position_embeddings={lm.config.max_position_embeddings}")
-  tx, lr = optimizer(cfg)
+  tx, lr = make_optimizer(cfg.optimizer, cfg.steps * cfg.mini_batches)  # one optimizer update per mini-batch
   start = jax.tree.map(jnp.array, lm.params)  # a copy: the update donates its input buffers
   step = RLStep(lm, cfg, pcfg, prompts, tx, mesh=mesh, reward=reward,
                 ref_params=lm.params if cfg.kl_coef > 0 else None)

@@ -15,7 +15,7 @@ from flax import struct
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.prm.model import PRM, append_step, load_prm, prefill, step_rewards
 from reprobe_jax.scorers.base import ScoreInputs, StepScorer
-from reprobe_jax.scorers.registry import register_scorer
+from reprobe_jax.scorers.registry import SCORERS
 
 
 @struct.dataclass
@@ -55,11 +55,9 @@ class PRMScorer(StepScorer):
     return 1.0 - r, cache
 
 
+@SCORERS.register("prm")
 def _prm_scorer(prm: PRM | None = None, *, path: str | None = None, **load_kwargs) -> PRMScorer:
   """From a PRM in memory or a checkpoint folder / hub id (`prm.model.load_prm`'s keyword arguments)."""
   if (prm is None) == (path is None):
     raise ConfigError("the PRM scorer needs exactly one of prm= or path=")
   return PRMScorer(prm if prm is not None else load_prm(path, **load_kwargs))
-
-
-register_scorer("prm", _prm_scorer)

@@ -9,7 +9,7 @@ from flax import struct
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.probe.bundle import ProbeBundle, load_probe
 from reprobe_jax.scorers.base import ScoreInputs, StepScorer, step_token_mask
-from reprobe_jax.scorers.registry import register_scorer
+from reprobe_jax.scorers.registry import SCORERS
 
 
 @struct.dataclass
@@ -30,12 +30,10 @@ class ProbeScorer(StepScorer):
     return jnp.where(jnp.any(step_token_mask(spans, inputs.token_mask), axis=-1), p, jnp.nan)
 
 
+@SCORERS.register("probe")
 def _probe_scorer(bundle: ProbeBundle | None = None, *, path: str | None = None,
                   model_fingerprint: str | None = None) -> ProbeScorer:
   """From a bundle in memory or a saved probe folder (checked against the target's fingerprint when given)."""
   if (bundle is None) == (path is None):
     raise ConfigError("the probe scorer needs exactly one of bundle= or path=")
   return ProbeScorer(bundle if bundle is not None else load_probe(path, model_fingerprint=model_fingerprint))
-
-
-register_scorer("probe", _probe_scorer)

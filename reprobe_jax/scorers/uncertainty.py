@@ -15,7 +15,7 @@ from flax import struct
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.scorers.base import ScoreInputs, StepScorer, step_token_mask
-from reprobe_jax.scorers.registry import register_scorer
+from reprobe_jax.scorers.registry import SCORERS
 
 BASELINES = ("maxprob", "perplexity", "max_entropy", "mean_entropy", "self_certainty", "random")
 _READS = {"maxprob": "logprobs", "perplexity": "logprobs", "max_entropy": "entropy", "mean_entropy": "entropy",
@@ -67,4 +67,4 @@ class UncertaintyScorer(StepScorer):
 
 
 for _name in BASELINES:
-  register_scorer(_name, functools.partial(UncertaintyScorer.create, _name))
+  SCORERS.register(_name, functools.partial(UncertaintyScorer.create, _name))

@@ -14,21 +14,22 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from reprobe_jax.models import LanguageModel, ModelConfig
 from reprobe_jax.models.logprob import masked_mean_nll, sequence_logprobs
+from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainLMConfig:
+  """optimizer: a cosine decay to 5% after a warmup of 40 steps, or a tenth of the run when that is shorter."""
+
   steps: int = 600
   batch_size: int = 32
-  learning_rate: float = 3e-3
-  warmup_steps: int = 40
-  weight_decay: float = 0.01
-  grad_clip: float = 1.0
+  optimizer: OptimizerConfig = OptimizerConfig(learning_rate=3e-3, schedule="cosine", warmup_steps=40,
+                                               warmup_frac=0.1, end_frac=0.05, weight_decay=0.01, b2=0.98,
+                                               grad_clip=1.0)
   seed: int = 0
   checkpoint_every: int = 100
 
@@ -129,11 +130,7 @@ def train_lm(model_cfg: ModelConfig, data: dict[int, tuple[np.ndarray, np.ndarra
   """
   lm = LanguageModel.random(model_cfg, seed=cfg.seed)
   leaves, treedef = jax.tree.flatten(lm.params)
-  warmup = min(cfg.warmup_steps, max(cfg.steps // 10, 1))
-  schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(cfg.steps, warmup + 1),
-                                                cfg.learning_rate * 0.05)
-  tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                   optax.adamw(schedule, b2=0.98, weight_decay=cfg.weight_decay))
+  tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
   batches = BatchSchedule(data, cfg)
   loop = TrainerConfig(steps=cfg.steps, seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, keep_latest=2)
   trainer = Trainer(lm_loss(lm.graphdef, treedef), tx, loop, workdir, learning_rate=schedule,

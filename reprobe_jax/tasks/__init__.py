@@ -1,4 +1,8 @@
-"""Task families with exact step checkers, answer formats and scripted training traces (docs/tasks.md)."""
+"""Task families with exact step checkers, answer formats and scripted training traces (docs/tasks.md).
+
+Each family's module registers its instance in `FAMILIES` (`tasks.base`) when imported; this package imports them
+all, so `get_family(name)` finds every built-in family.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +11,13 @@ import numpy as np
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.tasks import formats, io, traces
 from reprobe_jax.tasks.arithmetic import Arithmetic
-from reprobe_jax.tasks.base import DIFFICULTIES, DOMAINS, Problem, TaskFamily, first_error
+from reprobe_jax.tasks.base import DIFFICULTIES, DOMAINS, FAMILIES, Problem, TaskFamily, first_error, get_family
 from reprobe_jax.tasks.formats import (check_response, check_thinking, classify_paragraph, parse_line, parse_thinking,
                                        render_line, render_thinking, step_texts_for_check, user_prompt)
 from reprobe_jax.tasks.io import read_problems, write_jsonl, write_problems
 from reprobe_jax.tasks.planning import Planning
 from reprobe_jax.tasks.qa import MultiHopQA
 from reprobe_jax.tasks.traces import Trace, TraceNoise, solve, solve_many
-
-FAMILIES: dict[str, TaskFamily] = {"arithmetic": Arithmetic(), "planning": Planning(), "qa": MultiHopQA()}
-
-
-def get_family(name: str) -> TaskFamily:
-  """The task family called `name` (one of FAMILIES); ConfigError naming the known ones otherwise."""
-  try:
-    return FAMILIES[name]
-  except (KeyError, TypeError):
-    raise ConfigError(f"unknown task family {name!r}; known: {', '.join(FAMILIES)}") from None
 
 
 def make_problems(family: str | TaskFamily, n: int, seed: int, difficulty: int) -> list[Problem]:

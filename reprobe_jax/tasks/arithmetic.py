@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from reprobe_jax.io.readers import shown
-from reprobe_jax.tasks.base import (Problem, State, TaskFamily, advance_pointer, family_rng, integer_text,
-                                    read_int)
+from reprobe_jax.tasks.base import (FAMILIES, Problem, State, TaskFamily, advance_pointer, family_rng,
+                                    integer_text, read_int)
 
 _OPS = ("+", "-", "*")
 _WORDS = {"+": "+ {b}", "-": "- {b}", "*": "* {b}"}
@@ -215,3 +215,6 @@ class Arithmetic(TaskFamily):
   def error_rates(self, noise: Any) -> list[tuple[str, float]]:
     return [("result", noise.p_wrong_result), ("operand", noise.p_wrong_operand),
             ("operation", noise.p_wrong_operation), ("skip", noise.p_skip)]
+
+
+FAMILIES.register(Arithmetic.name, Arithmetic())

@@ -21,6 +21,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.registry import Registry
 
 DOMAINS = ("arithmetic", "planning", "qa")
 DIFFICULTIES = (1, 2, 3)
@@ -65,8 +66,6 @@ class Problem:
     if values["domain"] not in DOMAINS:
       raise DataFormatError(f"{where}: field 'domain' must be one of {', '.join(DOMAINS)}, found {values['domain']!r}")
     problem = cls(**values)
-    # Imported here because the family modules import this one.
-    from reprobe_jax.tasks import get_family
     get_family(problem.domain).validate(problem, where)
     return problem
 
@@ -275,3 +274,12 @@ class TaskFamily(abc.ABC):
   def data_error(self, where: str, message: str) -> DataFormatError:
     """A DataFormatError that names the record and this family."""
     return DataFormatError(f"{where}: {self.name} data: {message}")
+
+
+# Every family registers one instance under its name when its module is imported (the package imports them all).
+FAMILIES: Registry[TaskFamily] = Registry("task family")
+
+
+def get_family(name: str) -> TaskFamily:
+  """The task family called `name` (one of FAMILIES); ConfigError naming the known ones otherwise."""
+  return FAMILIES.get(name)

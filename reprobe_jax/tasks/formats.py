@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Sequence
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.steps.modes import RESPONSE_FORMATS as MODES
-from reprobe_jax.tasks.base import Problem, State, TaskFamily, first_error
+from reprobe_jax.tasks.base import Problem, State, TaskFamily, first_error, get_family
 
 REFLECT_PREFIXES = ("Wait, let me check: ", "Let me double-check: ", "Hmm, let me verify: ")
 _LINE_STEP = re.compile(r"^\s*[-*]?\s*step\s*(\d+)\s*[:.]\s*(.*?)\s*$", re.IGNORECASE)
@@ -30,8 +30,6 @@ _BOUNDARY = ".\n\n"
 
 
 def _family(problem: Problem) -> TaskFamily:
-  # Imported here: the package __init__ imports this module after the families.
-  from reprobe_jax.tasks import get_family
   return get_family(problem.domain)
 
 

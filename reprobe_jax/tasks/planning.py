@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from reprobe_jax.tasks.base import Problem, State, TaskFamily, family_rng, integer_text
+from reprobe_jax.tasks.base import FAMILIES, Problem, State, TaskFamily, family_rng, integer_text
 
 # Rooms are numbered 1..12 (at most 7 per house). The checker takes any lower-case word or number as a room name;
 # the generator numbers them because the tiny built-in model copies number tokens (it does so in every arithmetic
@@ -197,3 +197,6 @@ class Planning(TaskFamily):
 
   def error_rates(self, noise: Any) -> list[tuple[str, float]]:
     return [("illegal", noise.p_illegal_move), ("detour", noise.p_detour)]
+
+
+FAMILIES.register(Planning.name, Planning())

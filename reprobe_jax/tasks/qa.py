@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from reprobe_jax.tasks.base import Problem, State, TaskFamily, advance_pointer, family_rng
+from reprobe_jax.tasks.base import FAMILIES, Problem, State, TaskFamily, advance_pointer, family_rng
 
 # People are numbered 1..10 and relations come from a small pool: the tiny built-in model copies number tokens (it
 # does so in every arithmetic step) but, within its CPU-minutes budget, never learned to copy names (docs/tasks.md,
@@ -202,3 +202,6 @@ class MultiHopQA(TaskFamily):
 
   def error_rates(self, noise: Any) -> list[tuple[str, float]]:
     return [("entity", noise.p_wrong_entity), ("relation", noise.p_wrong_relation), ("skip", noise.p_skip)]
+
+
+FAMILIES.register(MultiHopQA.name, MultiHopQA())

@@ -19,8 +19,8 @@ import numpy as np
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.steps.labels import labels_to_json
-from reprobe_jax.tasks import formats
-from reprobe_jax.tasks.base import Problem, State, TaskFamily
+import reprobe_jax.tasks.formats as formats
+from reprobe_jax.tasks.base import Problem, State, TaskFamily, get_family
 
 _RETRIES = 8
 # Every buggy procedure a family implements (TaskFamily.bug_step), by name.
@@ -238,7 +238,6 @@ def draft(problem: Problem, family: TaskFamily | str, rng: np.random.Generator, 
   """One scripted trace without the agreement guarantee of `solve` (exposed for tests and diagnostics)."""
   formats._check_mode(mode)
   if isinstance(family, str):
-    from reprobe_jax.tasks import get_family
     family = get_family(family)
   if family.name != problem.domain:
     raise ConfigError(f"problem {problem.id} is {problem.domain!r}, but the family is {family.name!r}")
@@ -263,7 +262,6 @@ def solve(problem: Problem, family: TaskFamily | str, rng: np.random.Generator, 
 def solve_many(problems: Sequence[Problem], mode: str, seed: int, noise: TraceNoise = TraceNoise(),
                samples: int = 1) -> list[Trace]:
   """`samples` traces per problem; each problem's traces depend only on its id and `seed`, not on the order."""
-  from reprobe_jax.tasks import get_family
   out = []
   for problem in problems:
     rng = np.random.default_rng([seed, zlib.crc32(problem.id.encode())])

@@ -1,2 +1,2 @@
 """Training: one loop for every learner (the target LM, the probe, the PRM, the RL policy) over optax and orbax,
-with TensorBoard scalars."""
+with TensorBoard scalars (`trainer`, `tblog`), and the one optimizer config they all embed (`optimizer`)."""

@@ -38,7 +38,7 @@ from reprobe_jax.tasks.formats import MODES, is_answer_line
 from reprobe_jax.steps.modes import STEP_MODE
 from reprobe_jax.trajectories import prompt_text
 from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
-from reprobe_jax.tts.config import SearchConfig
+from reprobe_jax.tts.config import STRATEGIES, SearchConfig
 from reprobe_jax.tts.result import Candidate, PromptResult
 from reprobe_jax.tts.select import answer_checker, candidate_cost, check_aggregation
 
@@ -84,6 +84,7 @@ def _probe_scores(scorer: ProbeScorer, state: DecodeState, spans: Sequence[Seque
   return out
 
 
+@STRATEGIES.register("best_of_n")
 def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem | str | Sequence[int]],
               cfg: SearchConfig, *, mode: str = "line", feature_spec: FeatureSpec | None = None,
               prompt_seeds: Sequence[int] | None = None, few_shot: int = 0,

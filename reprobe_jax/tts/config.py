@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from reprobe_jax.fields import Int, OneOf, Real, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.sampling import SamplingParams
+from reprobe_jax.registry import Registry
+from reprobe_jax.tts.result import PromptResult
 
-STRATEGIES = ("best_of_n", "beam", "dvts")
+# name -> the strategy's function `fn(lm, scorer, prompts, cfg, *, mode, feature_spec, prompt_seeds)` -> one
+# PromptResult per prompt. Each strategy's module registers itself; the package imports them in the order
+# 'best_of_n', 'beam', 'dvts' (the TTS job's default grid order).
+STRATEGIES: Registry[Callable[..., list[PromptResult]]] = Registry("search strategy")
 # How a trajectory's per-step scores (higher = more likely incorrect) become one trajectory score (higher = worse):
 # 'min' is the paper's min over steps of P(correct), i.e. the worst step's score; 'product' is 1 - prod P(correct)
 # and needs scores that are probabilities (the probe, a PRM).
@@ -39,7 +45,7 @@ class SearchConfig:
   #                       only when the group has no other candidate left (search-and-learn's filter_duplicates)
 
   def __post_init__(self):
-    check_fields(self, {"strategy": OneOf(STRATEGIES), "n": Int(1), "beams": Int(1), "max_steps": Int(1),
+    check_fields(self, {"strategy": OneOf(STRATEGIES.names()), "n": Int(1), "beams": Int(1), "max_steps": Int(1),
                         "max_new_tokens": Int(1), "lookahead": Int(0), "aggregation": OneOf(AGGREGATIONS),
                         "temperature": Real(0), "top_k": Int(0), "top_p": Real(0, 1, low_open=True),
                         "seed": Int(0), "dedupe": OneOf((False, True))})

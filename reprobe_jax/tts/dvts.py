@@ -10,11 +10,12 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureSpec
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.scorers import StepScorer
-from reprobe_jax.tts.config import SearchConfig
+from reprobe_jax.tts.config import STRATEGIES, SearchConfig
 from reprobe_jax.tts.result import PromptResult
 from reprobe_jax.tts.search import run_search
 
 
+@STRATEGIES.register("dvts")
 def dvts(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig, *, mode: str = "line",
          feature_spec: FeatureSpec | None = None, prompt_seeds: Sequence[int] | None = None) -> list[PromptResult]:
   """One PromptResult per prompt: the finished trajectory of each of its cfg.beams subtrees, in subtree order (the

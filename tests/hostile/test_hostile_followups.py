@@ -51,9 +51,10 @@ def test_target_lm_resume_with_another_model_shape_is_refused(tmp_path):
     train_lm(ModelConfig(num_heads=4, num_kv_heads=2, head_dim=8, **shape), data, tcfg, str(tmp_path),
              on_step=lambda i, loss: steps.append(i))
   assert steps == []
-  with pytest.raises(CheckpointError, match=r"made with train\.learning_rate=0\.003 \(this run: 0\.01\)"):
+  with pytest.raises(CheckpointError, match=r"made with train\.optimizer\.learning_rate=0\.003 \(this run: 0\.01\)"):
     train_lm(ModelConfig(num_heads=2, num_kv_heads=1, head_dim=16, **shape), data,
-             dataclasses.replace(tcfg, learning_rate=0.01), str(tmp_path))
+             dataclasses.replace(tcfg, optimizer=dataclasses.replace(tcfg.optimizer, learning_rate=0.01)),
+             str(tmp_path))
 
 
 def test_the_built_in_target_keeps_its_build_key():
@@ -66,7 +67,7 @@ def test_the_built_in_target_keeps_its_build_key():
   spec = importlib.util.spec_from_file_location("target_synthetic", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  assert config_from_dict(module.get_config()).key() == "23b2e7b6450c"
+  assert config_from_dict(module.get_config()).key() == "dfe89da969c8"
 
 
 def test_out_of_vocabulary_ids_are_named_by_row_and_position():

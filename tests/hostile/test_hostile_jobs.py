@@ -4,6 +4,7 @@ dotted field, the file or the checkpoint folder, found before any work starts or
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import math
 import os
@@ -37,9 +38,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ({"train": {"epochs": -1}}, r"^config\.train\.epochs: expected an int >= 1, got -1$"),
     ({"train": {"epochs": "3"}}, r"^config\.train\.epochs: expected an int, got '3'$"),
     ({"train": {"epochs": True}}, r"^config\.train\.epochs: expected an int, got True$"),
-    ({"train": {"learning_rate": float("nan")}}, r"^config\.train\.learning_rate: expected a finite number > 0"),
-    ({"train": {"learning_rate": 0.0}}, r"^config\.train\.learning_rate: expected a finite number > 0"),
-    ({"train": {"warmup_frac": 1.0}}, r"^config\.train\.warmup_frac: expected a finite number in \[0\.0, 1\.0\)"),
+    ({"train": {"optimizer": {"learning_rate": float("nan")}}},
+     r"^config\.train\.optimizer\.learning_rate: expected a finite number > 0"),
+    ({"train": {"optimizer": {"learning_rate": 0.0}}},
+     r"^config\.train\.optimizer\.learning_rate: expected a finite number > 0"),
+    ({"train": {"optimizer": {"warmup_frac": 1.0}}},
+     r"^config\.train\.optimizer\.warmup_frac: expected a finite number in \[0\.0, 1\.0\)"),
+    ({"train": {"optimizer": {"schedule": "step"}}},
+     r"^config\.train\.optimizer\.schedule: expected one of 'cosine', 'linear', 'constant', got 'step'$"),
+    ({"train": {"optimizer": 3}}, r"^config\.train\.optimizer: expected a mapping of OptimizerConfig fields, got 3$"),
+    ({"train": {"learning_rate": 1e-3}}, r"^config\.train: unknown field\(s\) \['learning_rate'\]"),
     ({"train": {"batch_size": 0}}, r"^config\.train\.batch_size: expected an int >= 1"),
     ({"train": {"patience": 0}}, r"^config\.train\.patience"),
     ({"train": 3}, r"^config\.train: expected a mapping of ProbeTrainConfig fields, got 3$"),
@@ -87,10 +95,11 @@ def test_reprobe_config_mistakes_name_the_field(override, match):
 
 
 def test_accepted_values_are_converted_as_documented():
-  cfg = pipeline.config_from_dict({"hidden_layers": [-1, 2], "train": {"learning_rate": 1}, "trajectories":
-                                   {"temperature": 0, "top_k": 0, "top_p": 1.0}})
+  cfg = pipeline.config_from_dict({"hidden_layers": [-1, 2], "train": {"optimizer": {"learning_rate": 1}},
+                                   "trajectories": {"temperature": 0, "top_k": 0, "top_p": 1.0}})
   assert cfg.hidden_layers == (-1, 2)  # a list for a tuple field is a tuple
-  assert cfg.train.learning_rate == 1.0 and isinstance(cfg.train.learning_rate, float)  # an int for a float
+  lr = cfg.train.optimizer.learning_rate
+  assert lr == 1.0 and isinstance(lr, float)  # an int for a float
   assert cfg.trajectories.temperature == 0.0  # the documented greedy value
 
 
@@ -133,7 +142,7 @@ def test_replace_fields_type_mismatches():
 
 @pytest.mark.parametrize("override, match", [
     ({"train": {"steps": 0}}, r"^config\.train\.steps: expected an int >= 1, got 0$"),
-    ({"train": {"learning_rate": float("nan")}}, r"^config\.train\.learning_rate"),
+    ({"train": {"optimizer": {"learning_rate": float("nan")}}}, r"^config\.train\.optimizer\.learning_rate"),
     ({"train": "x"}, r"^config\.train: expected a mapping of TrainLMConfig fields, got 'x'$"),
     ({"model": {"num_heads": 5}}, r"^config\.model\.num_heads: expected a divisor of hidden_size=192"),
     ({"model": {"num_kv_heads": 3}}, r"^config\.model\.num_kv_heads: expected a divisor of num_heads=4"),
@@ -193,36 +202,40 @@ def _real(v):
   return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-# field -> whether a value is valid there, written independently of the library's rules
+# field (its path in the config) -> whether a value is valid there, written independently of the library's rules
 _EXPECTED = {
     ("train", "epochs"): lambda v: _int(v, 1),
-    ("train", "learning_rate"): lambda v: _real(v) and v > 0,
-    ("train", "warmup_frac"): lambda v: _real(v) and 0 <= v < 1,
+    ("train", "optimizer", "learning_rate"): lambda v: _real(v) and v > 0,
+    ("train", "optimizer", "warmup_frac"): lambda v: v is None or (_real(v) and 0 <= v < 1),
+    ("train", "optimizer", "warmup_steps"): lambda v: v is None or _int(v, 0),
+    ("train", "optimizer", "b2"): lambda v: _real(v) and 0 <= v < 1,
+    ("train", "optimizer", "grad_clip"): lambda v: _real(v) and v >= 0,
     ("trajectories", "temperature"): lambda v: _real(v) and v >= 0,
     ("trajectories", "top_p"): lambda v: _real(v) and 0 < v <= 1,
     ("trajectories", "top_k"): lambda v: _int(v, 0),
     ("probe", "n_heads"): lambda v: _int(v, 1) and 128 % v == 0,
     ("probe", "dropout"): lambda v: _real(v) and 0 <= v < 1,
-    (None, "hidden_layers"): lambda v: isinstance(v, list) and len(v) > 0,
-    (None, "val_problems"): lambda v: _int(v, 1),
+    ("hidden_layers",): lambda v: isinstance(v, list) and len(v) > 0,
+    ("val_problems",): lambda v: _int(v, 1),
 }
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(sorted(_EXPECTED, key=str)), _VALUES)
 def test_fuzz_config_fields_accept_exactly_the_valid_values(field, value):
-  group, name = field
-  override = {name: value} if group is None else {group: {name: value}}
+  override = value
+  for part in reversed(field):
+    override = {part: override}
   try:
     cfg = pipeline.config_from_dict(override)
   except ConfigError as e:
     assert not _EXPECTED[field](value), (field, value, e)
-    assert str(e).startswith(f"config.{name if group is None else group + '.' + name}")
+    assert str(e).startswith(f"config.{'.'.join(field)}")
     return
   except ReprobeError as e:  # any other typed error would be a wrong kind
     raise AssertionError(f"{field}={value!r}: {type(e).__name__}: {e}")
   assert _EXPECTED[field](value), (field, value)
-  got = getattr(cfg if group is None else getattr(cfg, group), name)
+  got = functools.reduce(getattr, field, cfg)
   assert got == (tuple(value) if isinstance(value, list) else value) and type(got) is not list
 
 
