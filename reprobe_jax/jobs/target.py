@@ -123,7 +123,7 @@ INTERRUPT_FIELDS = ("interrupt_share", "interrupt_guess_share", "interrupt_loss_
 def without_unused_interrupts(d: Mapping) -> dict:
   """A build config's fields (a dict) without the interrupted-thinking ones when they are off (interrupt_share 0):
   they were added later, so a build without interruptions keeps the key it had before, and so do the bands made
-  with it (`reprobe_jax.eval.bands.band_key`)."""
+  with it (`reprobe_jax.jobs.bands.band_key`)."""
   d = dict(d)
   if not d.get("interrupt_share"):
     for name in INTERRUPT_FIELDS:
