@@ -17,24 +17,31 @@ import os
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.jobs.cli import ProgressBars, parse_flags, reprobe_setup, run_job, target_report, workdir_of
+from reprobe_jax.eval.bands import BandFile, over_seeds, summary_markdown
+from reprobe_jax.eval.machine import describe
+from reprobe_jax.eval.report import table_markdown
+from reprobe_jax.io.atomic import atomic_open, write_json
+from reprobe_jax.jobs import reprobe, spae, spae_report, tts, tts_report
+from reprobe_jax.jobs.bands import band_key, beside_bands, check_seeds
+from reprobe_jax.jobs.cli import (ProgressBars, build_target, parse_flags, reprobe_setup, run_job, target_report,
+                                  workdir_of)
+from reprobe_jax.jobs.reprobe_config import prm_config_from_dict
+from reprobe_jax.jobs.runs import run_key
+from reprobe_jax.jobs.tts_config import check_prm, tts_config_from_dict
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.py", "Job configuration.")
 
 
 def _evaluate(config):
   """(metrics, target report or None, run folder) of one reprobe run."""
-  from reprobe_jax.jobs import reprobe as pipeline
-  prm = pipeline.prm_config_from_dict(config.get("prm"))  # checked before the target is built
+  prm = prm_config_from_dict(config.get("prm"))  # checked before the target is built
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
-    metrics = pipeline.evaluate(lm, cfg, workdir, prm=prm, progress=bars.update)
+    metrics = reprobe.evaluate(lm, cfg, workdir, prm=prm, progress=bars.update)
   return metrics, target_report(config), workdir
 
 
 def run_reprobe(config) -> None:
-  from reprobe_jax.eval import bands
-  from reprobe_jax.eval.report import table_markdown
   metrics, report, workdir = _evaluate(config)
   print("\nStep-level PR-AUC (positive = incorrect step):\n")
   print(table_markdown(metrics))
@@ -50,7 +57,7 @@ def run_reprobe(config) -> None:
       table = f.read()
     if "Cascade from" in table:
       print("\n" + table[table.index("Cascade from"):] + f"(plot: {workdir}/cascade.png)")
-  print(bands.beside_bands(config, {"reprobe": metrics, "target": report or {}}, machine=metrics["machine"]))
+  print(beside_bands(config, {"reprobe": metrics, "target": report or {}}, machine=metrics["machine"]))
 
 
 def _per_seed(config, seeds):
@@ -65,19 +72,16 @@ def _per_seed(config, seeds):
 
 
 def run_seeds(config) -> None:
-  from reprobe_jax.eval import bands
-  from reprobe_jax.eval.machine import describe
-  seeds = bands.check_seeds(config.get("seeds"))
+  seeds = check_seeds(config.get("seeds"))
   out = os.path.join(workdir_of(config), "seeds")
   results = []
   for one in _per_seed(config, seeds):
     metrics, report, _ = _evaluate(one)
     results.append({"reprobe": metrics, "target": report or {}})
-  band_file = bands.BandFile(job="reprobe", seeds=seeds, machine=str(describe()), config_key=bands.band_key(config),
-                             bands=bands.over_seeds(results))
-  summary = bands.summary_markdown(band_file, results[0])
+  band_file = BandFile(job="reprobe", seeds=seeds, machine=str(describe()), config_key=band_key(config),
+                       bands=over_seeds(results))
+  summary = summary_markdown(band_file, results[0])
   band_file.save(os.path.join(out, "bands.json"))
-  from reprobe_jax.io.atomic import atomic_open
   with atomic_open(os.path.join(out, "summary.md")) as f:
     f.write(summary)
   print("\n" + summary)
@@ -86,63 +90,51 @@ def run_seeds(config) -> None:
 
 
 def run_tts(config) -> None:
-  from reprobe_jax.jobs import tts as job
-  from reprobe_jax.jobs import tts_report as report
-  from reprobe_jax.jobs import reprobe as pipeline
-  tcfg = job.tts_config_from_dict(config.get("tts", {}))
-  prm = pipeline.prm_config_from_dict(config.get("prm"))
-  job.check_prm(tcfg, prm)  # before the target is built
+  tcfg = tts_config_from_dict(config.get("tts", {}))
+  prm = prm_config_from_dict(config.get("prm"))
+  check_prm(tcfg, prm)  # before the target is built
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
-    metrics = job.evaluate(lm, cfg, tcfg, workdir, prm=prm, progress=bars.update)
+    metrics = tts.evaluate(lm, cfg, tcfg, workdir, prm=prm, progress=bars.update)
   print("\nTest-time scaling (accuracy; the step scorer after the comma):\n")
-  print(report.table_markdown(metrics))
+  print(tts_report.table_markdown(metrics))
   print(f"Wrote {metrics['directory']}/metrics.json, table.md, accuracy.png"
         + (", cascade.png" if "cascade" in metrics else ""))
 
 
 def run_tts_seeds(config) -> None:
   """The tts job once per config.seeds (each seed its own target, probes and samples), then mean +- sd."""
-  from reprobe_jax.eval import bands
-  from reprobe_jax.jobs import runs
-  from reprobe_jax.io.atomic import atomic_open
-  from reprobe_jax.jobs import tts as job
-  from reprobe_jax.jobs import tts_report as report
-  from reprobe_jax.jobs import reprobe as pipeline
-  seeds = bands.check_seeds(config.get("seeds"))
-  tcfg = job.tts_config_from_dict(config.get("tts", {}))
-  prm = pipeline.prm_config_from_dict(config.get("prm"))
-  job.check_prm(tcfg, prm)
+  seeds = check_seeds(config.get("seeds"))
+  tcfg = tts_config_from_dict(config.get("tts", {}))
+  prm = prm_config_from_dict(config.get("prm"))
+  check_prm(tcfg, prm)
   per_seed = []
   for one in _per_seed(config, seeds):
     lm, cfg, workdir = reprobe_setup(one)
     with ProgressBars() as bars:
-      metrics = job.evaluate(lm, cfg, tcfg, workdir, prm=prm, progress=bars.update)
-    metrics.pop("directory")
-    per_seed.append(metrics)
-  merged = report.over_seeds(per_seed)
-  out = os.path.join(workdir_of(config), "tts_seeds", runs.run_key({"tts": tcfg.__dict__, "seeds": seeds}))
+      metrics = tts.evaluate(lm, cfg, tcfg, workdir, prm=prm, progress=bars.update)
+    per_seed.append({k: v for k, v in metrics.items() if k != "directory"})
+  merged = tts_report.over_seeds(per_seed)
+  out = os.path.join(workdir_of(config), "tts_seeds", run_key({"tts": tcfg.__dict__, "seeds": seeds}))
   os.makedirs(out, exist_ok=True)
-  table = report.table_markdown(merged)
-  runs.write_json(os.path.join(out, "per_seed.json"), per_seed)
+  table = tts_report.table_markdown(merged)
+  write_json(os.path.join(out, "per_seed.json"), per_seed)
   with atomic_open(os.path.join(out, "summary.md")) as f:
     f.write(table)
-  report.plot_budgets(merged, os.path.join(out, "accuracy.png"))
+  tts_report.plot_budgets(merged, os.path.join(out, "accuracy.png"))
   if "cascade" in merged:
-    report.plot_cascade(merged, os.path.join(out, "cascade.png"))
+    tts_report.plot_cascade(merged, os.path.join(out, "cascade.png"))
   print("\n" + table)
   print(f"Wrote {out}/summary.md, per_seed.json, accuracy.png")
 
 
 def _spae_once(config) -> dict:
-  from reprobe_jax.jobs.cli import build_target
-  from reprobe_jax.jobs import spae as job
-  jcfg = job.job_config_from_dict(config.get("spae", {}))
+  jcfg = spae.job_config_from_dict(config.get("spae", {}))
   jcfg = dataclasses.replace(jcfg, seed=config.get("seed", jcfg.seed))
-  pcfg = job.probe_config_from_dict(config.get("probe", {}))
+  pcfg = spae.probe_config_from_dict(config.get("probe", {}))
   lm = build_target(config)  # every field above is checked before the target is built
   with ProgressBars() as bars:
-    result = job.evaluate(lm, jcfg, pcfg, workdir_of(config), progress=bars.update)
+    result = spae.evaluate(lm, jcfg, pcfg, workdir_of(config), progress=bars.update)
   with open(os.path.join(result["directory"], "table.md")) as f:
     print("\n" + f.read())
   print(f"Wrote {result['directory']}/metrics.json, table.md, curves_*.png, displacement_*.png")
@@ -156,20 +148,14 @@ def run_spae(config) -> None:
 
 def run_spae_seeds(config) -> None:
   """The spae job once per config.seeds (each seed its own built-in target and problems), then mean +- sd."""
-  from reprobe_jax.eval import bands
-  from reprobe_jax.jobs import runs
-  from reprobe_jax.io.atomic import atomic_open
-  from reprobe_jax.jobs import spae_report as report
-  seeds = bands.check_seeds(config.get("seeds"))
-  per_seed = [_spae_once(one) for one in _per_seed(config, seeds)]
-  for r in per_seed:
-    r.pop("directory")
+  seeds = check_seeds(config.get("seeds"))
+  per_seed = [{k: v for k, v in _spae_once(one).items() if k != "directory"} for one in _per_seed(config, seeds)]
   out = os.path.join(workdir_of(config), "spae_seeds",
-                     runs.run_key({"spae": dict(config.get("spae", {})), "probe": dict(config.get("probe", {})),
-                                   "seeds": seeds}))
+                     run_key({"spae": dict(config.get("spae", {})), "probe": dict(config.get("probe", {})),
+                              "seeds": seeds}))
   os.makedirs(out, exist_ok=True)
-  table = report.seeds_markdown(per_seed)
-  runs.write_json(os.path.join(out, "per_seed.json"), per_seed)
+  table = spae_report.seeds_markdown(per_seed)
+  write_json(os.path.join(out, "per_seed.json"), per_seed)
   with atomic_open(os.path.join(out, "summary.md")) as f:
     f.write(table)
   print("\n" + table)

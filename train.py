@@ -10,36 +10,38 @@ from __future__ import annotations
 from absl import app
 from ml_collections import config_flags
 
+from reprobe_jax.jobs import reprobe, rl, target
+from reprobe_jax.jobs.bands import check_seeds
 from reprobe_jax.jobs.cli import ProgressBars, build_target, parse_flags, reprobe_setup, run_job, workdir_of
+from reprobe_jax.jobs.reprobe_config import prm_config_from_dict, prm_folder
+from reprobe_jax.jobs.spae import job_config_from_dict, probe_config_from_dict
+from reprobe_jax.prm.train import history as prm_history
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/target_synthetic.py", "Job configuration.")
 
 
 def run_target_synthetic(config) -> None:
-  from reprobe_jax.jobs.target import build, config_from_dict, load_report, report_markdown
-  cfg = config_from_dict(config)
+  cfg = target.config_from_dict(config)
   with ProgressBars() as bars:
-    out = build(cfg, workdir_of(config), progress=bars.update)
-  report = load_report(out)
+    out = target.build(cfg, workdir_of(config), progress=bars.update)
+  report = target.load_report(out)
   print(f"\nBuilt {out} ({report['model_parameters'] / 1e6:.2f}M parameters; timings "
         + ", ".join(f"{k} {v:.0f}" for k, v in report.get("timings_s", {}).items()) + ")")
-  print(report_markdown(report))
+  print(target.report_markdown(report))
 
 
 def run_reprobe(config) -> None:
-  from reprobe_jax.jobs import reprobe as pipeline
-  from reprobe_jax.prm.train import history as prm_history
-  prm = pipeline.prm_config_from_dict(config.get("prm"))  # checked before the target is built
+  prm = prm_config_from_dict(config.get("prm"))  # checked before the target is built
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
-    probes = pipeline.train_probes(lm, cfg, workdir, progress=bars.update)
-    if prm is not None:
-      pipeline.train_prm_stage(lm, cfg, prm, workdir, progress=bars.update)
+    run = reprobe.start(lm, cfg, workdir, prm=prm, progress=bars.update)
+    probes = run["probes"]
+    run["prm"]
   print("\n| feature set | epochs | best val PR-AUC |\n|---|---|---|")
-  for name, (_, _, _, history) in probes.items():
-    print(f"| {name} | {len(history)} | {max(h['val_pr_auc'] for h in history):.3f} |")
+  for name, probe in probes.items():
+    print(f"| {name} | {len(probe.history)} | {probe.best_val_pr_auc:.3f} |")
   if prm is not None:
-    folder = pipeline.prm_folder(workdir, prm)
+    folder = prm_folder(workdir, prm)
     history = prm_history(folder)
     print(f"| PRM baseline | {len(history)} | {max(h['val_pr_auc'] for h in history):.3f} |")
     print(f"\nPRM in {folder}/model (load_prm); TensorBoard: {folder}/train/tb")
@@ -48,21 +50,18 @@ def run_reprobe(config) -> None:
 
 def _rl_setup(config):
   """(start policy, RLConfig, ProbeConfig, eval SPAEJobConfig): every field checked before the target is built."""
-  from reprobe_jax.rl.loop import rl_config_from_dict
-  from reprobe_jax.jobs.spae import job_config_from_dict, probe_config_from_dict
-  rl = rl_config_from_dict({**dict(config.get("rl", {})), "advantage": config.advantage, "seed": config.seed})
+  rl_cfg = rl.rl_config_from_dict({**dict(config.get("rl", {})), "advantage": config.advantage, "seed": config.seed})
   pcfg = probe_config_from_dict(config.get("probe", {}))
   ecfg = job_config_from_dict(config.get("eval", {}))
-  return build_target(config), rl, pcfg, ecfg
+  return build_target(config), rl_cfg, pcfg, ecfg
 
 
 def run_rl(config) -> None:
-  from reprobe_jax.jobs import rl as job
-  lm, rl, pcfg, ecfg = _rl_setup(config)
+  lm, rl_cfg, pcfg, ecfg = _rl_setup(config)
   with ProgressBars() as bars:
-    s = job.run(lm, rl, pcfg, ecfg, workdir_of(config), progress=bars.update)
-  folder = job.run_folder(workdir_of(config), lm, rl, pcfg, ecfg)
-  print(f"\n{rl.advantage}, seed {rl.seed}, {s['steps']} steps; seconds per step: "
+    s = rl.run(lm, rl_cfg, pcfg, ecfg, workdir_of(config), progress=bars.update)
+  folder = rl.run_folder(workdir_of(config), lm, rl_cfg, pcfg, ecfg)
+  print(f"\n{rl_cfg.advantage}, seed {rl_cfg.seed}, {s['steps']} steps; seconds per step: "
         + ", ".join(f"{k} {v:.2f}" for k, v in s["stage_seconds"].items()))
   print("| group | Acc@k | Len@k | checking | R2W |\n|---|---|---|---|---|")
   for g, m in s["eval"].items():
@@ -73,12 +72,10 @@ def run_rl(config) -> None:
 
 
 def run_rl_compare(config) -> None:
-  from reprobe_jax.eval import bands
-  from reprobe_jax.jobs import rl as job
-  seeds = bands.check_seeds(config.get("seeds"))
-  lm, rl, pcfg, ecfg = _rl_setup(config)
+  seeds = check_seeds(config.get("seeds"))
+  lm, rl_cfg, pcfg, ecfg = _rl_setup(config)
   with ProgressBars() as bars:
-    s = job.compare(lm, rl, pcfg, ecfg, config.methods, seeds, workdir_of(config), progress=bars.update)
+    s = rl.compare(lm, rl_cfg, pcfg, ecfg, config.methods, seeds, workdir_of(config), progress=bars.update)
   print("\n" + s["table"])
   print(f"Wrote {s['directory']}/table.md, summary.json, curves.png")
 

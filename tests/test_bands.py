@@ -69,7 +69,8 @@ def _result(x):
 
 def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
   import ml_collections
-  from reprobe_jax.eval.bands import band_key, beside_bands, summary_markdown
+  from reprobe_jax.eval.bands import summary_markdown
+  from reprobe_jax.jobs.bands import band_key, beside_bands
   runs = [_result(x) for x in (0.5, 0.6, 0.7)]
   config = ml_collections.ConfigDict({"job": "reprobe", "seed": 0, "workdir": "w", "target_path": "m", "lr": 1.0,
                                       "bands": str(tmp_path / "bands.json")})
@@ -102,7 +103,7 @@ def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
 
 
 def test_seeds_are_checked():
-  from reprobe_jax.eval.bands import check_seeds
+  from reprobe_jax.jobs.bands import check_seeds
   from reprobe_jax.errors import ConfigError
   assert check_seeds((0, 1, 2)) == (0, 1, 2)
   for bad in ((0,), (1, 1), (0, -1), (0, 1.5), "012", None):
@@ -117,7 +118,7 @@ def test_the_shipped_bands_apply_to_the_shipped_config():
   import json
   import os
   from configs import reprobe_synthetic
-  from reprobe_jax.eval.bands import band_key
+  from reprobe_jax.jobs.bands import band_key
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   config = reprobe_synthetic.get_config()
   assert config.machine_bands  # the other CPU kinds' bands, each for this config and made on another machine
@@ -151,7 +152,7 @@ def test_differing_names_the_numbers_two_machines_disagree_on():
 
 
 def test_cli_counts_results_and_stage_times_apart(tmp_path, capsys):
-  from reprobe_jax.eval.bands import main
+  from reprobe_jax.jobs.bands import main
   a = BandFile("reprobe", (0, 1, 2), "Xeon", "k", {"reprobe.methods.p.x": summarise([0.80, 0.82, 0.84]),
                                                     "reprobe.methods.p.z": summarise([0.1, 0.2, 0.3]),
                                                     "target.timings_s.train_s": summarise([700.0, 710.0, 730.0])})

@@ -7,18 +7,18 @@ import pytest
 
 from configs import colab, reprobe_smollm2, reprobe_synthetic, spae_smollm2, spae_synthetic, tts_smollm2, \
     tts_synthetic
-from reprobe_jax.jobs import reprobe as pipeline
 from reprobe_jax.jobs import spae as spae_job
+from reprobe_jax.jobs.reprobe_config import config_from_dict, prm_config_from_dict
 from reprobe_jax.jobs.target import config_from_dict as target_config
-from reprobe_jax.jobs import tts as tts_job
+from reprobe_jax.jobs.tts_config import check_prm, tts_config_from_dict
 
 
 def _check(c):
   if c.job in ("reprobe", "seeds", "tts", "tts_seeds"):
-    pipeline.config_from_dict(c)
-    pipeline.prm_config_from_dict(c.get("prm"))
+    config_from_dict(c)
+    prm_config_from_dict(c.get("prm"))
   if c.job in ("tts", "tts_seeds"):
-    tts_job.check_prm(tts_job.tts_config_from_dict(c.tts), pipeline.prm_config_from_dict(c.get("prm")))
+    check_prm(tts_config_from_dict(c.tts), prm_config_from_dict(c.get("prm")))
   if c.job in ("spae", "spae_seeds"):
     spae_job.job_config_from_dict(c.spae)
     spae_job.probe_config_from_dict(c.probe)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from reprobe_jax.jobs import reprobe as pipeline
+from reprobe_jax.jobs.reprobe_config import ProbeShape, ReprobeConfig, config_from_dict, run_folder, split_problems
 from reprobe_jax.eval import report
 from reprobe_jax.features import FeatureMismatchError
 from reprobe_jax.steps.labels import labels_to_json
@@ -20,12 +22,14 @@ from reprobe_jax.probe import linear
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.tasks import make_problems
 from reprobe_jax.tasks.formats import user_prompt
+from reprobe_jax.tasks.splits import SPLIT_SEEDS
 from reprobe_jax.trajectories import TrajectoryConfig, read_trajectories
+from test_graph import counted
 
-TINY = pipeline.ReprobeConfig(
+TINY = ReprobeConfig(
     train_problems=12, val_problems=6, test_problems=6, difficulties=(1,),
     trajectories=TrajectoryConfig(samples=2, max_new_tokens=40, batch_size=16),
-    probe=pipeline.ProbeShape(d_model=16, n_heads=2, ff_dim=32),
+    probe=ProbeShape(d_model=16, n_heads=2, ff_dim=32),
     train=ProbeTrainConfig(batch_size=8, epochs=2))
 
 
@@ -78,20 +82,67 @@ def test_pipeline_end_to_end(lm, tmp_path):
   assert json.dumps(fresh, sort_keys=True) == json.dumps({k: v for k, v in metrics.items() if k != "timings_s"},
                                                          sort_keys=True)
   # A probe checkpoint made with another probe shape (or other features) is refused, not silently mixed.
-  other = dataclasses.replace(TINY, probe=pipeline.ProbeShape(d_model=8, n_heads=2, ff_dim=16))
+  other = dataclasses.replace(TINY, probe=ProbeShape(d_model=8, n_heads=2, ff_dim=16))
   with pytest.raises(FeatureMismatchError, match="probe checkpoint"):
     pipeline.train_probes(lm, other, str(tmp_path))
+
+
+def count_stages(monkeypatch, module) -> collections.Counter:
+  """Counts the calls of every stage function of `module.GRAPH`, the graph each run of that job is made from."""
+  graph, calls = counted(module.GRAPH)
+  monkeypatch.setattr(module, "GRAPH", graph)
+  return calls
+
+
+def count_reads(monkeypatch) -> collections.Counter:
+  """Counts how often the ReProbe job reads each trajectory file."""
+  reads = collections.Counter()
+  read = pipeline.read_trajectories
+
+  def counted(path):
+    reads[os.path.basename(path)] += 1
+    return read(path)
+
+  monkeypatch.setattr(pipeline, "read_trajectories", counted)
+  return reads
+
+
+STAGES = ("problems", "samples", "trajectories", "features", "probes", "prm", "scores", "prm_comparison", "report")
+SPLITS = ("train", "val", "test")
+
+
+@pytest.mark.slow  # the whole job twice (with and without the PRM) on a tiny world; .ci/run runs it
+@pytest.mark.parametrize("with_prm", [False, True])
+def test_the_job_computes_each_stage_once_and_reads_each_file_once(lm, tmp_path, monkeypatch, with_prm):
+  """From the job's entry to its PR-AUC table no stage is entered twice, and no trajectory file is read twice: the
+  samples once (to label them), the labelled trajectories once, whatever stages read them."""
+  from reprobe_jax.prm.train import PRMTrainConfig
+  prm = PRMTrainConfig(separator="<|pad|>", batch_size=4, epochs=1) if with_prm else None
+  cfg = dataclasses.replace(TINY, train_problems=4, val_problems=4, test_problems=2, feature_sets=("hidden",),
+                            train=ProbeTrainConfig(batch_size=4, epochs=1))
+  calls, reads = count_stages(monkeypatch, pipeline), count_reads(monkeypatch)
+  metrics = pipeline.evaluate(lm, cfg, str(tmp_path), prm=prm)
+  assert calls == {s: 1 for s in STAGES}
+  assert reads == {f"{kind}_{split}.jsonl": 1 for kind in ("samples", "trajectories") for split in SPLITS}
+  assert ("prm" in metrics["methods"]) == with_prm and "probe[hidden]" in metrics["methods"]
+  # A rerun of the finished job: every stage once again (from its artifacts), the samples not read at all.
+  calls.clear()
+  reads.clear()
+  again = pipeline.evaluate(lm, cfg, str(tmp_path), prm=prm)
+  assert calls == {s: 1 for s in STAGES}
+  assert reads == {f"trajectories_{split}.jsonl": 1 for split in SPLITS}
+  assert again["methods"].keys() == metrics["methods"].keys()
 
 
 def test_config_from_dict_names_unknown_fields():
   from configs.reprobe_synthetic import get_config
   from reprobe_jax.errors import ConfigError
   c = get_config()
-  cfg = pipeline.config_from_dict(c)
+  cfg = config_from_dict(c)
   assert cfg.probe.d_model == c.probe.d_model and cfg.trajectories.top_k == 50
   c.probe.d_modle = 3
   with pytest.raises(ConfigError, match="d_modle"):
-    pipeline.config_from_dict(c)
+    config_from_dict(c)
 
 
 def test_logistic_regression_baseline_separates_and_matches_sklearn():
@@ -224,7 +275,7 @@ def test_run_dir_changes_with_the_task_generator(lm, monkeypatch):
 
 def test_summary_of_a_domain_without_labelled_steps():
   """A test domain whose steps all went unlabelled reports 0 steps and no incorrect share, and the table says so."""
-  cfg = pipeline.ReprobeConfig(train_domains=("arithmetic",), ood_domains=("qa",))
+  cfg = ReprobeConfig(train_domains=("arithmetic",), ood_domains=("qa",))
   labels = {"arithmetic": np.array([0.0, 1.0, np.nan, 1.0]), "qa": np.array([np.nan, np.nan])}
   scores = {"maxprob": {"arithmetic": np.array([0.1, 0.9, 0.5, 0.8]), "qa": np.array([0.2, 0.3])}}
   metrics = report.scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains)
@@ -263,8 +314,8 @@ def _short_prompts():
 def sampled(lm, tmp_path_factory):
   """A tiny rule-labelled run; the other annotators' runs reuse its samples (their sample stage is skipped)."""
   folder = tmp_path_factory.mktemp("rule")
-  trajs = pipeline.trajectories(lm, ANNOT, str(folder))
-  assert sum(len(t.steps) for ts in trajs.values() for t in ts) > 0  # something for the annotators to label
+  trajs = pipeline.labelled_trajectories(lm, ANNOT, str(folder))
+  assert sum(len(t.steps) for ts in trajs for t in ts) > 0  # something for the annotators to label
   return folder, trajs
 
 
@@ -277,18 +328,18 @@ def _reuse_samples(src, dst):
 def _expect(trajs, label_of_step):
   """{id: labels} where step k of a trajectory is label_of_step(k), and unknown where it has no tokens."""
   return {t.id: [label_of_step(k) if s.has_tokens else None for k, s in enumerate(t.steps)]
-          for ts in trajs.values() for t in ts}
+          for ts in trajs for t in ts}
 
 
 def _labels(trajs):
-  return {t.id: labels_to_json(t.labels) for ts in trajs.values() for t in ts}
+  return {t.id: labels_to_json(t.labels) for ts in trajs for t in ts}
 
 
 def test_rule_annotator_writes_samples_then_labelled_trajectories(sampled):
   folder, trajs = sampled
   samples = read_trajectories(folder / "samples_test.jsonl")
-  assert [t.id for t in samples] == [t.id for t in trajs["test"]] and all(t.labels is None for t in samples)
-  assert all(t.annotator == "rule" and set(t.extra) == {"answer", "correct"} for t in trajs["test"])
+  assert [t.id for t in samples] == [t.id for t in trajs.test] and all(t.labels is None for t in samples)
+  assert all(t.annotator == "rule" and set(t.extra) == {"answer", "correct"} for t in trajs.test)
   assert {"sample_train", "sample_val", "sample_test", "annotate"} <= set(json.loads(
       (folder / "timings.json").read_text()))
 
@@ -311,12 +362,13 @@ def test_judge_annotator_over_http(lm, sampled, tmp_path, monkeypatch):
     cfg = dataclasses.replace(ANNOT, annotator="judge", judge=JudgeSettings(
         prompts=_short_prompts(), api=JudgeAPI(base_url=url, model="stub", api_key_env="STUB_JUDGE_KEY", timeout=5,
                                                retries=1)))
-    out = pipeline.trajectories(lm, cfg, str(tmp_path), progress=lambda *e: events.append(e[0].split()[0]))
+    out = pipeline.labelled_trajectories(lm, cfg, str(tmp_path),
+                                         progress=lambda *e: events.append(e[0].split()[0]))
   assert set(events) == {"annotate"}  # the samples were reused, not drawn again
-  judged = [t for ts in rule.values() for t in ts if t.steps]
+  judged = [t for ts in rule for t in ts if t.steps]
   assert len(seen["requests"]) == 2 * len(judged) and set(seen["auth"]) == {"Bearer secret"}
   assert _labels(out) == _expect(out, lambda k: 1.0 if k % 2 == 0 else 0.0)
-  assert {t.annotator for ts in out.values() for t in ts} == {"judge:openai:stub"}
+  assert {t.annotator for ts in out for t in ts} == {"judge:openai:stub"}
 
 
 def test_self_annotator_wiring_with_a_random_target(lm, sampled, tmp_path):
@@ -327,8 +379,8 @@ def test_self_annotator_wiring_with_a_random_target(lm, sampled, tmp_path):
   _reuse_samples(src, tmp_path)
   cfg = dataclasses.replace(ANNOT, annotator="self", judge=JudgeSettings(
       prompts=_short_prompts(), self_judge=SelfJudgeSampling(max_new_tokens=4, batch_size=32)))
-  out = pipeline.trajectories(lm, cfg, str(tmp_path))
-  every = [t for ts in out.values() for t in ts]
+  out = pipeline.labelled_trajectories(lm, cfg, str(tmp_path))
+  every = [t for ts in out for t in ts]
   assert {t.annotator for t in every} == {"judge:self"}
   assert all(len(t.labels) == len(t.steps) and np.isnan(t.label_array()).all() for t in every)
   assert any(t.steps for t in every)
@@ -337,31 +389,32 @@ def test_self_annotator_wiring_with_a_random_target(lm, sampled, tmp_path):
   long = dataclasses.replace(cfg, judge=dataclasses.replace(cfg.judge, self_judge=SelfJudgeSampling(
       max_new_tokens=lm.config.max_position_embeddings)))
   with pytest.raises(ConfigError, match="config.judge.self_judge.max_new_tokens"):
-    pipeline.trajectories(lm, long, str(tmp_path / "long"), progress=lambda *e: pytest.fail(f"{e} started"))
+    pipeline.labelled_trajectories(lm, long, str(tmp_path / "long"),
+                                   progress=lambda *e: pytest.fail(f"{e} started"))
 
 
 def test_import_annotator_reads_the_labels_file_strictly(lm, sampled, tmp_path):
   from reprobe_jax.errors import DataFormatError
   src, rule = sampled
-  every = [t for ts in rule.values() for t in ts]
+  every = [t for ts in rule for t in ts]
   path = tmp_path / "labels.jsonl"
   lines = [json.dumps({"id": t.id, "ratings": [-1 if k == 0 else 1 for k in range(len(t.steps))]}) for t in every]
   path.write_text("\n".join(lines) + "\n")
   _reuse_samples(src, tmp_path / "run")
   cfg = dataclasses.replace(ANNOT, annotator="import", labels_path=str(path))
-  out = pipeline.trajectories(lm, cfg, str(tmp_path / "run"))
+  out = pipeline.labelled_trajectories(lm, cfg, str(tmp_path / "run"))
   assert _labels(out) == _expect(out, lambda k: 1.0 if k == 0 else 0.0)
-  assert {t.annotator for ts in out.values() for t in ts} == {"import:ratings"}
+  assert {t.annotator for ts in out for t in ts} == {"import:ratings"}
   # A file that misses a trajectory is refused (strict), naming the file.
   path.write_text("\n".join(lines[1:]) + "\n")
   _reuse_samples(src, tmp_path / "short")
   with pytest.raises(DataFormatError, match=r"labels\.jsonl: 1 of \d+ trajectories have no labels"):
-    pipeline.trajectories(lm, cfg, str(tmp_path / "short"))
+    pipeline.labelled_trajectories(lm, cfg, str(tmp_path / "short"))
 
 
 def test_annotator_settings_key_the_run_folder_only_where_they_decide_labels(lm, tmp_path):
   from reprobe_jax.annotate import JudgeAPI, JudgeSettings
-  folder = lambda cfg: pipeline.run_folder(str(tmp_path), lm, cfg)  # noqa: E731
+  folder = lambda cfg: run_folder(str(tmp_path), lm, cfg)  # noqa: E731
   rule = folder(ANNOT)
   assert folder(dataclasses.replace(ANNOT, judge=JudgeSettings(prompts=_short_prompts()))) == rule
   own = dataclasses.replace(ANNOT, annotator="self", judge=JudgeSettings(prompts=_short_prompts()))
@@ -389,7 +442,7 @@ def test_annotator_config_is_checked_before_any_work(monkeypatch, tmp_path):
   from reprobe_jax.errors import ConfigError
   c = reprobe_synthetic.get_config()
   c.annotator = "self"
-  cfg = pipeline.config_from_dict(c)
+  cfg = config_from_dict(c)
   assert cfg.judge.prompts.critique == judge_prompts.CRITIQUE and cfg.judge.self_judge.top_k == 20
   assert cfg.judge.per_step is None and cfg.judge.api.api_key_env == "OPENAI_API_KEY"
   cases = [({"annotator": "judgee"}, "config.annotator must be one of rule, self, judge, import"),
@@ -409,9 +462,9 @@ def test_annotator_config_is_checked_before_any_work(monkeypatch, tmp_path):
         node = node[p]
       node[name] = value
     with pytest.raises(ConfigError, match=match):
-      pipeline.config_from_dict(c)
+      config_from_dict(c)
   with pytest.raises(ConfigError, match="config.judge.prompts"):
-    pipeline.ReprobeConfig(annotator="self")
+    ReprobeConfig(annotator="self")
   # The CLI checks the config before it builds (or loads) the target.
   monkeypatch.setattr(cli, "build_target", lambda config: pytest.fail("the target was built"))
   c = reprobe_synthetic.get_config()
@@ -425,15 +478,15 @@ def test_ood_difficulties_pick_the_held_out_domains_test_problems_only(lm, tmp_p
   mixed = dataclasses.replace(TINY, difficulties=(1, 2, 3), test_problems=6)
   easy = dataclasses.replace(mixed, ood_difficulties=(1,))
   diff = lambda ps: sorted(int(p.id.split("-")[1][1:]) for p in ps)  # noqa: E731  ids: {family}-d{k}-s{seed}-{i}
-  a, b = pipeline.split_problems(mixed), pipeline.split_problems(easy)
-  assert a["train"] == b["train"] and a["val"] == b["val"]  # the probes' data does not change
+  a, b = split_problems(mixed), split_problems(easy)
+  assert a.train == b.train and a.val == b.val  # the probes' data does not change
   for domain in mixed.train_domains:  # in domain: every difficulty, the same problems
-    assert [p for p in a["test"] if p.domain == domain] == [p for p in b["test"] if p.domain == domain]
+    assert [p for p in a.test if p.domain == domain] == [p for p in b.test if p.domain == domain]
   for domain in mixed.ood_domains:
-    assert diff(p for p in a["test"] if p.domain == domain) == [1, 1, 2, 2, 3, 3]
-    held = [p for p in b["test"] if p.domain == domain]
-    assert diff(held) == [1] * 6 and held == make_problems(domain, 6, pipeline.SPLIT_SEEDS["test"], 1)
-  folder = lambda cfg: pipeline.run_folder(str(tmp_path), lm, cfg)  # noqa: E731
+    assert diff(p for p in a.test if p.domain == domain) == [1, 1, 2, 2, 3, 3]
+    held = [p for p in b.test if p.domain == domain]
+    assert diff(held) == [1] * 6 and held == make_problems(domain, 6, SPLIT_SEEDS["test"], 1)
+  folder = lambda cfg: run_folder(str(tmp_path), lm, cfg)  # noqa: E731
   assert folder(easy) != folder(mixed)
   # Unset, or equal to `difficulties`, it is the same problems and the folder they had before the option existed.
   assert folder(dataclasses.replace(mixed, ood_difficulties=(1, 2, 3))) == folder(mixed)

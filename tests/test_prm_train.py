@@ -13,11 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reprobe_jax.jobs import reprobe as pipeline
 from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.jobs import reprobe as pipeline
+from reprobe_jax.jobs.reprobe_config import (ProbeShape, ReprobeConfig, config_from_dict, prm_config_from_dict,
+                                             prm_folder)
+from reprobe_jax.jobs.reprobe_scores import write_step_scores
 from reprobe_jax.prm.model import from_target, load_prm, rewards
 from reprobe_jax.prm.train import PRMTrainConfig, history, prm_scores, step_loss, train_prm
-from reprobe_jax.trajectories import StepSpan, Trajectory
+from reprobe_jax.probe.train import ProbeTrainConfig
+from reprobe_jax.trajectories import StepSpan, Trajectory, TrajectoryConfig, read_trajectories
 
 SEP = "<|pad|>"
 MARK = 40  # a step whose last token is MARK is incorrect in the toy data
@@ -157,29 +161,29 @@ def test_bad_optimizer_fields_are_named(field, value, match):
 
 
 def test_cli_section_is_checked_and_named():
-  assert pipeline.prm_config_from_dict(None) is None
-  assert pipeline.prm_config_from_dict({"enabled": False, "epochs": 2}) is None
-  cfg = pipeline.prm_config_from_dict({"enabled": True, "separator": SEP, "epochs": 2})
+  assert prm_config_from_dict(None) is None
+  assert prm_config_from_dict({"enabled": False, "epochs": 2}) is None
+  cfg = prm_config_from_dict({"enabled": True, "separator": SEP, "epochs": 2})
   assert cfg == PRMTrainConfig(separator=SEP, epochs=2)
   for bad, match in (({"enabled": "yes"}, r"config\.prm\.enabled: expected a bool"),
                      ({"enabled": False, "epochs": 0}, r"config\.prm\.epochs: expected an int >= 1"),
                      ({"enabled": True, "lr": 1.0}, r"config\.prm: unknown field\(s\) \['lr'\]"),
                      ({"enabled": True, "batch_size": "8"}, r"config\.prm\.batch_size: expected an int")):
     with pytest.raises(ConfigError, match=match):
-      pipeline.prm_config_from_dict(bad)
+      prm_config_from_dict(bad)
   from configs import reprobe_smollm2, reprobe_synthetic
   c = reprobe_synthetic.get_config()
-  assert pipeline.prm_config_from_dict(c.prm).separator == SEP
+  assert prm_config_from_dict(c.prm).separator == SEP
   # the PRM section stays out of the ReProbe config, so the run folder keeps its key
   without = c.copy_and_resolve_references()
   del without["prm"]
-  assert pipeline.config_from_dict(c) == pipeline.config_from_dict(without)
+  assert config_from_dict(c) == config_from_dict(without)
   smol = reprobe_smollm2.get_config().prm
-  assert pipeline.prm_config_from_dict(smol) is None  # off by default there: 65 of the job's 80 minutes
+  assert prm_config_from_dict(smol) is None  # off by default there: 65 of the job's 80 minutes
   smol.enabled = True
-  assert pipeline.prm_config_from_dict(smol).separator == "<file_sep>"
-  a, b = pipeline.prm_folder("run", cfg), pipeline.prm_folder("run", dataclasses.replace(cfg, epochs=3))
-  assert a.startswith(os.path.join("run", "prm", "")) and a != b and a == pipeline.prm_folder("run", cfg)
+  assert prm_config_from_dict(smol).separator == "<file_sep>"
+  a, b = prm_folder("run", cfg), prm_folder("run", dataclasses.replace(cfg, epochs=3))
+  assert a.startswith(os.path.join("run", "prm", "")) and a != b and a == prm_folder("run", cfg)
 
 
 def test_a_separator_the_tokenizer_lacks_fails_before_anything(lm, tmp_path):
@@ -187,15 +191,15 @@ def test_a_separator_the_tokenizer_lacks_fails_before_anything(lm, tmp_path):
   with pytest.raises(ConfigError, match=r"PRMTrainConfig\.separator: the separator token '<extra_0>' is not in"):
     train_prm(lm, cfg, _trajs(4, seed=1), _trajs(4, seed=2), str(tmp_path / "prm"))
   with pytest.raises(ConfigError, match=r"config\.prm\.separator: the separator token '<extra_0>'"):
-    pipeline.evaluate(lm, pipeline.ReprobeConfig(), str(tmp_path / "run"), prm=cfg)
+    pipeline.evaluate(lm, ReprobeConfig(), str(tmp_path / "run"), prm=cfg)
   assert os.listdir(tmp_path) == []
 
 
-TINY = pipeline.ReprobeConfig(
+TINY = ReprobeConfig(
     train_problems=6, val_problems=3, test_problems=3, difficulties=(1,), feature_sets=("hidden",),
-    trajectories=pipeline.TrajectoryConfig(samples=2, max_new_tokens=32, batch_size=16),
-    probe=pipeline.ProbeShape(d_model=16, n_heads=2, ff_dim=32),
-    train=pipeline.ProbeTrainConfig(batch_size=8, epochs=1))
+    trajectories=TrajectoryConfig(samples=2, max_new_tokens=32, batch_size=16),
+    probe=ProbeShape(d_model=16, n_heads=2, ff_dim=32),
+    train=ProbeTrainConfig(batch_size=8, epochs=1))
 
 
 def test_step_scores_file_layout(tmp_path):
@@ -205,7 +209,7 @@ def test_step_scores_file_layout(tmp_path):
   per = {d: np.concatenate([np.full(len(r.steps), i, np.float32) for i, r in enumerate(test) if r.domain == d])
          for d in ("arithmetic", "planning", "qa")}
   path = str(tmp_path / "s.npz")
-  pipeline.write_step_scores(path, val, val_scores, test, ["arithmetic", "planning", "qa"], {"prm": per})
+  write_step_scores(path, val, val_scores, test, ["arithmetic", "planning", "qa"], {"prm": per})
   with np.load(path) as z:
     assert z["val/trajectory_id"].tolist() == [r.id for r in val for _ in r.steps]
     assert z["val/step"].tolist() == [k for r in val for k in range(len(r.steps))]
@@ -227,14 +231,14 @@ def test_pipeline_scores_the_prm_beside_the_probes_and_keeps_step_scores(lm, tmp
   assert "prm" in metrics["methods"] and "probe[hidden]" in metrics["methods"]
   assert set(metrics["methods"]["prm"]) >= {"arithmetic", "planning", "qa", "ood_mean_pr_auc"}
   assert any(e.startswith("prm") for e in events)
-  folder = pipeline.prm_folder(str(tmp_path), prm_cfg)
+  folder = prm_folder(str(tmp_path), prm_cfg)
   assert metrics["prm_training"]["folder"] == os.path.relpath(folder, tmp_path)
   assert "prm" in (tmp_path / "table.md").read_text() and "prm" in metrics["timings_s"]
   # fusion rows (fitted on val) and the cascade from the probe best on val, in the table and as a PNG
   assert "fusion[hidden]" in metrics["methods"] and "Cascade from probe[" in (tmp_path / "table.md").read_text()
   assert set(metrics["prm_combined"]["cascades"]) == {"arithmetic", "planning", "qa"}
   assert (tmp_path / "cascade.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  trajs = {s: pipeline.read_trajectories(tmp_path / f"trajectories_{s}.jsonl") for s in ("val", "test")}
+  trajs = {s: read_trajectories(tmp_path / f"trajectories_{s}.jsonl") for s in ("val", "test")}
   prm = load_prm(os.path.join(folder, "model"))
   with np.load(os.path.join(folder, "step_scores.npz")) as z:
     for split in ("val", "test"):
@@ -252,4 +256,5 @@ def test_pipeline_scores_the_prm_beside_the_probes_and_keeps_step_scores(lm, tmp
   # a rerun of the stage reuses the PRM: no training, the same parameters
   events.clear()
   again = pipeline.train_prm_stage(lm, TINY, prm_cfg, str(tmp_path), progress=lambda *e: events.append(e[0]))
-  assert not events and np.array_equal(np.asarray(again.head.w2), np.asarray(prm.head.w2))
+  assert not events and again.folder == folder and again.config == prm_cfg
+  assert np.array_equal(np.asarray(again.model.head.w2), np.asarray(prm.head.w2))

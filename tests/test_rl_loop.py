@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.jobs.rl import rl_config_from_dict
 from reprobe_jax.rl import loop
 from reprobe_jax.rl.rollout import (Group, PromptSet, Trajectory, collect, potentials, step_batch, token_steps)
 from reprobe_jax.spae.potential import Prober, ProbeConfig
@@ -176,7 +177,7 @@ def test_bad_rl_input_is_refused_before_work(synthetic_lm, tmp_path):
   with pytest.raises(ConfigError, match="mini_batches"):
     loop.RLConfig(prompts_per_step=3, group_size=2, mini_batches=4)
   with pytest.raises(ConfigError, match="advantage"):
-    loop.rl_config_from_dict({"advantage": "reinforce"})
+    rl_config_from_dict({"advantage": "reinforce"})
   # 4 prompts cannot fill 1 + 2 refill rounds of 2 prompts
   with pytest.raises(ConfigError, match="4 prompts.*need 6"):
     loop.train_rl(synthetic_lm, _tiny_rl(max_refill_rounds=2), ProbeConfig(), str(tmp_path / "x"),

@@ -9,29 +9,33 @@ import os
 import numpy as np
 import pytest
 
-from reprobe_jax.jobs import reprobe as pipeline
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.jobs import reprobe as pipeline
+from reprobe_jax.jobs import tts as job
+from reprobe_jax.jobs import tts_cells
+from reprobe_jax.jobs import tts_report as report
+from reprobe_jax.jobs.reprobe_config import ReprobeConfig
+from reprobe_jax.jobs.tts_config import TTSConfig, beam_shape, dvts_shape, tts_config_from_dict
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.trajectories import TrajectoryConfig
-from reprobe_jax.jobs import tts as job
-from reprobe_jax.jobs import tts_report as report
+from test_pipeline import STAGES, count_reads, count_stages
 
 
 def test_budget_shapes_multiply_to_the_budget():
-  assert [job.beam_shape(b) for b in (1, 2, 4, 8, 16, 32, 6)] == [(1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8),
+  assert [beam_shape(b) for b in (1, 2, 4, 8, 16, 32, 6)] == [(1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8),
                                                                   (1, 6)]
-  assert [job.dvts_shape(b) for b in (1, 2, 4, 8, 16, 6)] == [(1, 1), (1, 2), (1, 4), (2, 4), (4, 4), (1, 6)]
+  assert [dvts_shape(b) for b in (1, 2, 4, 8, 16, 6)] == [(1, 1), (1, 2), (1, 4), (2, 4), (4, 4), (1, 6)]
 
 
 def test_config_is_checked_whole():
   with pytest.raises(ConfigError, match="config.tts.budgets: expected increasing budgets"):
-    job.tts_config_from_dict({"budgets": (4, 2)})
+    tts_config_from_dict({"budgets": (4, 2)})
   with pytest.raises(ConfigError, match=r"config.tts.scorers: expected .*probe\[<feature set>\]"):
-    job.tts_config_from_dict({"scorers": ("prm-7b",)})
+    tts_config_from_dict({"scorers": ("prm-7b",)})
   with pytest.raises(ConfigError, match="config.tts.split"):
-    job.tts_config_from_dict({"split": "train"})
+    tts_config_from_dict({"split": "train"})
   with pytest.raises(ConfigError, match=r"config.tts: unknown field\(s\) \[.nope.\]"):
-    job.tts_config_from_dict({"nope": 1})
+    tts_config_from_dict({"nope": 1})
 
 
 def _summary(acc: dict, steps=10.0) -> dict:
@@ -83,11 +87,13 @@ def lm(synthetic_lm):
 
 @pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_a_tiny_grid_end_to_end_and_resumed(lm, tmp_path, monkeypatch):
-  cfg = pipeline.ReprobeConfig(train_problems=4, val_problems=2, test_problems=3, difficulties=(1,),
+  cfg = ReprobeConfig(train_problems=4, val_problems=2, test_problems=3, difficulties=(1,),
                                trajectories=TrajectoryConfig(samples=1, max_new_tokens=24, batch_size=8),
                                train=ProbeTrainConfig(batch_size=4, epochs=1))
-  tcfg = job.TTSConfig(problems=2, domains=("arithmetic",), scorers=("perplexity",), budgets=(1, 2, 4), max_steps=4)
+  tcfg = TTSConfig(problems=2, domains=("arithmetic",), scorers=("perplexity",), budgets=(1, 2, 4), max_steps=4)
+  calls = count_stages(monkeypatch, pipeline)
   metrics = job.evaluate(lm, cfg, tcfg, str(tmp_path))
+  assert not calls  # no probe and no PRM among the scorers: nothing of the ReProbe job runs
   per = metrics["results"]["arithmetic"]
   assert set(per) == {"greedy", "best_of_n[perplexity]", "beam[perplexity]", "dvts[perplexity]"}
   assert set(per["best_of_n[perplexity]"]) == {"1", "2", "4"} and set(per["beam[perplexity]"]) == {"2", "4"}
@@ -104,7 +110,7 @@ def test_a_tiny_grid_end_to_end_and_resumed(lm, tmp_path, monkeypatch):
   same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # NaN-aware equality
   assert same(stored["results"], metrics["results"])
   # a rerun reads every cell back and searches nothing
-  monkeypatch.setattr(job, "_run", lambda *a, **k: pytest.fail("a stored cell was searched again"))
+  monkeypatch.setattr(tts_cells, "run_search", lambda *a, **k: pytest.fail("a stored cell was searched again"))
   again = job.evaluate(lm, cfg, tcfg, str(tmp_path))
   assert same(again["results"], metrics["results"])
   assert np.isfinite(again["results"]["arithmetic"]["beam[perplexity]"]["4"]["sampled_steps"])
@@ -129,20 +135,27 @@ def test_cascade_rows_and_their_mean_over_seeds():
 
 
 @pytest.mark.slow
-def test_the_prm_its_fusion_and_the_cascade_in_a_tiny_grid(lm, tmp_path):
+def test_the_prm_its_fusion_and_the_cascade_in_a_tiny_grid(lm, tmp_path, monkeypatch):
   """The cascade's ends are the cells it mixes: at 0% PRM calls Best-of-N by the probe, at 100% by the PRM (its
-  score) or by the fusion; the same candidates (same seeds) in every Best-of-N cell."""
+  score) or by the fusion; the same candidates (same seeds) in every Best-of-N cell. The grid's scorers and fusion
+  come from one run of the ReProbe job, whose stages each run once."""
   from reprobe_jax.prm.train import PRMTrainConfig
-  cfg = pipeline.ReprobeConfig(train_problems=6, val_problems=4, test_problems=3, difficulties=(1,),
+  cfg = ReprobeConfig(train_problems=6, val_problems=4, test_problems=3, difficulties=(1,),
                                feature_sets=("hidden",), trajectories=TrajectoryConfig(samples=1, max_new_tokens=24,
                                                                                       batch_size=8),
                                train=ProbeTrainConfig(batch_size=4, epochs=1))
   prm = PRMTrainConfig(separator="<|pad|>", batch_size=4, epochs=1)
-  tcfg = job.TTSConfig(problems=2, domains=("arithmetic",), scorers=("probe[hidden]", "prm"),
+  tcfg = TTSConfig(problems=2, domains=("arithmetic",), scorers=("probe[hidden]", "prm"),
                        strategies=("best_of_n",), budgets=(1, 4), max_steps=4)
   with pytest.raises(ConfigError, match="config.prm.enabled is False"):
     job.evaluate(lm, cfg, tcfg, str(tmp_path))
+  calls, reads = count_stages(monkeypatch, pipeline), count_reads(monkeypatch)
+  grid_calls = count_stages(monkeypatch, job)
   metrics = job.evaluate(lm, cfg, tcfg, str(tmp_path), prm=prm)
+  # the probes and the PRM for the scorers, the report for the step scores the fusion is fitted on: each stage once
+  assert calls == {s: 1 for s in STAGES} and grid_calls == {s: 1 for s in job.GRAPH.stages}
+  assert reads == {f"{kind}_{split}.jsonl": 1 for kind in ("samples", "trajectories") for split in ("train", "val",
+                                                                                                      "test")}
   per = metrics["results"]["arithmetic"]
   assert set(per) == {"greedy", "best_of_n[probe[hidden]]", "best_of_n[prm]", "best_of_n[fusion[hidden]]"}
   c = metrics["cascade"]["arithmetic"]

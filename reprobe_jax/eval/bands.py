@@ -7,22 +7,21 @@ asks: is this build one more draw of the spread the seeds showed? (`mean +- 2 sd
 build of the same distribution falls outside it about one time in four, so a table of a hundred numbers always
 showed some.) Numbers are flattened to dotted keys
 (`methods.maxprob.arithmetic.pr_auc`, `groups.qa/line.step_error_rate`), so one file format serves the target
-report and the ReProbe metrics.
+report and the ReProbe metrics. Which config a band file belongs to, and a run's numbers beside it, are the jobs'
+(`reprobe_jax.jobs.bands`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.fields import plain
-from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.errors import DataFormatError
+from reprobe_jax.io.atomic import write_json
 from reprobe_jax.io.readers import read_json
-from reprobe_jax.jobs.runs import run_key, write_json
 
 
 # Student's t 0.975 quantiles by degrees of freedom (the standard table); beyond 30 the normal's 1.96 is within 4%.
@@ -161,33 +160,6 @@ def grid_markdown(rows: Sequence[str], cols: Sequence[str], key: Callable[[str, 
   return "\n".join(lines) + "\n"
 
 
-def check_seeds(seeds) -> tuple[int, ...]:
-  """`config.seeds` as a tuple: at least two distinct non-negative integers (ConfigError naming it otherwise)."""
-  ok = (isinstance(seeds, (tuple, list)) and len(seeds) >= 2 and len(set(seeds)) == len(seeds)
-        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds))
-  if not ok:
-    raise ConfigError(f"config.seeds: expected two or more distinct non-negative integers, got {seeds!r}")
-  return tuple(seeds)
-
-
-# What changes per run, or names band files, not what the bands depend on.
-_RUN_ONLY = ("job", "workdir", "seed", "seeds", "bands", "machine_bands")
-
-
-def band_key(config) -> str:
-  """Hash of a job config without its seed, workdir and the CLI's own fields: bands apply to exactly this config."""
-  d = plain(config)
-  for k in _RUN_ONLY:
-    d.pop(k, None)
-  extra = []
-  if isinstance(d.get("target"), Mapping):
-    from reprobe_jax.jobs.target import config_from_dict, without_unused_interrupts
-    d["target"] = without_unused_interrupts({k: v for k, v in d["target"].items() if k not in _RUN_ONLY})
-    if not d.get("target_path"):  # the built-in target's build key also hashes what the task code makes
-      extra.append(config_from_dict(dict(d["target"], seed=0), "config.target").key())
-  return run_key(d, *extra)
-
-
 TARGET_COLUMNS = ("step_error_rate", "aligned_error_rate", "confident_error_share", "final_accuracy", "mean_tokens",
                   "recheck_after_answer_share")
 
@@ -215,7 +187,7 @@ def _grid_specs(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[st
   return specs
 
 
-def _grids(result: Mapping[str, Any], bands: Mapping[str, Band], values: Mapping[str, float] | None) -> str:
+def grids(result: Mapping[str, Any], bands: Mapping[str, Band], values: Mapping[str, float] | None) -> str:
   """The target report grid and the ReProbe PR-AUC grid, each cell a band (or, given `values`, a value beside it)."""
   out = []
   for title, rows, cols, key, corner in _grid_specs(result):
@@ -245,38 +217,7 @@ def outside(result: Mapping[str, Any], bands: Mapping[str, Band]) -> tuple[list[
 def summary_markdown(band_file: BandFile, example: Mapping[str, Any]) -> str:
   """The README's tables: every number of the job as `mean +- sd` over the band file's seeds, with the machine."""
   return (f"Mean +- standard deviation over seeds {', '.join(map(str, band_file.seeds))} (config "
-          f"{band_file.config_key}), on {band_file.machine}.\n\n" + _grids(example, band_file.bands, None))
-
-
-def beside_bands(config, result: Mapping[str, Any], *, machine: str) -> str:
-  """A single run's numbers beside the README's bands (`config.bands`), or a line saying why they are not
-  compared: no band file, or bands made with another config. Where `config.machine_bands` holds a band file made on
-  this run's machine kind (the same `machine` line) for this config, a line after it says how many numbers fall
-  outside those bands: the build repeats on one CPU kind, so there it should be none."""
-  path = config.get("bands") if hasattr(config, "get") else None
-  if not path:
-    return ""
-  if not isinstance(path, str) or not os.path.exists(path):
-    return f"(No band file at {path!r}: `--config.job=seeds` makes one.)"
-  band_file = BandFile.load(path)
-  key = band_key(config)
-  if band_file.config_key != key:
-    return (f"(The bands in {path} were made with another config ({band_file.config_key}, this one "
-            f"{key}); not compared.)")
-  out = (f"\nThis run ({machine}) beside the README's bands (mean +- sd over seeds "
-         f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside the 95% prediction interval "
-         f"of one more seed and the seeds' range):\n\n" + _grids(result, band_file.bands, flatten(result)))
-  for other in config.get("machine_bands", ()) or ():
-    if not os.path.exists(other):
-      continue
-    own = BandFile.load(other)
-    if own.machine != machine or own.config_key != key:
-      continue
-    flagged, n = outside(result, own.bands)
-    out += (f"\nBeside the bands made on this machine kind ({other}, seeds {', '.join(map(str, own.seeds))} on "
-            f"{own.machine}): {len(flagged)} of {n} numbers outside" + (": " + ", ".join(flagged) if flagged else "")
-            + ".\n")
-  return out
+          f"{band_file.config_key}), on {band_file.machine}.\n\n" + grids(example, band_file.bands, None))
 
 
 def welch_t(a: Band, b: Band) -> float:
@@ -308,32 +249,3 @@ def differing(a: BandFile, b: BandFile, limit: float | None = None) -> list[tupl
 def is_timing(key: str) -> bool:
   """Whether a flattened band key is a stage time (a `timings_s` entry) rather than a result."""
   return "timings_s" in key.split(".")
-
-
-def main(argv=None) -> None:
-  """`python -m reprobe_jax.eval.bands A.json B.json`: which numbers of two band files differ beyond their seed spread."""
-  import argparse
-  p = argparse.ArgumentParser(prog="python -m reprobe_jax.eval.bands", description=main.__doc__)
-  p.add_argument("a"); p.add_argument("b")
-  p.add_argument("--limit", type=float, default=None, help="Welch |t| above which a number differs "
-                 "(default t(0.975, seeds - 1))")
-  args = p.parse_args(argv)
-  a, b = BandFile.load(args.a), BandFile.load(args.b)
-  diff = differing(a, b, args.limit)
-  shared = shared_keys(a, b)
-  print(f"A = {a.machine} (seeds {list(a.seeds)}), B = {b.machine} (seeds {list(b.seeds)})")
-  # Stage times say how fast the machine is, not what it computed: counted and listed apart from the results.
-  for label, part in (("results", False), ("stage times", True)):
-    rows = [(k, t) for k, t in diff if is_timing(k) == part]
-    n = sum(1 for k in shared if is_timing(k) == part)
-    if not n:
-      continue
-    print(f"\n{len(rows)} of {n} {label} differ")
-    if rows:
-      print("| number | A | B | Welch t |\n|---|---|---|---|")
-    for k, t in rows:
-      print(f"| {k} | {a.bands[k]} | {b.bands[k]} | {t:.2f} |")
-
-
-if __name__ == "__main__":
-  main()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -27,6 +29,12 @@ def atomic_open(path, mode: str = "w", **kwargs):
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)
     raise
+
+
+def write_json(path, obj: Any, indent: int | None = 1) -> None:
+  """Writes `obj` as JSON, atomically (`atomic_open`)."""
+  with atomic_open(path) as f:
+    json.dump(obj, f, indent=indent)
 
 
 @contextlib.contextmanager

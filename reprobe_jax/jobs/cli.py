@@ -21,6 +21,10 @@ from absl import flags, logging
 from tqdm.auto import tqdm
 
 from reprobe_jax.errors import ConfigError, ReprobeError
+from reprobe_jax.jobs import target
+from reprobe_jax.jobs.reprobe_config import ReprobeConfig, check_model, check_target, config_from_dict, run_folder
+from reprobe_jax.models import LanguageModel, load_pretrained, make_mesh
+from reprobe_jax.models.sharding import DistributedConfig, maybe_initialize_distributed
 
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "Multi-process jobs: host:port of process 0 (default: $JAX_COORDINATOR_ADDRESS; on "
@@ -108,9 +112,8 @@ def workdir_of(config, where: str = "config") -> str:
   return workdir
 
 
-def distributed_config():
+def distributed_config() -> DistributedConfig:
   """The DistributedConfig of this process's flags (all unset when the flags were not parsed: a library caller)."""
-  from reprobe_jax.models.sharding import DistributedConfig
   if not flags.FLAGS.is_parsed():
     return DistributedConfig(where="--")
   ids = _LOCAL_DEVICE_IDS.value
@@ -125,7 +128,6 @@ def target_placement() -> dict:
     return {}
   out = {"dtype": _TARGET_DTYPE.value}
   if _MESH.value:
-    from reprobe_jax.models import make_mesh
     try:
       sizes = [int(v) for v in _MESH.value]
       if len(sizes) != 3 or any(v == 0 or v < -1 for v in sizes):
@@ -136,56 +138,52 @@ def target_placement() -> dict:
   return out
 
 
-def build_target(config):
+def build_target(config) -> LanguageModel:
   """The target LM of a job: `config.target_path` if set, else the built-in synthetic one (built or reused); placed
   by `--target_dtype` and `--mesh`."""
-  from reprobe_jax.models import load_pretrained
   if config.get("target_path"):
     return load_pretrained(config.target_path, **target_placement())
-  from reprobe_jax.jobs.target import build, config_from_dict, load_report, report_markdown
   with ProgressBars() as bars:
-    out = build(config_from_dict(config.target, "config.target"), config.target.workdir, progress=bars.update)
+    out = target.build(target.config_from_dict(config.target, "config.target"), config.target.workdir,
+                       progress=bars.update)
   print(f"\nTarget model {out}/model, its own samples on held-out problems (T=1.0):\n")
-  print(report_markdown(load_report(out)))
+  print(target.report_markdown(target.load_report(out)))
   return load_pretrained(f"{out}/model", **target_placement())
 
 
 def target_report(config) -> dict | None:
-  """The built-in target's report (`synthetic.build`, reused from its cache), or None for a `target_path` job."""
+  """The built-in target's report (`jobs.target.build`, reused from its cache), or None for a `target_path` job."""
   if config.get("target_path"):
     return None
-  from reprobe_jax.jobs.target import build, config_from_dict, load_report
-  return load_report(build(config_from_dict(config.target, "config.target"), config.target.workdir))
+  return target.load_report(target.build(target.config_from_dict(config.target, "config.target"),
+                                         config.target.workdir))
 
 
-def run_dir(config, lm) -> str:
+def run_dir(config, lm: LanguageModel) -> str:
   """`<config.workdir>/<hash>`: one folder per (job config, target model, problems and prompts), so a rebuilt
   target, a changed config or a changed task generator starts afresh while a rerun of the same one resumes and
-  reuses its cached stages (`pipeline.run_folder`)."""
-  from reprobe_jax.jobs import reprobe as pipeline
-  return pipeline.run_folder(config.workdir, lm, pipeline.config_from_dict(config))
+  reuses its cached stages (`reprobe_config.run_folder`)."""
+  return run_folder(config.workdir, lm, config_from_dict(config))
 
 
-def reprobe_setup(config):
+def reprobe_setup(config) -> tuple[LanguageModel, ReprobeConfig, str]:
   """(target model, ReprobeConfig, run folder) of a reprobe job: the common start of its train and eval runs. The
   whole config is checked before the target is built or loaded, and against the target's shape (its layers,
   context, vocabulary) before anything is sampled: for the built-in target from its config, before the build."""
-  from reprobe_jax.jobs import reprobe as pipeline
-  cfg = pipeline.config_from_dict(config)
+  cfg = config_from_dict(config)
   workdir = workdir_of(config)
   target_path = config.get("target_path")
   if not isinstance(target_path, str):
     raise ConfigError(f"config.target_path: expected a path or hub id (empty = the built-in target), got "
                       f"{target_path!r}")
   if not target_path:
-    from reprobe_jax.jobs.target import config_from_dict
-    target = config_from_dict(config.target, "config.target")
+    built = target.config_from_dict(config.target, "config.target")
     workdir_of(config.target, "config.target")
-    pipeline.check_model(cfg, num_layers=target.model.num_layers, context=target.model.max_position_embeddings,
-                         vocab_size=target.vocab_size)
+    check_model(cfg, num_layers=built.model.num_layers, context=built.model.max_position_embeddings,
+                vocab_size=built.vocab_size)
   lm = build_target(config)
-  pipeline.check_target(cfg, lm)
-  return lm, cfg, pipeline.run_folder(workdir, lm, cfg)
+  check_target(cfg, lm)
+  return lm, cfg, run_folder(workdir, lm, cfg)
 
 
 def run_job(config, jobs: dict[str, Callable]) -> None:
@@ -197,7 +195,6 @@ def run_job(config, jobs: dict[str, Callable]) -> None:
   if job not in jobs:
     fail(f"config.job={job!r} is not one of {sorted(jobs)}", 2)
   try:
-    from reprobe_jax.models.sharding import maybe_initialize_distributed
     maybe_initialize_distributed(distributed_config())
     jobs[job](config)
   except ReprobeError as e:

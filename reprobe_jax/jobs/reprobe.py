@@ -1,11 +1,11 @@
-"""The ReProbe job (METHOD Part A): problems -> trajectories -> step labels (rule, self-judge, API judge or imported)
--> features -> probe -> PR-AUC against uncertainty baselines, trained in domain (arithmetic) and tested in and out
-of domain (planning, QA), as the paper does.
+"""The ReProbe job (docs/method.md Part A): problems -> trajectories -> step labels (rule, self-judge, API judge or
+imported) -> features -> probes -> PR-AUC against uncertainty baselines (and the PRM, when asked), trained in domain
+(arithmetic) and tested in and out of domain (planning, QA), as the paper does.
 
-Composed from the shared layers: `runs` (run folder, stages, timings, progress), `annotate`, `features`, `probe`
-(the probe, its training and the linear baseline) and `report` (metrics.json, table.md, pr_curves.png). Every stage
-writes its artifact under the run folder and is skipped when that artifact exists, so a rerun reuses work and an
-interrupted run resumes (feature extraction and probe training resume mid-way). Artifacts:
+The job is a graph of stages (`graph.Graph`), read top to bottom below: each is a function of the job's inputs
+(`ReprobeJob`) and of the typed results of the stages it names, and a run (`start`) computes each at most once.
+Every stage writes its artifact under the run folder and is skipped when that artifact exists, so a rerun reuses
+work and an interrupted run resumes (feature extraction and probe training resume mid-way). Artifacts:
   samples_<split>.jsonl        the sampled trajectories (reprobe_jax.trajectories schema), before labels
   trajectories_<split>.jsonl   the same, labelled by `config.annotator`
   features/<set>/              feature shards and manifest;  probe/<set>/  checkpoints, history, TensorBoard
@@ -17,254 +17,74 @@ interrupted run resumes (feature extraction and probe training resume mid-way). 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import functools
 import json
+import math
 import os
+from typing import Sequence
 
-import numpy as np
-
-from reprobe_jax.eval import baselines
-from reprobe_jax.jobs import runs
-from reprobe_jax.annotate import JudgePrompts, JudgeSettings, annotate, annotator_key, check_annotator
-from reprobe_jax.io.atomic import atomic_open
-from reprobe_jax.fields import Int, OneOf, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.annotate import annotate
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.features import FeatureMismatchError, FeatureSpec, extract, model_fingerprint
 from reprobe_jax.eval.machine import describe
-from reprobe_jax.models import CaptureSpec, LanguageModel
+from reprobe_jax.eval.report import plot_pr_curves, scorer_metrics, table_markdown
+from reprobe_jax.features import FeatureMismatchError, FeatureStore, extract, model_fingerprint
+from reprobe_jax.io.atomic import atomic_open, write_json
+from reprobe_jax.io.readers import read_json
+from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
+from reprobe_jax.jobs.reprobe_config import (ReprobeConfig, Splits, check_target, feature_specs, prm_folder,
+                                             split_problems)
+from reprobe_jax.jobs.reprobe_records import (PRM_ID, PRMComparison, ScorerId, TestScores, TrainedPRM,
+                                              TrainedProbe)
+from reprobe_jax.jobs.reprobe_scores import (baseline_scores, probe_scores, prm_step_scores, test_steps, val_scores,
+                                             write_step_scores)
+from reprobe_jax.jobs.runs import Progress, Run, no_progress
+from reprobe_jax.models import LanguageModel
 from reprobe_jax.prm import report as prm_report
 from reprobe_jax.prm.combine import plot_cascade
-from reprobe_jax.prm.model import PRM
 from reprobe_jax.prm.train import MODEL as PRM_MODEL
-from reprobe_jax.prm.train import PRMTrainConfig, check_separator_for, history as prm_history, prm_scores, train_prm
+from reprobe_jax.prm.train import PRMTrainConfig, check_separator_for, train_prm
+from reprobe_jax.prm.train import history as prm_history
 from reprobe_jax.probe import ProbeConfig
-from reprobe_jax.probe import linear
 from reprobe_jax.probe.bundle import ProbeBundle
 from reprobe_jax.probe.data import examples
-from reprobe_jax.probe.train import ProbeTrainConfig, predict_examples, train_probe
-from reprobe_jax.eval.report import plot_pr_curves, scorer_metrics, table_markdown
-from reprobe_jax.jobs.runs import Progress, Run, no_progress
-from reprobe_jax.io.readers import read_json
-from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, make_problems
-from reprobe_jax.tasks import formats
-from reprobe_jax.tasks.formats import MODES
+from reprobe_jax.probe.train import train_probe
+from reprobe_jax.tasks import Problem
 from reprobe_jax.tasks.io import write_jsonl
-from reprobe_jax.trajectories import Trajectory, TrajectoryConfig, prompt_text, read_trajectories, \
-    sample_trajectories
+from reprobe_jax.trajectories import Trajectory, read_trajectories, sample_trajectories
 
 
 @dataclasses.dataclass(frozen=True)
-class ProbeShape:
-  """The probe's shape (`ProbeConfig` without the feature width, which the feature store decides)."""
+class ReprobeJob:
+  """What every stage reads: the target, the config, the run folder, the PRM's training config (None: no PRM
+  baseline) and the progress callback."""
 
-  d_model: int = 128
-  n_layers: int = 1
-  n_heads: int = 4
-  ff_dim: int = 512
-  dropout: float = 0.1
+  lm: LanguageModel
+  cfg: ReprobeConfig
+  run: Run
+  prm: PRMTrainConfig | None = None
+  tick: Progress = no_progress
 
-  def __post_init__(self):
-    ProbeConfig(feature_dim=1, **dataclasses.asdict(self))  # ProbeConfig's checks, named at this config's path
-
-
-FEATURE_PARTS = ("hidden", "attn", "logit")
-
-
-@dataclasses.dataclass(frozen=True)
-class FeatureSetName:
-  """A feature set's name: distinct FEATURE_PARTS joined by '+', e.g. 'hidden' or 'attn+logit' (METHOD A3)."""
-
-  def ok(self, v) -> bool:
-    parts = v.split("+") if isinstance(v, str) else []
-    return bool(parts) and all(p in FEATURE_PARTS for p in parts) and len(set(parts)) == len(parts)
-
-  def __str__(self) -> str:
-    return f"distinct parts of {', '.join(FEATURE_PARTS)} joined by '+'"
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """The target's fingerprint (`features.model_fingerprint`): what its features and probes were made from."""
+    return model_fingerprint(self.lm)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReprobeConfig:
-  """A ReProbe run. `annotator` picks the step labels: 'rule' (exact checkers), 'self' (the target as its own
-  two-stage judge, `judge.self_judge`), 'judge' (an OpenAI-compatible server, `judge.api`), 'import' (the JSONL
-  file at `labels_path`); it is checked when the config is made (ConfigError naming the field)."""
-
-  seed: int = 0
-  mode: str = "line"
-  train_domains: tuple[str, ...] = ("arithmetic",)
-  ood_domains: tuple[str, ...] = ("planning", "qa")
-  train_problems: int = 360  # per training domain
-  val_problems: int = 90
-  test_problems: int = 120  # per test domain
-  difficulties: tuple[int, ...] = (1, 2, 3)
-  # The held-out domains' test problems at difficulties of their own (empty: `difficulties`), so a family the
-  # target finds harder can be tested where it gets 30-70% of its steps right (issue 13; docs/method.md).
-  ood_difficulties: tuple[int, ...] = ()
-  trajectories: TrajectoryConfig = TrajectoryConfig()
-  feature_sets: tuple[str, ...] = ("hidden", "hidden+logit", "attn+logit")
-  hidden_layers: tuple[int, ...] = (-1,)
-  probe: ProbeShape = ProbeShape()
-  train: ProbeTrainConfig = ProbeTrainConfig()
-  annotator: str = "rule"
-  judge: JudgeSettings = JudgeSettings()
-  labels_path: str = ""
-
-  def __post_init__(self):
-    check_fields(self, {"seed": Int(0), "mode": OneOf(MODES), "train_domains": Seq(OneOf(DOMAINS)),
-                        "ood_domains": Seq(OneOf(DOMAINS), nonempty=False), "train_problems": Int(1),
-                        "val_problems": Int(1), "test_problems": Int(1), "difficulties": Seq(OneOf(DIFFICULTIES)),
-                        "ood_difficulties": Seq(OneOf(DIFFICULTIES), nonempty=False),
-                        "feature_sets": Seq(FeatureSetName()), "hidden_layers": Seq(Int(), distinct=False)})
-    both = sorted(set(self.train_domains) & set(self.ood_domains))
-    if both:
-      raise ConfigError(f"{field_name(self, 'ood_domains')}: {both} also in train_domains; a domain is either "
-                        "trained on (in domain) or held out")
-    for name in ("trajectories", "probe", "train", "judge"):
-      cls = type(getattr(ReprobeConfig, name))
-      if not isinstance(getattr(self, name), cls):
-        raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
-    check_annotator(self.annotator, self.judge, self.labels_path)
+LABELLED = Splits(*(f"trajectories_{split}.jsonl" for split in Splits._fields))  # the labelled trajectories' files
 
 
-def check_model(cfg: ReprobeConfig, *, num_layers: int, context: int, vocab_size: int) -> None:
-  """ConfigError naming the field when `cfg` asks what a target of this size cannot do (hidden layers it lacks,
-  more new tokens than its context, top_k above its vocabulary): checked once the target's shape is known and
-  before anything is sampled, so a run that cannot finish fails in a second."""
-  try:
-    CaptureSpec(hidden_layers=cfg.hidden_layers).resolve_layers(num_layers)
-  except ConfigError as e:
-    raise ConfigError(f"config.hidden_layers={cfg.hidden_layers}: the target has {num_layers} layers "
-                      f"({e})") from None
-  t = cfg.trajectories
-  if t.max_new_tokens >= context:
-    raise ConfigError(f"config.trajectories.max_new_tokens={t.max_new_tokens} leaves no room for a prompt in the "
-                      f"target's context of {context} tokens")
-  if t.top_k > vocab_size:
-    raise ConfigError(f"config.trajectories.top_k={t.top_k} is above the target's vocabulary of {vocab_size}")
-  if cfg.annotator == "self" and cfg.judge.self_judge.max_new_tokens >= context:
-    raise ConfigError(f"config.judge.self_judge.max_new_tokens={cfg.judge.self_judge.max_new_tokens} leaves no "
-                      f"room for a prompt in the target's context of {context} tokens")
+def problems(job: ReprobeJob) -> Splits[Problem]:
+  """The problems of every split (`split_problems`)."""
+  return split_problems(job.cfg)
 
 
-def check_target(cfg: ReprobeConfig, lm: LanguageModel) -> None:
-  """`check_model` for a loaded target."""
-  check_model(cfg, num_layers=lm.config.num_layers, context=lm.config.max_position_embeddings,
-              vocab_size=lm.config.vocab_size)
-
-
-def config_from_dict(c) -> ReprobeConfig:
-  """The CLI's ConfigDict -> ReprobeConfig, checked whole (every field's type and range, named on error)."""
-  d = plain(c)
-  for k in ("job", "workdir", "target", "target_path", "seeds", "bands", "machine_bands", "tts", "prm"):  # the CLI's
-    d.pop(k, None)
-  return replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
-
-
-def prm_config_from_dict(c) -> PRMTrainConfig | None:
-  """The CLI's `config.prm` section -> its PRMTrainConfig when `config.prm.enabled`, else None; checked whole
-  either way (ConfigError naming `config.prm.<field>`). A section of its own, outside ReprobeConfig, so the run
-  folder's key does not change with it."""
-  d = plain(c if c is not None else {})
-  enabled = d.pop("enabled", False)
-  if not isinstance(enabled, bool):
-    raise ConfigError(f"config.prm.enabled: expected a bool, got {enabled!r}")
-  cfg = replace_fields(PRMTrainConfig(), d, root="config.prm")
-  return cfg if enabled else None
-
-
-def prm_folder(run_dir: str, prm_cfg: PRMTrainConfig) -> str:
-  """`<run>/prm/<key>`, the key a hash of the PRMTrainConfig: where the PRM trained for that config lives
-  (`<folder>/model` loads with `load_prm`), beside its history.json and step_scores.npz."""
-  return os.path.join(run_dir, "prm", runs.run_key(dataclasses.asdict(prm_cfg)))
-
-
-SPLIT_SEEDS = {"train": 2_000_003, "val": 2_000_004, "test": 2_000_005}  # disjoint from the target LM's data
-
-
-def split_problems(cfg: ReprobeConfig) -> dict[str, list]:
-  """train / val in the training domains, test in every domain; difficulties mixed evenly (the held-out domains'
-  test problems at `ood_difficulties` when it is set)."""
-  def take(domain, n, seed, difficulties=cfg.difficulties):
-    per = -(-n // len(difficulties))
-    out = []
-    for d in difficulties:
-      out += make_problems(domain, per, seed + cfg.seed, d)
-    return out[:n]
-  held_out = cfg.ood_difficulties or cfg.difficulties
-  return {
-      "train": [p for d in cfg.train_domains for p in take(d, cfg.train_problems, SPLIT_SEEDS["train"])],
-      "val": [p for d in cfg.train_domains for p in take(d, cfg.val_problems, SPLIT_SEEDS["val"])],
-      "test": [p for d in cfg.train_domains for p in take(d, cfg.test_problems, SPLIT_SEEDS["test"])]
-              + [p for d in cfg.ood_domains for p in take(d, cfg.test_problems, SPLIT_SEEDS["test"], held_out)],
-  }
-
-
-def data_fingerprint(lm: LanguageModel, cfg: ReprobeConfig) -> str:
-  """Hash of the problems of every split and the prompts the target gets for them, so that a changed task
-  generator, question layout, few-shot example or chat template gives a new run folder instead of reusing
-  trajectories sampled from other prompts."""
-  h = hashlib.sha256()
-  for split, problems in split_problems(cfg).items():
-    for p in problems:
-      prompt = prompt_text(lm, p, cfg.mode, cfg.trajectories.few_shot, cfg.trajectories.first_step,
-                           cfg.trajectories.goal_mark)
-      h.update(json.dumps([split, p.to_json(), prompt]).encode())
-  return h.hexdigest()
-
-
-def run_folder(root: str, lm: LanguageModel, cfg: ReprobeConfig) -> str:
-  """`<root>/<key>`, the key a hash of the config, the target model and the problems and prompts. The annotator
-  settings enter only when they decide the labels (`annotate.annotator_key`): a 'rule' run keeps the folder it had
-  before the annotator option existed."""
-  config = dataclasses.asdict(cfg)
-  for name in ("annotator", "judge", "labels_path"):
-    del config[name]
-  if tuple(cfg.ood_difficulties) in ((), tuple(cfg.difficulties)):  # the same problems: the folder it had before
-    del config["ood_difficulties"]
-  for option in ("first_step", "goal_mark"):  # off: the same prompts, the folder it had before the option existed
-    if not getattr(cfg.trajectories, option):
-      del config["trajectories"][option]
-  annotation = annotator_key(cfg.annotator, cfg.judge, cfg.labels_path)
-  if annotation is not None:
-    config["annotation"] = annotation
-  return os.path.join(root, runs.run_key(config, model_fingerprint(lm), data_fingerprint(lm, cfg)))
-
-
-def trajectories(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *,
-                 progress: Progress | None = None) -> dict[str, list[Trajectory]]:
-  """{split: labelled trajectories}: samples every split, then labels all of them in one annotator call (a judge
-  batches its prompts; an imported file must cover every trajectory)."""
-  tick = progress or no_progress
-  run = Run(workdir)
-  splits = split_problems(cfg)
-  labelled = {split: f"trajectories_{split}.jsonl" for split in splits}
-  check_target(cfg, lm)  # found now, not after sampling
-  if not run.exists(*labelled.values()):
-    samples = {split: _samples(lm, cfg, run, split, problems, tick) for split, problems in splits.items()}
-
-    def label():
-      every = [t for split in splits for t in samples[split]]
-      tick(f"annotate ({cfg.annotator})", 0, len(every))
-      out = annotate(every, {p.id: p for ps in splits.values() for p in ps}, cfg.annotator, cfg.judge,
-                     cfg.labels_path, lm)
-      start = 0
-      for split in splits:
-        write_jsonl(run.path(labelled[split]), out[start:start + len(samples[split])])
-        start += len(samples[split])
-      tick(f"annotate ({cfg.annotator})", len(every), len(every))
-
-    run.stage("annotate", list(labelled.values()), label)
-  return {split: read_trajectories(run.path(name)) for split, name in labelled.items()}
-
-
-def _samples(lm, cfg: ReprobeConfig, run: Run, split: str, problems, tick: Progress) -> list[Trajectory]:
-  name = f"samples_{split}.jsonl"
-  done = 0
-
-  def on_batch(n):
-    nonlocal done
-    done += n
-    tick(f"sample {split}", done, len(problems))
-
+def samples(job: ReprobeJob, problems: Splits[Problem]) -> Splits[Trajectory] | None:
+  """Every split's sampled trajectories, unlabelled (`samples_<split>.jsonl`); the features of every feature set
+  are captured while sampling and go straight into their stores (no second forward). None when the labelled
+  trajectories exist already: there is nothing left to label."""
+  cfg, run, lm = job.cfg, job.run, job.lm
+  if run.exists(*LABELLED):
+    return None
   specs = feature_specs(cfg)
 
   def store(batch, feats):  # features captured while sampling go straight into the stores: no second forward
@@ -272,208 +92,239 @@ def _samples(lm, cfg: ReprobeConfig, run: Run, split: str, problems, tick: Progr
       extract(lm, batch, spec, run.path("features", spec.name), shard_size=max(len(batch), 1),
               captured=feats[spec.name])
 
-  run.stage(f"sample_{split}", [name], lambda: write_jsonl(
-      run.path(name), sample_trajectories(lm, problems, cfg.mode, cfg.trajectories, on_batch=on_batch,
-                                          feature_specs=specs, on_features=store)))
-  return read_trajectories(run.path(name))
+  def one(split: str, ps: list[Problem]) -> list[Trajectory]:
+    name, done = f"samples_{split}.jsonl", 0
+
+    def on_batch(n):
+      nonlocal done
+      done += n
+      job.tick(f"sample {split}", done, len(ps))
+
+    run.stage(f"sample_{split}", [name], lambda: write_jsonl(
+        run.path(name), sample_trajectories(lm, ps, cfg.mode, cfg.trajectories, on_batch=on_batch,
+                                            feature_specs=specs, on_features=store)))
+    return read_trajectories(run.path(name))
+
+  return Splits(*(one(split, ps) for split, ps in problems.items()))
 
 
-def feature_specs(cfg: ReprobeConfig) -> list[FeatureSpec]:
-  """The FeatureSpec of every feature set the config names."""
-  return [FeatureSpec.from_name(name, hidden_layers=cfg.hidden_layers) for name in cfg.feature_sets]
+def trajectories(job: ReprobeJob, problems: Splits[Problem], samples: Splits[Trajectory] | None
+                 ) -> Splits[Trajectory]:
+  """Every split's labelled trajectories (`trajectories_<split>.jsonl`): the samples of all splits labelled in one
+  annotator call (a judge batches its prompts; an imported file must cover every trajectory)."""
+  cfg, run = job.cfg, job.run
+  if samples is not None:
+    def label():
+      every = [t for split in samples for t in split]
+      job.tick(f"annotate ({cfg.annotator})", 0, len(every))
+      out = annotate(every, {p.id: p for ps in problems for p in ps}, cfg.annotator, cfg.judge, cfg.labels_path,
+                     job.lm)
+      start = 0
+      for name, split in zip(LABELLED, samples):
+        write_jsonl(run.path(name), out[start:start + len(split)])
+        start += len(split)
+      job.tick(f"annotate ({cfg.annotator})", len(every), len(every))
+
+    run.stage("annotate", list(LABELLED), label)
+  return Splits(*(read_trajectories(run.path(name)) for name in LABELLED))
 
 
-def prepare(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Progress | None = None):
-  """Labelled trajectories and feature stores for every feature set. Returns (trajectories, stores)."""
-  tick = progress or no_progress
-  run = Run(workdir)
-  trajs = trajectories(lm, cfg, workdir, progress=tick)
-  every = [t for recs in trajs.values() for t in recs]
+def features(job: ReprobeJob, trajectories: Splits[Trajectory]) -> dict[str, FeatureStore]:
+  """{feature set: its store} over every trajectory of every split (those captured while sampling are there
+  already; the rest, e.g. imported trajectories, are run through the target)."""
+  run = job.run
+  every = [t for split in trajectories for t in split]
   stores = {}
-  for spec in feature_specs(cfg):
+  for spec in feature_specs(job.cfg):
     name = spec.name
     with run.timed(f"features_{name}", record=not run.exists(f"features/{name}/manifest.json")):
-      stores[name] = extract(lm, every, spec, run.path("features", name),
-                             on_shard=lambda k, n, name=name: tick(f"features {name}", k, n))
-  return trajs, stores
+      stores[name] = extract(job.lm, every, spec, run.path("features", name),
+                             on_shard=lambda k, n, name=name: job.tick(f"features {name}", k, n))
+    if stores[name].manifest["model_fingerprint"] != job.fingerprint:
+      raise ConfigError(f"features {name} were made by another model")
+  return stores
 
 
-def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Progress | None = None):
-  """Trains one probe per feature set on the training split; returns {set: (graphdef, params, rest, history)}."""
-  tick = progress or no_progress
-  run = Run(workdir)
-  trajs, stores = prepare(lm, cfg, workdir, progress=progress)
+def probes(job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str, FeatureStore]
+           ) -> dict[str, TrainedProbe]:
+  """One probe per feature set, trained on the train split and early-stopped on val (docs/method.md §A5)."""
+  cfg, run = job.cfg, job.run
+  specs = {s.name: s for s in feature_specs(cfg)}
   out = {}
-  for name, store in stores.items():
-    train_ex, val_ex = examples(trajs["train"], store), examples(trajs["val"], store)
+  for name, store in features.items():
+    train_ex, val_ex = examples(trajectories.train, store), examples(trajectories.val, store)
     pcfg = ProbeConfig(feature_dim=store.dim, **dataclasses.asdict(cfg.probe))
     pdir = run.path("probe", name)
-    os.makedirs(pdir, exist_ok=True)
-    spec = json.loads(json.dumps({"probe": dataclasses.asdict(pcfg), "features": store.manifest["spec"],
-                                  "model_fingerprint": store.manifest["model_fingerprint"]}))
-    spec_path = os.path.join(pdir, "probe_spec.json")
-    if os.path.exists(spec_path):  # a checkpoint there was trained on other features or with another shape
-      old = read_json(spec_path, "probe spec")
-      for key in spec:
-        if old.get(key) != spec[key]:
-          raise FeatureMismatchError(f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
-                                     f"data has {spec[key]!r}; use another workdir")
-    runs.write_json(spec_path, spec)
+    _check_probe_spec(pdir, {"probe": dataclasses.asdict(pcfg), "features": store.manifest["spec"],
+                             "model_fingerprint": store.manifest["model_fingerprint"]})
     with run.timed(f"probe_{name}", record=not os.path.exists(os.path.join(pdir, "history.json"))):
-      out[name] = train_probe(pcfg, train_ex, val_ex, cfg.train, pdir,
-                              on_epoch=lambda e, entry, name=name: tick(
-                                  f"probe {name} (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, cfg.train.epochs))
+      graphdef, params, rest, history = train_probe(
+          pcfg, train_ex, val_ex, cfg.train, pdir, on_epoch=lambda e, entry, name=name: job.tick(
+              f"probe {name} (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, cfg.train.epochs))
+    out[name] = TrainedProbe(name, pcfg, graphdef, params, rest, history,
+                             ProbeBundle.create(pcfg, params, specs[name], job.fingerprint))
   return out
 
 
-def probe_bundles(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, names: tuple[str, ...] | None = None, *,
-                  progress: Progress | None = None) -> dict[str, ProbeBundle]:
-  """The run's trained probes (trained first where missing) as ProbeBundles: {feature set: bundle}, each with its
-  feature spec and the target's fingerprint, ready for `get_scorer("probe", bundle=...)` or `save_probe`."""
-  names = tuple(cfg.feature_sets) if names is None else tuple(names)
-  unknown = sorted(set(names) - set(cfg.feature_sets))
-  if unknown:
-    raise ConfigError(f"probe_bundles: {unknown} are not among config.feature_sets {cfg.feature_sets}")
-  probes = train_probes(lm, cfg, workdir, progress=progress)
-  specs = {s.name: s for s in feature_specs(cfg)}
-  fingerprint = model_fingerprint(lm)
-  out = {}
-  for name in names:
-    spec_file = read_json(os.path.join(workdir, "probe", name, "probe_spec.json"), "probe spec")
-    out[name] = ProbeBundle.create(ProbeConfig(**spec_file["probe"]), probes[name][1], specs[name], fingerprint)
-  return out
+def _check_probe_spec(pdir: str, spec: dict) -> None:
+  """Writes `<pdir>/probe_spec.json`; FeatureMismatchError when a checkpoint there was trained on other features
+  or with another probe shape."""
+  os.makedirs(pdir, exist_ok=True)
+  spec = json.loads(json.dumps(spec))
+  spec_path = os.path.join(pdir, "probe_spec.json")
+  if os.path.exists(spec_path):
+    old = read_json(spec_path, "probe spec")
+    for key in spec:
+      if old.get(key) != spec[key]:
+        raise FeatureMismatchError(f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
+                                   f"data has {spec[key]!r}; use another workdir")
+  write_json(spec_path, spec)
 
 
-def train_prm_stage(lm: LanguageModel, cfg: ReprobeConfig, prm_cfg: PRMTrainConfig, workdir: str, *,
-                    progress: Progress | None = None) -> PRM:
-  """The PRM baseline (METHOD A7) trained on the train split, early-stopped on the val split, in
-  `prm_folder(workdir, prm_cfg)`: a cached stage ('prm'), reused when finished, resumed when interrupted."""
-  tick = progress or no_progress
-  check_separator_for(lm, prm_cfg, "config.prm.separator")  # before anything is sampled or trained
-  run = Run(workdir)
-  trajs = trajectories(lm, cfg, workdir, progress=tick)
-  folder = prm_folder(workdir, prm_cfg)
-  made: dict[str, PRM] = {}
+def prm(job: ReprobeJob, trajectories: Splits[Trajectory]) -> TrainedPRM | None:
+  """The PRM baseline (docs/method.md §A7) trained on the train split, early-stopped on val, in
+  `prm_folder(run, config)`: reused when finished, resumed when interrupted. None when the job has no PRM."""
+  if job.prm is None:
+    return None
+  run, prm_cfg = job.run, job.prm
+  folder = prm_folder(run.directory, prm_cfg)
+  made: dict[str, TrainedPRM] = {}
 
-  def train(on_epoch=None) -> PRM:
-    return train_prm(lm, prm_cfg, trajs["train"], trajs["val"], folder, on_epoch=on_epoch)
+  def train(on_epoch=None) -> TrainedPRM:
+    return TrainedPRM(prm_cfg, folder, train_prm(job.lm, prm_cfg, trajectories.train, trajectories.val, folder,
+                                                 on_epoch=on_epoch))
 
   def make():
-    made["prm"] = train(lambda e, entry: tick(f"prm (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, prm_cfg.epochs))
+    made["prm"] = train(lambda e, entry: job.tick(f"prm (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1,
+                                                  prm_cfg.epochs))
 
-  run.stage("prm", [os.path.relpath(os.path.join(folder, PRM_MODEL, "config.json"), workdir)], make)
+  run.stage("prm", [os.path.relpath(os.path.join(folder, PRM_MODEL, "config.json"), run.directory)], make)
   return made["prm"] if "prm" in made else train()  # a finished folder: loaded
+
+
+def scores(job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str, FeatureStore],
+           probes: dict[str, TrainedProbe]) -> TestScores:
+  """Every test step's labels, and its scores by the uncertainty baselines, the probes and their linear
+  baselines."""
+  by_scorer = baseline_scores(job.cfg, trajectories.test)
+  by_scorer.update(probe_scores(job.cfg, trajectories, features, probes))
+  return TestScores(test_steps(job.cfg, trajectories.test), by_scorer)
+
+
+def prm_comparison(job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str, FeatureStore],
+                   probes: dict[str, TrainedProbe], prm: TrainedPRM | None, scores: TestScores
+                   ) -> PRMComparison | None:
+  """With the PRM: its val and test step scores and every probe's go to `<prm folder>/step_scores.npz`
+  (`write_step_scores`), and from them (`prm.report.combine`) the 'fusion[<set>]' scores (fitted on val) and the
+  cascade. None without the PRM."""
+  if prm is None:
+    return None
+  cfg = job.cfg
+  test_prm = prm_step_scores(cfg, prm, trajectories.test)
+  val = val_scores(cfg, prm, trajectories, features, probes)
+  test = {**{sid: per for sid, per in scores.scores.items() if sid in val}, PRM_ID: test_prm}
+  step_file = os.path.join(prm.folder, "step_scores.npz")
+  write_step_scores(step_file, trajectories.val, {str(k): v for k, v in val.items()}, trajectories.test,
+                    cfg.domains, {str(k): v for k, v in test.items()})
+  # Fusion (fitted on val) and the cascade (from the probe best on val) read the stored scores back.
+  combined = prm_report.combine(prm_report.read_step_scores(step_file), cfg.domains)
+  fusion = {ScorerId.parse(name): per for name, per in combined.fusion_scores.items()}
+  return PRMComparison(prm, step_file, {PRM_ID: test_prm, **fusion}, combined)
+
+
+def report(job: ReprobeJob, scores: TestScores, comparison: PRMComparison | None) -> dict:
+  """Writes metrics.json, table.md, pr_curves.png (and cascade.png with the PRM) and returns the metrics
+  (`report.scorer_metrics`, plus the machine, timings_s and, with the PRM, prm_training and prm_combined)."""
+  cfg, run, steps = job.cfg, job.run, scores.steps
+  every = {**scores.scores, **(comparison.scores if comparison is not None else {})}
+  named = {}
+  for sid, per in every.items():  # a dataset without the answer lines is scored by its domain's scores
+    named[str(sid)] = {**per, **{name: per[d] for name, d in steps.domain.items() if name not in per}}
+  metrics = scorer_metrics(named, steps.labels, cfg.train_domains, cfg.ood_domains, steps.groups, seed=cfg.seed)
+  metrics["machine"] = str(describe())
+  if comparison is not None:
+    hist = prm_history(comparison.prm.folder)
+    best = [h["val_pr_auc"] for h in hist if h["improved"]]
+    metrics["prm_training"] = {"folder": os.path.relpath(comparison.prm.folder, run.directory), "epochs": len(hist),
+                               "best_val_pr_auc": best[-1] if best else math.nan}
+    metrics["prm_combined"] = comparison.combined.to_json()
+  timings = run.timings()
+  if timings:
+    metrics["timings_s"] = timings
+  write_json(run.path("metrics.json"), metrics)
+  with atomic_open(run.path("table.md")) as f:
+    f.write(table_markdown(metrics) + ("" if comparison is None
+                                       else "\n" + prm_report.cascade_markdown(comparison.combined)))
+  plot_pr_curves(named, {d: steps.labels[d] for d in cfg.domains}, run.path("pr_curves.png"))
+  if comparison is not None:
+    plot_cascade({f"{d} ({'PRM' if kind == 'prm' else 'fusion'})": curve
+                  for d, per in comparison.combined.cascades.items() for kind, curve in per.items()},
+                 run.path("cascade.png"))
+  return metrics
+
+
+GRAPH = Graph(
+    Stage("problems", problems),
+    Stage("samples", samples, needs=("problems",)),
+    Stage("trajectories", trajectories, needs=("problems", "samples")),
+    Stage("features", features, needs=("trajectories",)),
+    Stage("probes", probes, needs=("trajectories", "features")),
+    Stage("prm", prm, needs=("trajectories",)),
+    Stage("scores", scores, needs=("trajectories", "features", "probes")),
+    Stage("prm_comparison", prm_comparison, needs=("trajectories", "features", "probes", "prm", "scores")),
+    Stage("report", report, needs=("scores", "prm_comparison")),
+)
+
+
+def start(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, prm: PRMTrainConfig | None = None,
+          progress: Progress | None = None) -> GraphRun:
+  """A run of the job in the run folder `workdir` (`run_folder`), its stages computed when first asked for
+  (`run["probes"]`, `run["report"]`). The config is checked against the target, and the PRM's separator against its
+  tokenizer, before anything is made."""
+  if prm is not None:
+    check_separator_for(lm, prm, "config.prm.separator")
+  check_target(cfg, lm)
+  return GraphRun(GRAPH, ReprobeJob(lm, cfg, Run(workdir), prm, progress or no_progress))
 
 
 def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, prm: PRMTrainConfig | None = None,
              progress: Progress | None = None) -> dict:
-  """Scores every test step with the probes, their linear baselines and the uncertainty baselines, and with `prm`
-  the PRM baseline trained here (`train_prm_stage`, scorer 'prm'); writes metrics.json, table.md, pr_curves.png
-  and returns the metrics (`report.scorer_metrics`, plus timings_s and, with `prm`, prm_training). With `prm` the
-  PRM's and every probe's val and test step scores go to `<prm folder>/step_scores.npz` (`write_step_scores`), and
-  from them (`prm.report.combine`) the 'fusion[<set>]' rows (fitted on val), the cascade table below the PR-AUC
-  table, cascade.png and metrics['prm_combined']."""
-  if prm is not None:
-    check_separator_for(lm, prm, "config.prm.separator")  # a separator the tokenizer lacks fails before training
-  probes = train_probes(lm, cfg, workdir, progress=progress)
-  model = train_prm_stage(lm, cfg, prm, workdir, progress=progress) if prm is not None else None
-  trajs, stores = prepare(lm, cfg, workdir)
-  run = Run(workdir)
-  for name, store in stores.items():
-    if store.manifest["model_fingerprint"] != model_fingerprint(lm):
-      raise ConfigError(f"features {name} were made by another model")
-  test = trajs["test"]
-  domains = list(cfg.train_domains + cfg.ood_domains)
-  rng = np.random.default_rng(cfg.seed)
-  scores: dict[str, dict[str, np.ndarray]] = {}
-  labels: dict[str, np.ndarray] = {}
-  groups: dict[str, np.ndarray] = {}
-  for d in domains:
-    recs = [r for r in test if r.domain == d]
-    labels[d] = np.concatenate([np.asarray(r.labels, np.float64) for r in recs])
-    groups[d] = np.concatenate([[r.problem_id] * len(r.labels) for r in recs])
-    if cfg.mode == "line":  # the same steps without the '<Answer>' lines, whose base rate differs by domain
-      answer = np.concatenate([[formats.is_answer_line(s.text) for s in r.steps] for r in recs]).astype(bool)
-      labels[f"{d} (steps)"] = np.where(answer, np.nan, labels[d])
-      groups[f"{d} (steps)"] = groups[d]
-    for b in baselines.BASELINES:
-      scores.setdefault(b, {})[d] = np.concatenate([
-          baselines.step_scores(b, np.asarray(r.logprobs), np.asarray(r.entropy), np.asarray(r.self_certainty),
-                                r.spans, rng)
-          for r in recs])
-  for name, (graphdef, params, rest, _) in probes.items():
-    store = stores[name]
-    lr = linear.fit_logistic(*linear.mean_pooled(examples(trajs["train"], store)))
-    for d in domains:
-      exs = examples([r for r in test if r.domain == d], store)
-      scores.setdefault(f"probe[{name}]", {})[d] = np.concatenate(
-          predict_examples(graphdef, params, rest, exs, cfg.train.batch_size, store.dim))
-      scores.setdefault(f"logreg[{name}]", {})[d] = linear.step_scores(lr, exs)
-  combined = None
-  if model is not None:
-    per_traj = prm_scores(model, test, prm.batch_size)
-    for d in domains:
-      scores.setdefault("prm", {})[d] = np.concatenate([s for s, r in zip(per_traj, test) if r.domain == d])
-    folder = prm_folder(workdir, prm)
-    val = {"prm": prm_scores(model, trajs["val"], prm.batch_size)}
-    for name, (graphdef, params, rest, _) in probes.items():
-      val[f"probe[{name}]"] = predict_examples(graphdef, params, rest, examples(trajs["val"], stores[name]),
-                                               cfg.train.batch_size, stores[name].dim)
-    step_file = os.path.join(folder, "step_scores.npz")
-    write_step_scores(step_file, trajs["val"], val, test, domains,
-                      {name: per for name, per in scores.items() if name in val})
-    # Fusion (fitted on val) and the cascade (from the probe best on val) read the stored scores back.
-    combined = prm_report.combine(prm_report.read_step_scores(step_file), domains)
-    scores.update(combined.fusion_scores)
-  for per in scores.values():  # a dataset without the answer lines is scored by the same scores
-    for name in labels:
-      if name not in per:
-        per[name] = per[name.split(" ")[0]]
-  metrics = scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains, groups, seed=cfg.seed)
-  metrics["machine"] = str(describe())
-  if model is not None:
-    hist = prm_history(folder)
-    best = [h["val_pr_auc"] for h in hist if h["improved"]]
-    metrics["prm_training"] = {"folder": os.path.relpath(folder, workdir), "epochs": len(hist),
-                               "best_val_pr_auc": best[-1] if best else float("nan")}
-    metrics["prm_combined"] = combined.to_json()
-  timings = run.timings()
-  if timings:
-    metrics["timings_s"] = timings
-  runs.write_json(run.path("metrics.json"), metrics)
-  with atomic_open(run.path("table.md")) as f:
-    f.write(table_markdown(metrics) + ("" if combined is None else "\n" + prm_report.cascade_markdown(combined)))
-  plot_pr_curves(scores, {d: labels[d] for d in domains}, run.path("pr_curves.png"))
-  if combined is not None:
-    plot_cascade({f"{d} ({'PRM' if kind == 'prm' else 'fusion'})": curve for d, per in combined.cascades.items()
-                  for kind, curve in per.items()}, run.path("cascade.png"))
-  return metrics
+  """The whole job: the metrics of `report` (every stage before it run or reused). With `prm`, the PRM baseline
+  trained here is scored beside the probes ('prm'), with the fusion rows and the cascade."""
+  return start(lm, cfg, workdir, prm=prm, progress=progress)["report"]
 
 
-def write_step_scores(path: str, val: list[Trajectory], val_scores: dict[str, list[np.ndarray]],
-                      test: list[Trajectory], domains: list[str], test_scores: dict[str, dict[str, np.ndarray]]
-                      ) -> None:
-  """Every val and test step's scores, for fitting a fusion on val and drawing a cascade on test without rescoring:
-  an .npz with, per split ('val', 'test'), one entry per step in the same order: `<split>/labels` (1 incorrect,
-  0 correct, NaN unknown), `<split>/trajectory_id`, `<split>/problem_id`, `<split>/domain`, `<split>/step` (its
-  index in the trajectory), `<split>/answer` (a line-mode '<Answer>' line) and `<split>/score/<scorer>`. val is in
-  file order; test by domain (`domains`' order), file order within each, as the metrics read it. val_scores:
-  {scorer: per trajectory [num_steps]}; test_scores: {scorer: {domain: [steps of that domain]}}."""
+def labelled_trajectories(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *,
+                    progress: Progress | None = None) -> Splits[Trajectory]:
+  """The run's labelled trajectories of every split (sampled and labelled first where missing)."""
+  return start(lm, cfg, workdir, progress=progress)["trajectories"]
 
-  def columns(recs: list[Trajectory]) -> dict[str, np.ndarray]:
-    steps = [(r, k, s) for r in recs for k, s in enumerate(r.steps)]
-    return {"labels": np.concatenate([r.label_array() for r in recs] + [np.zeros(0, np.float32)]),
-            "trajectory_id": np.asarray([r.id for r, _, _ in steps], str),
-            "problem_id": np.asarray([r.problem_id for r, _, _ in steps], str),
-            "domain": np.asarray([r.domain for r, _, _ in steps], str),
-            "step": np.asarray([k for _, k, _ in steps], np.int32),
-            "answer": np.asarray([r.mode == "line" and formats.is_answer_line(s.text) for r, _, s in steps], bool)}
 
-  arrays = {f"val/{k}": v for k, v in columns(val).items()}
-  arrays.update({f"val/score/{name}": np.concatenate(list(per) + [np.zeros(0, np.float32)])
-                 for name, per in val_scores.items()})
-  ordered = [r for d in domains for r in test if r.domain == d]
-  arrays.update({f"test/{k}": v for k, v in columns(ordered).items()})
-  arrays.update({f"test/score/{name}": np.concatenate([per[d] for d in domains]) for name, per in test_scores.items()})
-  with atomic_open(path, "wb") as f:
-    np.savez(f, **arrays)
+def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *,
+                 progress: Progress | None = None) -> dict[str, TrainedProbe]:
+  """The run's probe of every feature set (trained first where missing)."""
+  return start(lm, cfg, workdir, progress=progress)["probes"]
+
+
+def train_prm_stage(lm: LanguageModel, cfg: ReprobeConfig, prm: PRMTrainConfig, workdir: str, *,
+                    progress: Progress | None = None) -> TrainedPRM:
+  """The run's PRM baseline for `prm` (trained first where missing)."""
+  return start(lm, cfg, workdir, prm=prm, progress=progress)["prm"]
+
+
+def bundles(run: GraphRun, names: Sequence[str] | None = None) -> dict[str, ProbeBundle]:
+  """A run's trained probes (trained first where missing) as ProbeBundles: {feature set: bundle}, each with its
+  feature spec and the target's fingerprint, ready for `get_scorer("probe", bundle=...)` or `save_probe`."""
+  cfg = run.job.cfg
+  names = tuple(cfg.feature_sets) if names is None else tuple(names)
+  unknown = sorted(set(names) - set(cfg.feature_sets))
+  if unknown:
+    raise ConfigError(f"probe_bundles: {unknown} are not among config.feature_sets {cfg.feature_sets}")
+  trained = run["probes"]
+  return {name: trained[name].bundle for name in names}
+
+
+def probe_bundles(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, names: Sequence[str] | None = None, *,
+                  progress: Progress | None = None) -> dict[str, ProbeBundle]:
+  """`bundles` of a run of the job in `workdir`."""
+  return bundles(start(lm, cfg, workdir, progress=progress), names)

@@ -1,11 +1,13 @@
-"""The RL job (issue 17): train a method from the start policy, then evaluate it on held-out problems (METHOD B3 at
-k samples, in and out of domain); and the comparison of methods over seeds.
+"""The RL job (docs/method.md, "The RL loop"): train a method from the start policy, then evaluate it on held-out
+problems (docs/method.md §B3 at k samples, in and out of domain); and the comparison of methods over seeds.
 
     summary = run(lm, rl_cfg, probe_cfg, eval_cfg, workdir)          # <workdir>/<key>/{train_state,tb,eval,...}
     table = compare(lm, rl_cfg, probe_cfg, eval_cfg, methods, seeds, workdir)
 
-Every run folder is keyed by what it depends on (the configs and the start model), so a rerun resumes: training
-from its latest checkpoint, the evaluation from its finished stages.
+Each is a graph of stages: a run is policy -> evaluation -> summary; a comparison is start_eval (the start policy,
+evaluated once) -> runs (every method x seed) -> report. Every run folder is keyed by what it depends on (the
+configs and the start model), so a rerun resumes: training from its latest checkpoint, the evaluation from its
+finished stages.
 """
 
 from __future__ import annotations
@@ -13,56 +15,152 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+from typing import Sequence
 
-from reprobe_jax.jobs import runs
-from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.machine import describe
-from reprobe_jax.jobs import rl_report as report
-from reprobe_jax.rl.loop import RLConfig, signature, train_rl
-from reprobe_jax.jobs.runs import Progress, no_progress
-from reprobe_jax.jobs import spae as spae_job
+from reprobe_jax.fields import plain, replace_fields
+from reprobe_jax.io.atomic import atomic_open, write_json
+from reprobe_jax.jobs import rl_report as report_lib
+from reprobe_jax.jobs import spae
+from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
+from reprobe_jax.jobs.runs import Progress, no_progress, run_key
 from reprobe_jax.jobs.spae import SPAEJobConfig
+from reprobe_jax.models import LanguageModel
+from reprobe_jax.rl.loop import RLConfig, RLResult, signature, train_rl
 from reprobe_jax.spae.potential import ProbeConfig
 
 EVAL_MODES = ("plain",)
 
 
+def rl_config_from_dict(d) -> RLConfig:
+  """The CLI's `config.rl` section -> RLConfig, checked whole (ConfigError naming `config.rl.<field>`)."""
+  return replace_fields(RLConfig(), plain(d), root="config.rl")
+
+
 def run_folder(root: str, lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig) -> str:
-  return os.path.join(root, runs.run_key({**signature(lm, cfg, pcfg), "eval": dataclasses.asdict(ecfg)}))
+  """`<root>/<key>`, the key a hash of the RL, probe and evaluation configs and of the start model."""
+  return os.path.join(root, run_key({**signature(lm, cfg, pcfg), "eval": dataclasses.asdict(ecfg)}))
 
 
 def evaluate_policy(lm, params, ecfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str,
                     progress: Progress | None = None) -> dict:
-  """METHOD B3's metrics of the policy with `params` on ecfg's held-out problems (plain decoding, every boundary
-  probed): {'in_domain' / 'out_of_domain': TrajectoryMetrics JSON}; cached in workdir by the policy's fingerprint."""
+  """docs/method.md §B3's metrics of the policy with `params` on ecfg's held-out problems (plain decoding, every
+  boundary probed): {'in_domain' / 'out_of_domain': TrajectoryMetrics JSON}; cached in workdir by the policy's
+  fingerprint."""
   policy = copy.copy(lm)
   policy.params = params
-  res = spae_job.evaluate(policy, ecfg, pcfg, workdir, progress=progress, modes=EVAL_MODES)
+  res = spae.evaluate(policy, ecfg, pcfg, workdir, progress=progress, modes=EVAL_MODES)
   return {g: v["plain"] for g, v in res["groups"].items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RLJob:
+  """What every stage of one method's run reads: the start policy, the RL, probe and evaluation configs, the run
+  folder and the progress callback."""
+
+  lm: LanguageModel
+  cfg: RLConfig
+  pcfg: ProbeConfig
+  ecfg: SPAEJobConfig
+  folder: str
+  tick: Progress = no_progress
+
+
+def policy(job: RLJob) -> RLResult:
+  """The trained policy (resumed from the folder's latest checkpoint)."""
+  label = f"train {job.cfg.advantage} s{job.cfg.seed}"
+  return train_rl(job.lm, job.cfg, job.pcfg, job.folder, on_step=lambda s, m: job.tick(label, s, job.cfg.steps))
+
+
+def evaluation(job: RLJob, policy: RLResult) -> dict:
+  """The trained policy's held-out metrics (`evaluate_policy`, cached in `<folder>/eval`)."""
+  return evaluate_policy(job.lm, policy.params, job.ecfg, job.pcfg, os.path.join(job.folder, "eval"),
+                         progress=job.tick)
+
+
+def summary(job: RLJob, policy: RLResult, evaluation: dict) -> dict:
+  """The run's summary (also summary.json): the method, seed, evaluation metrics, per-step training metrics and
+  the median stage times per step."""
+  out = {"method": job.cfg.advantage, "seed": job.cfg.seed, "steps": policy.step, "machine": str(describe()),
+         "eval": evaluation, "train": policy.metrics, "stage_seconds": report_lib.stage_seconds(policy.metrics)}
+  write_json(os.path.join(job.folder, "summary.json"), out)
+  return out
+
+
+GRAPH = Graph(
+    Stage("policy", policy),
+    Stage("evaluation", evaluation, needs=("policy",)),
+    Stage("summary", summary, needs=("policy", "evaluation")),
+)
 
 
 def run(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, workdir: str, *,
         progress: Progress | None = None) -> dict:
-  """Trains (or resumes) one method and evaluates the result; returns (and writes summary.json) the run's summary:
-  the method, seed, evaluation metrics, per-step training metrics and mean stage times per step."""
-  tick = progress or no_progress
+  """Trains (or resumes) one method and evaluates the result; returns (and writes summary.json) the run's summary."""
   folder = run_folder(workdir, lm, cfg, pcfg, ecfg)
   os.makedirs(folder, exist_ok=True)
-  runs.write_json(os.path.join(folder, "config.json"), {"rl": dataclasses.asdict(cfg),
-                                                        "probe": dataclasses.asdict(pcfg),
-                                                        "eval": dataclasses.asdict(ecfg)})
-  label = f"train {cfg.advantage} s{cfg.seed}"
-  result = train_rl(lm, cfg, pcfg, folder, on_step=lambda s, m: tick(label, s, cfg.steps))
-  ev = evaluate_policy(lm, result.params, ecfg, pcfg, os.path.join(folder, "eval"), progress=progress)
-  summary = {"method": cfg.advantage, "seed": cfg.seed, "steps": result.step, "machine": str(describe()),
-             "eval": ev, "train": result.metrics, "stage_seconds": report.stage_seconds(result.metrics)}
-  runs.write_json(os.path.join(folder, "summary.json"), summary)
-  return summary
+  write_json(os.path.join(folder, "config.json"), {"rl": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg),
+                                                   "eval": dataclasses.asdict(ecfg)})
+  return GraphRun(GRAPH, RLJob(lm, cfg, pcfg, ecfg, folder, progress or no_progress))["summary"]
 
 
-def compare(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, methods, seeds, workdir: str, *,
-            progress: Progress | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class CompareJob:
+  """What every stage of a comparison reads: the start policy, the configs every run shares, the methods and seeds,
+  the workdir (the runs' folders are inside it) and the progress callback."""
+
+  lm: LanguageModel
+  cfg: RLConfig
+  pcfg: ProbeConfig
+  ecfg: SPAEJobConfig
+  methods: tuple[str, ...]
+  seeds: tuple[int, ...]
+  workdir: str
+  tick: Progress = no_progress
+
+
+def start_eval(job: CompareJob) -> dict:
+  """The start policy's held-out metrics (evaluated once for every method)."""
+  return evaluate_policy(job.lm, job.lm.params, job.ecfg, job.pcfg, os.path.join(job.workdir, "start_eval"),
+                         progress=job.tick)
+
+
+def runs(job: CompareJob) -> dict[str, list[dict]]:
+  """{method: the summary of its run with each seed}, from the same start policy, prompts and steps."""
+  per: dict[str, list[dict]] = {m: [] for m in job.methods}
+  for seed in job.seeds:
+    for m in job.methods:
+      per[m].append(run(job.lm, dataclasses.replace(job.cfg, advantage=m, seed=seed), job.pcfg, job.ecfg,
+                        job.workdir, progress=job.tick))
+  return per
+
+
+def comparison(job: CompareJob, start_eval: dict, runs: dict[str, list[dict]]) -> dict:
+  """Writes `<workdir>/compare_<key>/{table.md, summary.json, curves.png}` and returns the summary (with its
+  folder and table)."""
+  out = os.path.join(job.workdir, "compare_" + run_key({"rl": dataclasses.asdict(job.cfg), "methods": job.methods,
+                                                        "seeds": job.seeds, "eval": dataclasses.asdict(job.ecfg)}))
+  os.makedirs(out, exist_ok=True)
+  table = report_lib.compare_markdown(start_eval, runs, k=job.ecfg.samples)
+  result = {"machine": str(describe()), "start": start_eval, "runs": runs, "methods": job.methods,
+            "seeds": job.seeds}
+  write_json(os.path.join(out, "summary.json"), result)
+  with atomic_open(os.path.join(out, "table.md")) as f:
+    f.write(table)
+  report_lib.plot_curves(runs, os.path.join(out, "curves.png"))
+  return {**result, "directory": out, "table": table}
+
+
+COMPARE_GRAPH = Graph(
+    Stage("start_eval", start_eval),
+    Stage("runs", runs),
+    Stage("comparison", comparison, needs=("start_eval", "runs")),
+)
+
+
+def compare(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, methods: Sequence[str], seeds: Sequence[int],
+            workdir: str, *, progress: Progress | None = None) -> dict:
   """Every method x seed from the same start policy, prompts and steps; the start policy evaluated once; writes
   <workdir>/compare_<key>/{table.md, summary.json, curves.png} and returns the summary."""
   methods, seeds = tuple(methods), tuple(seeds)
@@ -70,22 +168,5 @@ def compare(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, methods, 
     raise ConfigError(f"compare: need at least one method and one seed, got methods={methods} seeds={seeds}")
   for m in methods:
     dataclasses.replace(cfg, advantage=m)  # an unknown name fails here, listing the known ones, before any work
-  start = evaluate_policy(lm, lm.params, ecfg, pcfg, os.path.join(workdir, "start_eval"), progress=progress)
-  per: dict[str, list[dict]] = {m: [] for m in methods}
-  for seed in seeds:
-    for m in methods:
-      per[m].append(run(lm, dataclasses.replace(cfg, advantage=m, seed=seed), pcfg, ecfg, workdir,
-                        progress=progress))
-  out = os.path.join(workdir, "compare_" + runs.run_key({"rl": dataclasses.asdict(cfg), "methods": methods,
-                                                          "seeds": seeds, "eval": dataclasses.asdict(ecfg)}))
-  os.makedirs(out, exist_ok=True)
-  table = report.compare_markdown(start, per, k=ecfg.samples)
-  summary = {"machine": str(describe()), "start": start, "runs": per, "methods": methods, "seeds": seeds}
-  runs.write_json(os.path.join(out, "summary.json"), summary)
-  with atomic_open(os.path.join(out, "table.md")) as f:
-    f.write(table)
-  report.plot_curves(per, os.path.join(out, "curves.png"))
-  summary["directory"] = out
-  summary["table"] = table
-  return summary
-
+  job = CompareJob(lm, cfg, pcfg, ecfg, methods, seeds, workdir, progress or no_progress)
+  return GraphRun(COMPARE_GRAPH, job)["comparison"]

@@ -7,8 +7,10 @@ import math
 from typing import Mapping, Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from reprobe_jax.eval.bands import summarise
+from reprobe_jax.io.atomic import atomic_open
 
 STAGES = ("time_rollout", "time_probe", "time_update")
 EVAL_COLUMNS = (("acc_at_k", "Acc@{k}", 100.0, ".1f"), ("len_at_k", "Len@{k}", 1.0, ".1f"),
@@ -59,11 +61,8 @@ def compare_markdown(start: Mapping[str, dict], per: Mapping[str, Sequence[dict]
 def plot_curves(per: Mapping[str, Sequence[dict]], path: str) -> None:
   """Training accuracy (the rollouts' mean reward) and mean response length against step, one line per method
   (mean over seeds, band min..max)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  from reprobe_jax.io.atomic import atomic_open
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  fig = Figure(figsize=(10, 3.6))
+  axes = fig.subplots(1, 2)
   for method, runs in per.items():
     for ax, key in zip(axes, ("reward", "response_length")):
       series = [np.asarray(r["train"][key], float) for r in runs if r["train"].get(key)]
@@ -82,4 +81,3 @@ def plot_curves(per: Mapping[str, Sequence[dict]], path: str) -> None:
   fig.tight_layout()
   with atomic_open(path, "wb") as f:
     fig.savefig(f, format="png", dpi=110)
-  plt.close(fig)

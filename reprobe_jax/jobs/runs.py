@@ -1,4 +1,4 @@
-"""Run folders and stages, shared by every job (the built-in target build, ReProbe; TTS and SPAE next).
+"""Run folders and their on-disk stages, shared by every job (the target build, ReProbe, TTS, SPAE, RL).
 
 A run folder is `<root>/<key>`, the key a hash of the job's config and of fingerprints of what else decides its
 results (the target model, the problems and prompts, the task code), so a changed input starts afresh in a new
@@ -16,8 +16,8 @@ import os
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import DataFormatError
+from reprobe_jax.io.atomic import write_json
 from reprobe_jax.io.readers import read_json
 
 Progress = Callable[[str, int, int], None]  # (stage label, done, total); the label's first word names the stage
@@ -31,12 +31,6 @@ def run_key(config: Any, *fingerprints: str) -> str:
   """12 hex digits of sha256(config as sorted-key JSON, then each fingerprint): a run folder's name."""
   blob = json.dumps(config, sort_keys=True, default=str) + "".join(fingerprints)
   return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def write_json(path: str, obj: Any, indent: int = 1) -> None:
-  """Writes `obj` as JSON, atomically."""
-  with atomic_open(path) as f:
-    json.dump(obj, f, indent=indent)
 
 
 class Run:

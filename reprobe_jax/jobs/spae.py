@@ -1,12 +1,13 @@
-"""The SPAE inference evaluation (issue 16): step potentials of thinking trajectories, their agreement with the
-task's oracle, and plain against probe-truncated decoding.
+"""The SPAE inference evaluation (docs/method.md §B1, §B3): step potentials of thinking trajectories, their
+agreement with the task's oracle, and plain against probe-truncated decoding.
 
 For each domain, `problems` problems of a split (spread over the difficulties) get `samples` thinking trajectories
 each (k of Acc@k), decoded twice with the same per-row random streams: plain (every boundary probed, nothing
-changed) and probe-truncated (`</think>` forced in at the first saturated boundary). Every stage is stored as it
-finishes (`rows_<domain>_<mode>.jsonl`), so an interrupted job resumes; the report is metrics.json, table.md,
-curves_<group>.png (mean Phi, Conf, Acc against relative step position, correct vs wrong) and displacement_<group>.png (the
-saturation step against the oracle's, the paper's Appendix C.1).
+changed) and probe-truncated (`</think>` forced in at the first saturated boundary). The job is a graph of stages,
+decoded -> report; every domain and mode is stored as it finishes (`rows_<domain>_<mode>.jsonl`), so an interrupted
+job resumes. The report is metrics.json, table.md, curves_<group>.png (mean Phi, Conf, Acc against relative step
+position, correct vs wrong) and displacement_<group>.png (the saturation step against the oracle's, the paper's
+Appendix C.1).
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ import zlib
 
 import numpy as np
 
-from reprobe_jax.jobs import runs
-from reprobe_jax.io.atomic import atomic_open
-from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.machine import describe
+from reprobe_jax.features import model_fingerprint
+from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.io.atomic import atomic_open, write_json
+from reprobe_jax.io.readers import read_jsonl
+from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
+from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.sampling import SamplingParams
-from reprobe_jax.jobs.reprobe import DOMAINS, SPLIT_SEEDS, model_fingerprint
-from reprobe_jax.io.readers import read_jsonl
-from reprobe_jax.jobs.runs import Progress, Run, no_progress
 from reprobe_jax.spae import metrics as spae_metrics
 from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
+from reprobe_jax.spae.metrics import ThinkingOutcome
 from reprobe_jax.spae.potential import ProbeConfig, Prober, StepPotentials
-from reprobe_jax.tasks import DIFFICULTIES, make_problems
+from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, Problem
 from reprobe_jax.tasks.io import write_jsonl
+from reprobe_jax.tasks.splits import spread
 from reprobe_jax.trajectories import prompt_text
 
 MODES = ("plain", "truncated")
@@ -72,20 +75,19 @@ class SPAEJobConfig:
 
 
 def job_config_from_dict(d) -> SPAEJobConfig:
+  """The CLI's `config.spae` section -> SPAEJobConfig, checked whole (ConfigError naming `config.spae.<field>`)."""
   return replace_fields(SPAEJobConfig(), plain(d), root="config.spae")
 
 
 def probe_config_from_dict(d) -> ProbeConfig:
+  """The CLI's `config.probe` section -> the step potential's ProbeConfig (ConfigError naming
+  `config.probe.<field>`)."""
   return replace_fields(ProbeConfig(), plain(d), root="config.probe")
 
 
-def problems_of(cfg: SPAEJobConfig, domain: str) -> list:
+def problems_of(cfg: SPAEJobConfig, domain: str) -> list[Problem]:
   """`cfg.problems` problems of the split, spread evenly over the difficulties (the ReProbe split's seeds)."""
-  per = -(-cfg.problems // len(cfg.difficulties))
-  out = []
-  for d in cfg.difficulties:
-    out += make_problems(domain, per, SPLIT_SEEDS[cfg.split] + cfg.seed, d)
-  return out[:cfg.problems]
+  return spread(domain, cfg.problems, cfg.split, cfg.seed, cfg.difficulties)
 
 
 def prompt_seed(problem) -> int:
@@ -94,8 +96,9 @@ def prompt_seed(problem) -> int:
 
 
 def run_folder(root: str, lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig) -> str:
-  return os.path.join(root, runs.run_key({"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)},
-                                         model_fingerprint(lm)))
+  """`<root>/<key>`, the key a hash of the job's and the probe's configs and of the target model."""
+  return os.path.join(root, run_key({"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)},
+                                    model_fingerprint(lm)))
 
 
 def _row_json(row: ThinkingRow) -> dict:
@@ -132,22 +135,33 @@ def decode_domain(lm, prober: Prober, cfg: SPAEJobConfig, problems, truncate: bo
   return out
 
 
-def evaluate(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str, *,
-             progress: Progress | None = None, modes: tuple[str, ...] = MODES) -> dict:
-  """Runs (or resumes) the job in `<workdir>/<key>`; returns the metrics (also written to metrics.json).
-  modes: which of MODES to decode ('plain' always: the curves read it; the RL loop's evaluation decodes only it)."""
-  if "plain" not in modes or any(m not in MODES for m in modes):
-    raise ConfigError(f"SPAE evaluation modes must be 'plain' and maybe more of {MODES}, got {modes!r}")
-  tick = progress or no_progress
-  prober = Prober(lm, pcfg)
-  folder = run_folder(workdir, lm, cfg, pcfg)
-  run = Run(folder)
-  runs.write_json(run.path("config.json"), {"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)})
-  outcomes: dict[str, dict[str, list]] = {}
+@dataclasses.dataclass(frozen=True)
+class SPAEJob:
+  """What every stage reads: the target, the job's and the probe's configs, the prober, the run folder, the
+  decoding modes (MODES, 'plain' always) and the progress callback."""
+
+  lm: LanguageModel
+  cfg: SPAEJobConfig
+  pcfg: ProbeConfig
+  prober: Prober
+  run: Run
+  modes: tuple[str, ...] = MODES
+  tick: Progress = no_progress
+
+
+# {domain: {mode: the outcome of every trajectory}}, the trajectories of a problem's samples together.
+Outcomes = dict[str, dict[str, list[ThinkingOutcome]]]
+
+
+def decoded(job: SPAEJob) -> Outcomes:
+  """Every domain's trajectories in every mode, decoded and stored (`rows_<domain>_<mode>.jsonl`) where missing,
+  read back and scored against the task's oracle."""
+  cfg, run, lm = job.cfg, job.run, job.lm
+  out: Outcomes = {}
   for domain in cfg.domains:
     problems = problems_of(cfg, domain)
-    outcomes[domain] = {}
-    for mode in modes:
+    out[domain] = {}
+    for mode in job.modes:
       name = f"rows_{domain}_{mode}.jsonl"
       total = len(problems) * cfg.samples
       done = 0
@@ -155,36 +169,64 @@ def evaluate(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: 
       def step(k, stage=f"{domain} {mode}"):
         nonlocal done
         done += k
-        tick(stage, done, total)
+        job.tick(stage, done, total)
 
       def make(name=name, mode=mode, problems=problems, step=step):
-        rows = decode_domain(lm, prober, cfg, problems, mode == "truncated", progress=step)
+        rows = decode_domain(lm, job.prober, cfg, problems, mode == "truncated", progress=step)
         write_jsonl(run.path(name), [_row_json(r) for r in rows])
 
       run.stage(f"{domain}_{mode}_s", [name], make)
-      rows = [_row_from(o, pcfg.eps_sat) for _, o in read_jsonl(run.path(name), name)]
-      outcomes[domain][mode] = [spae_metrics.outcome_from(problems[r.prompt_index], r.response_ids, lm.tokenizer,
-                                                          r.potentials) for r in rows]
-  result = {"directory": folder, "machine": str(describe()), "domains": {}, "groups": {}}
+      rows = [_row_from(o, job.pcfg.eps_sat) for _, o in read_jsonl(run.path(name), name)]
+      out[domain][mode] = [spae_metrics.outcome_from(problems[r.prompt_index], r.response_ids, lm.tokenizer,
+                                                     r.potentials) for r in rows]
+  return out
+
+
+def report(job: SPAEJob, decoded: Outcomes) -> dict:
+  """Writes table.md, the curves and displacement plots of each group (in domain, out of domain) and metrics.json;
+  returns the metrics."""
+  cfg, run, modes = job.cfg, job.run, job.modes
+  result = {"directory": run.directory, "machine": str(describe()), "domains": {}, "groups": {}}
   groups = {"in_domain": [d for d in cfg.domains if d in cfg.in_domain],
             "out_of_domain": [d for d in cfg.domains if d not in cfg.in_domain]}
   table_rows = {}
   for domain in cfg.domains:
     for m in modes:
-      table_rows[f"{domain} {m}"] = spae_metrics.summarise(outcomes[domain][m], cfg.samples)
+      table_rows[f"{domain} {m}"] = spae_metrics.summarise(decoded[domain][m], cfg.samples)
     result["domains"][domain] = {m: table_rows[f"{domain} {m}"].to_json() for m in modes}
-  curves = {}
   for g, doms in groups.items():
     if not doms:
       continue
-    pooled = {m: [o for d in doms for o in outcomes[d][m]] for m in modes}
+    pooled = {m: [o for d in doms for o in decoded[d][m]] for m in modes}
     result["groups"][g] = {m: spae_metrics.summarise(pooled[m], cfg.samples).to_json() for m in modes}
-    curves[g] = spae_metrics.potential_curves(pooled["plain"])
-    spae_metrics.plot_curves(curves[g], run.path(f"curves_{g}.png"))
-    result["groups"][g]["curves"] = curves[g].to_json()
+    curves = spae_metrics.potential_curves(pooled["plain"])
+    spae_metrics.plot_curves(curves, run.path(f"curves_{g}.png"))
+    result["groups"][g]["curves"] = curves.to_json()
     spae_metrics.plot_displacement(spae_metrics.summarise(pooled["plain"], cfg.samples),
                                    run.path(f"displacement_{g}.png"))
   with atomic_open(run.path("table.md")) as f:
     f.write(spae_metrics.metrics_markdown(table_rows))
-  runs.write_json(run.path("metrics.json"), result)
+  write_json(run.path("metrics.json"), result)
   return result
+
+
+GRAPH = Graph(Stage("decoded", decoded), Stage("report", report, needs=("decoded",)))
+
+
+def start(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str, *,
+          progress: Progress | None = None, modes: tuple[str, ...] = MODES) -> GraphRun:
+  """A run of the job in `<workdir>/<key>` (`run_folder`, its config.json written now); stages computed when first
+  asked for. modes: which of MODES to decode ('plain' always: the curves read it; the RL loop's evaluation decodes
+  only it)."""
+  if "plain" not in modes or any(m not in MODES for m in modes):
+    raise ConfigError(f"SPAE evaluation modes must be 'plain' and maybe more of {MODES}, got {modes!r}")
+  prober = Prober(lm, pcfg)
+  run = Run(run_folder(workdir, lm, cfg, pcfg))
+  write_json(run.path("config.json"), {"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)})
+  return GraphRun(GRAPH, SPAEJob(lm, cfg, pcfg, prober, run, modes, progress or no_progress))
+
+
+def evaluate(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str, *,
+             progress: Progress | None = None, modes: tuple[str, ...] = MODES) -> dict:
+  """Runs (or resumes) the job in `<workdir>/<key>`; returns the metrics (also written to metrics.json)."""
+  return start(lm, cfg, pcfg, workdir, progress=progress, modes=modes)["report"]

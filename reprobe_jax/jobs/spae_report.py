@@ -1,4 +1,4 @@
-"""The SPAE job's numbers over seeds: mean +- sd of each group's plain and truncated decoding (issue 16)."""
+"""The SPAE job's numbers over seeds: mean +- sd of each group's plain and truncated decoding."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _value(x) -> float:
 
 
 def seeds_markdown(per_seed: Sequence[dict]) -> str:
-  """Rows (group, mode), cells mean +- sd over the seeds' metrics.json dicts (`job.evaluate`'s result)."""
+  """Rows (group, mode), cells mean +- sd over the seeds' metrics.json dicts (`jobs.spae.evaluate`'s result)."""
   first = per_seed[0]
   head = ["group", "decoding"] + [name for _, name, _, _ in COLUMNS]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -1,8 +1,8 @@
 """The built-in default target: synthetic problems -> scripted traces -> tokenizer -> tiny LM -> export -> report.
 
-`build(cfg)` runs every stage into `<workdir>/<config hash>/`; a stage whose output exists is skipped, so a rerun
-reuses the model, an interrupted build resumes (training restarts from its last orbax checkpoint), and a changed
-config builds afresh in a new folder. Outputs:
+`build(cfg)` runs the graph of stages problems -> model -> report into `<workdir>/<config hash>/`; a stage whose
+output exists is skipped, so a rerun reuses the model, an interrupted build resumes (training restarts from its last
+orbax checkpoint), and a changed config builds afresh in a new folder. Outputs:
   problems_train.jsonl, problems_eval.jsonl   the problems (reprobe_jax.tasks schema)
   model/                                      config.json + model.safetensors + tokenizer (HF format)
   samples_eval.jsonl                          the trained model's own samples at T=1.0 with exact labels
@@ -11,6 +11,7 @@ config builds afresh in a new folder. Outputs:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -20,7 +21,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.io.atomic import atomic_open, write_json
 from reprobe_jax.fields import Int, OneOf, Pairs, Real, Seq, check_fields, field_name, plain, replace_fields, \
     sorted_pairs
 from reprobe_jax.errors import ConfigError, DataFormatError
@@ -28,11 +29,12 @@ from reprobe_jax.eval.machine import describe
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
 from reprobe_jax.io.readers import read_json
 from reprobe_jax.synthetic.interrupt import interrupted_examples
-from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key, write_json
+from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
+from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
 from reprobe_jax.synthetic import evaluate
 from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
 from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
-from reprobe_jax.tasks import DIFFICULTIES, make_problems
+from reprobe_jax.tasks import DIFFICULTIES, Problem, make_problems
 from reprobe_jax.tasks.formats import MODES, user_prompt
 from reprobe_jax.tasks.io import read_jsonl, read_problems, write_jsonl, write_problems
 from reprobe_jax.tasks.traces import TraceNoise, solve_many
@@ -119,7 +121,7 @@ INTERRUPT_FIELDS = ("interrupt_share", "interrupt_guess_share", "interrupt_loss_
 def without_unused_interrupts(d: Mapping) -> dict:
   """A build config's fields (a dict) without the interrupted-thinking ones when they are off (interrupt_share 0):
   they were added later, so a build without interruptions keeps the key it had before, and so do the bands made
-  with it (`reprobe_jax.eval.bands.band_key`)."""
+  with it (`reprobe_jax.jobs.bands.band_key`)."""
   d = dict(d)
   if not d.get("interrupt_share"):
     for name in INTERRUPT_FIELDS:
@@ -178,63 +180,106 @@ def thinking_subset(problems, fraction: float):
   return [p for p in problems if zlib.crc32(p.id.encode()) % 10_000 < fraction * 10_000]
 
 
-def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None = None) -> str:
-  """Runs (or resumes) the build; returns the output folder that holds `model/` and `report.json`."""
-  run = Run(os.path.join(os.path.abspath(workdir), cfg.key()))
-  tick = progress or no_progress
-  write_json(run.path("build_config.json"), dataclasses.asdict(cfg), indent=2)
+@dataclasses.dataclass(frozen=True)
+class TargetJob:
+  """What every stage of a build reads: its config, its folder (`<workdir>/<config key>`) and the progress
+  callback."""
 
-  def problems():
-    train, held = _problems(cfg)
+  cfg: SyntheticBuildConfig
+  run: Run
+  tick: Progress = no_progress
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildProblems:
+  """The problems the target is trained on and the held-out ones its report samples."""
+
+  train: list[Problem]
+  held: list[Problem]
+
+
+def problems(job: TargetJob) -> BuildProblems:
+  """problems_train.jsonl and problems_eval.jsonl, made where missing and read back."""
+  run = job.run
+
+  def make():
+    train, held = _problems(job.cfg)
     write_problems(run.path("problems_train.jsonl"), train)
     write_problems(run.path("problems_eval.jsonl"), held)
 
-  run.stage("problems_s", ["problems_train.jsonl", "problems_eval.jsonl"], problems)
-  train, held = read_problems(run.path("problems_train.jsonl")), read_problems(run.path("problems_eval.jsonl"))
+  run.stage("problems_s", ["problems_train.jsonl", "problems_eval.jsonl"], make)
+  return BuildProblems(read_problems(run.path("problems_train.jsonl")), read_problems(run.path("problems_eval.jsonl")))
 
+
+def model(job: TargetJob, problems: BuildProblems) -> str:
+  """The trained target in Hugging Face format (`model/`), trained where missing (resuming from its last orbax
+  checkpoint): scripted traces of the training problems, a tokenizer fitted to them, the tiny LM. Returns its
+  folder."""
+  cfg, run = job.cfg, job.run
   model_dir = run.path("model")
-  if not run.exists("model/config.json"):
-    with run.timed("data_s"):
-      pairs, interrupted = [], []
-      for mode in MODES:
-        chosen = train if mode == "line" else thinking_subset(train, cfg.thinking_fraction)
-        traces = solve_many(chosen, mode, cfg.seed, cfg.noise)
-        pairs += [(user_prompt(p, mode), t.text) for p, t in zip(chosen, traces)]
-        if mode == "thinking" and cfg.interrupt_share:
-          interrupted = interrupted_examples(chosen, [t.text for t in traces], share=cfg.interrupt_share,
-                                             seed=cfg.seed, guess_share=cfg.interrupt_guess_share)
-      tokenizer = build_tokenizer((chat_prompt_text(q) + a for q, a in pairs), cfg.vocab_size)
-      examples = [(chat_prompt(tokenizer, q), a) for q, a in pairs]
-      examples += [(chat_prompt(tokenizer, e.user) + e.prefix, e.answer + "}") for e in interrupted]
-      weights = [cfg.prompt_loss_weight] * len(pairs) + [0.0] * len(interrupted)
-      data = encode_examples(tokenizer, examples, cfg.buckets, prompt_weight=weights,
-                             response_weight=[1.0] * len(pairs) + [cfg.interrupt_loss_weight] * len(interrupted))
-    shape = cfg.model
-    model_cfg = ModelConfig(
-        family="llama", vocab_size=len(tokenizer), hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size, num_layers=shape.num_layers, num_heads=shape.num_heads,
-        num_kv_heads=shape.num_kv_heads, head_dim=shape.hidden_size // shape.num_heads,
-        max_position_embeddings=shape.max_position_embeddings, tie_word_embeddings=True,
-        rms_norm_eps=1e-5, bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,),
-        pad_token_id=tokenizer.pad_token_id)
-    with run.timed("train_s"):
-      lm, losses = train_lm(model_cfg, data, cfg.train, run.path("train"),
-                            on_step=lambda i, loss: tick(f"train (loss {loss:.3f})", i, cfg.train.steps))
-    write_json(run.path("train_losses.json"), losses, indent=None)
-    lm.tokenizer = tokenizer
-    lm.save_pretrained(model_dir)
+  if run.exists("model/config.json"):
+    return model_dir
+  with run.timed("data_s"):
+    pairs, interrupted = [], []
+    for mode in MODES:
+      chosen = problems.train if mode == "line" else thinking_subset(problems.train, cfg.thinking_fraction)
+      traces = solve_many(chosen, mode, cfg.seed, cfg.noise)
+      pairs += [(user_prompt(p, mode), t.text) for p, t in zip(chosen, traces)]
+      if mode == "thinking" and cfg.interrupt_share:
+        interrupted = interrupted_examples(chosen, [t.text for t in traces], share=cfg.interrupt_share,
+                                           seed=cfg.seed, guess_share=cfg.interrupt_guess_share)
+    tokenizer = build_tokenizer((chat_prompt_text(q) + a for q, a in pairs), cfg.vocab_size)
+    examples = [(chat_prompt(tokenizer, q), a) for q, a in pairs]
+    examples += [(chat_prompt(tokenizer, e.user) + e.prefix, e.answer + "}") for e in interrupted]
+    weights = [cfg.prompt_loss_weight] * len(pairs) + [0.0] * len(interrupted)
+    data = encode_examples(tokenizer, examples, cfg.buckets, prompt_weight=weights,
+                           response_weight=[1.0] * len(pairs) + [cfg.interrupt_loss_weight] * len(interrupted))
+  shape = cfg.model
+  model_cfg = ModelConfig(
+      family="llama", vocab_size=len(tokenizer), hidden_size=shape.hidden_size,
+      intermediate_size=shape.intermediate_size, num_layers=shape.num_layers, num_heads=shape.num_heads,
+      num_kv_heads=shape.num_kv_heads, head_dim=shape.hidden_size // shape.num_heads,
+      max_position_embeddings=shape.max_position_embeddings, tie_word_embeddings=True,
+      rms_norm_eps=1e-5, bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,),
+      pad_token_id=tokenizer.pad_token_id)
+  with run.timed("train_s"):
+    lm, losses = train_lm(model_cfg, data, cfg.train, run.path("train"),
+                          on_step=lambda i, loss: job.tick(f"train (loss {loss:.3f})", i, cfg.train.steps))
+  write_json(run.path("train_losses.json"), losses, indent=None)
+  lm.tokenizer = tokenizer
+  lm.save_pretrained(model_dir)
+  return model_dir
 
+
+def report(job: TargetJob, problems: BuildProblems, model: str) -> str:
+  """The target's own samples on the held-out problems (samples_eval.jsonl) and their report (report.json,
+  report.md), made where missing. Returns the build folder."""
+  cfg, run = job.cfg, job.run
   if not run.exists("report.json"):
-    lm = load_pretrained(model_dir)
+    lm = load_pretrained(model)
     with run.timed("eval_s"):
-      records = _sample_all(lm, held, cfg, tick)
+      records = _sample_all(lm, problems.held, cfg, job.tick)
       write_jsonl(run.path("samples_eval.jsonl"), records)
-    report = make_report(records, cfg, lm)
-    report["timings_s"] = run.timings()
-    write_json(run.path("report.json"), report, indent=2)
+    out = make_report(records, cfg, lm)
+    out["timings_s"] = run.timings()
+    write_json(run.path("report.json"), out, indent=2)
     with atomic_open(run.path("report.md")) as f:
-      f.write(report_markdown(report))
+      f.write(report_markdown(out))
   return run.directory
+
+
+GRAPH = Graph(
+    Stage("problems", problems),
+    Stage("model", model, needs=("problems",)),
+    Stage("report", report, needs=("problems", "model")),
+)
+
+
+def build(cfg: SyntheticBuildConfig, workdir: str, *, progress: Progress | None = None) -> str:
+  """Runs (or resumes) the build; returns the output folder that holds `model/` and `report.json`."""
+  run = Run(os.path.join(os.path.abspath(workdir), cfg.key()))
+  write_json(run.path("build_config.json"), dataclasses.asdict(cfg), indent=2)
+  return GraphRun(GRAPH, TargetJob(cfg, run, progress or no_progress))["report"]
 
 
 def chat_prompt_text(user: str) -> str:
@@ -327,7 +372,6 @@ def read_samples(out: str) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> None:
   """`python -m reprobe_jax.jobs.target <build folder> [...]`: the per-difficulty table of the builds' own
   held-out samples (`samples_eval.jsonl`), mean +- sd over the folders given (e.g. the three build seeds)."""
-  import argparse
   ap = argparse.ArgumentParser(prog="python -m reprobe_jax.jobs.target", description=main.__doc__)
   ap.add_argument("builds", nargs="+", help="build folders (artifacts/target_synthetic/<key>)")
   args = ap.parse_args(argv)

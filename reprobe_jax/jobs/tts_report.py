@@ -1,11 +1,14 @@
-"""Tables and the budget plot of the test-time-scaling job (`tts.job.evaluate`'s metrics)."""
+"""Tables and the budget plot of the test-time-scaling job (`jobs.tts.evaluate`'s metrics)."""
 
 from __future__ import annotations
 
 import math
 from typing import Iterator, Sequence
 
+from matplotlib.figure import Figure
+
 from reprobe_jax.eval.bands import Band, summarise
+from reprobe_jax.io.atomic import atomic_open
 
 STRATEGY_TITLES = {"best_of_n": "Best-of-N", "beam": "Beam search", "dvts": "DVTS"}
 
@@ -85,12 +88,9 @@ def cascade_markdown(metrics: dict) -> str:
 
 def plot_cascade(metrics: dict, path: str) -> None:
   """cascade.png: Best-of-N accuracy against PRM calls per candidate step, one panel per domain."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  from reprobe_jax.io.atomic import atomic_open
   cascades = metrics["cascade"]
-  fig, axes = plt.subplots(1, len(cascades), figsize=(5 * len(cascades), 4), squeeze=False)
+  fig = Figure(figsize=(5 * len(cascades), 4))
+  axes = fig.subplots(1, len(cascades), squeeze=False)
   for ax, (d, c) in zip(axes[0], cascades.items()):
     for kind, title in CASCADE_KINDS.items():
       xs = [_mean(x) for x in c[kind]["prm_calls"]]
@@ -104,7 +104,6 @@ def plot_cascade(metrics: dict, path: str) -> None:
   fig.tight_layout()
   with atomic_open(path, "wb") as f:
     fig.savefig(f, format="png", dpi=120)
-  plt.close(fig)
 
 
 def table_markdown(metrics: dict) -> str:
@@ -151,13 +150,10 @@ def table_markdown(metrics: dict) -> str:
 
 def plot_budgets(metrics: dict, path: str) -> None:
   """accuracy.png: accuracy against the sample budget, one panel per domain, one line per strategy x scorer."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  from reprobe_jax.io.atomic import atomic_open
   results = metrics["results"]
   budgets = metrics["config"]["budgets"]
-  fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+  fig = Figure(figsize=(5 * len(results), 4))
+  axes = fig.subplots(1, len(results), squeeze=False)
   for ax, (domain, per) in zip(axes[0], results.items()):
     for title, cell, sel in _rows(per):
       c = per.get(cell, {})
@@ -183,4 +179,3 @@ def plot_budgets(metrics: dict, path: str) -> None:
   fig.tight_layout()
   with atomic_open(path, "wb") as f:
     fig.savefig(f, format="png", dpi=120)
-  plt.close(fig)

@@ -1,6 +1,6 @@
 """Fusion and cascade in the ReProbe report (issue 15 item 3), read from the stored step scores of a run.
 
-`pipeline.evaluate` with a PRM writes every val and test step's probe and PRM scores (`pipeline.write_step_scores`,
+`jobs.reprobe.evaluate` with a PRM writes every val and test step's probe and PRM scores (`write_step_scores`,
 `<prm folder>/step_scores.npz`). From them: a fusion per probe feature set fitted on the val split (its test scores
 are the report's 'fusion[<set>]' rows), and for the probe with the best val PR-AUC (chosen on val, never on test)
 the cascade curve of every test domain: the PRM asked about the fraction f of steps where the probe is least
@@ -30,8 +30,8 @@ class SplitScores:
 
 
 def read_step_scores(path: str) -> dict[str, SplitScores]:
-  """{'val': ..., 'test': ...} from `pipeline.write_step_scores`' file; DataFormatError naming it when a split or
-  its arrays are missing or of different lengths."""
+  """{'val': ..., 'test': ...} from `jobs.reprobe_scores.write_step_scores`' file; DataFormatError naming it when
+  a split or its arrays are missing or of different lengths."""
   try:
     with np.load(path) as z:
       arrays = {k: z[k] for k in z.files}

@@ -41,7 +41,7 @@ from reprobe_jax.prm.model import PRM, QWEN_SEPARATOR, from_target, load_prm, re
     step_logits, valid_spans
 from reprobe_jax.probe.train import weighted_bce
 from reprobe_jax.io.readers import read_json
-from reprobe_jax.jobs.runs import write_json
+from reprobe_jax.io.atomic import write_json
 from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 from reprobe_jax.trajectories import Trajectory

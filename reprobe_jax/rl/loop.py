@@ -27,17 +27,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features.extraction import model_fingerprint
+from reprobe_jax.models import make_mesh
 from reprobe_jax.models.sampling import SamplingParams
-from reprobe_jax.jobs.reprobe import DOMAINS, SPLIT_SEEDS
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
 from reprobe_jax.rl.rollout import (PromptSet, collect, policy_batch, potentials, rollout_fn, step_batch)
 from reprobe_jax.spae.potential import ProbeConfig, Prober
 from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
-from reprobe_jax.tasks import DIFFICULTIES, make_problems
+from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, make_problems
+from reprobe_jax.tasks.splits import SPLIT_SEEDS
 from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 from reprobe_jax.trajectories import prompt_text
@@ -136,10 +137,6 @@ class RLConfig:
     m = self.method
     return loss_lib.LossConfig(clip_low=self.clip_low, clip_high=m.clip_high, aggregation=m.aggregation,
                                kl_coef=self.kl_coef)
-
-
-def rl_config_from_dict(d) -> RLConfig:
-  return replace_fields(RLConfig(), plain(d), root="config.rl")
 
 
 def train_prompts(lm, cfg: RLConfig) -> PromptSet:
@@ -272,7 +269,6 @@ def signature(lm, cfg: RLConfig, pcfg: ProbeConfig) -> dict:
 
 def default_mesh():
   """A 'data' mesh over every device when there is more than one (the update's rows split over them), else None."""
-  from reprobe_jax.models import make_mesh
   return make_mesh(data=jax.device_count()) if jax.device_count() > 1 else None
 
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from reprobe_jax.jobs import reprobe as pipeline
+from reprobe_jax.jobs import reprobe_config
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.trajectories import TrajectoryConfig
 
@@ -24,13 +24,13 @@ def test_trajectory_config_checks_itself(field, value, match):
   with pytest.raises(ConfigError, match=rf"^TrajectoryConfig\.{field}: expected .*{match}$"):
     TrajectoryConfig(**{field: value})
   with pytest.raises(ConfigError, match=rf"^config\.trajectories\.{field}: expected .*{match}$"):
-    pipeline.config_from_dict({"trajectories": {field: value}})
+    reprobe_config.config_from_dict({"trajectories": {field: value}})
 
 
 def test_trajectory_config_accepts_the_edges():
   cfg = TrajectoryConfig(samples=1, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=1, batch_size=1, seed=0)
   assert (cfg.temperature, cfg.top_k, cfg.top_p) == (0.0, 0, 1.0)
-  assert pipeline.config_from_dict({"trajectories": {"temperature": 0}}).trajectories.temperature == 0.0
+  assert reprobe_config.config_from_dict({"trajectories": {"temperature": 0}}).trajectories.temperature == 0.0
 
 
 def test_target_lm_resume_with_another_model_shape_is_refused(tmp_path):

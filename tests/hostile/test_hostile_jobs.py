@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from configs import judge_prompts
-from reprobe_jax.jobs import reprobe as pipeline
+from reprobe_jax.jobs import reprobe_config
 from reprobe_jax.fields import replace_fields
 from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError, ReprobeError
 from reprobe_jax.probe import ProbeConfig
@@ -91,12 +91,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ])
 def test_reprobe_config_mistakes_name_the_field(override, match):
   with pytest.raises(ConfigError, match=match):
-    pipeline.config_from_dict(override)
+    reprobe_config.config_from_dict(override)
 
 
 def test_accepted_values_are_converted_as_documented():
-  cfg = pipeline.config_from_dict({"hidden_layers": [-1, 2], "train": {"optimizer": {"learning_rate": 1}},
-                                   "trajectories": {"temperature": 0, "top_k": 0, "top_p": 1.0}})
+  cfg = reprobe_config.config_from_dict({"hidden_layers": [-1, 2], "train": {"optimizer": {"learning_rate": 1}},
+                                         "trajectories": {"temperature": 0, "top_k": 0, "top_p": 1.0}})
   assert cfg.hidden_layers == (-1, 2)  # a list for a tuple field is a tuple
   lr = cfg.train.optimizer.learning_rate
   assert lr == 1.0 and isinstance(lr, float)  # an int for a float
@@ -111,7 +111,7 @@ def test_direct_construction_names_the_class():
   with pytest.raises(ConfigError, match=r"^ProbeConfig\.feature_dim: expected an int >= 1, got 0$"):
     ProbeConfig(feature_dim=0)
   with pytest.raises(ConfigError, match=r"^ReprobeConfig\.train: expected a ProbeTrainConfig, got \{\}$"):
-    pipeline.ReprobeConfig(train={})
+    reprobe_config.ReprobeConfig(train={})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,13 +180,13 @@ def test_model_dependent_checks_need_no_model(override, shape, match):
   """What depends on the target's shape is checked from its numbers (as the CLI does before building the
   built-in target), so it fails before anything is sampled."""
   with pytest.raises(ConfigError, match=match):
-    cfg = pipeline.config_from_dict(override)
-    pipeline.check_model(cfg, **{"num_layers": 4, "context": 1024, "vocab_size": 1024, **shape})
+    cfg = reprobe_config.config_from_dict(override)
+    reprobe_config.check_model(cfg, **{"num_layers": 4, "context": 1024, "vocab_size": 1024, **shape})
 
 
 def test_model_dependent_checks_accept_what_fits():
-  cfg = pipeline.config_from_dict({"hidden_layers": (-5, 0, 4), "trajectories": {"top_k": 1024}})
-  pipeline.check_model(cfg, num_layers=4, context=1024, vocab_size=1024)
+  cfg = reprobe_config.config_from_dict({"hidden_layers": (-5, 0, 4), "trajectories": {"top_k": 1024}})
+  reprobe_config.check_model(cfg, num_layers=4, context=1024, vocab_size=1024)
 
 
 _VALUES = st.one_of(st.integers(-3, 300), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
@@ -227,7 +227,7 @@ def test_fuzz_config_fields_accept_exactly_the_valid_values(field, value):
   for part in reversed(field):
     override = {part: override}
   try:
-    cfg = pipeline.config_from_dict(override)
+    cfg = reprobe_config.config_from_dict(override)
   except ConfigError as e:
     assert not _EXPECTED[field](value), (field, value, e)
     assert str(e).startswith(f"config.{'.'.join(field)}")
