@@ -36,20 +36,14 @@ class AdvantageInputs:
 
 @struct.dataclass
 class PolicyBatch:
-  """One batch for the policy update.
+  """One batch for the policy update: P prompt columns, then T response columns."""
 
-  tokens / attention_mask: [B, P + T] int32, the prompt left-padded to P columns, then the response right-padded to
-  T columns (mask 1 on real tokens). response_mask: [B, T] float32 (1 on the trained response tokens).
-  old_logprobs: [B, T] float32, log p of each response token under the rollout's parameters (0 off the mask).
-  advantages: [B, T] float32. ref_logprobs: [B, T] float32 under a frozen reference (zeros when there is no KL).
-  """
-
-  tokens: Int[Array, "b p_plus_t"]
-  attention_mask: Int[Array, "b p_plus_t"]
-  response_mask: Float[Array, "b t"]
-  old_logprobs: Float[Array, "b t"]
+  tokens: Int[Array, "b p_plus_t"]  # the prompt left-padded to P columns, then the response right-padded
+  attention_mask: Int[Array, "b p_plus_t"]  # 1 on real tokens
+  response_mask: Float[Array, "b t"]  # 1 on the trained response tokens
+  old_logprobs: Float[Array, "b t"]  # log p of each response token under the rollout's parameters (0 off the mask)
   advantages: Float[Array, "b t"]
-  ref_logprobs: Float[Array, "b t"]
+  ref_logprobs: Float[Array, "b t"]  # under a frozen reference (zeros when there is no KL)
 
   @property
   def prompt_len(self) -> int:
