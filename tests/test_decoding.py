@@ -11,6 +11,7 @@ import pytest
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import CaptureSpec, SamplingParams, load_pretrained
 from reprobe_jax.models import decoding
+from reprobe_jax.models.capture import TokenFeatures
 from reprobe_jax.models.decoding import StopRule
 from reprobe_jax.models.kv_cache import KVCache
 
@@ -40,6 +41,27 @@ def assert_matches_forward(lm, context, row, *, atol=1e-4):
 
 def _stop_rule(lm):
   return StopRule.from_mask(lm.stop_token_mask([".\n", "\n\n"]))
+
+
+def test_features_are_typed_and_hold_what_the_capture_asks_for(lm):
+  """A decode state's features are a TokenFeatures: one field per captured value (None where the capture asks for
+  none), shown to the feature files under the names `FeatureSpec.assemble` reads; a row read back keeps the type."""
+  L = lm.config.num_layers
+  smp = lm.sampler(SamplingParams(1.0), capture=CAPTURE)
+  state = smp.decode(smp.prefill(PROMPTS[:1], max_new_tokens=4, seed=0))
+  f = state.features
+  assert isinstance(f, TokenFeatures) and isinstance(state.pending, TokenFeatures)
+  b, n = state.tokens.shape
+  assert sorted(f.hidden) == [0, L] and f.top_ids is None
+  assert f.hidden[L].shape == (b, n, lm.config.hidden_size) and f.attn_window.shape[:3] == (b, n, L)
+  assert f.top_probs.shape == (b, n, 4) and f.token_entropy.shape == f.token_self_certainty.shape == (b, n)
+  assert sorted(f) == sorted(["hidden_0", f"hidden_{L}", "attn_window", "top_probs", "token_entropy",
+                              "token_self_certainty"])
+  assert f["token_entropy"] is f.token_entropy and dict(f)[f"hidden_{L}"] is f.hidden[L]
+  row = smp.read(state, [0])[0]
+  assert isinstance(row.features, TokenFeatures) and row.features.token_entropy.shape == (len(row.tokens),)
+  bare = lm.sampler(SamplingParams(1.0)).prefill(PROMPTS[:1], max_new_tokens=4)
+  assert len(bare.features) == 0 and not bare.features.hidden  # CaptureSpec(): nothing captured
 
 
 @pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
@@ -255,6 +277,20 @@ def test_per_row_key_arguments_are_checked(lm):
   state = smp.prefill(PROMPTS, max_new_tokens=4)
   with pytest.raises(ConfigError, match="rekey: need \\[4\\] typed PRNG keys"):
     decoding.rekey(state, decoding.row_keys(decoding.prompt_keys(0, [1, 2]), 1))
+
+
+def test_misshapen_arrays_at_the_api_boundary_are_config_errors(lm):
+  """Shapes handed in are checked (chex) before any work, and a bad one is the ConfigError every bad input is."""
+  state = lm.sampler(SamplingParams(1.0)).prefill(PROMPTS, max_new_tokens=4)
+  with pytest.raises(ConfigError, match=r"resume: rows must be \[4\] bool"):
+    lm.sampler(SamplingParams(1.0)).resume(state, [True, False])
+  cache = lm.new_cache(2, 16)
+  with pytest.raises(ConfigError, match="extend: input_ids and attention_mask must be one"):
+    lm.extend(cache, np.ones((2, 3), np.int32), np.ones((2, 4), np.int32))
+  with pytest.raises(ConfigError, match="the cache's 2"):
+    lm.extend(cache, np.ones((3, 3), np.int32))
+  with pytest.raises(ConfigError, match="position_ids: one per input id"):
+    lm.forward(np.ones((1, 3), np.int32), position_ids=np.zeros((1, 4), np.int32))
 
 
 # ------------------------------------------------------------------------------------------ the cache write

@@ -22,8 +22,8 @@ from flax import nnx
 from reprobe_jax.errors import ConfigError, UnsupportedModelError
 from reprobe_jax.models import CaptureSpec, LanguageModel, ModelConfig, load_pretrained
 from reprobe_jax.models.checkpoint import abstract_model
+from reprobe_jax.models.layers import GemmaRMSNorm
 from reprobe_jax.models.rope_config import RopeConfig
-from reprobe_jax.models.transformer import GemmaRMSNorm
 
 TOL = 1e-4
 VOCAB = 101

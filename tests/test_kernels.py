@@ -147,7 +147,7 @@ def test_fused_projections_equal_each_packed_product_bit_for_bit(rows):
   """q, k, v (with biases, as Qwen2's) through one packed call give each separate packed product exactly: every
   output column reads its own weight column only. Above MAX_ROWS each Linear runs XLA's dot on its own."""
   from flax import nnx
-  from reprobe_jax.models.transformer import Linear, PackedWeight, fused_matmul
+  from reprobe_jax.models.layers import Linear, PackedWeight, fused_matmul
   rngs = nnx.Rngs(0)
   lins = [Linear(64, n, ("embed", "heads"), bias=True, dtype=jnp.float32, rngs=rngs) for n in (96, 32, 32)]
   for i, lin in enumerate(lins):

@@ -271,6 +271,9 @@ def test_registry():
 def test_bad_inputs_and_config():
   with pytest.raises(ConfigError, match="group_size"):
     compute_advantages("grpo", _inputs(REWARDS, LENGTHS, 4, group_size=4), CFG)
+  float_steps = _inputs(REWARDS, LENGTHS, 4, group_size=2).replace(token_step=jnp.zeros((len(REWARDS), 4)))
+  with pytest.raises(ConfigError, match="AdvantageInputs.token_step: integer step indices"):
+    compute_advantages("spae", float_steps, CFG)
   with pytest.raises(ConfigError, match=r"AdvantageConfig.alpha: expected a finite number in \[0.0, 1.0\]"):
     AdvantageConfig(alpha=1.5)
   with pytest.raises(ConfigError, match="AdvantageConfig.std_eps"):

@@ -167,6 +167,22 @@ def test_loss_config_and_missing_reference():
   assert float(sums.clipped) == 0.0
 
 
+def test_misshapen_batches_are_config_errors_before_any_work():
+  z = jnp.zeros((2, 3))
+  with pytest.raises(ConfigError, match=r"policy_loss: logp, old_logp, adv, mask .* one \[B, T\]"):
+    policy_loss(z, z, jnp.zeros((2, 4)), z, LossConfig(), 6, 2)
+  tokens, attn, resp = _sequences()
+  PolicyBatch(tokens, attn, resp, resp, resp, resp).check()
+  with pytest.raises(ConfigError, match="PolicyBatch: tokens, attention_mask"):
+    PolicyBatch(tokens, attn[:, 1:], resp, resp, resp, resp).check()
+  with pytest.raises(ConfigError, match="PolicyBatch"):
+    PolicyBatch(tokens, attn, resp, resp[:, 1:], resp, resp).check()
+  with pytest.raises(ConfigError, match="PolicyBatch"):
+    PolicyBatch(tokens.astype(jnp.float32), attn, resp, resp, resp, resp).check()
+  with pytest.raises(ConfigError, match="response columns exceed"):
+    PolicyBatch(tokens[:, :2], attn[:, :2], resp, resp, resp, resp).check()
+
+
 # ------------------------------------------------------------------------------------------------ log-probabilities
 
 

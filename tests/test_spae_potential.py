@@ -31,6 +31,8 @@ def test_step_potential_corners_and_a_worked_example():
   assert saturated(np.array([0.9, 0.9000001]), 0.9).tolist() == [False, True]  # strictly above eps_sat
   grid = step_potential(np.full((2, 3), 1.0), np.full((2, 3), 1.0))  # any shape
   assert grid.shape == (2, 3) and np.all(grid == 1.0)
+  with pytest.raises(ConfigError, match="step_potential: acc and conf"):
+    step_potential(np.zeros(3), np.zeros((3, 1)))  # would broadcast to [3, 3]
 
 
 def _thinking_set(lm, n=6):
@@ -173,6 +175,17 @@ def test_bad_input_is_refused_before_any_work(synthetic_lm):
     ProbeConfig(reading="top20")
   empty = prober.potentials(prompts[:1], [responses[0][:3]], answers[:1], [0])[0]  # '<think>' and no boundary
   assert len(empty) == 0 and empty.first_saturated is None
+  state = prober.teacher_forced_state(prompts, responses)  # 2 rows
+  ans = prober.answer_ids(answers)
+  cuts = np.zeros((2, 1), np.int32)
+  with pytest.raises(ConfigError, match=r"probe_state: cuts \[B, C\] and ordinals"):
+    prober.probe_state(state, cuts[:1], cuts[:1], ans[:1], [0])  # one cut row for two state rows
+  with pytest.raises(ConfigError, match="probe_state: cuts"):
+    prober.probe_state(state, cuts, np.zeros((2, 2), np.int32), ans, [0, 1])
+  with pytest.raises(ConfigError, match="probe_state: cuts"):
+    prober.probe_state(state, cuts.astype(np.float32), cuts, ans, [0, 1])
+  with pytest.raises(ConfigError, match="1 answers and 2 seeds for 2 rows"):
+    prober.probe_state(state, cuts, cuts, ans[:1], [0, 1])
 
 
 def test_step_potentials_record():

@@ -1,9 +1,13 @@
-"""What a forward pass captures (static) and what it returns."""
+"""What a forward pass captures (static), what it returns, and what the sampler records per token."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
+
+import jax
+from flax import struct
+from jaxtyping import Array, Float, Int
 
 from reprobe_jax.errors import ConfigError
 
@@ -60,10 +64,56 @@ class ForwardOutput:
   token_self_certainty [B, T] = KL(uniform || p) = -log V - mean_v log p_v (Kang et al., 2025; higher = surer).
   """
 
-  logits: Any
-  hidden_states: Mapping[int, Any] = dataclasses.field(default_factory=dict)
-  attn_window: Any = None
-  top_probs: Any = None
-  token_logprobs: Any = None
-  token_entropy: Any = None
-  token_self_certainty: Any = None
+  logits: Float[Array, "b t v"]
+  hidden_states: Mapping[int, Float[Array, "b t d"]] = dataclasses.field(default_factory=dict)
+  attn_window: Float[Array, "b t layers heads window"] | None = None
+  top_probs: Float[Array, "b t k"] | None = None
+  token_logprobs: Float[Array, "b t"] | None = None
+  token_entropy: Float[Array, "b t"] | None = None
+  token_self_certainty: Float[Array, "b t"] | None = None
+
+
+# The per-token values besides the hidden states, in the order `TokenFeatures.names` lists them.
+_VALUE_FIELDS = ("attn_window", "top_probs", "top_ids", "token_entropy", "token_self_certainty")
+
+
+@struct.dataclass
+class TokenFeatures(Mapping):
+  """What the sampler captured for each response token (docs/method.md §A3: entry j is the state that predicted
+  token j): one field per captured value, None where the CaptureSpec does not ask for it. Leading axes [B, N] in a
+  decode state's buffers ([B] for the positions behind its pending logits; [N] in one row read back).
+
+  As a read-only mapping it shows its values under the names the feature files and `FeatureSpec.assemble` use
+  ('hidden_<i>', 'attn_window', 'top_probs', 'top_ids', 'token_entropy', 'token_self_certainty'): this class is the
+  one place those names are made."""
+
+  hidden: dict[int, Float[Array, "*rows d"]] = dataclasses.field(default_factory=dict)  # HF layer index -> state
+  attn_window: Float[Array, "*rows layers heads window"] | None = None
+  top_probs: Float[Array, "*rows k"] | None = None  # sorted descending, temperature 1
+  top_ids: Int[Array, "*rows k"] | None = None
+  token_entropy: Float[Array, "*rows"] | None = None
+  token_self_certainty: Float[Array, "*rows"] | None = None  # KL(U || p)
+
+  @classmethod
+  def from_captured(cls, captured: Mapping[str, Any]) -> "TokenFeatures":
+    """From a decoder's captured dict ({'hidden_states': {i: x}, 'attn_window': x}, `forward.run_decoder`)."""
+    return cls(hidden=dict(captured["hidden_states"]), attn_window=captured.get("attn_window"))
+
+  def with_stats(self, stats: Mapping[str, jax.Array]) -> "TokenFeatures":
+    """These values plus `forward.logit_stats`'s (the token's own log-prob excepted: the sampler records it apart)."""
+    return self.replace(**{k: v for k, v in stats.items() if k in _VALUE_FIELDS})
+
+  def named(self) -> dict[str, jax.Array]:
+    """{'hidden_<i>': ..., 'attn_window': ..., ...}: the captured values by their feature names."""
+    out = {f"hidden_{i}": h for i, h in sorted(self.hidden.items())}
+    out.update({k: getattr(self, k) for k in _VALUE_FIELDS if getattr(self, k) is not None})
+    return out
+
+  def __getitem__(self, name: str) -> jax.Array:
+    return self.named()[name]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self.named())
+
+  def __len__(self) -> int:
+    return len(self.named())

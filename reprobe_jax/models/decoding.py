@@ -3,7 +3,7 @@
     state = prefill(...)                      # prompts -> pending next-token logits, empty response buffers
     state = decode(..., state, stop_rule)     # until every live row hits EOS, a step boundary, its budget or the
                                               # cache end
-    scores = scorer(state.features, newest_step_spans(state))   # on device, no second forward
+    scores = scorer(inputs_from_state(state), newest_step_spans(state))   # on device, no second forward
     state = take(state, keep_rows)            # branch samples or keep beam survivors
     state = force(..., state, suffix_ids)     # append forced text (`</think>`, a probe suffix) to chosen rows
     state = resume(state, rows)               # let paused rows go on; their newest step starts here
@@ -22,13 +22,15 @@ resumed), 'cache_full' (the cache has no slot left for the row's next token: nev
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jaxtyping import Array, Bool, Float, Int, Key
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.models.capture import CaptureSpec
+from reprobe_jax.models.capture import CaptureSpec, TokenFeatures
 from reprobe_jax.models.forward import logit_stats
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sampling import extend_in_jit, sample_token
@@ -49,7 +51,7 @@ class StopRule:
   `reprobe_jax.steps.boundary.StepBoundary(...).compile(tokenizer)`, a `StopTable` with the same `advance` interface:
   (state [B] int32, tok [B] int32) -> (state [B], ends [B] int32 of ENDS_BEFORE | ENDS_AFTER)."""
 
-  fires: jax.Array  # [V] bool
+  fires: Bool[Array, " vocab"]
 
   @classmethod
   def from_mask(cls, mask) -> "StopRule":
@@ -68,22 +70,22 @@ class DecodeState:
   """Rows of a batch being decoded. N = response buffer length; features hold `capture`'s per-token values."""
 
   cache: KVCache
-  logits: jax.Array  # [B, V] float32: the next-token logits of each row
-  pending: dict  # the captured values of the positions that produced `logits` ({'hidden_i': [B, D], ...})
-  tokens: jax.Array  # [B, N] int32, pad after each row's length
-  logprobs: jax.Array  # [B, N] float32, log p(token) at temperature 1, 0 past the length
-  features: dict  # {'hidden_<i>': [B, N, D], 'attn_window': [B, N, L, H, W], 'top_probs': [B, N, K],
-  #                  'token_entropy', 'token_self_certainty': [B, N]}, zero past the length
-  slots: jax.Array  # [B, N] int32: the cache slot holding response token i's keys (-1 until it is fed)
-  lengths: jax.Array  # [B] int32 response tokens so far
-  step_start: jax.Array  # [B] int32: the newest step is tokens [step_start, step_end) once the row paused/ended
-  step_end: jax.Array  # [B] int32 (a step that ended *before* the last token leaves that token to the next step)
-  again: jax.Array  # [B] bool: the last token also closed a step of its own; resume pauses once more for it
-  budget: jax.Array  # [B] int32: the most response tokens a row may have
-  done: jax.Array  # [B] bool
-  finish: jax.Array  # [B] int32 finish code (meaningful where done)
-  stop_state: jax.Array  # [B] int32 state of the stop automaton
-  rng: jax.Array  # a PRNG key for the whole batch, or [B] keys: one stream per row (`rekey`, `row_keys`)
+  logits: Float[Array, "batch vocab"]  # the next-token logits of each row
+  pending: TokenFeatures  # the captured values [B, ...] of the positions that produced `logits` (hidden, attn)
+  tokens: Int[Array, "batch n"]  # pad after each row's length
+  logprobs: Float[Array, "batch n"]  # log p(token) at temperature 1, 0 past the length
+  features: TokenFeatures  # [B, N, ...] per response token (hidden states, attention window, top-K, entropy,
+  #                          self-certainty, as `capture` asks), zero past the length
+  slots: Int[Array, "batch n"]  # the cache slot holding response token i's keys (-1 until it is fed)
+  lengths: Int[Array, " batch"]  # response tokens so far
+  step_start: Int[Array, " batch"]  # the newest step is tokens [step_start, step_end) once the row paused/ended
+  step_end: Int[Array, " batch"]  # (a step that ended *before* the last token leaves that token to the next step)
+  again: Bool[Array, " batch"]  # the last token also closed a step of its own; resume pauses once more for it
+  budget: Int[Array, " batch"]  # the most response tokens a row may have
+  done: Bool[Array, " batch"]
+  finish: Int[Array, " batch"]  # finish code (meaningful where done)
+  stop_state: Int[Array, " batch"]  # state of the stop automaton
+  rng: Key[Array, ""] | Key[Array, " batch"]  # one key for the batch, or one stream per row (`rekey`, `row_keys`)
 
   @property
   def batch(self) -> int:
@@ -94,30 +96,25 @@ class DecodeState:
     return self.tokens.shape[1]
 
 
-def _features_of(logits, captured, capture: CaptureSpec):
-  """The per-token values of positions [B, ...] from their logits [B, V] and captured dict: what `features` holds."""
-  feats = {k: v for k, v in captured.items()}
+def _features_of(logits, captured: TokenFeatures, capture: CaptureSpec) -> TokenFeatures:
+  """The per-token values of positions [B, ...] from their logits [B, V] and captured values: what `features` holds
+  (the token's own log-prob is recorded apart, in `logprobs`)."""
   stats = logit_stats(logits[:, None], jnp.zeros(logits.shape[:1] + (1,), jnp.int32), capture)
-  stats.pop("token_logprobs", None)  # the token's own log-prob is recorded separately
-  feats.update({k: v[:, 0] for k, v in stats.items()})
-  return feats
+  return captured.with_stats({k: v[:, 0] for k, v in stats.items()})
 
 
-def _at(captured: dict) -> dict:
-  """A decoder's captured output at every position: {'hidden_i': [B, T, D], 'attn_window': [B, T, L, H, W]}."""
-  out = {f"hidden_{i}": h for i, h in captured["hidden_states"].items()}
-  if "attn_window" in captured:
-    out["attn_window"] = captured["attn_window"]
-  return out
+def _at(captured: dict) -> TokenFeatures:
+  """A decoder's captured output at every position: hidden states [B, T, D], attention window [B, T, L, H, W]."""
+  return TokenFeatures.from_captured(captured)
 
 
-def _last(captured: dict) -> dict:
-  """The same at the last position: {'hidden_i': [B, D], 'attn_window': [B, L, H, W]}."""
+def _last(captured: dict) -> TokenFeatures:
+  """The same at the last position: [B, D], [B, L, H, W]."""
   return jax.tree.map(lambda x: x[:, -1], _at(captured))
 
 
-def _feature_buffers(feats0: dict, b: int, n: int) -> dict:
-  return {k: jnp.zeros((b, n) + v.shape[1:], v.dtype) for k, v in feats0.items()}
+def _feature_buffers(feats0: TokenFeatures, b: int, n: int) -> TokenFeatures:
+  return jax.tree.map(lambda v: jnp.zeros((b, n) + v.shape[1:], v.dtype), feats0)
 
 
 def _bmask(mask, x):
@@ -168,18 +165,24 @@ def _write(buf, rows_pos, value, ok):
   return buf.at[jnp.arange(b), pos].set(value.astype(buf.dtype), mode="drop")
 
 
+class _DecodeLoop(NamedTuple):
+  """The decode loop's carry: the state and the loop iterations run so far."""
+
+  state: DecodeState
+  steps: Int[Array, ""]
+
+
 def _decode_impl(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, temperature, top_p, max_steps, *,
                  greedy: bool, top_k: int, filtered: bool = True, capture: CaptureSpec = CaptureSpec(),
                  shard: ShardingCtx | None = None) -> DecodeState:
   """Samples tokens for every live row until each is done (EOS, step boundary, budget, cache end) or `max_steps`
   (traced) loop iterations have run. eos_mask [V] bool. `filtered` (static): whether top-p is applied (top_p < 1);
   top_k 0 = off. Token log-probs and entropies are of the unfiltered distribution at temperature 1."""
-  def cond(c):
-    s, i = c
-    return (i < max_steps) & jnp.any(~s.done)
+  def cond(c: _DecodeLoop):
+    return (c.steps < max_steps) & jnp.any(~c.state.done)
 
-  def body(c):
-    s, i = c
+  def body(c: _DecodeLoop) -> _DecodeLoop:
+    s = c.state
     if s.rng.ndim == 0:  # one key for the batch: a row's draws depend on the batch it sits in
       rng, sub = jax.random.split(s.rng)
       tok = sample_token(s.logits, sub, temperature, top_p, greedy=greedy, top_k=top_k, filtered=filtered)  # [B]
@@ -196,7 +199,7 @@ def _decode_impl(graphdef, params, state: DecodeState, rule: StopRule, eos_mask,
     feats = _features_of(s.logits, s.pending, capture)
     tokens = _write(s.tokens, s.lengths, tok, live)
     logprobs = _write(s.logprobs, s.lengths, tok_logp, live)
-    bufs = {k: _write(v, s.lengths, feats[k], live) for k, v in s.features.items()}
+    bufs = jax.tree.map(lambda buf, v: _write(buf, s.lengths, v, live), s.features, feats)
     lengths = s.lengths + live.astype(jnp.int32)
     new_q, ends = rule.advance(s.stop_state, tok)
     stop_state = jnp.where(live, new_q, s.stop_state)
@@ -229,12 +232,12 @@ def _decode_impl(graphdef, params, state: DecodeState, rule: StopRule, eos_mask,
     keep = lambda new, old: jnp.where(_bmask(feed, new), new, old)
     new_logits = keep(new_logits, s.logits)
     new_pending = jax.tree.map(keep, new_pending, s.pending)
-    return s.replace(cache=cache, logits=new_logits, pending=new_pending, tokens=tokens, logprobs=logprobs,
-                     features=bufs, slots=slots, lengths=lengths, done=done, finish=finish, stop_state=stop_state,
-                     step_end=step_end, again=again, rng=rng), i + 1
+    return _DecodeLoop(s.replace(cache=cache, logits=new_logits, pending=new_pending, tokens=tokens,
+                                 logprobs=logprobs, features=bufs, slots=slots, lengths=lengths, done=done,
+                                 finish=finish, stop_state=stop_state, step_end=step_end, again=again, rng=rng),
+                       c.steps + 1)
 
-  out, _ = jax.lax.while_loop(cond, body, (state, jnp.zeros((), jnp.int32)))
-  return out
+  return jax.lax.while_loop(cond, body, _DecodeLoop(state, jnp.zeros((), jnp.int32))).state
 
 
 decode, decode_in_jit = decode_jit(
@@ -280,9 +283,7 @@ def _force_impl(graphdef, params, state: DecodeState, rule: StopRule, forced_ids
       state.pending, at)
   z = src_logits.astype(jnp.float32)
   tok_logp = jnp.take_along_axis(z, forced_ids[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(z, axis=-1)
-  stats = logit_stats(z, forced_ids, capture)
-  stats.pop("token_logprobs", None)
-  feats = {**src_capt, **stats}  # [B, K, ...]
+  feats = src_capt.with_stats(logit_stats(z, forced_ids, capture))  # [B, K, ...]
   slot = state.lengths[:, None] + pos - first[:, None]  # [B, K] response index of each forced token
   b, n = state.tokens.shape
   where = jnp.where(m, slot, n)
@@ -290,7 +291,7 @@ def _force_impl(graphdef, params, state: DecodeState, rule: StopRule, forced_ids
   put = lambda buf, val: buf.at[rows, where].set(val.astype(buf.dtype), mode="drop")
   tokens = put(state.tokens, forced_ids)
   logprobs = put(state.logprobs, tok_logp)
-  bufs = {name: put(buf, feats[name]) for name, buf in state.features.items()}
+  bufs = jax.tree.map(put, state.features, feats)
   slots = put(state.slots, state.cache.index[:, None] + pos - first[:, None])
 
   def adv(q, j):

@@ -17,22 +17,22 @@ Two ways to branch a prefilled context into many rows:
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import struct
+from jaxtyping import Array, Bool, Float, Int
 
 from reprobe_jax.models.config import ModelConfig
 
 
 @struct.dataclass
 class KVCache:
-  k: tuple  # per layer [B, KV, S, Dh]
-  v: tuple  # per layer [B, KV, S, Dh]
-  valid: jax.Array  # [B, S] bool
-  positions: jax.Array  # [B] int32
-  index: jax.Array  # [B] int32
+  k: tuple[Float[Array, "batch kv slots head_dim"], ...]  # per layer
+  v: tuple[Float[Array, "batch kv slots head_dim"], ...]  # per layer
+  valid: Bool[Array, "batch slots"]
+  positions: Int[Array, " batch"]
+  index: Int[Array, " batch"]
   prefix: "KVCache | None" = None  # read-only shared context of P rows (rows b // (B // P) read row b's prefix)
-  prefix_cut: jax.Array | None = None  # [B] int32: row b sees prefix slots [0, cut)
+  prefix_cut: Int[Array, " batch"] | None = None  # row b sees prefix slots [0, cut)
 
   @property
   def size(self) -> int:

@@ -7,16 +7,19 @@ import json
 import os
 from typing import Any, Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jaxtyping import Array, Float, Int
 
+import reprobe_jax.models.decoding as decoding
+import reprobe_jax.models.sampling as sampling
 from reprobe_jax import kernels
 from reprobe_jax.io.atomic import atomic_folder
-from reprobe_jax.errors import CacheFullError, ConfigError
-from reprobe_jax.models import decoding, sampling
-from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
+from reprobe_jax.errors import CacheFullError, ConfigError, shape_errors
+from reprobe_jax.models.capture import CaptureSpec, ForwardOutput, TokenFeatures
 from reprobe_jax.models.checkpoint import export_tensors
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.forward import StaticGraph, forward as _forward, positions_from_mask
@@ -44,19 +47,19 @@ class Generation:
 
   tokens [R, N] int32 (pad after each row's end); logprobs [R, N] (log p of each token at temperature 1);
   lengths [R]; finish_reason per row ('eos', 'stop' or 'length'); prompt_index [R]; texts; features: for each
-  generated token, what the state that predicted it captured ({'hidden_<i>': [R, N, D], 'attn_window':
-  [R, N, L, H, W], 'top_probs': [R, N, K], 'token_entropy', 'token_self_certainty': [R, N]}),
+  generated token, what the state that predicted it captured (hidden states [R, N, D], attention window
+  [R, N, L, H, W], top_probs [R, N, K], token_entropy and token_self_certainty [R, N], as `capture` asks),
   zero past each row's end.
   """
 
-  tokens: np.ndarray
-  logprobs: np.ndarray
-  lengths: np.ndarray
+  tokens: Int[np.ndarray, "r n"]
+  logprobs: Float[np.ndarray, "r n"]
+  lengths: Int[np.ndarray, " r"]
   finish_reason: list[str]
-  prompt_index: np.ndarray
+  prompt_index: Int[np.ndarray, " r"]
   prompt_ids: list[list[int]]
   texts: list[str]
-  features: dict[str, np.ndarray]
+  features: TokenFeatures
 
   def token_ids(self, row: int) -> list[int]:
     return self.tokens[row, :self.lengths[row]].tolist()
@@ -179,6 +182,8 @@ class LanguageModel:
     if mask.shape != input_ids.shape:
       raise ConfigError(f"attention_mask shape {mask.shape} differs from input_ids shape {input_ids.shape}")
     pos = positions_from_mask(mask) if position_ids is None else jnp.asarray(position_ids, jnp.int32)
+    with shape_errors("position_ids: one per input id"):
+      chex.assert_equal_shape([pos, input_ids])
     capture.resolve_layers(self.config.num_layers)
     out = _forward(self.static_graph, self.params, input_ids, mask, pos, capture=capture, shard=self.shard)
     return ForwardOutput(logits=out["logits"], hidden_states=out["hidden_states"],
@@ -213,11 +218,18 @@ class LanguageModel:
     self._check_length(size)
     return KVCache.zeros(self.config, batch, size, self.dtype)
 
-  def extend(self, cache: KVCache, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec()):
+  def extend(self, cache: KVCache, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec()
+             ) -> tuple[Float[Array, "b t v"], dict, KVCache]:
     """Appends left-padded tokens [B, T] to each row of `cache` (donated), each row at its own next slot.
     Returns (logits [B, T, V], captured, cache). A boundary API: it reads the cache's fill level back to refuse an
     overflow (the sampler's jitted operations finish such rows as 'cache_full' instead)."""
+    if not isinstance(input_ids, jax.Array):
+      input_ids = np.asarray(input_ids, np.int32)
     mask = np.ones(np.shape(input_ids), np.int32) if attention_mask is None else np.asarray(attention_mask, np.int32)
+    with shape_errors(f"extend: input_ids and attention_mask must be one [B, T] with B = the cache's {cache.batch}"):
+      chex.assert_rank(mask, 2)
+      chex.assert_shape([input_ids, mask], (cache.batch, None))
+      chex.assert_equal_shape([input_ids, mask])
     held = to_host(cache.index)
     need = held + mask.sum(axis=1)
     if np.any(need > cache.size):
@@ -318,7 +330,7 @@ class LanguageModel:
     finish = [decoding.FINISH_NAMES[int(c)] for c in host["finish"][:r]]
     texts = ([self.tokenizer.decode(tokens[i, :lengths[i]]) for i in range(r)] if self.tokenizer is not None
              else [""] * r)
-    feats = {k: v[:r, :max_new_tokens] for k, v in host["features"].items()}
+    feats = jax.tree.map(lambda v: v[:r, :max_new_tokens], host["features"])
     return Generation(tokens=tokens, logprobs=host["logprobs"][:r, :max_new_tokens], lengths=lengths,
                       finish_reason=finish, prompt_index=np.repeat(np.arange(len(ids)), n), prompt_ids=ids,
                       texts=texts, features=feats)

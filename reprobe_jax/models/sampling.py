@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.capture import CaptureSpec
-from reprobe_jax.models.forward import logit_stats, run_decoder
+from reprobe_jax.models.forward import run_decoder
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sharding import ShardingCtx
 from reprobe_jax.models.xla_options import decode_jit

@@ -14,11 +14,13 @@ import dataclasses
 import functools
 from typing import Callable
 
+import chex
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Float
 
 from reprobe_jax.fields import Real, check_fields
-from reprobe_jax.errors import ConfigError
+from reprobe_jax.errors import ConfigError, shape_errors
 from reprobe_jax.registry import Registry
 from reprobe_jax.rl.types import AdvantageInputs
 
@@ -73,7 +75,8 @@ def get_estimator(name: str) -> Estimator:
 
 
 @functools.partial(jax.jit, static_argnames=("name", "cfg"))
-def compute_advantages(name: str, inp: AdvantageInputs, cfg: AdvantageConfig = AdvantageConfig()) -> jax.Array:
+def compute_advantages(name: str, inp: AdvantageInputs, cfg: AdvantageConfig = AdvantageConfig()
+                       ) -> Float[Array, "b t"]:
   """[B, T] float32 token-level advantages of the estimator `name` (compiled once per name, config and shapes)."""
   return get_estimator(name).fn(inp, cfg)
 
@@ -95,6 +98,8 @@ def _check(inp: AdvantageInputs) -> tuple[int, int]:
   if inp.phi.ndim != 2 or inp.phi.shape[0] != b or inp.step_valid.shape != inp.phi.shape:
     raise ConfigError(f"AdvantageInputs.phi / step_valid: expected equal shapes [{b}, K], got {inp.phi.shape} and "
                       f"{inp.step_valid.shape}")
+  with shape_errors("AdvantageInputs.token_step: integer step indices"):
+    chex.assert_type(inp.token_step, int)
   return b, t
 
 

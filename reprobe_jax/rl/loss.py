@@ -13,14 +13,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import Array, Float
 
 from reprobe_jax.fields import Int, OneOf, Real, check_fields
-from reprobe_jax.errors import ConfigError
+from reprobe_jax.errors import ConfigError, shape_errors
 from reprobe_jax.models.logprob import sequence_logprobs
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
 from reprobe_jax.rl.types import PolicyBatch
@@ -94,6 +96,9 @@ def policy_loss(logp, old_logp, adv, mask, cfg: LossConfig, n_tokens, n_seqs, re
   """
   if cfg.kl_coef > 0 and ref_logp is None:
     raise ConfigError(f"LossConfig.kl_coef={cfg.kl_coef} needs ref_logp (the reference policy's log-probabilities)")
+  with shape_errors("policy_loss: logp, old_logp, adv, mask (and ref_logp) must be one [B, T]"):
+    chex.assert_rank(logp, 2)
+    chex.assert_equal_shape([logp, old_logp, adv, mask] + ([] if ref_logp is None else [ref_logp]))
   mask = mask.astype(jnp.float32)
   on = mask > 0
   log_ratio = jnp.where(on, jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)  # [B, T]
@@ -127,7 +132,7 @@ def _response_logprobs(graphdef, params, tokens, attention_mask, response_mask, 
   return jnp.where(response_mask > 0, lp[:, -t:], 0.0)  # [B, T]
 
 
-def response_logprobs(graphdef, params, batch: PolicyBatch, shard: ShardingCtx | None = None):
+def response_logprobs(graphdef, params, batch: PolicyBatch, shard: ShardingCtx | None = None) -> Float[Array, "b t"]:
   """log p(response token t | prompt, response[<t]) under `params`, [B, T] float32, 0 off batch.response_mask;
   pure and differentiable (the prompt's own tokens are read but not scored)."""
   return _response_logprobs(graphdef, params, batch.tokens, batch.attention_mask, batch.response_mask, shard)
@@ -207,6 +212,7 @@ def make_update(graphdef, tx: optax.GradientTransformation, cfg: LossConfig, *, 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
   def update(params, opt_state, batch: PolicyBatch, n_tokens, n_seqs):
+    batch.check()  # at trace time: shapes are static
     micro = _micro_split(batch, micro_batches, mesh)
 
     def body(carry, mb):

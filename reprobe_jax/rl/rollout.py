@@ -1,4 +1,4 @@
-"""The RL loop's host stages between the jitted pieces (issue 17): rollout, reward, dynamic sampling, potentials,
+"""The RL loop's host stages between the jitted pieces: rollout, reward, dynamic sampling, potentials,
 and the device batches they feed (advantage inputs, the policy batch).
 
     plan = prompts.plan(step, rounds)                              # which prompts step i may draw (pure in i)
@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.capture import CaptureSpec
@@ -249,8 +250,12 @@ def step_batch(groups: Sequence[Group], pots: Sequence[StepPotentials] | None, p
   return StepBatch(adv_inputs=inp, tokens=tokens, attention_mask=attn, response_mask=resp, real_rows=n)
 
 
-def policy_batch(sb: StepBatch, advantages, old_logprobs, ref_logprobs=None) -> PolicyBatch:
+def policy_batch(sb: StepBatch, advantages: Float[Array, "b t"], old_logprobs: Float[Array, "b t"],
+                 ref_logprobs: Float[Array, "b t"] | None = None) -> PolicyBatch:
+  """The step batch's sequences with their advantages and log-probabilities [B, T] (checked: `PolicyBatch.check`)."""
   resp = jnp.asarray(sb.response_mask)
-  return PolicyBatch(tokens=jnp.asarray(sb.tokens), attention_mask=jnp.asarray(sb.attention_mask),
-                     response_mask=resp, old_logprobs=old_logprobs, advantages=advantages * resp,
-                     ref_logprobs=jnp.zeros_like(resp) if ref_logprobs is None else ref_logprobs)
+  batch = PolicyBatch(tokens=jnp.asarray(sb.tokens), attention_mask=jnp.asarray(sb.attention_mask),
+                      response_mask=resp, old_logprobs=old_logprobs, advantages=advantages * resp,
+                      ref_logprobs=jnp.zeros_like(resp) if ref_logprobs is None else ref_logprobs)
+  batch.check()
+  return batch

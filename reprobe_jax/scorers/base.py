@@ -10,6 +10,10 @@ A *stateful* scorer (`stateful = True`, a PRM with its own KV cache) also keeps 
 search: `init_carry` builds each row's state from its prompt, `advance` scores a row's next step from that state and
 returns it extended by the step, and a search gathers the carries of its survivors (`take_carry`) with their decode
 rows. Contract: advancing a row's steps one by one from `init_carry` gives the scores `score` gives on the whole row.
+
+A scorer also says what it needs of the target and how it is best run (`feature_spec`, `feature_dim`,
+`model_fingerprint`, `vocab_size`, `packs_trajectories`), so that callers (`tts.checks`, Best-of-N) ask the scorer,
+never test its class.
 """
 
 from __future__ import annotations
@@ -17,12 +21,16 @@ from __future__ import annotations
 import abc
 from typing import ClassVar, Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jaxtyping import Array, Bool, Float, Int
 
-from reprobe_jax.errors import ConfigError
+from reprobe_jax.errors import ConfigError, shape_errors
+from reprobe_jax.features import FeatureSpec, with_logprobs
+from reprobe_jax.models.decoding import DecodeState
 from reprobe_jax.models.sampling import bucket
 
 
@@ -35,14 +43,14 @@ class ScoreInputs:
   each row's prompt, LEFT-padded, with prompt_mask [B, Tp] bool (True = a real prompt token). Fields a scorer does
   not read may be None."""
 
-  token_mask: jax.Array
-  features: jax.Array | None = None
-  logprobs: jax.Array | None = None
-  entropy: jax.Array | None = None
-  self_certainty: jax.Array | None = None
-  tokens: jax.Array | None = None
-  prompt_ids: jax.Array | None = None
-  prompt_mask: jax.Array | None = None
+  token_mask: Bool[Array, "b t"]
+  features: Float[Array, "b t f"] | None = None
+  logprobs: Float[Array, "b t"] | None = None
+  entropy: Float[Array, "b t"] | None = None
+  self_certainty: Float[Array, "b t"] | None = None
+  tokens: Int[Array, "b t"] | None = None
+  prompt_ids: Int[Array, "b tp"] | None = None
+  prompt_mask: Bool[Array, "b tp"] | None = None
 
   def get(self, field: str, scorer: str) -> jax.Array:
     """The named array, checked: per-token fields against token_mask's [B, T], prompt_ids / prompt_mask as a pair
@@ -72,9 +80,13 @@ def step_token_mask(spans, token_mask):
 
 
 def check_spans(spans, inputs: ScoreInputs, what: str = "spans") -> None:
-  """Shape check at the API boundary: spans [B, S, 2] with the batch of token_mask [B, T]."""
+  """Shape check at the API boundary: spans [B, S, 2] of integers with the batch of token_mask [B, T]."""
+  with shape_errors("ScoreInputs.token_mask [B, T]"):
+    chex.assert_rank(inputs.token_mask, 2)
   if spans.ndim != 3 or spans.shape[-1] != 2 or spans.shape[0] != inputs.token_mask.shape[0]:
     raise ConfigError(f"{what} must be [B, S, 2] with B = {inputs.token_mask.shape[0]}; got {tuple(spans.shape)}")
+  with shape_errors(what):
+    chex.assert_type(spans, int)
 
 
 class StepScorer(abc.ABC):
@@ -84,12 +96,42 @@ class StepScorer(abc.ABC):
 
   name: str
   stateful: ClassVar[bool] = False
+  packs_trajectories: ClassVar[bool] = False  # scores whole trajectories in one call of its own: score_trajectories
 
   @abc.abstractmethod
-  def score(self, inputs: ScoreInputs, spans: jax.Array) -> jax.Array:
+  def score(self, inputs: ScoreInputs, spans: Int[Array, "b s 2"]) -> Float[Array, "b s"]:
     """Scores [B, S] float32 of every step; spans [B, S, 2] int32 half-open token spans; empty spans -> NaN."""
 
-  def score_newest(self, inputs: ScoreInputs, newest_span: jax.Array) -> jax.Array:
+  # -- what the scorer needs of the target (checked by `tts.checks.scorer_spec` before any work)
+
+  @property
+  def feature_spec(self) -> FeatureSpec | None:
+    """The feature set it reads from ScoreInputs.features and was trained on (a probe's own), or None: it reads
+    the set the caller assembles, if any."""
+    return None
+
+  @property
+  def feature_dim(self) -> int | None:
+    """The feature width per token its parameters expect, or None."""
+    return None
+
+  @property
+  def model_fingerprint(self) -> str | None:
+    """The target (`features.model_fingerprint`) its parameters were trained on, or None: any target."""
+    return None
+
+  @property
+  def vocab_size(self) -> int | None:
+    """The vocabulary of the token ids it reads (ScoreInputs.tokens, prompt_ids): a PRM reads the target's ids and
+    must share its tokenizer. None: it reads no ids."""
+    return None
+
+  def score_trajectories(self, features: Float[Array, "b n f"], spans: Sequence[np.ndarray]) -> np.ndarray:
+    """[B, S] scores of every step span [S_i, 2] of every row of features [B, N, F] (S = the most steps of a row;
+    NaN past a row's steps) in one batched call of the scorer's own, where `packs_trajectories`."""
+    raise NotImplementedError(f"scorer {self.name!r} does not score whole trajectories (packs_trajectories=False)")
+
+  def score_newest(self, inputs: ScoreInputs, newest_span: Int[Array, "b 2"]) -> Float[Array, " b"]:
     """Scores [B] of one step per row (the newest, in a search); newest_span [B, 2]. Equals the last column of
     `score` for scorers whose step score reads only that step's span and the tokens before it (all of ours)."""
     return self.score(inputs, newest_span[:, None, :])[:, 0]
@@ -128,7 +170,8 @@ def score_newest(scorer: StepScorer, inputs: ScoreInputs, newest_span: jax.Array
   return scorer.score_newest(inputs, newest_span).astype(jnp.float32)
 
 
-def inputs_from_state(state, spec=None, num_layers: int | None = None, prompts=None) -> ScoreInputs:
+def inputs_from_state(state: DecodeState, spec: FeatureSpec | None = None, num_layers: int | None = None,
+                      prompts=None) -> ScoreInputs:
   """ScoreInputs of a decode state's rows (`reprobe_jax.models.decoding.DecodeState`), on device: the tokens the
   sampler recorded, their log-probs and captured statistics, and, given a FeatureSpec (with the model's layer
   count), the probe's features assembled from the captured values; given prompts = (ids [B, Tp], mask [B, Tp]),
@@ -145,10 +188,9 @@ def inputs_from_state(state, spec=None, num_layers: int | None = None, prompts=N
   if spec is not None:
     if num_layers is None:
       raise ConfigError("inputs_from_state: a feature spec needs the model's num_layers")
-    from reprobe_jax.features import with_logprobs  # features build on the scorers' layer
     features = spec.assemble(with_logprobs(feats, state.logprobs), num_layers)
   return ScoreInputs(token_mask=token_mask, features=features, logprobs=state.logprobs,
-                     entropy=feats.get("token_entropy"), self_certainty=feats.get("token_self_certainty"),
+                     entropy=feats.token_entropy, self_certainty=feats.token_self_certainty,
                      tokens=state.tokens, prompt_ids=prompt_ids, prompt_mask=prompt_mask)
 
 

@@ -26,6 +26,10 @@ class PRMScorer(StepScorer):
   name = "prm"  # not a field
   stateful = True
 
+  @property
+  def vocab_size(self) -> int:
+    return self.prm.config.vocab_size
+
   def _tokens(self, inputs: ScoreInputs):
     tokens = inputs.get("tokens", self.name)
     return jnp.where(inputs.token_mask, tokens, 0).astype(jnp.int32)

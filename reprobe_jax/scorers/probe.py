@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
+from jaxtyping import Array, Float, Int
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.features import FeatureSpec
 from reprobe_jax.probe.bundle import ProbeBundle, load_probe
+from reprobe_jax.probe.data import pack_spans, spans_shape
+from reprobe_jax.probe.model import score_packed
 from reprobe_jax.scorers.base import ScoreInputs, StepScorer, step_token_mask
 from reprobe_jax.scorers.registry import SCORERS
 
@@ -19,8 +26,21 @@ class ProbeScorer(StepScorer):
 
   bundle: ProbeBundle
   name = "probe"  # not a field: the same for every probe
+  packs_trajectories = True
 
-  def score(self, inputs: ScoreInputs, spans: jax.Array) -> jax.Array:
+  @property
+  def feature_spec(self) -> FeatureSpec:
+    return self.bundle.features
+
+  @property
+  def feature_dim(self) -> int:
+    return self.bundle.config.feature_dim
+
+  @property
+  def model_fingerprint(self) -> str | None:
+    return self.bundle.model_fingerprint
+
+  def score(self, inputs: ScoreInputs, spans: Int[Array, "b s 2"]) -> Float[Array, "b s"]:
     """P(incorrect) [B, S] for spans [B, S, 2]; steps with no real tokens -> NaN."""
     feats = inputs.get("features", self.name)
     if feats.shape[-1] != self.bundle.config.feature_dim:
@@ -28,6 +48,22 @@ class ProbeScorer(StepScorer):
                         f"{self.bundle.config.feature_dim} ({self.bundle.features.name} features)")
     p = self.bundle.probabilities(feats, inputs.token_mask, spans)
     return jnp.where(jnp.any(step_token_mask(spans, inputs.token_mask), axis=-1), p, jnp.nan)
+
+  def score_trajectories(self, features: Float[Array, "b n f"], spans: Sequence[np.ndarray]) -> np.ndarray:
+    """[B, S] P(incorrect) of every step, the probe run over packed windows (`probe.data.pack_spans`): each step's
+    window [0, end) once, side by side, instead of B x S windows of the whole buffer; the same values as `score`
+    (tests). spans: one [S_i, 2] array per row (rows past them and empty steps score NaN)."""
+    batch, tokens = features.shape[:2]
+    arrays = [np.asarray(sp, np.int32).reshape(-1, 2) for sp in spans] + [np.zeros((0, 2), np.int32)] * (
+        batch - len(spans))
+    chosen = [(i, k) for i, sp in enumerate(arrays) for k in range(len(sp)) if sp[k, 1] > sp[k, 0]]
+    shape = spans_shape([a[[k for i2, k in chosen if i2 == i]] for i, a in enumerate(arrays)], batch, tokens)
+    pack = pack_spans(arrays, chosen, shape)
+    p = np.asarray(score_packed(self.bundle.graph, self.bundle.params, features, jax.tree.map(jnp.asarray, pack)))
+    out = np.full((batch, max([len(a) for a in arrays] + [1])), np.nan, np.float32)
+    for j, (i, k) in enumerate(chosen):
+      out[i, k] = p[j]
+    return out
 
 
 @SCORERS.register("probe")

@@ -32,12 +32,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Bool, Float, Integer, Key
 
 from reprobe_jax.fields import Int, OneOf, Real, check_fields
-from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError
+from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, shape_errors
 from reprobe_jax.models import decoding
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decoding import DecodeState, StopRule
@@ -51,9 +53,11 @@ CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of 
 REFERENCE_MISSING_LOGPROB = -10.0  # what the released script adds when the answer token is not in the top-20 list
 
 
-def step_potential(acc, conf):
-  """Phi = 1.5 Acc Conf + 0.5 Acc - Conf (METHOD B1), elementwise over arrays of any shape (NaN stays NaN):
-  (0, 0) -> 0 exploration, (1, 1) -> 1 correct and sure, (0, 1) -> -1 false confidence, (1, 0) -> 0.5."""
+def step_potential(acc: Float[Array, "*s"], conf: Float[Array, "*s"]) -> Float[Array, "*s"]:
+  """Phi = 1.5 Acc Conf + 0.5 Acc - Conf (METHOD B1), elementwise over two arrays of one shape, any shape (NaN
+  stays NaN): (0, 0) -> 0 exploration, (1, 1) -> 1 correct and sure, (0, 1) -> -1 false confidence, (1, 0) -> 0.5."""
+  with shape_errors("step_potential: acc and conf"):
+    chex.assert_equal_shape([acc, conf])
   return 1.5 * acc * conf + 0.5 * acc - conf
 
 
@@ -91,10 +95,10 @@ class StepPotentials:
   cuts: the response-token index of each boundary's last token (the probe reads the response up to and including
   it). acc, conf, phi: NaN where the boundary was skipped (a boundary that closes a step with no tokens)."""
 
-  cuts: np.ndarray  # [C] int
-  acc: np.ndarray  # [C] float
-  conf: np.ndarray  # [C] float
-  phi: np.ndarray  # [C] float
+  cuts: Integer[np.ndarray, " c"]
+  acc: Float[np.ndarray, " c"]
+  conf: Float[np.ndarray, " c"]
+  phi: Float[np.ndarray, " c"]
   eps_sat: float = 0.9
 
   @property
@@ -122,7 +126,7 @@ class StepPotentials:
 
 
 @jax.jit
-def boundary_marks(table, tokens, lengths):
+def boundary_marks(table, tokens: Integer[Array, "b n"], lengths: Integer[Array, " b"]) -> Bool[Array, "b n"]:
   """[B, N] bool: response token j is the last token of a paragraph step (METHOD A1) that a later token or the
   boundary itself closed: the sampler's own stop automaton run over the tokens (ENDS_AFTER at j marks j,
   ENDS_BEFORE at j marks j - 1), so these are exactly where a sampler with that stop rule pauses."""
@@ -181,14 +185,14 @@ def _probe_impl(graphdef, params, state: DecodeState, cuts, keys, suffix, answer
                        jnp.int32(max_tokens), greedy=False, top_k=0, filtered=False, capture=capture, shard=shard)
   sampled = (pos >= s) & (pos < fs.lengths[:, None])  # [R, Nbuf] the sampled tokens of each sample row
   if reading == "paper":
-    ent = fs.features["token_entropy"]
+    ent = fs.features.token_entropy
     count = jnp.sum(sampled, axis=1)
     mean_ent = jnp.sum(jnp.where(sampled, ent, 0.0), axis=1) / jnp.maximum(count, 1)
     conf = jnp.mean(jnp.where(count > 0, jnp.exp(-mean_ent), 0.0).reshape(b, c, n), axis=-1)
     acc = acc.reshape(b, c)
   else:  # the released script's reading, from the samples' top-K lists
-    top_p = fs.features["top_probs"]  # [R, Nbuf, K]
-    top_ids = fs.features["top_ids"]
+    top_p = fs.features.top_probs  # [R, Nbuf, K]
+    top_ids = fs.features.top_ids
     a = answers.shape[1]
     first = a - answer_len  # [B] the answer's first column in the left-padded block
     row_first = jnp.repeat(jnp.repeat(first, c), n)
@@ -215,7 +219,7 @@ probe, probe_in_jit = decode_jit(static_argnames=("graphdef", "shard", "n", "suf
                                                  "reading", "top_logprobs"))(_probe_impl)
 
 
-def cut_keys(seed: int, trajectory_seeds, ordinals) -> jax.Array:
+def cut_keys(seed: int, trajectory_seeds, ordinals) -> Key[Array, "b c"]:
   """[B, C] typed keys fold_in(fold_in(key(seed), trajectory_seeds[b]), ordinals[b, c])."""
   base = decoding.prompt_keys(seed, trajectory_seeds)  # [B]
   ords = jnp.asarray(ordinals, jnp.uint32)
@@ -298,9 +302,18 @@ class Prober:
 
   # -- the device call
 
-  def probe_state(self, state: DecodeState, cuts: np.ndarray, ordinals: np.ndarray, answers: list[list[int]],
-                  trajectory_seeds: Sequence[int]) -> tuple[jax.Array, jax.Array]:
+  def probe_state(self, state: DecodeState, cuts: Integer[np.ndarray, "b c"], ordinals: Integer[np.ndarray, "b c"],
+                  answers: list[list[int]], trajectory_seeds: Sequence[int]
+                  ) -> tuple[Float[Array, "b c"], Float[Array, "b c"]]:
     """(acc, conf) [B, C] device arrays for cuts [B, C] (-1 = none) of the rows of `state` (no shared prefix)."""
+    with shape_errors("Prober.probe_state: cuts [B, C] and ordinals [B, C] of the state's B rows"):
+      chex.assert_rank(cuts, 2)
+      chex.assert_axis_dimension(cuts, 0, state.batch)
+      chex.assert_equal_shape([cuts, ordinals])
+      chex.assert_type([cuts, ordinals], int)
+    if not len(answers) == len(trajectory_seeds) == state.batch:
+      raise ConfigError(f"Prober.probe_state: {len(answers)} answers and {len(trajectory_seeds)} seeds for "
+                        f"{state.batch} rows; need one of each per row")
     b, c = cuts.shape
     a = bucket(max(map(len, answers)), minimum=1)
     ans = np.zeros((b, a), np.int32)  # left-padded, as `force` takes its blocks

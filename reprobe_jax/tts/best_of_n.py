@@ -30,9 +30,7 @@ from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.decoding import FINISH_NAMES, DecodeState
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.probe.data import pack_spans, spans_shape
-from reprobe_jax.probe.model import score_packed
-from reprobe_jax.scorers import ProbeScorer, StepScorer, inputs_from_state, prompt_rows
+from reprobe_jax.scorers import StepScorer, inputs_from_state, prompt_rows
 from reprobe_jax.tasks import Problem
 from reprobe_jax.tasks.formats import MODES, is_answer_line
 from reprobe_jax.steps.modes import STEP_MODE
@@ -60,28 +58,8 @@ def _score_steps(scorer: StepScorer, state: DecodeState, spans, prompts, *, n: i
 
 @functools.partial(jax.jit, static_argnames=("spec", "num_layers"))
 def _features(state: DecodeState, *, spec: FeatureSpec, num_layers: int):
-  """[B, N, F] the probe's features of every row, assembled on device from the captured values."""
+  """[B, N, F] the features `spec` assembles for every row, on device from the captured values."""
   return inputs_from_state(state, spec, num_layers).features
-
-
-def _probe_scores(scorer: ProbeScorer, state: DecodeState, spans: Sequence[Sequence[tuple[int, int]]],
-                  spec: FeatureSpec, num_layers: int) -> np.ndarray:
-  """[B, S] P(incorrect) of every step, the probe run over packed windows (`probe.data.pack_spans`): each step's
-  window [0, end) once, side by side, instead of B x S windows of the whole buffer; the same values as
-  `ProbeScorer.score` (tests)."""
-  arrays = [np.asarray(sp, np.int32).reshape(-1, 2) for sp in spans] + [np.zeros((0, 2), np.int32)] * (
-      state.batch - len(spans))
-  chosen = [(i, k) for i, sp in enumerate(arrays) for k in range(len(sp)) if sp[k, 1] > sp[k, 0]]
-  shape = spans_shape([a[[k for i2, k in chosen if i2 == i]] for i, a in enumerate(arrays)], state.batch,
-                      state.buffer_len)
-  pack = pack_spans(arrays, chosen, shape)
-  bundle = scorer.bundle
-  p = np.asarray(score_packed(bundle.graph, bundle.params, _features(state, spec=spec, num_layers=num_layers),
-                              jax.tree.map(jnp.asarray, pack)))
-  out = np.full((state.batch, max([len(a) for a in arrays] + [1])), np.nan, np.float32)
-  for j, (i, k) in enumerate(chosen):
-    out[i, k] = p[j]
-  return out
 
 
 @STRATEGIES.register("best_of_n")
@@ -181,8 +159,8 @@ def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, prompt_i
     responses.append(ids)
     spans.append(steps)
     reasons.append(reason)
-  if isinstance(scorer, ProbeScorer):
-    scores = _probe_scores(scorer, state, spans, spec, lm.config.num_layers)
+  if scorer.packs_trajectories:  # a probe: each step's window once, packed (`ProbeScorer.score_trajectories`)
+    scores = scorer.score_trajectories(_features(state, spec=spec, num_layers=lm.config.num_layers), spans)
   else:
     padded = np.zeros((state.batch, bucket(max(map(len, spans)) or 1, minimum=4), 2), np.int32)  # [B, S, 2]
     for r, sp in enumerate(spans):

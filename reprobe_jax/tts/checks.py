@@ -12,44 +12,43 @@ import numpy as np
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, model_fingerprint
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.scorers import PRMScorer, ProbeScorer, ScoreInputs, StepScorer
+from reprobe_jax.scorers import ScoreInputs, StepScorer
 
 
 def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = None) -> FeatureSpec | None:
-  """The FeatureSpec a scorer reads (a probe's own, else `feature_spec`), checked against the target before any
-  work: its layers exist, a probe's feature width is what this model's features have, a probe trained on another
-  target is refused (FeatureMismatchError), and the scorer traces on ScoreInputs of this target's shapes (which
-  also catches a scorer that reads features when none are given); a stateful scorer's init_carry and advance trace
-  too, with a carry of [B, ...] leaves that advance returns in the same shapes. ConfigError naming the scorer
-  otherwise."""
+  """The FeatureSpec a scorer reads (its own `StepScorer.feature_spec`, a probe's, else `feature_spec`), checked
+  against the target before any work: its layers exist, the scorer's feature width is what this model's features
+  have, a scorer trained on another target is refused (FeatureMismatchError), a scorer that reads token ids must
+  share the target's vocabulary, and the scorer traces on ScoreInputs of this target's shapes (which also catches a
+  scorer that reads features when none are given); a stateful scorer's init_carry and advance trace too, with a
+  carry of [B, ...] leaves that advance returns in the same shapes. ConfigError naming the scorer otherwise."""
   if not isinstance(scorer, StepScorer):
     raise ConfigError(f"scorer must be a StepScorer (reprobe_jax.scorers.get_scorer), got {type(scorer).__name__}")
   name = getattr(scorer, "name", type(scorer).__name__)
   if feature_spec is not None and not isinstance(feature_spec, FeatureSpec):
     raise ConfigError(f"feature_spec must be a FeatureSpec, got {type(feature_spec).__name__}")
   spec = feature_spec
-  if isinstance(scorer, ProbeScorer):
-    bundle = scorer.bundle
-    if feature_spec is not None and feature_spec != bundle.features:
-      raise ConfigError(f"feature_spec {feature_spec} differs from the probe's own {bundle.features}")
-    spec = bundle.features
+  if scorer.feature_spec is not None:
+    if feature_spec is not None and feature_spec != scorer.feature_spec:
+      raise ConfigError(f"feature_spec {feature_spec} differs from scorer {name!r}'s own {scorer.feature_spec}")
+    spec = scorer.feature_spec
   if spec is not None:
     try:
       spec.capture().resolve_layers(lm.config.num_layers)
     except ConfigError as e:
       raise ConfigError(f"scorer {name!r} reads {spec.name} features this target cannot capture: {e}") from None
-  if isinstance(scorer, ProbeScorer):
+  if spec is not None and scorer.feature_dim is not None:
     width = spec.dim(lm.config)
-    if width != scorer.bundle.config.feature_dim:
-      raise ConfigError(f"scorer 'probe' reads {scorer.bundle.config.feature_dim} features per token; this target's "
-                        f"{spec.name} features have {width} (a probe of another model size?)")
-    if scorer.bundle.model_fingerprint is not None and scorer.bundle.model_fingerprint != model_fingerprint(lm):
-      raise FeatureMismatchError(f"scorer 'probe' was trained on target model {scorer.bundle.model_fingerprint!r}, "
-                                 f"this model is {model_fingerprint(lm)!r}")
-  if isinstance(scorer, PRMScorer) and scorer.prm.config.vocab_size != lm.config.vocab_size:
-    raise ConfigError(f"scorer 'prm' reads the target's token ids, but its vocabulary has "
-                      f"{scorer.prm.config.vocab_size} tokens and the target's {lm.config.vocab_size}: a PRM must "
-                      "share the target's tokenizer")
+    if width != scorer.feature_dim:
+      raise ConfigError(f"scorer {name!r} reads {scorer.feature_dim} features per token; this target's "
+                        f"{spec.name} features have {width} (a {name} of another model size?)")
+  if scorer.model_fingerprint is not None and scorer.model_fingerprint != model_fingerprint(lm):
+    raise FeatureMismatchError(f"scorer {name!r} was trained on target model {scorer.model_fingerprint!r}, "
+                               f"this model is {model_fingerprint(lm)!r}")
+  if scorer.vocab_size is not None and scorer.vocab_size != lm.config.vocab_size:
+    raise ConfigError(f"scorer {name!r} reads the target's token ids, but its vocabulary has "
+                      f"{scorer.vocab_size} tokens and the target's {lm.config.vocab_size}: it must share the "
+                      "target's tokenizer")
   b, t, tp = 2, 16, 16
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   span = jax.ShapeDtypeStruct((b, 2), jnp.int32)

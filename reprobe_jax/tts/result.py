@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from jaxtyping import Float64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +24,8 @@ class Candidate:
       raise ValueError(f"Candidate: {len(self.steps)} steps but {len(self.step_scores)} step scores")
 
   @property
-  def scores(self) -> np.ndarray:
-    return np.asarray(self.step_scores, np.float64)  # [S]
+  def scores(self) -> Float64[np.ndarray, " steps"]:
+    return np.asarray(self.step_scores, np.float64)
 
 
 @dataclasses.dataclass(frozen=True)

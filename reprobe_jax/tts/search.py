@@ -37,19 +37,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jaxtyping import Array, Bool, Float, Int, Key
 
-from reprobe_jax.errors import ConfigError
+from reprobe_jax.errors import ConfigError, shape_errors
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models import decoding
-from reprobe_jax.models.decoding import FINISH_CACHE_FULL, FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+from reprobe_jax.models.decoding import FINISH_CACHE_FULL, FINISH_EOS, FINISH_LENGTH, FINISH_STOP, DecodeState, StopRule
+from reprobe_jax.models.forward import StaticGraph
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.models.sharding import ShardingCtx
 from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.scorers import StepScorer, inputs_from_state, prompt_rows, take_carry
 from reprobe_jax.steps import ANSWER_PREFIX, STEP_MODE, StepBoundary, answer_lines, answer_table
@@ -77,8 +81,11 @@ def round_keys(prompt_keys, round_, rows_per_prompt: int) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-  """Everything static about one search program (it keys the jit cache)."""
+  """Everything static about one search program (it keys the jit cache): the model's graph and sharding, the
+  search's shape, what is captured and how tokens are picked."""
 
+  graph: StaticGraph  # the model's graphdef (`LanguageModel.decode_view`)
+  shard: ShardingCtx | None
   groups: int
   width: int
   n: int
@@ -98,79 +105,113 @@ class _Plan:
 
 
 @struct.dataclass
+class _Env:
+  """What every round reads that is traced and fixed for the whole search: new prompts, seeds, temperatures,
+  step budgets and stop tables in the same buckets compile nothing."""
+
+  params: Any  # the model's parameters (`LanguageModel.decode_view`)
+  scorer: StepScorer
+  rule: StopRule | Any  # the step boundary: a StopRule or a compiled StopTable (`advance`)
+  answer: Int[Array, "states vocab"] | None  # the answer-line automaton (`answer_table`), None: no answer lines
+  eos_mask: Bool[Array, " vocab"]
+  temperature: Float[Array, ""]
+  top_p: Float[Array, ""]
+  max_steps: Int[Array, ""]
+  prompt_keys: Key[Array, " p"]
+  prompts: tuple[Int[Array, "r tp"], Bool[Array, "r tp"]]  # every row's prompt, left-padded (`prompt_rows`)
+
+
+@struct.dataclass
 class _Book:
-  """Per-row search bookkeeping carried (and gathered) with the decode rows; R rows, H = history."""
+  """Per-row search bookkeeping carried (and gathered) with the decode rows; R rows, H = history, P prompts."""
 
-  ended: jax.Array  # [R] bool: finished (not expanded again)
-  reason: jax.Array  # [R] int32 REASONS code, GOES_ON while not ended
-  primary: jax.Array  # [R] bool: the first copy of its source row (of a finished row only it stands)
-  n_steps: jax.Array  # [R] int32 steps selected so far
-  scores: jax.Array  # [R, H] float32: each selected step's score
-  spans: jax.Array  # [R, H, 2] int32: each selected step's token span
-  last: jax.Array  # [R] float32: the newest selected step's score (the row's rank)
-  sampled: jax.Array  # [P] int32: steps sampled per prompt (discarded candidates and lookahead included)
-  generated: jax.Array  # [P] int32: tokens generated per prompt (lookahead included)
+  ended: Bool[Array, " r"]  # finished (not expanded again)
+  reason: Int[Array, " r"]  # REASONS code, GOES_ON while not ended
+  primary: Bool[Array, " r"]  # the first copy of its source row (of a finished row only it stands)
+  n_steps: Int[Array, " r"]  # steps selected so far
+  scores: Float[Array, "r h"]  # each selected step's score
+  spans: Int[Array, "r h 2"]  # each selected step's token span
+  last: Float[Array, " r"]  # the newest selected step's score (the row's rank)
+  sampled: Int[Array, " p"]  # steps sampled per prompt (discarded candidates and lookahead included)
+  generated: Int[Array, " p"]  # tokens generated per prompt (lookahead included)
 
 
-def _decode(plan: _Plan, graphdef, params, shard, state, rule, eos_mask, temperature, top_p, *, greedy: bool):
-  return decoding.decode_in_jit(graphdef, params, state, rule, eos_mask, temperature, top_p,
-                                jnp.int32(state.buffer_len),
-                         greedy=greedy, top_k=plan.top_k, filtered=plan.filtered, capture=plan.capture, shard=shard)
+class _Loop(NamedTuple):
+  """The rounds' `while_loop` carry."""
+
+  state: DecodeState
+  book: _Book
+  carry: Any  # the scorer's carry for every row (`StepScorer.init_carry`); () unless it is stateful
+  round: Int[Array, ""]
+
+
+class _Lookahead(NamedTuple):
+  """What a lookahead leaves: the state copy it decoded on, and per row [R] the span of its last step (the
+  candidate's own where no lookahead step came), its lookahead steps and tokens, and the score of its last lookahead
+  step (NaN where none came, or where the scorer is stateless: the caller scores `spans`)."""
+
+  state: DecodeState
+  spans: Int[Array, "r 2"]
+  steps: Int[Array, " r"]
+  tokens: Int[Array, " r"]
+  score: Float[Array, " r"]
+
+
+def _decode(plan: _Plan, env: _Env, state: DecodeState, *, greedy: bool) -> DecodeState:
+  return decoding.decode_in_jit(plan.graph, env.params, state, env.rule, env.eos_mask, env.temperature, env.top_p,
+                                jnp.int32(state.buffer_len), greedy=greedy, top_k=plan.top_k, filtered=plan.filtered,
+                                capture=plan.capture, shard=plan.shard)
 
 
 def _per_prompt(x, p: int):
   return x.reshape((p, -1) + x.shape[1:])
 
 
-def _score(plan: _Plan, scorer, state, spans, prompts, p: int):
+def _score(plan: _Plan, env: _Env, state: DecodeState, spans, p: int) -> Float[Array, " r"]:
   """[R] scores of each row's step spans [R, 2], the scorer vmapped over prompts (row index = index in its prompt)."""
-  inputs = inputs_from_state(state, plan.spec, plan.num_layers, prompts)
+  inputs = inputs_from_state(state, plan.spec, plan.num_layers, env.prompts)
   split = jax.tree.map(lambda x: _per_prompt(x, p), inputs)
-  out = jax.vmap(scorer.score_newest)(split, _per_prompt(spans, p))  # [P, rows]
+  out = jax.vmap(env.scorer.score_newest)(split, _per_prompt(spans, p))  # [P, rows]
   return out.reshape(-1).astype(jnp.float32)
 
 
-def _advance(plan: _Plan, scorer, prompts, carry, state, spans, rows):
+def _advance(plan: _Plan, env: _Env, carry, state: DecodeState, spans, rows):
   """A stateful scorer over all R rows at once: (scores [R] float32, carry) of the step spans [R, 2] of the rows
   `rows` [R] bool; every other row gets an empty span (NaN, its carry kept)."""
-  out, carry = scorer.advance(carry, inputs_from_state(state, plan.spec, plan.num_layers, prompts),
-                              jnp.where(rows[:, None], spans, 0))
+  out, carry = env.scorer.advance(carry, inputs_from_state(state, plan.spec, plan.num_layers, env.prompts),
+                                  jnp.where(rows[:, None], spans, 0))
   return out.astype(jnp.float32), carry
 
 
-def _reason(state, answer, spans, steps, max_steps):
+def _reason(env: _Env, state: DecodeState, spans, steps) -> Int[Array, " r"]:
   """[R] int32: why each row that just decoded is finished, or GOES_ON (paused at a boundary with room to go on)."""
-  hit = answer_lines(answer, state.tokens, spans)
-  paused = jnp.where(hit, FINISH_ANSWER, jnp.where(steps >= max_steps, FINISH_MAX_STEPS,
+  hit = answer_lines(env.answer, state.tokens, spans)
+  paused = jnp.where(hit, FINISH_ANSWER, jnp.where(steps >= env.max_steps, FINISH_MAX_STEPS,
                                                    jnp.where(state.lengths >= state.budget, FINISH_LENGTH, GOES_ON)))
   return jnp.where(state.finish == FINISH_STOP, paused, state.finish).astype(jnp.int32)
 
 
-def _lookahead(plan, graphdef, params, shard, state, go, spans, rule, answer, eos_mask, temperature, top_p,
-               advance=None, carry=None):
-  """Extends the rows `go` [R] by up to plan.lookahead greedy steps on a copy of the state: (the copy, the span of
-  each row's last step [R, 2] (the candidate's own where no lookahead step came), lookahead steps [R], tokens [R],
-  the score of each row's last lookahead step [R] (NaN where none came)). The scores come from a stateful scorer's
-  `advance` (carry, state, spans, rows) -> (scores, carry), run on every lookahead step from `carry` (the
-  candidates'; the copy is dropped); without one they are all NaN (the caller scores the returned spans)."""
+def _lookahead(plan: _Plan, env: _Env, state: DecodeState, go, spans, carry) -> _Lookahead:
+  """Extends the rows `go` [R] by up to plan.lookahead greedy steps on a copy of the state. A stateful scorer
+  advances on every lookahead step from `carry` (the candidates'; the copy is dropped) and scores the last one."""
   steps = jnp.zeros(go.shape, jnp.int32)
   tokens = jnp.zeros(go.shape, jnp.int32)
   last = jnp.full(go.shape, jnp.nan, jnp.float32)
   for _ in range(plan.lookahead):
     state = decoding.resume(state, go)
     before = state.lengths
-    state = _decode(plan, graphdef, params, shard, state, rule, eos_mask, temperature, top_p, greedy=True)
+    state = _decode(plan, env, state, greedy=True)
     newest = decoding.newest_step_spans(state)
     new = go & (newest[:, 1] > newest[:, 0])  # a resumed row spent at its budget gets no step
     spans = jnp.where(new[:, None], newest, spans)
-    if advance is not None:
-      out, carry = advance(carry, state, newest, new)
+    if env.scorer.stateful:
+      out, carry = _advance(plan, env, carry, state, newest, new)
       last = jnp.where(new, out, last)
     steps += new
     tokens += state.lengths - before
-    go = new & (state.finish == FINISH_STOP) & ~answer_lines(answer, state.tokens, newest) & (
+    go = new & (state.finish == FINISH_STOP) & ~answer_lines(env.answer, state.tokens, newest) & (
         state.lengths < state.budget)
-  return state, spans, steps, tokens, last
+  return _Lookahead(state=state, spans=spans, steps=steps, tokens=tokens, score=last)
 
 
 def _duplicates(state, key, live, rows_per_group: int):
@@ -191,31 +232,28 @@ def _duplicates(state, key, live, rows_per_group: int):
   return jnp.any(same & before, axis=-1).reshape(-1)
 
 
-def _round(plan: _Plan, graphdef, params, shard, scorer, rule, answer, eos_mask, temperature, top_p, max_steps,
-           prompt_keys, prompts, loop):
-  """One search round over all R = P * B * N rows: decode, lookahead, score, select, take, re-key, resume. loop =
-  (decode state, book, the scorer's carry (() unless it is stateful), round)."""
-  state, book, carry, rnd = loop
+def _round(plan: _Plan, env: _Env, loop: _Loop) -> _Loop:
+  """One search round over all R = P * B * N rows: decode, lookahead, score, select, take, re-key, resume."""
+  state, book, carry = loop.state, loop.book, loop.carry
   r_rows = state.batch
   p = r_rows // plan.rows_per_prompt
   live = ~book.ended  # every copy of a live survivor samples a candidate
   before = state.lengths
-  state = _decode(plan, graphdef, params, shard, state, rule, eos_mask, temperature, top_p, greedy=plan.greedy)
+  state = _decode(plan, env, state, greedy=plan.greedy)
   spans = decoding.newest_step_spans(state)  # [R, 2] the candidates' steps
-  reason = _reason(state, answer, spans, book.n_steps + 1, max_steps)
+  reason = _reason(env, state, spans, book.n_steps + 1)
   scored, score_spans = state, spans
   la_steps = la_tokens = jnp.zeros((r_rows,), jnp.int32)
-  advance = functools.partial(_advance, plan, scorer, prompts) if scorer.stateful else None
-  if advance is not None:  # the candidates' carry is the one that survives
-    score, carry = advance(carry, state, spans, live)  # [R]
+  stateful = env.scorer.stateful
+  if stateful:  # the candidates' carry is the one that survives
+    score, carry = _advance(plan, env, carry, state, spans, live)  # [R]
   if plan.lookahead:
-    scored, score_spans, la_steps, la_tokens, la_score = _lookahead(
-        plan, graphdef, params, shard, state, live & (reason == GOES_ON), spans, rule, answer, eos_mask, temperature,
-        top_p, advance, carry)
-    if advance is not None:
-      score = jnp.where(la_steps > 0, la_score, score)
-  if advance is None:
-    score = _score(plan, scorer, scored, score_spans, prompts, p)  # [R]
+    ahead = _lookahead(plan, env, state, live & (reason == GOES_ON), spans, carry)
+    scored, score_spans, la_steps, la_tokens = ahead.state, ahead.spans, ahead.steps, ahead.tokens
+    if stateful:
+      score = jnp.where(la_steps > 0, ahead.score, score)
+  if not stateful:
+    score = _score(plan, env, scored, score_spans, p)  # [R]
 
   # Selection: per group, the rows finished before this round (first copies only) keep their slots, then the
   # candidates by score (NaN = no tokens: last), ties by row order; duplicate copies of finished rows never.
@@ -244,35 +282,36 @@ def _round(plan: _Plan, graphdef, params, shard, scorer, rule, answer, eos_mask,
                       spans=g(book.spans), last=g(book.last), primary=rows % plan.n == 0)
   carry = take_carry(carry, src)
   state = decoding.take(state, src)
-  state = decoding.rekey(state, round_keys(prompt_keys, rnd + 1, plan.rows_per_prompt))
+  state = decoding.rekey(state, round_keys(env.prompt_keys, loop.round + 1, plan.rows_per_prompt))
   state = decoding.resume(state, ~book.ended)
-  return state, book, carry, rnd + 1
+  return _Loop(state=state, book=book, carry=carry, round=loop.round + 1)
 
 
-def _search_impl(graphdef, params, state, prompt_keys, scorer, rule, answer, eos_mask, temperature, top_p, max_steps,
-                 prompts, *, plan: _Plan, shard=None):
-  """Rounds until every kept row is finished (at most max_steps, traced): (the final state, the rows' book). The
-  state (donated) is returned so that the loop runs in its buffers. prompts: (ids, mask) [R, Tp] of every row."""
+def _search_impl(env: _Env, state: DecodeState, *, plan: _Plan) -> tuple[DecodeState, _Book]:
+  """Rounds until every kept row is finished (at most env.max_steps, traced): (the final state, the rows' book).
+  The state (donated) is returned so that the loop runs in its buffers."""
   r_rows = state.batch
   p = r_rows // plan.rows_per_prompt
+  with shape_errors("search: every row's prompt [R, Tp] and one key per prompt"):  # at trace time, before the loop
+    chex.assert_shape(env.prompts, (r_rows, None))
+    chex.assert_equal_shape(env.prompts)
+    chex.assert_shape(env.prompt_keys, (p,))
   book = _Book(ended=state.done, reason=jnp.where(state.done, FINISH_LENGTH, GOES_ON).astype(jnp.int32),
                primary=jnp.ones((r_rows,), bool), n_steps=jnp.zeros((r_rows,), jnp.int32),
                scores=jnp.full((r_rows, plan.history), jnp.nan, jnp.float32),
                spans=jnp.zeros((r_rows, plan.history, 2), jnp.int32), last=jnp.full((r_rows,), jnp.nan, jnp.float32),
                sampled=jnp.zeros((p,), jnp.int32), generated=jnp.zeros((p,), jnp.int32))
   carry = ()
-  if scorer.stateful:  # room: the response buffer, one token per step slot and per lookahead step
-    carry = scorer.init_carry(inputs_from_state(state, plan.spec, plan.num_layers, prompts),
-                              state.buffer_len + plan.history + plan.lookahead)
-  body = functools.partial(_round, plan, graphdef, params, shard, scorer, rule, answer, eos_mask, temperature, top_p,
-                           max_steps, prompt_keys, prompts)
-  cond = lambda c: (c[3] < max_steps) & jnp.any(~c[1].ended)
-  state, book, _, _ = jax.lax.while_loop(cond, body, (state, book, carry, jnp.zeros((), jnp.int32)))
-  return state, book
+  if env.scorer.stateful:  # room: the response buffer, one token per step slot and per lookahead step
+    carry = env.scorer.init_carry(inputs_from_state(state, plan.spec, plan.num_layers, env.prompts),
+                                  state.buffer_len + plan.history + plan.lookahead)
+  body = functools.partial(_round, plan, env)
+  cond = lambda loop: (loop.round < env.max_steps) & jnp.any(~loop.book.ended)
+  out = jax.lax.while_loop(cond, body, _Loop(state=state, book=book, carry=carry, round=jnp.zeros((), jnp.int32)))
+  return out.state, out.book
 
 
-_search, _search_in_jit = decode_jit(
-    static_argnames=("graphdef", "plan", "shard"), donate_argnames=("state",))(_search_impl)
+_search, _search_in_jit = decode_jit(static_argnames=("plan",), donate_argnames=("state",))(_search_impl)
 
 
 # ------------------------------------------------------------------------------------------------ the host shell
@@ -310,19 +349,28 @@ def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig
   prefix = ANSWER_PREFIX[mode]
   answer = None if prefix is None else answer_table(lm.tokenizer, lm.config.vocab_size, prefix)
   p = cfg.sampling
-  plan = _Plan(groups=groups, width=width, n=cfg.n, lookahead=cfg.lookahead, history=bucket(cfg.max_steps, 8),
-               dedupe=cfg.dedupe,
-               spec=spec, num_layers=lm.config.num_layers, capture=capture, greedy=p.greedy, top_k=p.top_k,
-               filtered=p.filtered)
-  state, book = _search(*lm.decode_view(), state, decoding.prompt_keys(cfg.seed, padded), scorer, smp.stop,
-                        answer, jnp.asarray(lm.eos_mask()), jnp.float32(p.temperature), jnp.float32(p.top_p),
-                        jnp.int32(cfg.max_steps), prompt_arrays, plan=plan, shard=lm.shard)
-  out = jax.device_get({"tokens": state.tokens, "lengths": state.lengths, "book": book})
+  graph, params = lm.decode_view()
+  plan = _Plan(graph=graph, shard=lm.shard, groups=groups, width=width, n=cfg.n, lookahead=cfg.lookahead,
+               history=bucket(cfg.max_steps, 8), dedupe=cfg.dedupe, spec=spec, num_layers=lm.config.num_layers,
+               capture=capture, greedy=p.greedy, top_k=p.top_k, filtered=p.filtered)
+  env = _Env(params=params, scorer=scorer, rule=smp.stop, answer=answer, eos_mask=jnp.asarray(lm.eos_mask()),
+             temperature=jnp.float32(p.temperature), top_p=jnp.float32(p.top_p), max_steps=jnp.int32(cfg.max_steps),
+             prompt_keys=decoding.prompt_keys(cfg.seed, padded), prompts=prompt_arrays)
+  state, book = _search(env, state, plan=plan)
+  out = _Rows(*jax.device_get((state.tokens, state.lengths, book)))
   return _results(out, len(ids), plan, lm.eos_mask())
 
 
-def _results(out: dict, n_prompts: int, plan: _Plan, eos: np.ndarray) -> list[PromptResult]:
-  book = out["book"]
+class _Rows(NamedTuple):
+  """The search's final rows on the host: their tokens [R, N], lengths [R] and book."""
+
+  tokens: np.ndarray
+  lengths: np.ndarray
+  book: _Book
+
+
+def _results(out: _Rows, n_prompts: int, plan: _Plan, eos: np.ndarray) -> list[PromptResult]:
+  book = out.book
   results = []
   for p in range(n_prompts):
     cands = []
@@ -336,10 +384,10 @@ def _results(out: dict, n_prompts: int, plan: _Plan, eos: np.ndarray) -> list[Pr
   return results
 
 
-def _candidate(out: dict, r: int, eos: np.ndarray) -> Candidate:
-  book = out["book"]
+def _candidate(out: _Rows, r: int, eos: np.ndarray) -> Candidate:
+  book = out.book
   reason = int(book.reason[r])
-  ids = [int(t) for t in out["tokens"][r, :int(out["lengths"][r])]]
+  ids = [int(t) for t in out.tokens[r, :int(out.lengths[r])]]
   if reason == FINISH_EOS and ids and eos[ids[-1]]:
     ids = ids[:-1]
   steps, scores = [], []
