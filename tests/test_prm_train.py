@@ -157,7 +157,7 @@ def test_bad_config_fields_are_named(field, value, match):
 ])
 def test_bad_optimizer_fields_are_named(field, value, match):
   with pytest.raises(ConfigError, match=match):
-    pipeline.prm_config_from_dict({"enabled": True, "separator": SEP, "optimizer": {field: value}})
+    prm_config_from_dict({"enabled": True, "separator": SEP, "optimizer": {field: value}})
 
 
 def test_cli_section_is_checked_and_named():

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from reprobe_jax.errors import ConfigError, DataFormatError, ReprobeError
 from reprobe_jax.tasks import (FAMILIES, Problem, TraceNoise, check_response, check_thinking, classify_paragraph,
                                first_error, get_family, make_problems, parse_line, parse_thinking, read_problems,
-                               render_line, render_thinking, solve, solve_many, step_texts_for_check, user_prompt,
-                               write_jsonl)
+                               render_line, render_thinking, solve, solve_many, step_texts_for_check, user_prompt)
+from reprobe_jax.io.atomic import write_jsonl
 from reprobe_jax.tasks import traces as traces_module
 from reprobe_jax.tasks.traces import BUG_KINDS
 from reprobe_jax.tasks.arithmetic import apply

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from reprobe_jax.errors import DataFormatError
-from reprobe_jax.tasks.io import write_jsonl
+from reprobe_jax.io.atomic import write_jsonl
 from reprobe_jax.trajectories import StepSpan, Trajectory, read_trajectories
 
 # A labelled record as sample_trajectories + annotate_rule have written it since issue 4 (key order included).

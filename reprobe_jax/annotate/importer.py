@@ -23,7 +23,7 @@ from absl import logging
 
 from reprobe_jax.annotate.records import Record, labelled, record_id, record_steps
 from reprobe_jax.errors import DataFormatError
-from reprobe_jax.tasks.io import read_jsonl
+from reprobe_jax.io.readers import read_jsonl
 
 FORMATS = ("labels", "first_error", "ratings")
 MISSING = "import:missing"

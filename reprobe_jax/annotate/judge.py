@@ -33,7 +33,7 @@ from absl import logging
 from reprobe_jax.annotate.records import Record, as_trajectory, labelled, record_id
 from reprobe_jax.errors import ConfigError, DataFormatError, JudgeBackendError, ReprobeError
 from reprobe_jax.models import LanguageModel, SamplingParams
-from reprobe_jax.tasks.base import Problem
+from reprobe_jax.tasks.base import Problem, get_family
 
 
 class JudgeBackend(Protocol):
@@ -105,7 +105,6 @@ def reference_solution(problem: Problem | str) -> str:
   true answer; just the answer otherwise; a note when only the question is known."""
   if isinstance(problem, str):
     return "(no reference solution given)"
-  from reprobe_jax.tasks import get_family
   try:
     steps = get_family(problem.domain).reference_steps(problem)
   except (ReprobeError, KeyError, IndexError, TypeError, ValueError):

@@ -8,6 +8,8 @@ import dataclasses
 import os
 import platform
 
+import jax
+
 # Widest first: the first of these whose flags the CPU reports names its instruction set.
 _ISA = (("AVX-512+AMX", ("avx512f", "amx_tile")), ("AVX-512", ("avx512f",)), ("AVX2", ("avx2",)),
         ("AVX", ("avx",)), ("SSE4.2", ("sse4_2",)), ("NEON", ("asimd",)))
@@ -81,7 +83,6 @@ def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
 
 def describe() -> Machine:
   """This machine (Linux reads /proc/cpuinfo; elsewhere the platform module's processor name)."""
-  import jax
   model, flags = _cpuinfo()
   return Machine(cpu=model or platform.processor() or platform.machine() or "unknown CPU",
                  isa=isa_from_flags(flags), cores=os.cpu_count() or 1, backend=jax.default_backend(),

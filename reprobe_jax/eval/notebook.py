@@ -77,7 +77,7 @@ def steps_text(texts: Sequence[str], scores: Sequence[float], labels: Sequence[f
 def show(html: str, text: str | None = None) -> None:
   """Displays HTML in a notebook (IPython), else prints `text` (or nothing if there is none)."""
   try:
-    from IPython import get_ipython
+    from IPython import get_ipython  # only inside a notebook; IPython is no dependency
     from IPython.display import HTML, display
   except ImportError:  # not in IPython
     get_ipython = None

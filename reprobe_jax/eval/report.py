@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.eval.metrics import bootstrap_pr_auc, pr_auc, pr_curve, roc_auc
@@ -73,10 +74,8 @@ def table_markdown(metrics: dict) -> str:
 
 def plot_pr_curves(scores: Scores, labels: Mapping[str, np.ndarray], path: str) -> None:
   """One precision-recall panel per domain, every scorer but 'random' (the base rate is the dotted line)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, len(labels), figsize=(5 * len(labels), 4), squeeze=False)
+  fig = Figure(figsize=(5 * len(labels), 4))
+  axes = fig.subplots(1, len(labels), squeeze=False)
   for ax, d in zip(axes[0], labels):
     for method, per in scores.items():
       if method == "random":
@@ -90,4 +89,3 @@ def plot_pr_curves(scores: Scores, labels: Mapping[str, np.ndarray], path: str) 
   fig.tight_layout()
   with atomic_open(path, "wb") as f:
     fig.savefig(f, format="png", dpi=110)
-  plt.close(fig)

@@ -1,4 +1,5 @@
-"""Atomic writes: a file or a folder appears complete or not at all (one mechanism for every artifact we write)."""
+"""Atomic writes: a file or a folder appears complete or not at all (one mechanism for every artifact we write),
+and the JSON and JSONL writers built on it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Iterable
 
 
 @contextlib.contextmanager
@@ -35,6 +36,20 @@ def write_json(path, obj: Any, indent: int | None = 1) -> None:
   """Writes `obj` as JSON, atomically (`atomic_open`)."""
   with atomic_open(path) as f:
     json.dump(obj, f, indent=indent)
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> None:
+  """Writes one JSON object per line; records are dicts or objects with `to_json()` (Problem,
+  Trace, Trajectory).
+
+  The file appears complete or not at all: lines go to a temporary file in the same folder, which replaces `path`
+  only after every record was written (os.replace is atomic on one file system).
+  """
+  with atomic_open(path, "w", encoding="utf-8") as f:
+    for record in records:
+      obj = record.to_json() if hasattr(record, "to_json") else record
+      # allow_nan=False: NaN is not JSON, and other readers would reject the file later.
+      f.write(json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.eval.report import plot_pr_curves, scorer_metrics, table_markdown
 from reprobe_jax.features import FeatureMismatchError, FeatureStore, extract, model_fingerprint
-from reprobe_jax.io.atomic import atomic_open, write_json
+from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
 from reprobe_jax.io.readers import read_json
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.reprobe_config import (ReprobeConfig, Splits, check_target, feature_specs, prm_folder,
@@ -49,7 +49,6 @@ from reprobe_jax.probe.bundle import ProbeBundle
 from reprobe_jax.probe.data import examples
 from reprobe_jax.probe.train import train_probe
 from reprobe_jax.tasks import Problem
-from reprobe_jax.tasks.io import write_jsonl
 from reprobe_jax.trajectories import Trajectory, read_trajectories, sample_trajectories
 
 

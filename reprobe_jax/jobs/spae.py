@@ -22,7 +22,7 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.features import model_fingerprint
 from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
-from reprobe_jax.io.atomic import atomic_open, write_json
+from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
 from reprobe_jax.io.readers import read_jsonl
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
@@ -33,7 +33,6 @@ from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
 from reprobe_jax.spae.metrics import ThinkingOutcome
 from reprobe_jax.spae.potential import ProbeConfig, Prober, StepPotentials
 from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, Problem
-from reprobe_jax.tasks.io import write_jsonl
 from reprobe_jax.tasks.splits import spread
 from reprobe_jax.trajectories import prompt_text
 

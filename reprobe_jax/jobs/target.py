@@ -21,13 +21,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.io.atomic import atomic_open, write_json
+from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
 from reprobe_jax.fields import Int, OneOf, Pairs, Real, Seq, check_fields, field_name, plain, replace_fields, \
     sorted_pairs
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
-from reprobe_jax.io.readers import read_json
+from reprobe_jax.io.readers import read_json, read_jsonl
 from reprobe_jax.synthetic.interrupt import interrupted_examples
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
@@ -36,7 +36,7 @@ from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
 from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
 from reprobe_jax.tasks import DIFFICULTIES, Problem, make_problems
 from reprobe_jax.tasks.formats import MODES, user_prompt
-from reprobe_jax.tasks.io import read_jsonl, read_problems, write_jsonl, write_problems
+from reprobe_jax.tasks.io import read_problems, write_problems
 from reprobe_jax.tasks.traces import TraceNoise, solve_many
 
 FAMILIES = ("arithmetic", "planning", "qa")

@@ -21,6 +21,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+import jax
+import jaxlib
+
 SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 DISABLE_ENV = "REPROBE_JAX_CPU_KERNELS"
 CACHE_ENV = "REPROBE_JAX_KERNEL_CACHE"
@@ -71,8 +74,6 @@ def build(source: str, symbol: str, target: str) -> Built:
   the CPU platform. Cached per process; returns Built(None, reason) instead of raising."""
   if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
     return Built(None, f"{DISABLE_ENV}={os.environ[DISABLE_ENV]}")
-  import jax
-  import jaxlib
   cxx = _compiler()
   if cxx is None:
     return Built(None, "no C++ compiler found (set CXX, or install g++)")

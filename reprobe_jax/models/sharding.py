@@ -20,6 +20,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -232,7 +233,8 @@ def _detected_cluster(environ: Mapping[str, str]) -> str | None:
 
 
 def _backends_started() -> bool:
-  from jax._src import xla_bridge  # jax.distributed.initialize asks the same
+  # A private module, so imported only here, where a multi-process start asks (as jax.distributed.initialize does).
+  from jax._src import xla_bridge
   return bool(getattr(xla_bridge, "backends_are_initialized", lambda: False)())
 
 
@@ -360,7 +362,6 @@ def to_host(tree):
   leaves, treedef = jax.tree.flatten(tree)
   spanning = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable]
   if spanning:
-    from jax.experimental import multihost_utils
     gathered = multihost_utils.process_allgather([leaves[i] for i in spanning], tiled=True)
     for i, value in zip(spanning, gathered):
       leaves[i] = value
@@ -370,7 +371,6 @@ def to_host(tree):
 def barrier(name: str) -> None:
   """Waits until every process of the job has reached `barrier(name)` (the same name); a no-op on one process."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
 
 
@@ -385,7 +385,6 @@ def failed_processes(failed: bool) -> list[int]:
   (it is a barrier too), so that one that stopped on an error does not leave the others waiting for it forever."""
   if jax.process_count() == 1:
     return [0] if failed else []
-  from jax.experimental import multihost_utils
   flags = multihost_utils.process_allgather(np.asarray([failed], np.int32), tiled=True)  # [processes]
   return [i for i, f in enumerate(np.asarray(flags).reshape(-1)) if f]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 
 import jax
+import jaxlib
 
 YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 YNN_DOTS_ONLY = "LIBRARY_FUSION_TYPE_DOT"
@@ -29,7 +30,6 @@ MEASURED_JAXLIB = (0, 10)  # the jaxlib minor line whose XLA:CPU has the option 
 
 
 def _jaxlib_version() -> tuple[int, ...]:
-  import jaxlib
   parts = []
   for p in jaxlib.__version__.split(".")[:3]:
     digits = "".join(ch for ch in p if ch.isdigit())

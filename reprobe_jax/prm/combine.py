@@ -14,6 +14,7 @@ import numbers
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import ConfigError, DataFormatError
@@ -165,10 +166,8 @@ def cascade_curve(probe, prm, labels, fractions: Sequence[float] = FRACTIONS, *,
 
 def plot_cascade(curves: Mapping[str, CascadeCurve], path: str) -> None:
   """A PNG at `path`: PR-AUC (left) and step accuracy (right) against PRM calls per step, one line per curve."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  fig = Figure(figsize=(10, 4))
+  axes = fig.subplots(1, 2)
   for name, c in curves.items():
     axes[0].plot(c.prm_calls, c.pr_auc, marker="o", ms=3, label=name)
     axes[1].plot(c.prm_calls, c.accuracy, marker="o", ms=3, label=name)
@@ -179,4 +178,3 @@ def plot_cascade(curves: Mapping[str, CascadeCurve], path: str) -> None:
   fig.tight_layout()
   with atomic_open(path, "wb") as f:
     fig.savefig(f, format="png", dpi=110)
-  plt.close(fig)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import Callable, Sequence
 
@@ -19,7 +18,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.io.atomic import write_json
 from reprobe_jax.fields import Int, Real, check_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.metrics import pr_auc, roc_auc
@@ -158,6 +157,5 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
     logging.warning("probe in %s: no epoch had a finite validation PR-AUC; returning the last epoch's parameters",
                     workdir)
     best_params = result.params
-  with atomic_open(os.path.join(workdir, "history.json")) as f:
-    json.dump(history, f, indent=1)
+  write_json(os.path.join(workdir, "history.json"), history)
   return graphdef, best_params, rest, history

@@ -23,6 +23,8 @@ import math
 from typing import Mapping, Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import ConfigError, DataFormatError
@@ -325,10 +327,8 @@ def potential_curves(outcomes: Sequence[ThinkingOutcome], bins: int = 10) -> Pot
 
 def plot_curves(curves: PotentialCurves, path: str) -> None:
   """A PNG with three panels (Phi, Conf, Acc against relative step position), correct vs wrong trajectories."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+  fig = Figure(figsize=(13, 3.8))
+  axes = fig.subplots(1, 3)
   x = curves.centers
   for ax, field, title in zip(axes, ("phi", "conf", "acc"), ("Step potential Phi", "Confidence", "Correctness")):
     for curve, label, color in ((curves.correct, "correct", "tab:green"), (curves.wrong, "wrong", "tab:red")):
@@ -340,24 +340,20 @@ def plot_curves(curves: PotentialCurves, path: str) -> None:
   fig.tight_layout()
   with atomic_open(path, "wb") as f:
     fig.savefig(f, format="png", dpi=110)
-  plt.close(fig)
 
 
 def plot_displacement(metrics: TrajectoryMetrics, path: str) -> None:
   """A PNG histogram of first saturated boundary - oracle step over correct trajectories (paper App. C.1)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  import matplotlib.ticker
-  fig, ax = plt.subplots(figsize=(6, 3.8))
+  fig = Figure(figsize=(6, 3.8))
+  ax = fig.subplots()
   d = np.asarray(metrics.displacements, np.int64)
   if d.size:
     values = np.arange(d.min(), d.max() + 1)
     heights = np.array([np.sum(d == v) for v in values])
     colors = ["tab:green" if v == 0 else "tab:blue" if v < 0 else "tab:orange" for v in values]
     ax.bar(values, heights, color=colors, width=0.8)
-  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-  ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.yaxis.set_major_locator(MaxNLocator(integer=True))
   c = metrics.displacement_counts
   agreement = "n/a" if math.isnan(metrics.oracle_agreement) else f"{100 * metrics.oracle_agreement:.1f}%"
   ax.set(xlabel="first saturated boundary - oracle step", ylabel="trajectories",
@@ -367,7 +363,6 @@ def plot_displacement(metrics: TrajectoryMetrics, path: str) -> None:
   fig.tight_layout()
   with atomic_open(path, "wb") as f:
     fig.savefig(f, format="png", dpi=110)
-  plt.close(fig)
 
 
 def _cell(x: float, fmt: str) -> str:

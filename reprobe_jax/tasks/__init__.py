@@ -14,7 +14,7 @@ from reprobe_jax.tasks.arithmetic import Arithmetic
 from reprobe_jax.tasks.base import DIFFICULTIES, DOMAINS, FAMILIES, Problem, TaskFamily, first_error, get_family
 from reprobe_jax.tasks.formats import (check_response, check_thinking, classify_paragraph, parse_line, parse_thinking,
                                        render_line, render_thinking, step_texts_for_check, user_prompt)
-from reprobe_jax.tasks.io import read_problems, write_jsonl, write_problems
+from reprobe_jax.tasks.io import read_problems, write_problems
 from reprobe_jax.tasks.planning import Planning
 from reprobe_jax.tasks.qa import MultiHopQA
 from reprobe_jax.tasks.traces import Trace, TraceNoise, solve, solve_many
@@ -51,5 +51,5 @@ def make_problems(family: str | TaskFamily, n: int, seed: int, difficulty: int) 
 __all__ = ["DIFFICULTIES", "DOMAINS", "FAMILIES", "Arithmetic", "MultiHopQA", "Planning", "Problem", "TaskFamily",
            "Trace", "TraceNoise", "check_response", "check_thinking", "classify_paragraph", "first_error", "formats",
            "get_family", "io", "make_problems", "parse_line", "parse_thinking", "read_problems", "render_line",
-           "render_thinking", "solve", "solve_many", "step_texts_for_check", "traces", "user_prompt", "write_jsonl",
+           "render_thinking", "solve", "solve_many", "step_texts_for_check", "traces", "user_prompt",
            "write_problems"]

@@ -1,29 +1,14 @@
-"""JSONL files of problems (schema in docs/tasks.md): atomic writes, and reads that name the bad line
-(`reprobe_jax.io.readers.read_jsonl`, re-exported here)."""
+"""JSONL files of problems (schema in docs/tasks.md): reads that name the bad line and field, atomic writes."""
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any, Iterable
+from typing import Iterable
 
-from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.io.atomic import write_jsonl
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.io.readers import read_jsonl
 from reprobe_jax.tasks.base import Problem
-
-
-def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> None:
-  """Writes one JSON object per line; records are dicts or objects with `to_json()` (Problem, Trace).
-
-  The file appears complete or not at all: lines go to a temporary file in the same folder, which replaces `path`
-  only after every record was written (os.replace is atomic on one file system).
-  """
-  with atomic_open(path, "w", encoding="utf-8") as f:
-    for record in records:
-      obj = record.to_json() if hasattr(record, "to_json") else record
-      # allow_nan=False: NaN is not JSON, and other readers would reject the file later.
-      f.write(json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def read_problems(path: str | os.PathLike) -> list[Problem]:

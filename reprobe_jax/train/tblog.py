@@ -25,7 +25,8 @@ class ScalarWriter:
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if self._writer is None:
-      from tensorboardX import SummaryWriter  # imported here: only training jobs need it
+      # imported here: it pulls in protobuf, and only training jobs write events
+      from tensorboardX import SummaryWriter
 
       os.makedirs(self.logdir, exist_ok=True)
       self._writer = SummaryWriter(self.logdir, flush_secs=1)
@@ -48,7 +49,7 @@ class ScalarWriter:
 
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   """{name: [(step, value), ...]} from every event file in `logdir` (file order, then write order)."""
-  from tensorboardX.proto import event_pb2
+  from tensorboardX.proto import event_pb2  # imported here, as in ScalarWriter.write
 
   out: dict[str, list[tuple[int, float]]] = {}
   for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
