@@ -1,4 +1,7 @@
-"""Target models: one NNX decoder for Llama, Mistral, Qwen2, Qwen3 and Phi-3, loading, capture and sampling."""
+"""Target models: one NNX decoder for Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma 3; loading (Hugging Face
+safetensors, GGUF) and export; capture of per-token features; the KV cache; the decode state and the open sampler;
+sharding rules. The model layer runs a compiled stop table as data (`StopRule`, or a `reprobe_jax.steps` boundary
+compiled for the tokenizer) and knows nothing of steps, tasks or jobs."""
 
 from reprobe_jax.models.capture import CaptureSpec, ForwardOutput
 from reprobe_jax.models.config import ModelConfig
