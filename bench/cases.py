@@ -231,8 +231,8 @@ def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_ti
 
 
 def _probe_side(pair: Pair, ids, mask, spans, repeats: int) -> dict:
-  """The probe (METHOD A4, paper shape) over packed windows [0, step end) of the response's captured last-layer
-  hidden states (next-token aligned, METHOD A3); the features are the generation pass's, not timed."""
+  """The probe (docs/method.md §A4, paper shape) over packed windows [0, step end) of the response's captured last-layer
+  hidden states (next-token aligned, docs/method.md §A3); the features are the generation pass's, not timed."""
   from flax import nnx
 
   from reprobe_jax.features import FeatureSpec, forward_values

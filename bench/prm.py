@@ -5,7 +5,7 @@ here) against the probe, each on its fastest path, and the PRM in PyTorch for th
   separator (what Best-of-N pays); in PyTorch the same joined ids through `model.model` plus the same head.
 - PRM, incremental: its own KV cache of the prompt, each step appended when it is the newest (what a search pays;
   search-and-learn re-reads the whole text instead).
-- Probe (METHOD A4 at the paper's shape) over the captured features of the response, packed windows [0, step end)
+- Probe (docs/method.md §A4 at the paper's shape) over the captured features of the response, packed windows [0, step end)
   (`probe.data.pack_spans`); the features come from the generation pass and are not timed.
 
 `flops` gives each side's multiply-adds per scored step from the shapes, so the measured ratio can be read against

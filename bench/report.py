@@ -326,7 +326,7 @@ def markdown(result: dict) -> str:
                      f"text) {_fmt(r['ours']['steps_per_s'])} steps/s | "
                      f"{inc['steps_per_s'] / r['ours']['steps_per_s']:.2f}x | {inc['first_call_s']:.1f} / "
                      f"{inc['xla_compile_s']:.1f} |")
-        lines.append(f"| Step scoring: probe (METHOD A4, d={c['d_model']}, {c['n_layers']} layer, {p['params']:,} "
+        lines.append(f"| Step scoring: probe (docs/method.md §A4, d={c['d_model']}, {c['n_layers']} layer, {p['params']:,} "
                      f"params) over packed windows of captured last-layer hidden states vs the PRM's fastest path "
                      f"| {shape} | {_fmt(p['steps_per_s'])} steps/s | (PRM) {_fmt(fastest)} steps/s | "
                      f"{p['vs_best_prm']:.2f}x | {p['first_call_s']:.1f} / {p['xla_compile_s']:.1f} |")

@@ -1,4 +1,4 @@
-"""Step-level beam search (METHOD A7) against a search-and-learn-style loop in PyTorch `transformers`, and against our
+"""Step-level beam search (docs/method.md §A7) against a search-and-learn-style loop in PyTorch `transformers`, and against our
 own Best-of-N at the same number of sampled steps.
 
 The reference runs as search-and-learn does (one problem at a time, the scorer re-reading whole texts): per problem,
@@ -299,7 +299,7 @@ def same_steps(pair: Pair, lm: LanguageModel, prompts, cfg: SearchConfig) -> dic
 
 
 def probe_vs_prm(lm: LanguageModel, prompts, cfg: SearchConfig, repeats: int) -> dict:
-  """Cost per searched problem: the same beam search guided by the probe (METHOD A4 at the paper's
+  """Cost per searched problem: the same beam search guided by the probe (docs/method.md §A4 at the paper's
   shape over captured last-layer hidden states; random weights: only its cost matters), by the PRM (the target's
   backbone and a random head, scoring incrementally from its own KV cache) and by perplexity (which reads only the
   captured log-probs: the search without a scorer's cost). Selections differ with the scorer, so each side reports

@@ -1,7 +1,7 @@
 """SPAE step potentials: our batched probe against the released design's one request per boundary.
 
 - Ours: `Prober.potentials`, every paragraph boundary x N samples of a chunk of trajectories in one jitted `probe`
-  call that forks each trajectory's own KV cache at its boundaries (METHOD B1; the question and earlier steps are
+  call that forks each trajectory's own KV cache at its boundaries (docs/method.md §B1; the question and earlier steps are
   fed through the model once per trajectory).
 - The released design (cii030/SPAE-RL, inference/probe_mechanism_example.py): one completion request per step
   boundary, each re-sending the whole formatted prompt + the response truncated at the boundary + the probe suffix.

@@ -1,4 +1,4 @@
-"""The LLM judge of METHOD A2(b): prompt templates and sampling settings.
+"""The LLM judge of docs/method.md §A2(b): prompt templates and sampling settings.
 
     prompts = JudgePrompts.from_dict(get_config().prompts.to_dict())   # reprobe_jax.annotate.judge
 

@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.test_problems = 48
   c.difficulties = (1,)  # the easiest problems: a 135M model gets some steps right, and prompts stay short
   # 4 worked examples at T = 0.3 (dev split, 8 problems a family): 0.68 / 0.68 / 0.83 of arithmetic / planning /
-  # qa steps wrong, against 0.83 / 0.84 / 0.95 with 2 at METHOD A5's T = 1.0 (docs/tasks.md, "SmolLM2").
+  # qa steps wrong, against 0.83 / 0.84 / 0.95 with 2 at docs/method.md §A5's T = 1.0 (docs/tasks.md, "SmolLM2").
   c.trajectories.few_shot = 4
   c.trajectories.temperature = 0.3
   # The first step's start spelled out in qa and planning questions (TaskFamily.first_step_question): on the same
@@ -42,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.trajectories.goal_mark = True
   c.trajectories.max_new_tokens = 64
   c.trajectories.batch_size = 16
-  # The 576-wide residual stream of a 30-layer model: the last layer, as METHOD A3's default.
+  # The 576-wide residual stream of a 30-layer model: the last layer, as docs/method.md §A3's default.
   c.hidden_layers = (-1,)
   c.probe.d_model = 128
   c.train.epochs = 8

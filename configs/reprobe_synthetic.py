@@ -47,12 +47,12 @@ def get_config() -> ml_collections.ConfigDict:
                                                   max_new_tokens=96, batch_size=32, seed=0))
   c.feature_sets = ("hidden", "hidden+logit", "attn+logit")
   c.hidden_layers = (-1,)
-  # METHOD A4's paper shape is d_model=512, 16 heads; a smaller probe suits a 128-wide target on 2 CPU cores.
+  # docs/method.md §A4's paper shape is d_model=512, 16 heads; a smaller probe suits a 128-wide target on 2 CPU cores.
   c.probe = ml_collections.ConfigDict(dict(d_model=128, n_layers=1, n_heads=4, ff_dim=512, dropout=0.1))
   c.train = ml_collections.ConfigDict(dict(
       optimizer=dict(learning_rate=5e-4, schedule="linear", warmup_frac=0.05, weight_decay=0.1, grad_clip=1.0),
       batch_size=32, epochs=4, patience=3, pos_weight=3.0, seed=0))
-  # Step labels (METHOD A2): 'rule' (exact checkers), 'self' (the target as its own two-stage judge), 'judge' (an
+  # Step labels (docs/method.md §A2): 'rule' (exact checkers), 'self' (the target as its own two-stage judge), 'judge' (an
   # OpenAI-compatible server, judge.api), 'import' (a JSONL file of labels by trajectory id, labels_path; format in
   # reprobe_jax/annotate/importer.py).
   c.annotator = "rule"

@@ -5,7 +5,7 @@
 
 The start policy is the SPAE target (configs/spae_synthetic.py: interrupted-thinking traces, so its step potential
 reads something); it is built once (or reused) and every method and seed starts from it. Training prompts are
-arithmetic problems of the RL train split; the evaluation is METHOD B3 at k=16 on held-out test problems in domain
+arithmetic problems of the RL train split; the evaluation is docs/method.md §B3 at k=16 on held-out test problems in domain
 (arithmetic) and out of domain (planning, qa), the same problems for every run.
 """
 

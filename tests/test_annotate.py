@@ -1,4 +1,4 @@
-"""Annotators of METHOD A2: rule labels on aligned scripted traces equal the traces' own labels; the two-stage judge
+"""Annotators of docs/method.md §A2: rule labels on aligned scripted traces equal the traces' own labels; the two-stage judge
 with canned, HTTP and self-judge backends; imported labels in the three file formats and their errors."""
 
 from __future__ import annotations

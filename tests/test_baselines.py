@@ -1,4 +1,4 @@
-"""Uncertainty baselines (METHOD A6): a worked example, and the vectorised scorers against a per-step loop."""
+"""Uncertainty baselines (docs/method.md §A6): a worked example, and the vectorised scorers against a per-step loop."""
 
 import jax.numpy as jnp
 import numpy as np

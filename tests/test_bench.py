@@ -136,7 +136,7 @@ def test_search_rows(result):
   assert bon["beam"] == ref["ours"]  # one timing of our beam search serves both comparisons
   assert ref["ratio"] > 0 and ref["ratio_of_min_times"] > 0 and bon["cost_ratio"] > 0
   assert "## Step-level beam search" in (out / "results.md").read_text()
-  sc = s["scorers"]  # the same search guided by the probe, the PRM and perplexity (issue 15)
+  sc = s["scorers"]  # the same search guided by the probe, the PRM and perplexity
   assert set(sc["sides"]) == {"probe", "prm", "perplexity"}
   for name, side in sc["sides"].items():
     assert side["seconds_per_problem"] > 0 and side["steady_compiles"] == 0, (name, side)

@@ -1,4 +1,4 @@
-"""The step boundary (METHOD A1): the device stop rule `advance`, run under jit over token ids, stops exactly where
+"""The step boundary (docs/method.md §A1): the device stop rule `advance`, run under jit over token ids, stops exactly where
 `StepBoundary.align` ends spans, and those spans are the character-level regions of `steps.segment`; on byte-level
 BPE, SentencePiece-style and SmolLM2 tokenizers, on sampled-like texts and on random ids."""
 
@@ -127,7 +127,7 @@ def test_device_stops_are_span_ends_on_random_ids(name, data):
 
 
 def test_stop_codes_on_sampled_texts(tok):
-  """Every fixed text: the device stops where the spans end, and where METHOD A1 says."""
+  """Every fixed text: the device stops where the spans end, and where docs/method.md §A1 says."""
   for text, boundary, n_steps in [(LINE, StepBoundary("line"), 4), (THINK, StepBoundary("paragraph"), 3),
                                   (PROSE, StepBoundary("sentence"), 3)]:
     ids = tok(text, add_special_tokens=False)["input_ids"]

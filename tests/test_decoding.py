@@ -1,4 +1,4 @@
-"""The open sampler (issue 11): decode to step boundaries and resume, forced text, take, shared-prefix rows, forks
+"""The open sampler (docs/decoding.md): decode to step boundaries and resume, forced text, take, shared-prefix rows, forks
 at step boundaries, cache_full; every captured value held to a fresh full forward of the same tokens."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def lm(tiny_llama_dir):
 
 
 def assert_matches_forward(lm, context, row, *, atol=1e-4):
-  """A row read back from a decode state equals a full forward of context + its response (METHOD A3 alignment:
+  """A row read back from a decode state equals a full forward of context + its response (docs/method.md §A3 alignment:
   response token i's values come from position len(context) - 1 + i)."""
   n = len(row.tokens)
   ref = lm.forward(np.asarray(list(context) + row.tokens)[None], capture=CAPTURE)
@@ -313,7 +313,7 @@ def test_batch_one_decode_copies_no_cache(lm, packed):
   """With the CPU attention kernels reading the cache reshaped to [B * KV, S, Dh], XLA:CPU duplicated each layer's
   one-row cache write into a second fusion for the reshape and copied every layer's K and V cache on every step
   (and again where the step's cond joined); the kernels now take [B, KV, S, Dh] as it is and the compiled loop has
-  none of those copies, with XLA's products or the kernels (issue 19's batch-1 bandwidth)."""
+  none of those copies, with XLA's products or the kernels (docs/kernels.md, the batch-1 bandwidth)."""
   from reprobe_jax import kernels
   if packed and not kernels.available():
     pytest.skip(f"kernel not built: {kernels.unavailable_reason()}")

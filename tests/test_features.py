@@ -1,4 +1,4 @@
-"""Feature extraction (METHOD A3): next-token alignment, sets, resumable shards, refusal of foreign shards."""
+"""Feature extraction (docs/method.md §A3): next-token alignment, sets, resumable shards, refusal of foreign shards."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Flax decoder held to PyTorch `transformers` for every supported family and rope type (issues 2 and 18).
+"""The Flax decoder held to PyTorch `transformers` for every supported family and rope type.
 
 Each case builds a tiny random HF model, saves it, loads it with `load_pretrained`, and compares: logits and every
 hidden state (fp32, max abs diff relative to the tensor's scale), the attention window against eager

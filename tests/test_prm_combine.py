@@ -1,4 +1,4 @@
-"""Fusion and cascade of probe and PRM step scores (reprobe_jax/prm/combine.py, METHOD A7, issue 15)."""
+"""Fusion and cascade of probe and PRM step scores (reprobe_jax/prm/combine.py, docs/method.md §A7)."""
 
 from __future__ import annotations
 

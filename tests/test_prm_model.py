@@ -1,4 +1,4 @@
-"""The PRM (METHOD A7) held to a PyTorch reference: transformers' Qwen2Model plus the same head, a random tiny
+"""The PRM (docs/method.md §A7) held to a PyTorch reference: transformers' Qwen2Model plus the same head, a random tiny
 config saved with the upstream tensor names (`model.*`, `score.0.*`, `score.2.*`); incremental scoring equals
 scoring the whole text; bad checkpoints and separators give one clear error each."""
 

@@ -1,4 +1,4 @@
-"""The PRM as a step scorer (issue 15): in beam search and DVTS its incremental scores (its own KV cache, each step
+"""The PRM as a step scorer: in beam search and DVTS its incremental scores (its own KV cache, each step
 appended once) equal the PRM on each kept candidate's whole text; Best-of-N scores every step of every row; a PRM
 of another vocabulary and a newest-step call are refused."""
 

@@ -1,4 +1,4 @@
-"""The PRM trained here (issue 15): the loss (worked example, masking), learning on a toy signal, batched scores
+"""The PRM trained here: the loss (worked example, masking), learning on a toy signal, batched scores
 against one-at-a-time rewards, reuse and exact resume of a training folder, the pipeline's 'prm' row and step
 scores, and bad configs that fail before anything is trained."""
 

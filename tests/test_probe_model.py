@@ -1,4 +1,4 @@
-"""The probe module of METHOD A4: size, batched scoring, masking; one compiled inference path; the saved bundle."""
+"""The probe module of docs/method.md §A4: size, batched scoring, masking; one compiled inference path; the saved bundle."""
 
 from __future__ import annotations
 

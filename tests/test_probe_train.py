@@ -1,4 +1,4 @@
-"""Probe training (METHOD A5): the loss, learning a separable signal, early stopping, exact resume after a kill."""
+"""Probe training (docs/method.md §A5): the loss, learning a separable signal, early stopping, exact resume after a kill."""
 
 from __future__ import annotations
 

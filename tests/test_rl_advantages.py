@@ -1,4 +1,4 @@
-"""Advantage estimators (METHOD B2): worked examples by hand, padding rows that change nothing, SPAE's edge cases,
+"""Advantage estimators (docs/method.md §B2): worked examples by hand, padding rows that change nothing, SPAE's edge cases,
 the registry, and jit against eager."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The policy loss and update (METHOD B2): the clipped objective by hand and against numpy, micro-batched gradient
+"""The policy loss and update (docs/method.md §B2): the clipped objective by hand and against numpy, micro-batched gradient
 accumulation against the whole batch (verl #5625), a zero-advantage step, response log-probs against a per-row
 forward, 8-device data parallelism against one device, and no recompilation when parameters change."""
 

@@ -1,4 +1,4 @@
-"""Stateful step scorers (issue 15 item 1): a scorer that keeps per-row state across a search's rounds (a PRM's own
+"""Stateful step scorers: a scorer that keeps per-row state across a search's rounds (a PRM's own
 KV cache) through `init_carry` / `advance`. Held to its own stateless `score` on the whole row: advancing a row's
 steps one by one, beam search and DVTS (the survivors' carries gathered, a lookahead's copy dropped), Best-of-N;
 the same search with the scorer's stateless twin (today's vmapped path); a broken carry fails before decoding."""

@@ -1,4 +1,4 @@
-"""SPAE's trajectory metrics (METHOD B3): hand-computed worked examples for every number, the displacement
+"""SPAE's trajectory metrics (docs/method.md §B3): hand-computed worked examples for every number, the displacement
 categories, the potential curves' binning, the k check, and outcomes built from rendered thinking traces."""
 
 from __future__ import annotations

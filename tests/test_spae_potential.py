@@ -1,4 +1,4 @@
-"""SPAE's step potential (METHOD B1) and probe-truncated decoding (B3), held to direct forwards and to one-at-a-time
+"""SPAE's step potential (docs/method.md §B1) and probe-truncated decoding (B3), held to direct forwards and to one-at-a-time
 runs. Two tiny models: `synthetic_lm` (random, the synthetic worlds' tokenizer) for the probe's arithmetic, and a
 model trained here for a few seconds to memorise four thinking traces, so that it writes paragraph boundaries by
 itself for the decoding tests."""
@@ -24,7 +24,7 @@ def test_step_potential_corners_and_a_worked_example():
   acc = np.array([0.0, 1.0, 0.0, 1.0, 0.8, np.nan])
   conf = np.array([0.0, 1.0, 1.0, 0.0, 0.5, 0.3])
   phi = step_potential(acc, conf)
-  # METHOD B1's corners, then 1.5 * 0.8 * 0.5 + 0.5 * 0.8 - 0.5 = 0.6 + 0.4 - 0.5 = 0.5
+  # docs/method.md §B1's corners, then 1.5 * 0.8 * 0.5 + 0.5 * 0.8 - 0.5 = 0.6 + 0.4 - 0.5 = 0.5
   np.testing.assert_allclose(phi[:5], [0.0, 1.0, -1.0, 0.5, 0.5], atol=1e-12)
   assert np.isnan(phi[5])
   assert saturated(phi, 0.9).tolist() == [False, True, False, False, False, False]

@@ -1,4 +1,4 @@
-"""Step segmentation and exact token alignment (METHOD A1) on byte-level BPE, SmolLM2's and SentencePiece-style
+"""Step segmentation and exact token alignment (docs/method.md §A1) on byte-level BPE, SmolLM2's and SentencePiece-style
 tokenizers, including tokens that straddle a step boundary and token sequences no tokenizer would produce."""
 
 from __future__ import annotations

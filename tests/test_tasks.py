@@ -1,4 +1,4 @@
-"""Task families: deterministic generators, exact checkers (METHOD A2(a)), formats (A1, B1), noisy traces, JSONL."""
+"""Task families: deterministic generators, exact checkers (docs/method.md §A2(a)), formats (A1, B1), noisy traces, JSONL."""
 
 import dataclasses
 import json

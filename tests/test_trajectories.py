@@ -13,7 +13,7 @@ from reprobe_jax.errors import DataFormatError
 from reprobe_jax.io.atomic import write_jsonl
 from reprobe_jax.trajectories import StepSpan, Trajectory, read_trajectories
 
-# A labelled record as sample_trajectories + annotate_rule have written it since issue 4 (key order included).
+# A labelled record as sample_trajectories + annotate_rule have written it from the start (key order included).
 RECORD = {"id": "arithmetic-d1-s2000005-00000#1", "problem_id": "arithmetic-d1-s2000005-00000",
           "domain": "arithmetic", "mode": "line", "sample": 1, "prompt_ids": [1, 57, 9], "response_ids": [4, 8, 15, 16],
           "response": "- Step 1: 2 + 3 = 5\n<Answer>: 5", "finish_reason": "eos",

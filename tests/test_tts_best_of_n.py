@@ -1,4 +1,4 @@
-"""Best-of-N (METHOD A7): its step scores equal the one-trajectory-at-a-time path on a fresh forward, a batch gives
+"""Best-of-N (docs/method.md §A7): its step scores equal the one-trajectory-at-a-time path on a fresh forward, a batch gives
 each prompt its result alone, N rows read one prefill, a second call in the same buckets compiles nothing, and bad
 input fails before any decoding."""
 

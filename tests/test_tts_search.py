@@ -1,4 +1,4 @@
-"""Step-level beam search and DVTS (METHOD A7, issue 14): the one jitted search held to greedy step-by-step decoding
+"""Step-level beam search and DVTS (docs/method.md §A7): the one jitted search held to greedy step-by-step decoding
 and to a host loop of the sampler's own operations (decode, score, select, take, re-key, resume) round by round;
 batch independence, no recompiles, 8-device parity, lookahead, finished rows, answer lines and bad input."""
 
@@ -81,7 +81,7 @@ def _answer_in(lm, ids) -> bool:
 
 
 def reference_search(lm, scorer, prompts, cfg, *, groups, width, spec, seeds):
-  """The search as a host loop of the sampler's public operations, one round at a time (METHOD A7): returns
+  """The search as a host loop of the sampler's public operations, one round at a time (docs/method.md §A7): returns
   (per prompt: the kept rows as (tokens, spans, scores, reason), sampled steps, generated tokens; and per round, per
   row: the candidates' scores, and the rows each group kept)."""
   capture = union_capture([spec]) if spec is not None else union_capture([], token_stats=True)

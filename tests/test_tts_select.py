@@ -1,4 +1,4 @@
-"""Answer selection (METHOD A7) on worked examples: every aggregation, both votes with their tie rules, pass@N,
+"""Answer selection (docs/method.md §A7) on worked examples: every aggregation, both votes with their tie rules, pass@N,
 NaN steps, 'product' refusing unbounded scores, the family's answer normalisation, budget sub-sampling."""
 
 from __future__ import annotations

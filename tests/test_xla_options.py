@@ -1,4 +1,4 @@
-"""The decode-path compiler options (issue 19): YNNPACK keeps the dots, XLA fuses the reductions; set only on the
+"""The decode-path compiler options (docs/kernels.md): YNNPACK keeps the dots, XLA fuses the reductions; set only on the
 measured jaxlib line, off with REPROBE_JAX_XLA_DEFAULTS=1; greedy decoding gives the same tokens either way."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step labels for trajectory records (METHOD A2): rule-based, LLM judge (self-annotation or an API), imported.
+"""Step labels for trajectory records (docs/method.md §A2): rule-based, LLM judge (self-annotation or an API), imported.
 
 Every annotator takes trajectory records (`reprobe_jax.trajectories.Trajectory`, or dicts in its JSONL schema) and
 returns new records of the same kind (the inputs are not changed; nested values such as `steps` are shared, not

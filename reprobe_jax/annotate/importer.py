@@ -1,4 +1,4 @@
-"""Step labels imported from a file (METHOD A2(c)): per-step labels, a ProcessBench first-error index, or PRM800K
+"""Step labels imported from a file (docs/method.md §A2(c)): per-step labels, a ProcessBench first-error index, or PRM800K
 ratings.
 
 The file is JSONL, one object per trajectory: {"id": <trajectory id>} plus exactly one of

@@ -1,4 +1,4 @@
-"""The two-stage LLM judge of METHOD A2(b), with the target model as its own judge or an OpenAI-compatible server.
+"""The two-stage LLM judge of docs/method.md §A2(b), with the target model as its own judge or an OpenAI-compatible server.
 
 Line mode (two calls per trajectory): stage 1 shows the judge the problem, a reference solution and the numbered
 student steps and asks for a free-form critique of each step; stage 2 shows the critique again and asks for a
@@ -180,7 +180,7 @@ def annotate_judge(records: Sequence[Record], problems: Mapping[str, Problem | s
                    backend: JudgeBackend, prompts: JudgePrompts, *,
                    reference_fn: Callable[[Problem | str], str] = reference_solution, per_step: bool | None = None,
                    keep_replies: bool = False) -> list[Record]:
-  """New records labelled by an LLM judge (METHOD A2(b)); `annotator` = 'judge:<backend name>'.
+  """New records labelled by an LLM judge (docs/method.md §A2(b)); `annotator` = 'judge:<backend name>'.
 
   problems: problem id -> Problem, or -> question text (for data without checker data). reference_fn gives the
     reference solution shown to the judge (default: the family's reference steps and the true answer).
@@ -269,7 +269,7 @@ def _per_step(items: list[_Item], backend, prompts: JudgePrompts, labels, replie
 
 
 class SelfJudge:
-  """Self-annotation: the target model judges its own steps through our sampler (METHOD A2(b); paper: T=0.7,
+  """Self-annotation: the target model judges its own steps through our sampler (docs/method.md §A2(b); paper: T=0.7,
   top-k 20, top-p 0.95). Prompts go through the tokenizer's chat template when it has one, `batch_size` at a time.
   """
 

@@ -1,4 +1,4 @@
-"""The annotator a job asks for by name (METHOD A2): 'rule' (exact checkers), 'self' (the target model as its own
+"""The annotator a job asks for by name (docs/method.md §A2): 'rule' (exact checkers), 'self' (the target model as its own
 two-stage judge), 'judge' (an OpenAI-compatible server as the judge), 'import' (labels from a file).
 
 A job's config carries `annotator` (the name), `judge` (`JudgeSettings`, read by 'self' and 'judge') and

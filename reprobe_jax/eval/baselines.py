@@ -1,4 +1,4 @@
-"""Step-level uncertainty baselines (METHOD A6) for one trajectory on the host: higher score = more likely wrong.
+"""Step-level uncertainty baselines (docs/method.md §A6) for one trajectory on the host: higher score = more likely wrong.
 
 A thin wrapper over the vectorised scorers of `reprobe_jax.scorers.uncertainty` (masked reductions on device);
 score many trajectories at once with `reprobe_jax.scorers.score_rows` instead.

@@ -1,4 +1,4 @@
-"""Step-level detection metrics (METHOD A6): PR-AUC as average precision and ROC-AUC, positive = incorrect step.
+"""Step-level detection metrics (docs/method.md §A6): PR-AUC as average precision and ROC-AUC, positive = incorrect step.
 
 Both match scikit-learn (`average_precision_score`, `roc_auc_score`) exactly, ties included; NaN labels (unknown
 steps) are skipped. Pure numpy, so they run anywhere without scikit-learn.

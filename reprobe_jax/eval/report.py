@@ -1,4 +1,4 @@
-"""Reports of step scorers against step labels (METHOD A6): PR-AUC and ROC-AUC per domain with the in-domain,
+"""Reports of step scorers against step labels (docs/method.md §A6): PR-AUC and ROC-AUC per domain with the in-domain,
 out-of-domain and overall means (metrics.json), the Markdown table (table.md) and the PR curves (pr_curves.png).
 
 `scores` maps scorer name -> domain -> [num_steps] scores (higher = more likely incorrect); `labels` maps domain ->

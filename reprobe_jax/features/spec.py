@@ -27,7 +27,7 @@ PARTS = ("hidden", "attn", "logit")
 
 @dataclasses.dataclass(frozen=True)
 class FeatureSpec:
-  """Which features, METHOD A3. `parts` in ('hidden', 'attn', 'logit'); e.g. 'hidden' or 'attn+logit'."""
+  """Which features, docs/method.md §A3. `parts` in ('hidden', 'attn', 'logit'); e.g. 'hidden' or 'attn+logit'."""
 
   parts: tuple[str, ...] = ("hidden",)
   hidden_layers: tuple[int, ...] = (-1,)
@@ -71,7 +71,7 @@ class FeatureSpec:
                        top_k_probs=self.top_k if "logit" in self.parts else 0, token_stats="logit" in self.parts)
 
   def assemble(self, values, num_layers: int):
-    """The feature vectors [..., F] from captured per-token values, in the spec's part order (METHOD A3).
+    """The feature vectors [..., F] from captured per-token values, in the spec's part order (docs/method.md §A3).
 
     values: {'hidden_<i>': [..., D] (HF layer index i), 'attn_window': [..., L, H, W'] (W' >= W, most recent key
     first), 'top_probs': [..., K'] (K' >= K, sorted descending), 'token_logprobs' and 'token_entropy': [...] (the

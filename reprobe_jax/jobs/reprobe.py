@@ -1,4 +1,4 @@
-"""The ReProbe job (docs/method.md Part A): problems -> trajectories -> step labels (rule, self-judge, API judge or
+"""The ReProbe job (docs/method.md §A1-§A7): problems -> trajectories -> step labels (rule, self-judge, API judge or
 imported) -> features -> probes -> PR-AUC against uncertainty baselines (and the PRM, when asked), trained in domain
 (arithmetic) and tested in and out of domain (planning, QA), as the paper does.
 

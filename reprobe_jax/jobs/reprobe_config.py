@@ -44,7 +44,7 @@ FEATURE_PARTS = ("hidden", "attn", "logit")
 
 @dataclasses.dataclass(frozen=True)
 class FeatureSetName:
-  """A feature set's name: distinct FEATURE_PARTS joined by '+', e.g. 'hidden' or 'attn+logit' (METHOD A3)."""
+  """A feature set's name: distinct FEATURE_PARTS joined by '+', e.g. 'hidden' or 'attn+logit' (docs/method.md §A3)."""
 
   def ok(self, v) -> bool:
     parts = v.split("+") if isinstance(v, str) else []

@@ -14,7 +14,7 @@ from reprobe_jax.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class CaptureSpec:
-  """Static choice of what the forward pass sows and returns (METHOD A3); hashable, so it keys the jit cache.
+  """Static choice of what the forward pass sows and returns (docs/method.md §A3); hashable, so it keys the jit cache.
 
   hidden_layers: HF indices of hidden states (0 = embeddings, L = after the final norm; negatives count from L+1).
   attn_window: W > 0 captures, for every layer and head, the attention probabilities from query t to keys

@@ -9,7 +9,7 @@
     state = resume(state, rows)               # let paused rows go on; their newest step starts here
 
 Every response token i of row b has, in the state's buffers, its id, its log-probability at temperature 1 under
-the model (sampled or forced alike), and the features of the state that predicted it (METHOD A3: next-token
+the model (sampled or forced alike), and the features of the state that predicted it (docs/method.md §A3: next-token
 aligned), captured inside the compiled loop. Static (compile-time): the graph, the capture spec, the sharding,
 buffer and cache sizes, greedy, top_k and whether top-p filtering is on. Traced: everything else (prompts, budgets,
 temperature, top_p, EOS and stop tables, the step budget), so new prompts and new boundaries in the same buckets
@@ -248,7 +248,7 @@ decode, decode_in_jit = decode_jit(
 def _force_impl(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forced_mask, *,
                 capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
   """Appends forced tokens [B, K] (left-padded per row: mask 0 = none; a row with no forced token is untouched) to
-  the response of each row, through the model, recording their log-probs (teacher-forced, METHOD B1's Acc) and
+  the response of each row, through the model, recording their log-probs (teacher-forced, docs/method.md §B1's Acc) and
   features like sampled tokens. Forced tokens move the stop automaton but never end a step. A row whose tokens do
   not fit its buffer or the cache finishes with 'length' / 'cache_full' and gets none of them."""
   k = forced_ids.shape[1]
@@ -406,7 +406,7 @@ def _fork_impl(graphdef, params, state: DecodeState, cut_token, *, n: int, suffi
   The new rows read the row's cache as a shared prefix cut before that token's slot (no copy; exact for causal
   attention: the slots before the cut hold what a fresh forward of the context would), and the token itself is
   fed again into their own suffix caches, which yields the next-token distribution after it. This is how SPAE
-  probes every step boundary of a trajectory at once (METHOD B1). The state must have no shared prefix itself
+  probes every step boundary of a trajectory at once (docs/method.md §B1). The state must have no shared prefix itself
   (`flatten` it first). Call `start_rule` before decoding the new rows with a stop rule. buffer_len: the new rows'
   response buffer (default the state's; probes that write a few tokens need far less).
   """

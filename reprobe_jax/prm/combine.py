@@ -1,4 +1,4 @@
-"""Probe and PRM together (METHOD A7): fusion, a logistic regression on the two step scores fitted on the validation
+"""Probe and PRM together (docs/method.md §A7): fusion, a logistic regression on the two step scores fitted on the validation
 split, and cascade, the probe first and the PRM only on the steps where the probe is least certain.
 
 Scorer-agnostic and pure numpy on the host: every function takes per-step score arrays [N] with "higher = more

@@ -1,4 +1,4 @@
-"""The PRM baseline's model (METHOD A7): a decoder backbone from our model table plus the Qwen2.5-Math-PRM head
+"""The PRM baseline's model (docs/method.md §A7): a decoder backbone from our model table plus the Qwen2.5-Math-PRM head
 Linear(H, H), ReLU, Linear(H, 2); the steps of a response are joined by a separator token and each step's reward
 is softmax(head)[1] read at the separator after it.
 
@@ -252,7 +252,7 @@ def step_logits(prm: PRM, prompt_ids, prompt_mask, tokens, spans):
 
 
 def step_rewards(prm: PRM, prompt_ids, prompt_mask, tokens, spans):
-  """[B, S] P(step correct) of every step, the whole text in one forward (METHOD A7); NaN for steps without
+  """[B, S] P(step correct) of every step, the whole text in one forward (docs/method.md §A7); NaN for steps without
   tokens. Pure: callable inside another jitted program; `rewards` below is the jitted entry point."""
   r = jax.nn.softmax(step_logits(prm, prompt_ids, prompt_mask, tokens, spans), axis=-1)[..., 1]
   return jnp.where(valid_spans(spans, tokens.shape[1]), r, jnp.nan)

@@ -1,4 +1,5 @@
-"""Fusion and cascade in the ReProbe report (issue 15 item 3), read from the stored step scores of a run.
+"""Fusion and cascade in the ReProbe report (docs/method.md §A7, Fusion and cascade), read from the stored step
+scores of a run.
 
 `jobs.reprobe.evaluate` with a PRM writes every val and test step's probe and PRM scores (`write_step_scores`,
 `<prm folder>/step_scores.npz`). From them: a fusion per probe feature set fitted on the val split (its test scores

@@ -1,4 +1,4 @@
-"""The PRM trained here (METHOD A7, issue 15): the Qwen2.5-Math-PRM shape initialised from the target's own weights
+"""The PRM trained here (docs/method.md §A7): the Qwen2.5-Math-PRM shape initialised from the target's own weights
 (`model.from_target`: the backbone a copy of the target without its LM head, the head random), fine-tuned on the
 rule-labelled trajectories the probe learns from, with the shared `Trainer` (AdamW, warm-up then cosine decay,
 orbax checkpoints, exact resume, early stopping on the validation step PR-AUC).

@@ -1,4 +1,4 @@
-"""The ReProbe step verifier (METHOD A4)."""
+"""The ReProbe step verifier (docs/method.md §A4)."""
 
 from reprobe_jax.probe.model import Probe, ProbeConfig, abstract_probe, count_params, score_steps
 from reprobe_jax.probe.bundle import ProbeBundle, load_probe, save_probe

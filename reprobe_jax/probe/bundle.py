@@ -1,4 +1,4 @@
-"""A trained probe as one shareable artefact (METHOD A4): graph, parameters, feature spec and probe config.
+"""A trained probe as one shareable artefact (docs/method.md §A4): graph, parameters, feature spec and probe config.
 
 On disk it is a folder like a Hugging Face model's: `config.json` (format and version, the ProbeConfig, the
 FeatureSpec and the fingerprint of the target model whose features it was trained on) and `model.safetensors` (the

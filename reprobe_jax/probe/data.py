@@ -87,7 +87,7 @@ def collate(batch: Sequence[Example], batch_size: int, feature_dim: int) -> dict
 
 @struct.dataclass
 class PackedSteps:
-  """Where each step's window [0, step end) sits in packed rows of L slots (METHOD A4 computed without padding
+  """Where each step's window [0, step end) sits in packed rows of L slots (docs/method.md §A4 computed without padding
   steps and without the tokens past a step's end). For slot (r, j): row / token = the trajectory (index into the
   batch) and response token it copies; segment = the packed step whose window holds it (-1 = empty slot); in_step
   = the token belongs to that step itself. num_steps (static) = P, the packed steps' count with padding."""

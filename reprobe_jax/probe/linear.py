@@ -1,4 +1,4 @@
-"""The linear-probe baseline (METHOD A6): L2-regularised logistic regression on each step's mean-pooled features."""
+"""The linear-probe baseline (docs/method.md §A6): L2-regularised logistic regression on each step's mean-pooled features."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ReProbe step verifier (METHOD A4): a small post-LN transformer over a frozen LM's per-token features.
+"""The ReProbe step verifier (docs/method.md §A4): a small post-LN transformer over a frozen LM's per-token features.
 
 Per trajectory the token projection runs once; every step is then scored in the same batched call: the encoder
 sees the tokens [0, step end) with a learned marker on the step's own tokens, and the classifier reads the masked
@@ -32,7 +32,7 @@ _ZEROS = nnx.initializers.zeros_init()
 
 @dataclasses.dataclass(frozen=True)
 class ProbeConfig:
-  """Static probe shape. Defaults are the paper's (METHOD A4): d=512, 1 layer, 16 heads, dropout 0.1."""
+  """Static probe shape. Defaults are the paper's (docs/method.md §A4): d=512, 1 layer, 16 heads, dropout 0.1."""
 
   feature_dim: int
   d_model: int = 512
@@ -180,7 +180,7 @@ def score_packed(graphdef, params, features, pack: "PackedSteps"):
 
 
 def score_steps(graphdef, params, features, token_mask, spans):
-  """P(step incorrect) [B, S] for every step of a batch of trajectories in one jitted call (eval mode, METHOD A4).
+  """P(step incorrect) [B, S] for every step of a batch of trajectories in one jitted call (eval mode, docs/method.md §A4).
 
   The probe's only inference path: training validation, evaluation and the step scorer all come here, and it
   compiles once per (config, B, T, S). graphdef: a GraphDef or a StaticGraph (`abstract_probe`); params: the state

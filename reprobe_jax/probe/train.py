@@ -1,4 +1,4 @@
-"""Probe training (METHOD A5): weighted BCE, AdamW with warm-up and linear decay, early stopping on validation
+"""Probe training (docs/method.md §A5): weighted BCE, AdamW with warm-up and linear decay, early stopping on validation
 PR-AUC, orbax checkpoints of the best and the latest epoch, exact resume (the loop is `reprobe_jax.train.trainer`'s).
 
 Determinism: epoch e's batch order comes from (seed, e) and step k's dropout from (seed, k), so a run killed
@@ -31,7 +31,7 @@ from reprobe_jax.train.trainer import Trainer, TrainerConfig
 
 @dataclasses.dataclass(frozen=True)
 class ProbeTrainConfig:
-  """METHOD A5 defaults; optimizer: a linear decay to 0 after a warmup of 5% of the steps."""
+  """docs/method.md §A5 defaults; optimizer: a linear decay to 0 after a warmup of 5% of the steps."""
 
   optimizer: OptimizerConfig = OptimizerConfig(learning_rate=5e-4, schedule="linear", warmup_frac=0.05,
                                                weight_decay=0.1, grad_clip=1.0)
@@ -61,7 +61,7 @@ def new_probe(cfg: ProbeConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State, nnx
 
 
 def probe_loss(graphdef, pos_weight: float):
-  """loss(params, batch, key, rest): weighted BCE of the probe with dropout drawn from `key` (METHOD A5), over the
+  """loss(params, batch, key, rest): weighted BCE of the probe with dropout drawn from `key` (docs/method.md §A5), over the
   labelled steps of a packed batch (`pack_steps`: features, pack, labels [P])."""
 
   def loss(params, batch, key, rest):

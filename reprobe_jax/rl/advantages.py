@@ -1,11 +1,11 @@
-"""Advantage estimators registered by name (METHOD B2): GRPO, DAPO, REINFORCE++-baseline and SPAE.
+"""Advantage estimators registered by name (docs/method.md §B2): GRPO, DAPO, REINFORCE++-baseline and SPAE.
 
 Each estimator is a pure jnp function `fn(inp: AdvantageInputs, cfg: AdvantageConfig) -> [B, T] float32` of
 token-level advantages, exactly 0 off `response_mask` and on batch-padding rows (`row_mask` False). Padding rows never
 enter a statistic: group means and standard deviations, batch whitening and SPAE's min-max run over real rows only,
 so a batch with padding rows gives its real rows what the same batch without them gives. Rows are group-major with
 the static group size `inp.group_size`. The learner composes them by name (`compute_advantages('spae', ...)`), as
-tunix's RL code registers its estimators; docs/method.md says what each one does where METHOD leaves room.
+tunix's RL code registers its estimators; docs/method.md §B2 says what each one does where the papers leave room.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from reprobe_jax.rl.types import AdvantageInputs
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
-  """SPAE's weights (METHOD B2: alpha 0.5 saturation penalty, xi 0.5 difference shaping, eps_sat 0.9) and the
+  """SPAE's weights (docs/method.md §B2: alpha 0.5 saturation penalty, xi 0.5 difference shaping, eps_sat 0.9) and the
   epsilon added to every standard deviation that divides (GRPO's group std, the batch whitening)."""
 
   alpha: float = 0.5
@@ -172,7 +172,7 @@ def rf_b(inp: AdvantageInputs, cfg: AdvantageConfig) -> jax.Array:
 
 @register("spae", needs_potentials=True)
 def spae(inp: AdvantageInputs, cfg: AdvantageConfig) -> jax.Array:
-  """SPAE (METHOD B2): A_group f(C_sat) + xi g(dPhi~) per token's step, whitened over the batch's response tokens.
+  """SPAE (docs/method.md §B2): A_group f(C_sat) + xi g(dPhi~) per token's step, whitened over the batch's response tokens.
 
   A_group = R - group mean; f = 1 - alpha (1 - exp(-C_sat)), C_sat the saturated (Phi > eps_sat) probed steps
   strictly before the token's step; g = exp(dPhi~) - mean exp(dPhi~), dPhi~ the min-max normalised step difference

@@ -1,4 +1,4 @@
-"""The RL loop (issue 17): rollout -> reward -> dynamic sampling -> step potentials (SPAE) -> token-level advantages
+"""The RL loop (docs/method.md §B2): rollout -> reward -> dynamic sampling -> step potentials (SPAE) -> token-level advantages
 -> clipped policy-gradient update, over a train state (policy params, optimizer state, step) that the shared
 `Trainer` checkpoints with orbax and logs to TensorBoard.
 
@@ -13,7 +13,7 @@ same parameters and metrics as an uninterrupted one.
 A method is an estimator plus the loss and sampling it is trained with (`METHODS`): GRPO (group z-score,
 sequence-mean token-mean loss, symmetric clip 0.2, no dynamic sampling), DAPO (group z-score, token-mean, clip
 0.2 / 0.28, dynamic sampling), RF-B (group mean baseline, batch whitening; DAPO's loss and sampling) and SPAE
-(METHOD B2; DAPO's loss and sampling, groups dropped before probing). Any of them can be overridden in RLConfig.
+(docs/method.md §B2; DAPO's loss and sampling, groups dropped before probing). Any of them can be overridden in RLConfig.
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ class RLStep:
 
   def _potential_stats(self, kept, pots) -> dict[str, float]:
     """Mean Phi over probed boundaries, share of trajectories with a saturated boundary, and checking tokens (from
-    the first saturated boundary to `</think>`, mean over correct saturated trajectories; METHOD B3)."""
+    the first saturated boundary to `</think>`, mean over correct saturated trajectories; docs/method.md §B3)."""
     if pots is None:
       return {"phi_mean": float("nan"), "saturated_share": float("nan"), "checking_tokens": float("nan")}
     phis = [x for p in pots for x in p.phi if np.isfinite(x)]

@@ -1,4 +1,4 @@
-"""The policy loss (METHOD B2: DAPO's clipped objective, token-mean) and the jitted policy update.
+"""The policy loss (docs/method.md §B2: DAPO's clipped objective, token-mean) and the jitted policy update.
 
 `policy_loss` is a pure function of per-token log-probabilities; `make_update` builds one compiled step that splits
 the batch into micro-batches, accumulates their gradients in a `lax.scan` and applies one optimiser update. Every
@@ -34,9 +34,9 @@ LOG_RATIO_CLAMP = 20.0  # |log r| is clamped here before exp (as verl does): exp
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
   """DAPO's clip range (r in [1 - clip_low, 1 + clip_high]), how token losses are averaged, and the weight of a k3
-  KL penalty to the reference policy (0 = none, METHOD B2's setting).
+  KL penalty to the reference policy (0 = none, docs/method.md §B2's setting).
 
-  aggregation 'token-mean' (DAPO, METHOD B2): summed token losses / response tokens of the whole batch;
+  aggregation 'token-mean' (DAPO, docs/method.md §B2): summed token losses / response tokens of the whole batch;
   'seq-mean-token-mean' (GRPO): each row's mean over its tokens, summed / rows of the whole batch."""
 
   clip_low: float = 0.2
@@ -87,7 +87,7 @@ def _aggregate(per_token, mask, cfg: LossConfig, n_tokens, n_seqs):
 
 
 def policy_loss(logp, old_logp, adv, mask, cfg: LossConfig, n_tokens, n_seqs, ref_logp=None):
-  """DAPO's clipped surrogate (METHOD B2): per token -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A),
+  """DAPO's clipped surrogate (docs/method.md §B2): per token -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A),
   r = exp(logp - old_logp), plus kl_coef * k3(ref || policy) when kl_coef > 0; aggregated by cfg.aggregation.
 
   logp, old_logp, adv, mask, ref_logp: [B, T] (mask float, 1 on trained response tokens). n_tokens / n_seqs: the

@@ -171,7 +171,7 @@ def trajectory_seed(t: Trajectory, prompts: PromptSet, step: int) -> int:
 def potentials(prober: Prober, groups: Sequence[Group], prompts: PromptSet, step: int,
                think_id: int | None) -> list[StepPotentials]:
   """Every kept trajectory's step potentials in batched probing calls (the prober's parameters are the policy's
-  now). A trajectory without `<think>` has no thinking steps: no boundary, no potential (METHOD B1)."""
+  now). A trajectory without `<think>` has no thinking steps: no boundary, no potential (docs/method.md §B1)."""
   trajs = [t for g in groups for t in g.trajectories]
   thinking = [i for i, t in enumerate(trajs) if think_id is not None and think_id in t.text_ids]
   none = StepPotentials.of(np.zeros(0, int), np.zeros(0), np.zeros(0), prober.cfg.eps_sat)
@@ -187,7 +187,7 @@ def potentials(prober: Prober, groups: Sequence[Group], prompts: PromptSet, step
 
 
 def token_steps(cuts: np.ndarray, length: int) -> np.ndarray:
-  """k(j) for the tokens j < length of a response whose boundaries end at tokens `cuts` (METHOD B2): the step
+  """k(j) for the tokens j < length of a response whose boundaries end at tokens `cuts` (docs/method.md §B2): the step
   whose boundary closes at or after j; tokens after the last boundary take the last step; -1 with no boundary."""
   if len(cuts) == 0:
     return np.full(length, -1, np.int32)

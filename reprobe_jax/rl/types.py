@@ -20,7 +20,7 @@ class AdvantageInputs:
   rewards: [B] float32 outcome reward R_i in {0, 1}. row_mask: [B] bool, False on batch-padding rows (a short batch
   after dynamic sampling ran out of refills); padding rows come as whole groups. response_mask: [B, T] bool, the
   response tokens that are trained (the final EOS included). token_step: [B, T] int32, the step k(j) that holds
-  token j (METHOD B2: the step whose boundary closes at or after j; tokens after the last boundary take the last
+  token j (docs/method.md §B2: the step whose boundary closes at or after j; tokens after the last boundary take the last
   step); -1 where the row has no boundary. phi: [B, K] float32, the step potential Phi_k at boundary k (any value
   where not step_valid). step_valid: [B, K] bool, boundary k exists and was probed.
   """

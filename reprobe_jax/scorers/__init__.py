@@ -1,4 +1,4 @@
-"""Step scorers (METHOD A6, A7): one interface over the probe, the uncertainty baselines and the PRM.
+"""Step scorers (docs/method.md §A6, §A7): one interface over the probe, the uncertainty baselines and the PRM.
 
 `get_scorer(name, **kwargs)` builds one; `score(scorer, inputs, spans)` -> [B, S] and `score_newest(scorer,
 inputs, newest_span)` -> [B] run it jitted; `scorer.score` / `scorer.score_newest` are the pure versions to call

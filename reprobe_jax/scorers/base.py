@@ -1,4 +1,4 @@
-"""The step-scorer interface: per-token inputs + step spans -> per-step scores on device (METHOD A6, A7).
+"""The step-scorer interface: per-token inputs + step spans -> per-step scores on device (docs/method.md §A6, §A7).
 
 A scorer is a flax struct: its configuration is static (it goes into the pytree's structure, so jit compiles once
 per configuration) and its arrays (a probe's parameters, a random key) are traced leaves. `score` and
@@ -36,7 +36,7 @@ from reprobe_jax.models.sampling import bucket
 
 @struct.dataclass
 class ScoreInputs:
-  """What a scorer may read per token, next-token aligned (entry j is about token j, METHOD A3): token_mask
+  """What a scorer may read per token, next-token aligned (entry j is about token j, docs/method.md §A3): token_mask
   [B, T] bool (True = a real token); features [B, T, F] (a probe's FeatureSpec assembly); logprobs (log p of the
   token), entropy and self_certainty (KL(U || p)) of the distribution that produced it, [B, T] each; tokens [B, T]
   int32 the response token ids (entry j = token j, as token_mask and spans index them); prompt_ids [B, Tp] int32

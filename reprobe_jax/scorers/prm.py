@@ -1,4 +1,4 @@
-"""The PRM baseline (METHOD A7) as a step scorer: 1 - P(step correct), read at the separator after each step.
+"""The PRM baseline (docs/method.md §A7) as a step scorer: 1 - P(step correct), read at the separator after each step.
 
 Unlike the probe and the uncertainty baselines, a PRM step score depends on every step before it (they are joined
 by separators in its input), so it reads the token ids and the prompt (`ScoreInputs.tokens`, `prompt_ids`,

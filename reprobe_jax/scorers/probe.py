@@ -1,4 +1,4 @@
-"""The ReProbe probe (METHOD A4) as a step scorer: P(step incorrect) from the features of the tokens [0, step end)."""
+"""The ReProbe probe (docs/method.md §A4) as a step scorer: P(step incorrect) from the features of the tokens [0, step end)."""
 
 from __future__ import annotations
 

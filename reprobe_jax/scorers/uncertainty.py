@@ -1,4 +1,4 @@
-"""Step-level uncertainty baselines (METHOD A6) as step scorers: masked reductions over [B, S, T], on device.
+"""Step-level uncertainty baselines (docs/method.md §A6) as step scorers: masked reductions over [B, S, T], on device.
 
 maxprob: -sum log p(token); perplexity: -mean log p; max_entropy / mean_entropy over the step's tokens;
 self_certainty: -mean KL(U || p) (Kang et al., 2025; negated so higher = less sure); random: U(0, 1) from a jax key,
@@ -46,7 +46,7 @@ class UncertaintyScorer(StepScorer):
     return cls(name=name, key=jax.random.key(seed) if name == "random" else None)
 
   def score(self, inputs: ScoreInputs, spans: jax.Array) -> jax.Array:
-    """Scores [B, S] (METHOD A6) for spans [B, S, 2]; steps with no real tokens -> NaN."""
+    """Scores [B, S] (docs/method.md §A6) for spans [B, S, 2]; steps with no real tokens -> NaN."""
     in_step = step_token_mask(spans, inputs.token_mask)  # [B, S, T]
     n = jnp.sum(in_step, axis=-1)  # [B, S]
     if self.name == "random":

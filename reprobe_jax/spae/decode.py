@@ -1,5 +1,5 @@
 """Thinking-mode decoding with the step potential computed on device at every boundary, and probe-truncated
-decoding (METHOD B3): at a row's first saturated boundary `</think>` is appended and the row writes its answer.
+decoding (docs/method.md §B3): at a row's first saturated boundary `</think>` is appended and the row writes its answer.
 
     rows = decode_thinking(lm, prober, prompt_ids, answers, seeds, sampling=..., max_new_tokens=192, truncate=True)
 

@@ -1,4 +1,4 @@
-"""SPAE's trajectory metrics for thinking-mode evaluation (METHOD B3), on the host, from typed per-trajectory inputs.
+"""SPAE's trajectory metrics for thinking-mode evaluation (docs/method.md §B3), on the host, from typed per-trajectory inputs.
 
 A `ThinkingOutcome` is one evaluated thinking trajectory: its length, where `</think>` is, whether the final answer
 is right, the step potentials at its paragraph boundaries (`potential.StepPotentials`), the kind of the paragraph
@@ -49,7 +49,7 @@ def _optional_int(value, what: str, high: int | None = None) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class ThinkingOutcome:
-  """One evaluated thinking trajectory with its step potentials (METHOD B1, B3).
+  """One evaluated thinking trajectory with its step potentials (docs/method.md §B1, §B3).
 
   n_tokens: response length in tokens (without EOS); think_end: index of the response token that holds the first
   character of '</think>' (None if the thinking is never closed); correct: the final answer is right; cuts [C]:
@@ -136,7 +136,7 @@ class ThinkingOutcome:
 
 def outcome_from(problem: Problem, response_ids: Sequence[int], tokenizer, potentials: StepPotentials
                  ) -> ThinkingOutcome:
-  """One trajectory's ThinkingOutcome (METHOD B3): the response (token ids, without EOS) decoded, its paragraphs
+  """One trajectory's ThinkingOutcome (docs/method.md §B3): the response (token ids, without EOS) decoded, its paragraphs
   classified and replayed for the oracle, its answer checked, and its potentials paired with the paragraphs.
 
   DataFormatError naming the trajectory when the potentials' boundaries are not the response's paragraph
@@ -179,7 +179,7 @@ def _json_number(x):
 
 @dataclasses.dataclass(frozen=True)
 class TrajectoryMetrics:
-  """METHOD B3's numbers over `trajectories` = k samples x `problems` (NaN where the population is empty).
+  """docs/method.md §B3's numbers over `trajectories` = k samples x `problems` (NaN where the population is empty).
 
   acc_at_k, len_at_k: mean correctness and mean n_tokens. solving_tokens, checking_tokens, checking_share,
   reflect_after_saturation: over the `checked` correct trajectories with a saturated boundary. r2w, saturated_share:
@@ -228,7 +228,7 @@ def _check_k(outcomes: Sequence[ThinkingOutcome], k) -> int:
 
 
 def summarise(outcomes: Sequence[ThinkingOutcome], k: int) -> TrajectoryMetrics:
-  """Acc@k, Len@k, solving / checking tokens, R2W, reflect steps and saturation against the oracle (METHOD B3) over
+  """Acc@k, Len@k, solving / checking tokens, R2W, reflect steps and saturation against the oracle (docs/method.md §B3) over
   k samples per problem (ConfigError unless every problem has exactly k)."""
   problems = _check_k(outcomes, k)
   checked = [o for o in outcomes if o.correct and o.first_saturated is not None]

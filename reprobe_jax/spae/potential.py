@@ -1,4 +1,4 @@
-"""SPAE's Step Potential (METHOD B1): every paragraph boundary of every trajectory of a batch probed in one call.
+"""SPAE's Step Potential (docs/method.md §B1): every paragraph boundary of every trajectory of a batch probed in one call.
 
 At boundary k of a thinking trajectory the model is asked for its answer so far: the probe suffix
 `**Final Answer**\\n\\\\boxed{` is appended to the prompt + response up to and including the boundary's last token,
@@ -54,7 +54,7 @@ REFERENCE_MISSING_LOGPROB = -10.0  # what the released script adds when the answ
 
 
 def step_potential(acc: Float[Array, "*s"], conf: Float[Array, "*s"]) -> Float[Array, "*s"]:
-  """Phi = 1.5 Acc Conf + 0.5 Acc - Conf (METHOD B1), elementwise over two arrays of one shape, any shape (NaN
+  """Phi = 1.5 Acc Conf + 0.5 Acc - Conf (docs/method.md §B1), elementwise over two arrays of one shape, any shape (NaN
   stays NaN): (0, 0) -> 0 exploration, (1, 1) -> 1 correct and sure, (0, 1) -> -1 false confidence, (1, 0) -> 0.5."""
   with shape_errors("step_potential: acc and conf"):
     chex.assert_equal_shape([acc, conf])
@@ -68,7 +68,7 @@ def saturated(phi, eps_sat: float = 0.9):
 
 @dataclasses.dataclass(frozen=True)
 class ProbeConfig:
-  """METHOD B1's probe: N=5 continuations of at most 10 tokens at T=0.6, eps_sat 0.9."""
+  """docs/method.md §B1's probe: N=5 continuations of at most 10 tokens at T=0.6, eps_sat 0.9."""
 
   samples: int = 5
   max_tokens: int = 10
@@ -127,7 +127,7 @@ class StepPotentials:
 
 @jax.jit
 def boundary_marks(table, tokens: Integer[Array, "b n"], lengths: Integer[Array, " b"]) -> Bool[Array, "b n"]:
-  """[B, N] bool: response token j is the last token of a paragraph step (METHOD A1) that a later token or the
+  """[B, N] bool: response token j is the last token of a paragraph step (docs/method.md §A1) that a later token or the
   boundary itself closed: the sampler's own stop automaton run over the tokens (ENDS_AFTER at j marks j,
   ENDS_BEFORE at j marks j - 1), so these are exactly where a sampler with that stop rule pauses."""
   b, n = tokens.shape
@@ -289,7 +289,7 @@ class Prober:
   # -- boundaries
 
   def boundaries(self, response_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """Per response: the token index of the last token of every paragraph step before `</think>` (METHOD A1)."""
+    """Per response: the token index of the last token of every paragraph step before `</think>` (docs/method.md §A1)."""
     if not response_ids:
       return []
     n = bucket(max(1, max(map(len, response_ids))))

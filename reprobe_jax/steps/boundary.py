@@ -89,8 +89,8 @@ def initial_state(table: StopTable, batch: int) -> jax.Array:
 def advance(table: StopTable, state: jax.Array, tok: jax.Array) -> tuple[jax.Array, jax.Array]:
   """One sampled token per row: state [B] int32, tok [B] int32 -> (new state [B] int32, ends [B] int32).
 
-  ends != 0 is the stop; ENDS_AFTER: the step's span ends after this token, ENDS_BEFORE: it ended before it (METHOD
-  A1; the same automaton as `StepBoundary.align`). Pure and jittable."""
+  ends != 0 is the stop; ENDS_AFTER: the step's span ends after this token, ENDS_BEFORE: it ended before it
+  (docs/method.md §A1; the same automaton as `StepBoundary.align`). Pure and jittable."""
   node, count = state >> COUNT_BITS, state & ((1 << COUNT_BITS) - 1)
   ends = table.ends[node, tok].astype(jnp.int32)
   if table.gate_at.size == 0:  # a mode without min_chars: nothing is counted

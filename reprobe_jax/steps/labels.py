@@ -1,4 +1,4 @@
-"""Step labels (METHOD A2): 1.0 = incorrect, 0.0 = correct, NaN = unknown in memory; JSON has no NaN, so files
+"""Step labels (docs/method.md §A2): 1.0 = incorrect, 0.0 = correct, NaN = unknown in memory; JSON has no NaN, so files
 write an unknown label as null. These two functions are the only place that converts between the two."""
 
 from __future__ import annotations

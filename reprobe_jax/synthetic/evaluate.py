@@ -1,10 +1,10 @@
-"""Measures a target model on held-out synthetic problems from its own samples (issue 3's report).
+"""Measures a target model on held-out synthetic problems from its own samples (the target report).
 
 Per family and format: step error rate, final-answer accuracy, mean response length in tokens; thinking mode adds
 the share of correct trajectories that keep re-checking after the answer is established, and the right-to-wrong
-rate (METHOD B3). Labels come from the exact rule-based checkers, so the numbers are exact for the samples drawn.
+rate (docs/method.md §B3). Labels come from the exact rule-based checkers, so the numbers are exact for the samples drawn.
 
-Confidence of a mistake: every aligned step (the probe's steps, METHOD A1: the '<Answer>' line included in line
+Confidence of a mistake: every aligned step (the probe's steps, docs/method.md §A1: the '<Answer>' line included in line
 mode) records the lowest probability the model gave one of the tokens it sampled in that step. A wrong step is
 *confident* when that lowest probability is above `CONFIDENT` (0.5): no token of it was a long-shot draw, so the
 error is what the model believes rather than a slip of sampling at T=1, and MaxProb / Perplexity rank it low.

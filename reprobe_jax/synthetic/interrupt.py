@@ -1,6 +1,6 @@
 """Interrupted thinking: training examples that teach the built-in target to state the answer it has so far.
 
-SPAE (METHOD B1) interrupts a thinking trajectory at a step boundary with `**Final Answer**\\n\\\\boxed{` and reads
+SPAE (docs/method.md §B1) interrupts a thinking trajectory at a step boundary with `**Final Answer**\\n\\\\boxed{` and reads
 how sure the model is of the answer it then writes and how much probability it puts on the true one. A pretrained
 reasoning model can do this; a tiny model trained only on whole traces cannot (it has never seen the opener inside
 its thinking and answers with an unrelated number). So the SPAE target's training data also holds, for a share of

@@ -1,4 +1,4 @@
-"""Problem records and the interface every task family implements (the rule-based annotator of METHOD A2(a)).
+"""Problem records and the interface every task family implements (the rule-based annotator of docs/method.md §A2(a)).
 
 A family is a small state machine over the steps of a solution. `judge_step` takes the state left by the steps
 *as written* and one parsed step, and says whether that step follows validly; the state it returns is built from
@@ -131,7 +131,7 @@ def family_rng(name: str, seed: int, difficulty: int) -> np.random.Generator:
 
 
 class TaskFamily(abc.ABC):
-  """Base class of a task family: generator, scripted solver and exact step checker (METHOD A2(a)).
+  """Base class of a task family: generator, scripted solver and exact step checker (docs/method.md §A2(a)).
 
   Subclasses implement the state machine (`initial_state`, `parse_step`, `step_key`, `judge_step`, `is_done`,
   `state_answer`, `match_score`), the solver moves (`honest_step`, `error_step`, `error_rates`), `generate`,
@@ -245,7 +245,7 @@ class TaskFamily(abc.ABC):
     return steps
 
   def check_steps(self, problem: Problem, steps: Sequence[str]) -> list[float]:
-    """Per-step labels (METHOD A2(a)): 1.0 incorrect, 0.0 correct, NaN when the step is empty or unparseable.
+    """Per-step labels (docs/method.md §A2(a)): 1.0 incorrect, 0.0 correct, NaN when the step is empty or unparseable.
 
     A step is correct when it follows validly from the problem and the previous steps as written. An unparseable
     step leaves the state unchanged.

@@ -1,4 +1,4 @@
-"""Answer formats: line mode (METHOD A1) and thinking mode (METHOD B1), their prompts, parsers and checkers.
+"""Answer formats: line mode (docs/method.md §A1) and thinking mode (docs/method.md §B1), their prompts, parsers and checkers.
 
 Line mode:      "- Step 1: 12 + 5 = 17\\n- Step 2: ...\\n<Answer>: 36"
 Thinking mode:  "<think>\\nStep 1: 12 + 5 = 17.\\n\\nStep 2: ...\\n\\n</think>\\n\\n**Final Answer**\\n\\\\boxed{36}"
@@ -41,7 +41,7 @@ def _check_mode(mode: str) -> None:
 # --- line mode ---------------------------------------------------------------------------------------------------
 
 def render_line(steps: Sequence[str], answer: str | None) -> str:
-  """'- Step k: body' per step, then '<Answer>: answer' (METHOD A1 line mode)."""
+  """'- Step k: body' per step, then '<Answer>: answer' (docs/method.md §A1 line mode)."""
   lines = [f"- Step {k}: {body}" for k, body in enumerate(steps, start=1)]
   if answer is not None:
     lines.append(f"<Answer>: {answer}")
@@ -51,7 +51,7 @@ def render_line(steps: Sequence[str], answer: str | None) -> str:
 def parse_line(text: str) -> tuple[list[str], str | None]:
   """(step bodies, answer or None) from line-mode text; tolerant of model output.
 
-  Steps are the non-empty lines before the answer line (METHOD A1); header lines are skipped; a 'Step k:' prefix
+  Steps are the non-empty lines before the answer line (docs/method.md §A1); header lines are skipped; a 'Step k:' prefix
   is removed where present, and other lines are kept whole so the checker can label them (NaN if unparseable).
   Text after the answer line is ignored.
   """
@@ -68,7 +68,7 @@ def parse_line(text: str) -> tuple[list[str], str | None]:
 
 
 def is_answer_line(text: str) -> bool:
-  """Whether a line-mode step (an aligned line, METHOD A1) is the '<Answer>: X' line rather than a reasoning step."""
+  """Whether a line-mode step (an aligned line, docs/method.md §A1) is the '<Answer>: X' line rather than a reasoning step."""
   return _LINE_ANSWER.match((text or "").strip()) is not None
 
 
@@ -79,7 +79,7 @@ def _with_period(paragraph: str) -> str:
   return paragraph if paragraph.endswith(".") else paragraph + "."
 
 
-# What opens the final answer; SPAE's probe appends it inside the thinking to ask for the answer so far (METHOD B1).
+# What opens the final answer; SPAE's probe appends it inside the thinking to ask for the answer so far (docs/method.md §B1).
 ANSWER_OPENER = "**Final Answer**\n\\boxed{"
 
 
@@ -109,7 +109,7 @@ def _last_boxed(text: str) -> str | None:
 def parse_thinking(text: str) -> tuple[list[str], str | None]:
   """(paragraphs, answer or None) from thinking-mode text; tolerant of model output.
 
-  Paragraphs are split at '.\\n\\n' (the SPAE boundary of METHOD A1/B1) before '</think>'; each keeps its final
+  Paragraphs are split at '.\\n\\n' (the SPAE boundary of docs/method.md §A1/B1) before '</think>'; each keeps its final
   period; a trailing piece without a boundary is kept as the last paragraph. Without '<think>' the text starts at
   the beginning; without '</think>' everything is thinking. The answer is the last \\boxed{...} after '</think>'
   (anywhere when '</think>' is missing).
@@ -228,7 +228,7 @@ def _replay_thinking(problem: Problem, paragraphs: Sequence[str]):
 
 
 def check_thinking(problem: Problem, paragraphs: Sequence[str]) -> list[float]:
-  """Per-paragraph labels for thinking mode (METHOD A2, thinking variant): 1.0 incorrect, 0.0 correct, NaN unknown.
+  """Per-paragraph labels for thinking mode (docs/method.md §A2, thinking variant): 1.0 incorrect, 0.0 correct, NaN unknown.
 
   - Work steps are judged like line-mode steps, from the state the paragraphs so far left.
   - A reflection is judged as if it were the earlier work step it refers to (`match_snapshot`), from that step's
@@ -241,7 +241,7 @@ def check_thinking(problem: Problem, paragraphs: Sequence[str]) -> list[float]:
 
 
 class Progress(NamedTuple):
-  """Where a thinking trajectory first completes its chain, and what happened after (METHOD B3).
+  """Where a thinking trajectory first completes its chain, and what happened after (docs/method.md §B3).
 
   established: index of the first paragraph after which the chain is complete (None if it never is);
   established_answer: the answer the chain implied there; right_established: that answer is the true one;
@@ -286,7 +286,7 @@ class Checked(NamedTuple):
 
 
 def check_response(problem: Problem, text: str, mode: str) -> Checked:
-  """Parses a model response in `mode` and labels its steps with the rule-based checker (METHOD A2(a))."""
+  """Parses a model response in `mode` and labels its steps with the rule-based checker (docs/method.md §A2(a))."""
   _check_mode(mode)
   family = _family(problem)
   if mode == "line":

@@ -1,6 +1,6 @@
 """Training traces: the scripted solver with realistic imperfection (docs/tasks.md, "Noise model").
 
-A model trained on these traces should make the mistakes METHOD A2 and B3 measure: wrong steps whose errors
+A model trained on these traces should make the mistakes docs/method.md §A2 and §B3 measure: wrong steps whose errors
 propagate to later steps and to the final answer, redundant re-checking after the answer is established (thinking
 mode), occasional right-to-wrong flips during re-checking, and occasional real fixes of an earlier error.
 

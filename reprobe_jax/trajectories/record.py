@@ -4,8 +4,8 @@ A trajectory record (`Trajectory`; JSONL, one per sample, keys in this order):
   id, problem_id, domain, mode ('line' | 'thinking'), sample (k of N),
   prompt_ids, response_ids (without the final EOS), response (text), finish_reason,
   logprobs, entropy, self_certainty: per response token j, about the distribution that produced token j
-    (next-token aligned, METHOD A3), from the sampler (temperature 1, unfiltered),
-  steps: [{text, start, end}] token spans relative to the response (METHOD A1; line mode: every non-empty line
+    (next-token aligned, docs/method.md §A3), from the sampler (temperature 1, unfiltered),
+  steps: [{text, start, end}] token spans relative to the response (docs/method.md §A1; line mode: every non-empty line
     including '<Answer>: ...'; thinking mode: '.\\n\\n' paragraphs before </think>).
 An annotated record (`reprobe_jax.annotate`) adds
   labels: one per step, 1.0 = incorrect, 0.0 = correct, null = unknown (NaN in memory),
@@ -32,7 +32,7 @@ from reprobe_jax.steps.modes import RESPONSE_FORMATS as MODES
 
 @dataclasses.dataclass(frozen=True)
 class StepSpan:
-  """One aligned step of a trajectory: its text and its token span [start, end) in the response (METHOD A1)."""
+  """One aligned step of a trajectory: its text and its token span [start, end) in the response (docs/method.md §A1)."""
 
   text: str
   start: int
@@ -66,7 +66,7 @@ _SCHEMA = (
     ("domain", lambda v: isinstance(v, str), "a string"),
     ("mode", lambda v: v in MODES, f"one of {', '.join(MODES)}"),
     ("sample", lambda v: type(v) is int and v >= 0, "an integer >= 0"),
-    # At least one prompt token: token j's features come from position j - 1 (METHOD A3).
+    # At least one prompt token: token j's features come from position j - 1 (docs/method.md §A3).
     ("prompt_ids", lambda v: _ints(v) and bool(v), "a non-empty list of integers >= 0 (token ids)"),
     ("response_ids", _ints, "a list of integers >= 0 (token ids)"),
     ("response", _str_or_none, "a string"),
@@ -200,7 +200,7 @@ def _json_value(field: str, value: Any) -> Any:
 
 def _steps(raw: list, n_tokens: int | None, name: str) -> tuple[StepSpan, ...]:
   """The checked steps of a record: {text, start, end} objects whose token spans are ordered, do not overlap and lie
-  in the response (0 <= start <= end <= n_tokens, each start at or after the previous end; METHOD A1)."""
+  in the response (0 <= start <= end <= n_tokens, each start at or after the previous end; docs/method.md §A1)."""
   steps, prev = [], 0
   for k, s in enumerate(raw):
     if not (isinstance(s, Mapping) and isinstance(s.get("text"), str) and type(s.get("start")) is int

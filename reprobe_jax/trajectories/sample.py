@@ -21,7 +21,7 @@ from reprobe_jax.trajectories.record import StepSpan, Trajectory
 
 @dataclasses.dataclass(frozen=True)
 class TrajectoryConfig:
-  """METHOD A5 defaults: T=1.0, top-k 50, top-p 0.95, N=3 samples per problem."""
+  """docs/method.md §A5 defaults: T=1.0, top-k 50, top-p 0.95, N=3 samples per problem."""
 
   samples: int = 3
   temperature: float = 1.0
@@ -60,7 +60,7 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
   """Samples `cfg.samples` trajectories per problem (the prompt is prefilled once per problem, its samples read it
   as a shared prefix) and aligns steps.
 
-  feature_specs: the probe's feature sets to record while sampling (METHOD A3, next-token aligned, no second
+  feature_specs: the probe's feature sets to record while sampling (docs/method.md §A3, next-token aligned, no second
   forward); after each batch `on_features(batch trajectories, {spec name: {trajectory id: [n_tokens, F]}})` gets
   them, so a caller can store them as they come instead of holding a whole split.
   """

@@ -1,4 +1,4 @@
-"""Test-time scaling with a step scorer (METHOD A7): Best-of-N, voting, step-level beam search and DVTS.
+"""Test-time scaling with a step scorer (docs/method.md §A7): Best-of-N, voting, step-level beam search and DVTS.
 
 One short file per strategy over the shared `SearchConfig` (search-and-learn's layout); every strategy returns one
 `PromptResult` per prompt (its finished candidates with their per-step scores), and `select` turns those into

@@ -1,4 +1,4 @@
-"""Step-level beam search with a step scorer (METHOD A7): B beams per prompt, N candidate next steps from each, the
+"""Step-level beam search with a step scorer (docs/method.md §A7): B beams per prompt, N candidate next steps from each, the
 newest step scored, the top B of B x N kept; every prompt of a call in one jitted search (`tts.search`)."""
 
 from __future__ import annotations

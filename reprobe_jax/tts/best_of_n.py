@@ -1,4 +1,4 @@
-"""Best-of-N (METHOD A7): N whole trajectories per prompt from one prefill, every step scored on device.
+"""Best-of-N (docs/method.md §A7): N whole trajectories per prompt from one prefill, every step scored on device.
 
     results = best_of_n(lm, get_scorer("probe", path=...), problems, SearchConfig("best_of_n", n=16))
     outcomes = [select.select(p, r, lm.tokenizer, mode="line", aggregation="min", probabilities=True)
@@ -67,7 +67,7 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
               cfg: SearchConfig, *, mode: str = "line", feature_spec: FeatureSpec | None = None,
               prompt_seeds: Sequence[int] | None = None, few_shot: int = 0,
               batch_size: int | None = None) -> list[PromptResult]:
-  """N = cfg.n trajectories per prompt, each step scored (METHOD A7 Best-of-N); one PromptResult per prompt.
+  """N = cfg.n trajectories per prompt, each step scored (docs/method.md §A7 Best-of-N); one PromptResult per prompt.
 
   problems: Problems (prompted with `trajectories.prompt_text` in `mode`, after `few_shot` worked examples; their
   family must check answers) or prompts (texts or token ids). Greedy is cfg with temperature 0 and n = 1.
@@ -127,7 +127,7 @@ def decode_trajectories(sampler, prompt_ids: Sequence[Sequence[int]], cfg: Searc
 def trajectory_steps(tokenizer, ids: Sequence[int], finish_reason: str, *, mode: str, max_steps: int
                      ) -> tuple[list[int], list[tuple[int, int]], str]:
   """A decoded row (ids without EOS) as a candidate: (response ids, step spans [(start, end)], finish reason). Steps
-  are `steps.align`'s (METHOD A1); in line mode the response ends with its first '<Answer>' line ('answer'), and
+  are `steps.align`'s (docs/method.md §A1); in line mode the response ends with its first '<Answer>' line ('answer'), and
   it keeps at most max_steps steps ('max_steps'). A cut drops the tokens after the kept steps."""
   ids = list(ids)
   steps = step_lib.align(tokenizer, ids, STEP_MODE[mode])

@@ -1,4 +1,4 @@
-"""The configuration every test-time-scaling strategy shares (METHOD A7), checked whole before any work starts."""
+"""The configuration every test-time-scaling strategy shares (docs/method.md §A7), checked whole before any work starts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Diverse verifier tree search (METHOD A7, search-and-learn's DVTS): the budget split into B independent subtrees
+"""Diverse verifier tree search (docs/method.md §A7, search-and-learn's DVTS): the budget split into B independent subtrees
 per prompt, each a beam of width 1 over N candidate next steps (optionally scored after a k-step greedy lookahead);
 every prompt of a call in one jitted search (`tts.search`)."""
 

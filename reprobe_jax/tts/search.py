@@ -1,4 +1,4 @@
-"""The on-device step-level search that beam search and DVTS share (METHOD A7), batched across prompts.
+"""The on-device step-level search that beam search and DVTS share (docs/method.md §A7), batched across prompts.
 
 Per prompt, G groups each keep W rows. Every round each kept row samples N candidate next steps (to the step
 boundary), only the newest step of each candidate is scored (after an optional greedy lookahead of k steps, whose
@@ -320,7 +320,7 @@ _search, _search_in_jit = decode_jit(static_argnames=("plan",), donate_argnames=
 def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig, *, groups: int, width: int,
                mode: str = "line", feature_spec: FeatureSpec | None = None,
                prompt_seeds: Sequence[int] | None = None) -> list[PromptResult]:
-  """Runs the search of METHOD A7 with `groups` groups of `width` rows per prompt (groups * width = cfg.beams) over
+  """Runs the search of docs/method.md §A7 with `groups` groups of `width` rows per prompt (groups * width = cfg.beams) over
   all prompts (text or token ids) at once; one PromptResult per prompt: its groups' kept rows (each group's best
   first) with every selected step's span and score, and the steps and tokens it sampled. mode: 'line' (a step is a
   line; the '<Answer>' line ends a row) or 'thinking' (paragraph steps; EOS ends a row). prompt_seeds: one integer

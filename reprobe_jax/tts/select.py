@@ -1,4 +1,4 @@
-"""Choosing an answer from a search's candidates (METHOD A7): trajectory scores, votes, pass@N, greedy, budgets.
+"""Choosing an answer from a search's candidates (docs/method.md §A7): trajectory scores, votes, pass@N, greedy, budgets.
 
 Host-side numpy over `PromptResult`s of any strategy. Scores are "higher = more likely incorrect" throughout:
 a candidate's trajectory score aggregates its step scores (`SearchConfig.aggregation`), the best candidate has the
@@ -52,7 +52,7 @@ def _product_error(what: str) -> ConfigError:
 
 
 def trajectory_score(step_scores, aggregation: str, *, probabilities: bool) -> float:
-  """One trajectory's score (higher = worse) from its step scores [S] (METHOD A7). 'min': min over steps of
+  """One trajectory's score (higher = worse) from its step scores [S] (docs/method.md §A7). 'min': min over steps of
   P(correct), i.e. the worst step's score (max); 'mean'; 'last': the last scored step's; 'product':
   1 - prod(1 - p), probabilities only. NaN steps (no tokens) are skipped; no scored step gives +inf, the worst."""
   s = np.asarray(step_scores, np.float64).reshape(-1)  # [S]
@@ -152,7 +152,7 @@ def _vote(answers: Sequence[str | None], totals_of, scores: np.ndarray) -> int |
 
 def choose(answers: Sequence[str | None], correct: Sequence[bool], scores, *, probabilities: bool) -> dict[str, Choice]:
   """Every selection (SELECTIONS) over N candidates: their normalised answers (None = none), correctness and
-  trajectory scores [N] (higher = worse). METHOD A7: best-of-N, majority vote, score-weighted vote, pass@N, first."""
+  trajectory scores [N] (higher = worse). docs/method.md §A7: best-of-N, majority vote, score-weighted vote, pass@N, first."""
   scores = np.asarray(scores, np.float64)  # [N]
   n = len(answers)
   if n == 0 or len(correct) != n or scores.shape != (n,) or np.isnan(scores).any():

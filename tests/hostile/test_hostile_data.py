@@ -1,4 +1,4 @@
-"""Hostile data (issue 12): trajectory records, problems, imported labels, rule labelling, the feature store, feature
+"""Hostile data: trajectory records, problems, imported labels, rule labelling, the feature store, feature
 specs, probe bundles and step alignment. Each case: the input, the exact error class, a message naming the file /
 record and the field; fuzzers check that nothing but a ReprobeError escapes and that what is accepted is right."""
 

@@ -1,4 +1,4 @@
-"""Hostile follow-ups of issue 12: sampling settings checked where TrajectoryConfig is defined, a target-LM
+"""Hostile inputs, second round: sampling settings checked where TrajectoryConfig is defined, a target-LM
 checkpoint resumed with another model shape, out-of-vocabulary ids named by row."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_target_lm_resume_with_another_model_shape_is_refused(tmp_path):
 
 def test_the_built_in_target_keeps_its_build_key():
   """The checkpoint signature lives in the training state only, so it does not enter the build key: the README's
-  seed-0 target (world v2, issue 13) is still found. A change of this key must be deliberate (it rebuilds)."""
+  seed-0 target (world v2) is still found. A change of this key must be deliberate (it rebuilds)."""
   import importlib.util
 
   from reprobe_jax.jobs.target import config_from_dict
