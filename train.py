@@ -10,7 +10,7 @@ from __future__ import annotations
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.jobs import reprobe, rl, target
+from reprobe_jax.jobs import reprobe, rl, target, target_config
 from reprobe_jax.jobs.bands import check_seeds
 from reprobe_jax.jobs.cli import ProgressBars, build_target, parse_flags, reprobe_setup, run_job, workdir_of
 from reprobe_jax.jobs.reprobe_config import prm_config_from_dict, prm_folder
@@ -21,7 +21,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/target_synthetic.py
 
 
 def run_target_synthetic(config) -> None:
-  cfg = target.config_from_dict(config)
+  cfg = target_config.config_from_dict(config)
   with ProgressBars() as bars:
     out = target.build(cfg, workdir_of(config), progress=bars.update)
   report = target.load_report(out)

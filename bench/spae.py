@@ -65,7 +65,7 @@ def default_model() -> str:
   `python train.py --config=configs/target_synthetic.py` builds it (the other bench cases' built-in target)."""
   import importlib.util
 
-  from reprobe_jax.jobs.target import config_from_dict
+  from reprobe_jax.jobs.target_config import config_from_dict
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   spec = importlib.util.spec_from_file_location("target_synthetic", os.path.join(root, TARGET_CONFIG))
   module = importlib.util.module_from_spec(spec)

@@ -9,7 +9,7 @@ from configs import colab, reprobe_smollm2, reprobe_synthetic, spae_smollm2, spa
     tts_synthetic
 from reprobe_jax.jobs import spae as spae_job
 from reprobe_jax.jobs.reprobe_config import config_from_dict, prm_config_from_dict
-from reprobe_jax.jobs.target import config_from_dict as target_config
+from reprobe_jax.jobs.target_config import config_from_dict as target_config
 from reprobe_jax.jobs.tts_config import check_prm, tts_config_from_dict
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.jobs.runs import run_key
-from reprobe_jax.jobs import target as build
+from reprobe_jax.jobs import target_config as build
 from reprobe_jax.synthetic.interrupt import boundary_ends, interrupted_examples
 from reprobe_jax.synthetic.train_lm import encode_examples
 from reprobe_jax.tasks import make_problems

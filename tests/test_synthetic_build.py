@@ -14,7 +14,8 @@ import transformers
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import load_pretrained
-from reprobe_jax.jobs.target import (SyntheticBuildConfig, TinyLMShape, build, config_from_dict, load_report)
+from reprobe_jax.jobs.target import build, load_report
+from reprobe_jax.jobs.target_config import SyntheticBuildConfig, TinyLMShape, config_from_dict
 from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
 from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
 

@@ -14,7 +14,7 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.bands import BandFile, differing, flatten, grids, is_timing, outside, shared_keys
 from reprobe_jax.fields import plain
 from reprobe_jax.jobs.runs import run_key
-from reprobe_jax.jobs.target import config_from_dict, without_unused_interrupts
+from reprobe_jax.jobs.target_config import config_from_dict, without_unused_interrupts
 
 
 def check_seeds(seeds) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ from absl import flags, logging
 from tqdm.auto import tqdm
 
 from reprobe_jax.errors import ConfigError, ReprobeError
-from reprobe_jax.jobs import target
+from reprobe_jax.jobs import target, target_config
 from reprobe_jax.jobs.reprobe_config import ReprobeConfig, check_model, check_target, config_from_dict, run_folder
 from reprobe_jax.models import LanguageModel, load_pretrained, make_mesh
 from reprobe_jax.models.sharding import DistributedConfig, maybe_initialize_distributed
@@ -144,7 +144,7 @@ def build_target(config) -> LanguageModel:
   if config.get("target_path"):
     return load_pretrained(config.target_path, **target_placement())
   with ProgressBars() as bars:
-    out = target.build(target.config_from_dict(config.target, "config.target"), config.target.workdir,
+    out = target.build(target_config.config_from_dict(config.target, "config.target"), config.target.workdir,
                        progress=bars.update)
   print(f"\nTarget model {out}/model, its own samples on held-out problems (T=1.0):\n")
   print(target.report_markdown(target.load_report(out)))
@@ -155,7 +155,7 @@ def target_report(config) -> dict | None:
   """The built-in target's report (`jobs.target.build`, reused from its cache), or None for a `target_path` job."""
   if config.get("target_path"):
     return None
-  return target.load_report(target.build(target.config_from_dict(config.target, "config.target"),
+  return target.load_report(target.build(target_config.config_from_dict(config.target, "config.target"),
                                          config.target.workdir))
 
 
@@ -177,7 +177,7 @@ def reprobe_setup(config) -> tuple[LanguageModel, ReprobeConfig, str]:
     raise ConfigError(f"config.target_path: expected a path or hub id (empty = the built-in target), got "
                       f"{target_path!r}")
   if not target_path:
-    built = target.config_from_dict(config.target, "config.target")
+    built = target_config.config_from_dict(config.target, "config.target")
     workdir_of(config.target, "config.target")
     check_model(cfg, num_layers=built.model.num_layers, context=built.model.max_position_embeddings,
                 vocab_size=built.vocab_size)

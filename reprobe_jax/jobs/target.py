@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
 import os
 import zlib
 from typing import Mapping, Sequence
@@ -22,136 +20,21 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
-from reprobe_jax.fields import Int, OneOf, Pairs, Real, Seq, check_fields, field_name, plain, replace_fields, \
-    sorted_pairs
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
 from reprobe_jax.io.readers import read_json, read_jsonl
 from reprobe_jax.synthetic.interrupt import interrupted_examples
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
-from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
+from reprobe_jax.jobs.runs import Progress, Run, no_progress
+from reprobe_jax.jobs.target_config import FAMILIES, SyntheticBuildConfig
 from reprobe_jax.synthetic import evaluate
 from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
-from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
-from reprobe_jax.tasks import DIFFICULTIES, Problem, make_problems
+from reprobe_jax.synthetic.train_lm import encode_examples, train_lm
+from reprobe_jax.tasks import Problem, make_problems
 from reprobe_jax.tasks.formats import MODES, user_prompt
 from reprobe_jax.tasks.io import read_problems, write_problems
-from reprobe_jax.tasks.traces import TraceNoise, solve_many
-
-FAMILIES = ("arithmetic", "planning", "qa")
-
-
-@dataclasses.dataclass(frozen=True)
-class TinyLMShape:
-  hidden_size: int = 192
-  intermediate_size: int = 512
-  num_layers: int = 4
-  num_heads: int = 4
-  num_kv_heads: int = 2
-  max_position_embeddings: int = 1024
-
-  def __post_init__(self):
-    check_fields(self, {name: Int(1) for name in (f.name for f in dataclasses.fields(self))})
-    head_dim, rest = divmod(self.hidden_size, self.num_heads)
-    if rest or head_dim % 2:  # rotary embeddings rotate pairs of a head's dimensions
-      raise ConfigError(f"{field_name(self, 'num_heads')}: expected a divisor of hidden_size={self.hidden_size} "
-                        f"that leaves an even head size, got {self.num_heads}")
-    if self.num_heads % self.num_kv_heads:
-      raise ConfigError(f"{field_name(self, 'num_kv_heads')}: expected a divisor of num_heads={self.num_heads}, "
-                        f"got {self.num_kv_heads}")
-
-
-# What TrainLMConfig's fields must be (checked where the build config holds one).
-TRAIN_LM_RULES = {"steps": Int(1), "batch_size": Int(1), "seed": Int(0), "checkpoint_every": Int(1)}
-
-
-@dataclasses.dataclass(frozen=True)
-class SyntheticBuildConfig:
-  """Everything that decides the built model; its hash names the output folder."""
-
-  seed: int = 0
-  train_problems_per_difficulty: int = 600  # per difficulty (1, 2, 3), times the family's weight
-  # In-domain arithmetic gets more of the budget than the out-of-domain families (whose prompts are also longer).
-  family_weights: tuple[tuple[str, float], ...] = (("arithmetic", 2.0), ("planning", 1.0), ("qa", 1.0))
-  prompt_loss_weight: float = 0.2
-  # Share of the training problems that also get a thinking-mode trace (every problem gets a line-mode one). The
-  # in-domain line-mode skill is what the quality band measures and it needs most of the budget; re-checking is
-  # learned from far fewer thinking traces.
-  thinking_fraction: float = 1.0
-  # Share of the thinking traces that also teach answering when interrupted at a boundary (the SPAE target's
-  # skill, synthetic/interrupt.py); 0 = none (and the field stays out of the config's hash, so older builds keep
-  # their folders). interrupt_guess_share: how often an unfinished chain answers another problem's answer instead
-  # of its running value.
-  interrupt_share: float = 0.0
-  interrupt_guess_share: float = 0.25
-  interrupt_loss_weight: float = 4.0  # the weight of an interrupted answer's tokens in the loss (a trace's: 1)
-  eval_problems_per_family: int = 64
-  difficulties: tuple[int, ...] = (1, 2, 3)
-  noise: TraceNoise = TraceNoise()
-  vocab_size: int = 1024
-  model: TinyLMShape = TinyLMShape()
-  train: TrainLMConfig = TrainLMConfig()
-  buckets: tuple[int, ...] = (128, 192, 256, 384)
-  eval_temperature: float = 1.0
-  max_new_tokens: tuple[tuple[str, int], ...] = (("line", 96), ("thinking", 192))
-
-  def __post_init__(self):
-    check_fields(self, {"seed": Int(0), "train_problems_per_difficulty": Int(1),
-                        "family_weights": Pairs(OneOf(FAMILIES), Real(0.0)), "prompt_loss_weight": Real(0.0),
-                        "thinking_fraction": Real(0.0, 1.0, low_open=True), "eval_problems_per_family": Int(1),
-                        "interrupt_share": Real(0.0, 1.0), "interrupt_guess_share": Real(0.0, 1.0),
-                        "interrupt_loss_weight": Real(0.0, low_open=True),
-                        "difficulties": Seq(OneOf(DIFFICULTIES)), "vocab_size": Int(1), "buckets": Seq(Int(1)),
-                        "eval_temperature": Real(0.0), "max_new_tokens": Pairs(OneOf(MODES), Int(1), MODES)})
-    for name, cls in (("noise", TraceNoise), ("model", TinyLMShape), ("train", TrainLMConfig)):
-      if not isinstance(getattr(self, name), cls):
-        raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
-    check_fields(self.train, TRAIN_LM_RULES, where=field_name(self, "train"))
-
-  def key(self) -> str:
-    """Hash of the config and of what the task code makes from it (a changed generator, prompt or solver
-    rebuilds instead of reusing a model trained on other data)."""
-    return run_key(without_unused_interrupts(dataclasses.asdict(self)), _task_code_fingerprint(self))
-
-
-INTERRUPT_FIELDS = ("interrupt_share", "interrupt_guess_share", "interrupt_loss_weight")
-
-
-def without_unused_interrupts(d: Mapping) -> dict:
-  """A build config's fields (a dict) without the interrupted-thinking ones when they are off (interrupt_share 0):
-  they were added later, so a build without interruptions keeps the key it had before, and so do the bands made
-  with it (`reprobe_jax.jobs.bands.band_key`)."""
-  d = dict(d)
-  if not d.get("interrupt_share"):
-    for name in INTERRUPT_FIELDS:
-      d.pop(name, None)
-  return d
-
-
-def _task_code_fingerprint(cfg: "SyntheticBuildConfig") -> str:
-  """A few problems of every family and difficulty, their prompts and noisy traces in both formats, hashed."""
-  h = hashlib.sha256()
-  for family in FAMILIES:
-    for d in cfg.difficulties:
-      problems = make_problems(family, 4, cfg.seed, d)
-      for mode in MODES:
-        for p, t in zip(problems, solve_many(problems, mode, cfg.seed, cfg.noise)):
-          h.update(json.dumps([p.to_json(), user_prompt(p, mode), t.text]).encode())
-  return h.hexdigest()
-
-
-def config_from_dict(c, root: str = "config") -> SyntheticBuildConfig:
-  """The CLI's ml_collections ConfigDict -> the frozen build config (library code never sees a ConfigDict),
-  checked whole; errors name fields under `root` (e.g. 'config.target' when a ReProbe job builds its target)."""
-  d = plain(c)
-  d.pop("job", None)
-  d.pop("workdir", None)
-  train = d.pop("train", {})
-  if isinstance(train, Mapping):  # the training seed follows the build's seed unless the config sets it
-    train = {"seed": d.get("seed", SyntheticBuildConfig.seed), **train}
-  return replace_fields(SyntheticBuildConfig(), {**d, "train": train},
-                        convert={"family_weights": sorted_pairs, "max_new_tokens": sorted_pairs}, root=root)
+from reprobe_jax.tasks.traces import solve_many
 
 
 def _problems(cfg: SyntheticBuildConfig):

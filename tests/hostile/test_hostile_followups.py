@@ -62,7 +62,7 @@ def test_the_built_in_target_keeps_its_build_key():
   seed-0 target (world v2) is still found. A change of this key must be deliberate (it rebuilds)."""
   import importlib.util
 
-  from reprobe_jax.jobs.target import config_from_dict
+  from reprobe_jax.jobs.target_config import config_from_dict
   path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "target_synthetic.py")
   spec = importlib.util.spec_from_file_location("target_synthetic", path)
   module = importlib.util.module_from_spec(spec)

@@ -27,6 +27,7 @@ from reprobe_jax.probe.data import Example
 from reprobe_jax.probe.train import ProbeTrainConfig, train_probe
 from reprobe_jax.jobs.runs import Run
 from reprobe_jax.jobs import target as build
+from reprobe_jax.jobs import target_config
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -159,13 +160,13 @@ def test_replace_fields_type_mismatches():
 ])
 def test_synthetic_build_config_mistakes_name_the_field(override, match):
   with pytest.raises(ConfigError, match=match):
-    build.config_from_dict(override)
+    target_config.config_from_dict(override)
 
 
 def test_nested_build_config_names_its_root():
   with pytest.raises(ConfigError, match=r"^config\.target\.model\.num_heads: expected a divisor"):
-    build.config_from_dict({"model": {"num_heads": 5}}, "config.target")
-  assert build.config_from_dict({"seed": 4}).train.seed == 4  # the training seed still follows the build's
+    target_config.config_from_dict({"model": {"num_heads": 5}}, "config.target")
+  assert target_config.config_from_dict({"seed": 4}).train.seed == 4  # the training seed still follows the build's
 
 
 @pytest.mark.parametrize("override, shape, match", [
