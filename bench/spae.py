@@ -10,7 +10,7 @@
   whose result the loop waits for before the next request, as the script waits for each HTTP reply.
 
 Same model, same trajectories, boundaries, N, suffix and token budget; the c-th boundary of a trajectory draws its
-samples from the same key on both sides (`potential.cut_keys`), so both give the same Acc and Conf: `compare` checks
+samples from the same key on both sides (`prober.cut_keys`), so both give the same Acc and Conf: `compare` checks
 that they agree within PARITY_TOL before it reports a ratio, so the ratio compares equal work.
 
 Trajectories: thinking-mode samples of arithmetic problems from the model (`trajectories.prompt_text`, EOS dropped)
@@ -36,7 +36,8 @@ from bench.timing import time_call
 from reprobe_jax.errors import ConfigError, ReprobeError
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.spae.potential import CUT_STEP, Prober, ProbeConfig, StepPotentials, step_potential
+from reprobe_jax.spae.potential import ProbeConfig, StepPotentials, step_potential
+from reprobe_jax.spae.prober import CUT_STEP, Prober
 
 PARITY_TOL = 1e-3  # largest |Acc| or |Conf| difference between the two sides (float32 in different batch shapes)
 DIFFICULTY = 2

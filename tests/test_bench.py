@@ -193,7 +193,8 @@ def test_spae_loop_gives_the_batched_potentials(tmp_path):
   from bench import spae
   from bench.pair import build_tiny
   from reprobe_jax.models import LanguageModel, load_pretrained
-  from reprobe_jax.spae.potential import Prober, ProbeConfig
+  from reprobe_jax.spae.potential import ProbeConfig
+  from reprobe_jax.spae.prober import Prober
   base = load_pretrained(build_tiny(str(tmp_path)))  # bench.run's tiny random Llama, without a tokenizer
   # weights x4: peaked next-token distributions, so Conf differs between samples (near 0.003 everywhere otherwise)
   lm = spae.with_tokenizer(LanguageModel(base.config, base.graphdef, jax.tree.map(lambda x: 4 * x, base.params),
@@ -225,7 +226,7 @@ def test_spae_long_set_holds_solver_paragraphs(synthetic_lm):
   # The built-in worlds' tokenizer: paragraphs of the solver's thinking sentences, a boundary every 15-25 tokens,
   # up to the requested length; the loop re-sends a prefix that grows with L, ours feeds it once.
   from bench import spae
-  from reprobe_jax.spae.potential import Prober
+  from reprobe_jax.spae.prober import Prober
   data = spae.long_set(synthetic_lm, 2, 300)
   assert data.source == "solver paragraphs" and data.response_ids[0] != data.response_ids[1]
   prober = Prober(synthetic_lm)

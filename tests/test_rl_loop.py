@@ -14,7 +14,8 @@ from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.jobs.rl import rl_config_from_dict
 from reprobe_jax.rl import loop
 from reprobe_jax.rl.rollout import (Group, PromptSet, Trajectory, collect, potentials, step_batch, token_steps)
-from reprobe_jax.spae.potential import Prober, ProbeConfig
+from reprobe_jax.spae.potential import ProbeConfig
+from reprobe_jax.spae.prober import Prober
 from reprobe_jax.tasks import make_problems
 from reprobe_jax.tasks.traces import TraceNoise, solve_many
 from reprobe_jax.trajectories import prompt_text

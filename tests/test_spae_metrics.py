@@ -16,7 +16,8 @@ from reprobe_jax.steps.boundary import StepBoundary
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.spae.metrics import (ThinkingOutcome, metrics_markdown, outcome_from, plot_curves,
                                       plot_displacement, potential_curves, summarise)
-from reprobe_jax.spae.potential import StepPotentials, boundary_marks, step_potential
+from reprobe_jax.spae.potential import StepPotentials, step_potential
+from reprobe_jax.spae.prober import boundary_marks
 from reprobe_jax.tasks import Problem, TraceNoise, make_problems, render_thinking, solve
 from reprobe_jax.tasks.formats import conclude_paragraph, reflect_paragraph, work_paragraph
 

@@ -14,7 +14,8 @@ from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError
 from reprobe_jax.models import SamplingParams
 from reprobe_jax import steps as step_lib
 from reprobe_jax.spae.decode import decode_thinking, trajectory_seed
-from reprobe_jax.spae.potential import Prober, ProbeConfig, StepPotentials, saturated, step_potential
+from reprobe_jax.spae.potential import ProbeConfig, StepPotentials, saturated, step_potential
+from reprobe_jax.spae.prober import Prober
 from reprobe_jax.tasks import make_problems
 from reprobe_jax.tasks.formats import ANSWER_OPENER, user_prompt
 from reprobe_jax.tasks.traces import TraceNoise, solve_many

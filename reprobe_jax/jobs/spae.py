@@ -31,7 +31,8 @@ from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.spae import metrics as spae_metrics
 from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
 from reprobe_jax.spae.metrics import ThinkingOutcome
-from reprobe_jax.spae.potential import ProbeConfig, Prober, StepPotentials
+from reprobe_jax.spae.potential import ProbeConfig, StepPotentials
+from reprobe_jax.spae.prober import Prober
 from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, Problem
 from reprobe_jax.tasks.splits import spread
 from reprobe_jax.trajectories import prompt_text

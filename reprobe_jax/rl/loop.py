@@ -35,7 +35,8 @@ from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
 from reprobe_jax.rl.rollout import (PromptSet, collect, policy_batch, potentials, rollout_fn, step_batch)
-from reprobe_jax.spae.potential import ProbeConfig, Prober
+from reprobe_jax.spae.potential import ProbeConfig
+from reprobe_jax.spae.prober import Prober
 from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
 from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, make_problems
 from reprobe_jax.tasks.splits import SPLIT_SEEDS

@@ -25,7 +25,8 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.sampling import SamplingParams, bucket
 from reprobe_jax.rl.types import AdvantageInputs, PolicyBatch
-from reprobe_jax.spae.potential import Prober, StepPotentials
+from reprobe_jax.spae.potential import StepPotentials
+from reprobe_jax.spae.prober import Prober
 from reprobe_jax.tasks.base import Problem
 from reprobe_jax.tasks.formats import check_response
 

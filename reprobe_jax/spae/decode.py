@@ -26,7 +26,8 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import decoding
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.sampling import SamplingParams, bucket
-from reprobe_jax.spae.potential import Prober, StepPotentials, step_potential
+from reprobe_jax.spae.potential import StepPotentials, step_potential
+from reprobe_jax.spae.prober import Prober
 from reprobe_jax.steps import THINK_CLOSE, StepBoundary
 
 
