@@ -24,7 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from reprobe_jax.models import decoding  # noqa: E402
+from reprobe_jax.models import decode_state, decoding  # noqa: E402
 from reprobe_jax.models.capture import CaptureSpec  # noqa: E402
 from reprobe_jax.models.config import ModelConfig  # noqa: E402
 from reprobe_jax.models.rope_config import RopeConfig  # noqa: E402
@@ -78,12 +78,12 @@ def decode_args(graph, params, cfg: ModelConfig, batch: int, prompt_len: int, ne
   kw = dict(buffer_len=n, capture=CaptureSpec(), shard=None)
   if real:
     state = decoding.prefill(graph, params, make_cache(), ids, jnp.ones_like(ids), budget, jax.random.key(0), **kw)
-    rule, eos = decoding.StopRule.from_mask(np.zeros(v, bool)), jnp.zeros((v,), bool)
+    rule, eos = decode_state.StopRule.from_mask(np.zeros(v, bool)), jnp.zeros((v,), bool)
     scalars = (jnp.float32(GREEDY.temperature), jnp.float32(GREEDY.top_p), jnp.int32(n))
   else:
     state = decoding.prefill.eval_shape(graph, params, jax.eval_shape(make_cache), ids, ids, budget,
                                         jax.eval_shape(lambda: jax.random.key(0)), **kw)
-    rule = decoding.StopRule(fires=jax.ShapeDtypeStruct((v,), jnp.bool_))
+    rule = decode_state.StopRule(fires=jax.ShapeDtypeStruct((v,), jnp.bool_))
     eos = jax.ShapeDtypeStruct((v,), jnp.bool_)
     scalars = (jax.ShapeDtypeStruct((), jnp.float32),) * 2 + (jax.ShapeDtypeStruct((), jnp.int32),)
   return (graph, params, state, rule, eos) + scalars

@@ -22,6 +22,7 @@ from reprobe_jax import steps as S
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel, ModelConfig, SamplingParams
 from reprobe_jax.models import decoding
+import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, StepBoundary, advance, initial_state
 
 BOUNDARIES = [StepBoundary("line"), StepBoundary("sentence"), StepBoundary("sentence", min_chars=0),
@@ -253,7 +254,7 @@ def test_boundary_errors():
 def test_the_model_layer_takes_the_compiled_table_as_data(bpe):
   """The sampler runs a compiled StopTable (the step-end codes are the data contract between the two layers) and
   refuses a boundary it would have to compile: the model layer does not know what a step is."""
-  assert (decoding.ENDS_BEFORE, decoding.ENDS_AFTER) == (ENDS_BEFORE, ENDS_AFTER)
+  assert (decode_state.ENDS_BEFORE, decode_state.ENDS_AFTER) == (ENDS_BEFORE, ENDS_AFTER)
   cfg = ModelConfig(family="llama", vocab_size=len(bpe), hidden_size=16, intermediate_size=16, num_layers=1,
                     num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
   lm = LanguageModel.random(cfg, tokenizer=bpe)

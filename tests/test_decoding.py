@@ -11,8 +11,9 @@ import pytest
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import CaptureSpec, SamplingParams, load_pretrained
 from reprobe_jax.models import decoding
+import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.capture import TokenFeatures
-from reprobe_jax.models.decoding import StopRule
+from reprobe_jax.models.decode_state import StopRule
 from reprobe_jax.models.kv_cache import KVCache
 
 CAPTURE = CaptureSpec(hidden_layers=(0, -1), attn_window=5, top_k_probs=4, token_stats=True)
@@ -78,10 +79,10 @@ def test_decode_to_boundaries_resume_and_features_equal_forward(lm):
       if row.finish_reason == "stop":
         paused += 1
         assert row.tokens[-1] in stops
-        start, end = np.asarray(decoding.newest_step_spans(state))[r]
+        start, end = np.asarray(decode_state.newest_step_spans(state))[r]
         assert end == len(row.tokens) and 0 <= start < end
         assert not stops.intersection(row.tokens[start:end - 1]), "a step ran past a boundary"
-    if not np.any(np.asarray(state.finish)[:6] == decoding.FINISH_STOP):
+    if not np.any(np.asarray(state.finish)[:6] == decode_state.FINISH_STOP):
       break  # every row ended on EOS or its budget
     state = smp.resume(state)
   assert paused >= 3, "the test drew too few step boundaries to mean anything"
@@ -208,7 +209,7 @@ def test_flatten_copies_the_shared_prefix_and_changes_nothing(lm):
   decoding on from it equals decoding on from the shared state, and a fork of it matches a fresh forward."""
   smp = lm.sampler(SamplingParams(0.0), capture=CAPTURE)
   state = smp.decode(smp.prefill(PROMPTS[:2], max_new_tokens=12, n=2, extra_slots=8), max_steps=4)
-  flat = decoding.flatten(state)
+  flat = decode_state.flatten(state)
   assert flat.cache.prefix is None and flat.cache.size == state.cache.prefix.size + state.cache.size
   a = smp.read(smp.decode(state))
   b = smp.read(smp.decode(flat))
@@ -217,7 +218,7 @@ def test_flatten_copies_the_shared_prefix_and_changes_nothing(lm):
     np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
   state = smp.decode(smp.prefill(PROMPTS[:2], max_new_tokens=12, n=2, extra_slots=8))
   traj = smp.read(state)
-  forks = decoding.fork(lm.static_graph, lm.params, decoding.flatten(state),
+  forks = decoding.fork(lm.static_graph, lm.params, decode_state.flatten(state),
                         jnp.asarray([[3]] * state.batch, jnp.int32), n=1, suffix_size=8, capture=CAPTURE)
   rows = smp.read(smp.force(forks, [95, 96]))
   for r in range(4):
@@ -249,9 +250,9 @@ def test_per_row_keys_give_a_prompt_the_same_samples_in_any_batch(lm, n):
     state = smp.decode(state)
     rows = np.arange(state.batch).reshape(-1, n)[:, ::-1].reshape(-1)  # reverse each prompt's rows
     state = smp.take(state, rows)
-    fresh = decoding.row_keys(jax.vmap(lambda k: jax.random.fold_in(k, 1))(
-        decoding.prompt_keys(2, list(prompt_seeds) + [0] * (state.batch // n - len(prompt_seeds)))), n)
-    state = smp.decode(smp.resume(decoding.rekey(state, fresh)))
+    fresh = decode_state.row_keys(jax.vmap(lambda k: jax.random.fold_in(k, 1))(
+        decode_state.prompt_keys(2, list(prompt_seeds) + [0] * (state.batch // n - len(prompt_seeds)))), n)
+    state = smp.decode(smp.resume(decode_state.rekey(state, fresh)))
     return [r.tokens for r in smp.read(state)]
 
   batched = run(PROMPTS, seeds)
@@ -276,7 +277,7 @@ def test_per_row_key_arguments_are_checked(lm):
     smp.prefill(PROMPTS, max_new_tokens=4, prompt_seeds=[1, -2, 3])
   state = smp.prefill(PROMPTS, max_new_tokens=4)
   with pytest.raises(ConfigError, match="rekey: need \\[4\\] typed PRNG keys"):
-    decoding.rekey(state, decoding.row_keys(decoding.prompt_keys(0, [1, 2]), 1))
+    decode_state.rekey(state, decode_state.row_keys(decode_state.prompt_keys(0, [1, 2]), 1))
 
 
 def test_misshapen_arrays_at_the_api_boundary_are_config_errors(lm):

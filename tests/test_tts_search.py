@@ -18,7 +18,7 @@ from flax import nnx, struct
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import LanguageModel, ModelConfig, SamplingParams
-from reprobe_jax.models import decoding
+import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.probe import Probe, ProbeBundle, ProbeConfig
 from reprobe_jax.scorers import StepScorer, get_scorer, inputs_from_state, score_newest, step_token_mask
 from reprobe_jax.steps import StepBoundary
@@ -91,7 +91,7 @@ def reference_search(lm, scorer, prompts, cfg, *, groups, width, spec, seeds):
   state = smp.prefill(prompts, max_new_tokens=cfg.max_new_tokens, n=per, seed=cfg.seed, prompt_seeds=seeds)
   rows = state.batch
   n_prompts = rows // per
-  keys = decoding.prompt_keys(cfg.seed, list(seeds) + [0] * (n_prompts - len(seeds)))
+  keys = decode_state.prompt_keys(cfg.seed, list(seeds) + [0] * (n_prompts - len(seeds)))
   ended = np.asarray(state.done).copy()
   reason = np.where(ended, "length", None).astype(object)
   primary = np.ones(rows, bool)
@@ -106,7 +106,7 @@ def reference_search(lm, scorer, prompts, cfg, *, groups, width, spec, seeds):
     before = np.asarray(state.lengths)
     state = smp.decode(state)
     read = smp.read(state)
-    spans = np.asarray(decoding.newest_step_spans(state))
+    spans = np.asarray(decode_state.newest_step_spans(state))
     why = np.full(rows, None, object)
     for r in np.flatnonzero(live):
       row = read[r]
@@ -126,7 +126,7 @@ def reference_search(lm, scorer, prompts, cfg, *, groups, width, spec, seeds):
         scored = greedy.resume(scored, go)
         la_before = np.asarray(scored.lengths)
         scored = greedy.decode(scored)
-        newest = np.asarray(decoding.newest_step_spans(scored))
+        newest = np.asarray(decode_state.newest_step_spans(scored))
         new = go & (newest[:, 1] > newest[:, 0])
         score_spans = np.where(new[:, None], newest, score_spans)
         extra_steps += new
@@ -159,7 +159,7 @@ def reference_search(lm, scorer, prompts, cfg, *, groups, width, spec, seeds):
     hist = [hist[s] for s in src]
     primary = np.arange(rows) % n == 0
     state = smp.take(state, src)
-    state = decoding.rekey(state, search.round_keys(keys, rnd + 1, per))
+    state = decode_state.rekey(state, search.round_keys(keys, rnd + 1, per))
     state = smp.resume(state, ~ended)
   read = smp.read(state)
   out = []
@@ -202,7 +202,7 @@ def test_beam_of_one_with_one_greedy_candidate_is_greedy_step_by_step_decoding(l
     spans, scores = [], []
     for k in range(cfg.max_steps):
       state = smp.decode(state)
-      span = decoding.newest_step_spans(state)
+      span = decode_state.newest_step_spans(state)
       spans.append(tuple(int(v) for v in np.asarray(span)[0]))
       scores.append(float(np.asarray(score_newest(scorer, inputs_from_state(state), span))[0]))
       row = smp.read(state, [0])[0]

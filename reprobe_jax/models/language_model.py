@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-import reprobe_jax.models.decoding as decoding
+import reprobe_jax.models.decode_state as decode_state
 import reprobe_jax.models.sampling as sampling
 from reprobe_jax import kernels
 from reprobe_jax.io.atomic import atomic_folder
@@ -23,7 +23,7 @@ from reprobe_jax.models.capture import CaptureSpec, ForwardOutput, TokenFeatures
 from reprobe_jax.models.checkpoint import export_tensors
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.forward import StaticGraph, forward as _forward, positions_from_mask
-from reprobe_jax.models.decoding import StopRule
+from reprobe_jax.models.decode_state import StopRule
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.safetensors_io import write_safetensors
 from reprobe_jax.models.sampler import Sampler
@@ -327,7 +327,7 @@ class LanguageModel:
     tokens = host["tokens"][:r, :max_new_tokens]
     lengths = host["lengths"][:r]
     tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, self.pad_id())
-    finish = [decoding.FINISH_NAMES[int(c)] for c in host["finish"][:r]]
+    finish = [decode_state.FINISH_NAMES[int(c)] for c in host["finish"][:r]]
     texts = ([self.tokenizer.decode(tokens[i, :lengths[i]]) for i in range(r)] if self.tokenizer is not None
              else [""] * r)
     feats = jax.tree.map(lambda v: v[:r, :max_new_tokens], host["features"])

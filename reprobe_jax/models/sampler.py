@@ -3,7 +3,7 @@
     sampler = lm.sampler(SamplingParams(1.0, 50, 0.95), capture=spec.capture(), stop=rule)
     state = sampler.prefill(prompts, max_new_tokens=256, n=4, seed=0)   # 4 rows per prompt share its prefill
     state = sampler.decode(state)                                        # to the first step boundary of each row
-    spans = decoding.newest_step_spans(state)                            # [B, 2], for a step scorer, on device
+    spans = decode_state.newest_step_spans(state)                            # [B, 2], for a step scorer, on device
     state = sampler.take(state, keep)                                    # keep the best rows
     state = sampler.resume(state)                                        # and go on
     rows = sampler.read(state)                                           # host records
@@ -23,10 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import reprobe_jax.models.decoding as decoding
+import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.errors import CacheFullError, ConfigError, shape_errors
 from reprobe_jax.models.capture import CaptureSpec, TokenFeatures
 from reprobe_jax.models.config import ModelConfig
-from reprobe_jax.models.decoding import DecodeState, StopRule
+from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sampling import SamplingParams, bucket
 from reprobe_jax.models.sharding import ShardingCtx, to_host
@@ -96,7 +97,7 @@ class Sampler:
 
     Randomness: without prompt_seeds the batch draws from one key, key(seed). With prompt_seeds (one integer in
     [0, 2**32) per prompt) every row has its own key: row p * n + s draws from fold_in(fold_in(key(seed),
-    prompt_seeds[p]), s), so a prompt gets the same samples in any batch (`decoding.prompt_keys`, `row_keys`)."""
+    prompt_seeds[p]), s), so a prompt gets the same samples in any batch (`decode_state.prompt_keys`, `row_keys`)."""
     max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
     n = _positive_int("n", n)
     if isinstance(extra_slots, bool) or not isinstance(extra_slots, (int, np.integer)) or extra_slots < 0:
@@ -135,20 +136,20 @@ class Sampler:
       cache = KVCache.zeros(lm.config, b, plen, lm.dtype)
       state = decoding.prefill(*lm.decode_view(), cache, arr, mask, np.zeros(b, np.int32), key,
                                buffer_len=new_len, capture=self.capture, shard=lm.shard)
-      state = decoding.share(state, n=n, suffix_size=room)
+      state = decode_state.share(state, n=n, suffix_size=room)
       state = state.replace(budget=jnp.minimum(jnp.asarray(budget), new_len), done=jnp.asarray(budget) <= 0)
     else:
       cache = KVCache.zeros(lm.config, b, plen + room, lm.dtype)
       state = decoding.prefill(*lm.decode_view(), cache, arr, mask, budget, key, buffer_len=new_len,
                                capture=self.capture, shard=lm.shard)
       if n > 1:
-        state = decoding.take(state, jnp.repeat(jnp.arange(b), n))
+        state = decode_state.take(state, jnp.repeat(jnp.arange(b), n))
         state = state.replace(done=jnp.repeat(jnp.asarray(budget) <= 0, n),
                               budget=jnp.repeat(jnp.asarray(budget), n))
     if prompt_seeds is not None:  # batch padding prompts take seed 0: any fixed key will do, they start finished
       seeds = np.zeros(b, np.uint32)
       seeds[:n_prompts] = prompt_seeds
-      state = decoding.rekey(state, decoding.row_keys(decoding.prompt_keys(seed, seeds), n))
+      state = decode_state.rekey(state, decode_state.row_keys(decode_state.prompt_keys(seed, seeds), n))
     return decoding.start_rule(state)
 
   def decode(self, state: DecodeState, max_steps: int | None = None) -> DecodeState:
@@ -199,14 +200,14 @@ class Sampler:
       per_now, per_new = state.batch // p, len(rows) // p
       if len(rows) % p or np.any(rows // per_now != np.arange(len(rows)) // per_new):
         raise ConfigError("take: with a shared prefix, output rows must keep to their prefix's block of rows")
-    return decoding.take(state, jnp.asarray(rows))
+    return decode_state.take(state, jnp.asarray(rows))
 
   def resume(self, state: DecodeState, rows=None) -> DecodeState:
     """Rows (default: all) paused at a step boundary go on from there."""
     mask = np.ones(state.batch, bool) if rows is None else np.asarray(rows, bool)
     with shape_errors(f"resume: rows must be [{state.batch}] bool"):
       chex.assert_shape(mask, (state.batch,))
-    return decoding.resume(state, jnp.asarray(mask))
+    return decode_state.resume(state, jnp.asarray(mask))
 
   def read(self, state: DecodeState, rows: Sequence[int] | None = None) -> list[Row]:
     """Rows back on the host (one transfer of the buffers; rows that live on other processes' devices are
@@ -219,7 +220,7 @@ class Sampler:
       n = int(host["lengths"][r])
       out.append(Row(tokens=host["tokens"][r, :n].tolist(), logprobs=host["logprobs"][r, :n],
                      features=jax.tree.map(lambda v: v[r, :n], host["features"]),
-                     finish_reason=decoding.FINISH_NAMES[int(host["finish"][r])] if host["done"][r] else None,
+                     finish_reason=decode_state.FINISH_NAMES[int(host["finish"][r])] if host["done"][r] else None,
                      step_start=int(host["step_start"][r]), step_end=int(host["step_end"][r])))
     return out
 

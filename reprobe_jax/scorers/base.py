@@ -30,7 +30,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from reprobe_jax.errors import ConfigError, shape_errors
 from reprobe_jax.features import FeatureSpec, with_logprobs
-from reprobe_jax.models.decoding import DecodeState
+from reprobe_jax.models.decode_state import DecodeState
 from reprobe_jax.models.sampling import bucket
 
 
@@ -172,7 +172,7 @@ def score_newest(scorer: StepScorer, inputs: ScoreInputs, newest_span: jax.Array
 
 def inputs_from_state(state: DecodeState, spec: FeatureSpec | None = None, num_layers: int | None = None,
                       prompts=None) -> ScoreInputs:
-  """ScoreInputs of a decode state's rows (`reprobe_jax.models.decoding.DecodeState`), on device: the tokens the
+  """ScoreInputs of a decode state's rows (`reprobe_jax.models.decode_state.DecodeState`), on device: the tokens the
   sampler recorded, their log-probs and captured statistics, and, given a FeatureSpec (with the model's layer
   count), the probe's features assembled from the captured values; given prompts = (ids [B, Tp], mask [B, Tp]),
   one per row (`prompt_rows`), the rows' prompts. No second forward."""

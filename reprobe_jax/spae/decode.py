@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.models import decoding
+import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.sampling import SamplingParams, bucket
 from reprobe_jax.spae.potential import StepPotentials, step_potential
@@ -85,7 +85,7 @@ def decode_thinking(lm, prober: Prober, prompt_ids: Sequence[Sequence[int]], ans
   while True:
     state = smp.decode(state)
     host = jax.device_get({"done": state.done, "finish": state.finish, "step_end": state.step_end})
-    paused = host["done"] & (host["finish"] == decoding.FINISH_STOP)
+    paused = host["done"] & (host["finish"] == decode_state.FINISH_STOP)
     paused[rows:] = False
     finished = int(np.sum(host["done"][:rows] & ~paused[:rows]))
     if progress is not None and finished > finished_before:
@@ -99,7 +99,7 @@ def decode_thinking(lm, prober: Prober, prompt_ids: Sequence[Sequence[int]], ans
     pad = np.resize(live, bucket(len(live), minimum=max(1, b // 8)))
     cut = (host["step_end"][pad] - 1).astype(np.int32)[:, None]
     cut[len(live):] = -1
-    sub = decoding.take(state, jnp.asarray(pad, jnp.int32))
+    sub = decode_state.take(state, jnp.asarray(pad, jnp.int32))
     acc, conf = jax.device_get(prober.probe_state(sub, cut, ordinal[pad][:, None], [row_ans[r] for r in pad],
                                                   [row_seed[r] for r in pad]))
     phi = np.full(b, np.nan)

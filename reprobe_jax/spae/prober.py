@@ -24,8 +24,9 @@ from jaxtyping import Array, Bool, Float, Integer, Key
 
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, shape_errors
 from reprobe_jax.models import decoding
+import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.capture import CaptureSpec
-from reprobe_jax.models.decoding import DecodeState, StopRule
+from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, THINK_OPEN, StepBoundary
@@ -87,8 +88,8 @@ def _probe_impl(graphdef, params, state: DecodeState, cuts, keys, suffix, answer
                         shard=shard)
     in_ans = (pos >= s) & (pos < s + a_len[:, None])
     acc = jnp.sum(jnp.where(in_ans, jnp.exp(fa.logprobs), 0.0), axis=1) / jnp.maximum(a_len, 1)
-  fs = decoding.take(f, jnp.repeat(jnp.arange(bc), n))  # [B * C * n] rows, (row, cut, sample) order
-  fs = decoding.rekey(fs, decoding.row_keys(keys.reshape(-1), n))
+  fs = decode_state.take(f, jnp.repeat(jnp.arange(bc), n))  # [B * C * n] rows, (row, cut, sample) order
+  fs = decode_state.rekey(fs, decode_state.row_keys(keys.reshape(-1), n))
   row_valid = jnp.repeat(valid, n)
   fs = fs.replace(done=fs.done | ~row_valid, budget=jnp.full((fs.batch,), s + max_tokens, jnp.int32))
   fs = decoding.decode_in_jit(graphdef, params, fs, close_rule, eos_mask, temperature, jnp.float32(1.0),
@@ -131,7 +132,7 @@ probe, probe_in_jit = decode_jit(static_argnames=("graphdef", "shard", "n", "suf
 
 def cut_keys(seed: int, trajectory_seeds, ordinals) -> Key[Array, "b c"]:
   """[B, C] typed keys fold_in(fold_in(key(seed), trajectory_seeds[b]), ordinals[b, c])."""
-  base = decoding.prompt_keys(seed, trajectory_seeds)  # [B]
+  base = decode_state.prompt_keys(seed, trajectory_seeds)  # [B]
   ords = jnp.asarray(ordinals, jnp.uint32)
   return jax.vmap(lambda k, o: jax.vmap(lambda x: jax.random.fold_in(k, x))(o))(base, ords)
 

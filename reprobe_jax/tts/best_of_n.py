@@ -28,7 +28,7 @@ from reprobe_jax import steps as step_lib
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel
-from reprobe_jax.models.decoding import FINISH_NAMES, DecodeState
+from reprobe_jax.models.decode_state import FINISH_NAMES, DecodeState
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.scorers import StepScorer, inputs_from_state, prompt_rows
 from reprobe_jax.tasks import Problem

@@ -50,7 +50,8 @@ from reprobe_jax.errors import ConfigError, shape_errors
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models import decoding
-from reprobe_jax.models.decoding import FINISH_CACHE_FULL, FINISH_EOS, FINISH_LENGTH, FINISH_STOP, DecodeState, StopRule
+import reprobe_jax.models.decode_state as decode_state
+from reprobe_jax.models.decode_state import FINISH_CACHE_FULL, FINISH_EOS, FINISH_LENGTH, FINISH_STOP, DecodeState, StopRule
 from reprobe_jax.models.forward import StaticGraph
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.sharding import ShardingCtx
@@ -71,9 +72,9 @@ GOES_ON = -1  # the reason of a row that is not finished
 def round_keys(prompt_keys, round_, rows_per_prompt: int) -> jax.Array:
   """[P * rows] keys of the rows after round `round_` - 1's selection (round_ >= 1): row j of prompt p draws from
   fold_in(fold_in(prompt_keys[p], round_), j), so the N copies of a survivor sample distinct next steps and a prompt's
-  streams do not depend on the batch. Round 0's keys are the prefill's `decoding.row_keys(prompt_keys, rows)`."""
+  streams do not depend on the batch. Round 0's keys are the prefill's `decode_state.row_keys(prompt_keys, rows)`."""
   folded = jax.vmap(lambda k: jax.random.fold_in(k, round_))(prompt_keys)
-  return decoding.row_keys(folded, rows_per_prompt)
+  return decode_state.row_keys(folded, rows_per_prompt)
 
 
 # ------------------------------------------------------------------------------------------------ the device loop
@@ -198,10 +199,10 @@ def _lookahead(plan: _Plan, env: _Env, state: DecodeState, go, spans, carry) -> 
   tokens = jnp.zeros(go.shape, jnp.int32)
   last = jnp.full(go.shape, jnp.nan, jnp.float32)
   for _ in range(plan.lookahead):
-    state = decoding.resume(state, go)
+    state = decode_state.resume(state, go)
     before = state.lengths
     state = _decode(plan, env, state, greedy=True)
-    newest = decoding.newest_step_spans(state)
+    newest = decode_state.newest_step_spans(state)
     new = go & (newest[:, 1] > newest[:, 0])  # a resumed row spent at its budget gets no step
     spans = jnp.where(new[:, None], newest, spans)
     if env.scorer.stateful:
@@ -240,7 +241,7 @@ def _round(plan: _Plan, env: _Env, loop: _Loop) -> _Loop:
   live = ~book.ended  # every copy of a live survivor samples a candidate
   before = state.lengths
   state = _decode(plan, env, state, greedy=plan.greedy)
-  spans = decoding.newest_step_spans(state)  # [R, 2] the candidates' steps
+  spans = decode_state.newest_step_spans(state)  # [R, 2] the candidates' steps
   reason = _reason(env, state, spans, book.n_steps + 1)
   scored, score_spans = state, spans
   la_steps = la_tokens = jnp.zeros((r_rows,), jnp.int32)
@@ -281,9 +282,9 @@ def _round(plan: _Plan, env: _Env, loop: _Loop) -> _Loop:
   book = book.replace(ended=g(book.ended), reason=g(book.reason), n_steps=g(book.n_steps), scores=g(book.scores),
                       spans=g(book.spans), last=g(book.last), primary=rows % plan.n == 0)
   carry = take_carry(carry, src)
-  state = decoding.take(state, src)
-  state = decoding.rekey(state, round_keys(env.prompt_keys, loop.round + 1, plan.rows_per_prompt))
-  state = decoding.resume(state, ~book.ended)
+  state = decode_state.take(state, src)
+  state = decode_state.rekey(state, round_keys(env.prompt_keys, loop.round + 1, plan.rows_per_prompt))
+  state = decode_state.resume(state, ~book.ended)
   return _Loop(state=state, book=book, carry=carry, round=loop.round + 1)
 
 
@@ -355,7 +356,7 @@ def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig
                capture=capture, greedy=p.greedy, top_k=p.top_k, filtered=p.filtered)
   env = _Env(params=params, scorer=scorer, rule=smp.stop, answer=answer, eos_mask=jnp.asarray(lm.eos_mask()),
              temperature=jnp.float32(p.temperature), top_p=jnp.float32(p.top_p), max_steps=jnp.int32(cfg.max_steps),
-             prompt_keys=decoding.prompt_keys(cfg.seed, padded), prompts=prompt_arrays)
+             prompt_keys=decode_state.prompt_keys(cfg.seed, padded), prompts=prompt_arrays)
   state, book = _search(env, state, plan=plan)
   out = _Rows(*jax.device_get((state.tokens, state.lengths, book)))
   return _results(out, len(ids), plan, lm.eos_mask())
