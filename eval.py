@@ -20,6 +20,7 @@ from ml_collections import config_flags
 from reprobe_jax.eval.bands import BandFile, over_seeds, summary_markdown
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.eval.report import table_markdown
+from reprobe_jax.fields import plain
 from reprobe_jax.io.atomic import atomic_open, write_json
 from reprobe_jax.jobs import reprobe, spae, spae_report, tts, tts_report
 from reprobe_jax.jobs.bands import band_key, beside_bands, check_seeds
@@ -151,7 +152,7 @@ def run_spae_seeds(config) -> None:
   seeds = check_seeds(config.get("seeds"))
   per_seed = [{k: v for k, v in _spae_once(one).items() if k != "directory"} for one in _per_seed(config, seeds)]
   out = os.path.join(workdir_of(config), "spae_seeds",
-                     run_key({"spae": dict(config.get("spae", {})), "probe": dict(config.get("probe", {})),
+                     run_key({"spae": plain(config.get("spae", {})), "probe": plain(config.get("probe", {})),
                               "seeds": seeds}))
   os.makedirs(out, exist_ok=True)
   table = spae_report.seeds_markdown(per_seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from absl import app
 from ml_collections import config_flags
 
+from reprobe_jax.fields import plain
 from reprobe_jax.jobs import reprobe, rl, target, target_config
 from reprobe_jax.jobs.bands import check_seeds
 from reprobe_jax.jobs.cli import ProgressBars, build_target, parse_flags, reprobe_setup, run_job, workdir_of
@@ -50,7 +51,7 @@ def run_reprobe(config) -> None:
 
 def _rl_setup(config):
   """(start policy, RLConfig, ProbeConfig, eval SPAEJobConfig): every field checked before the target is built."""
-  rl_cfg = rl.rl_config_from_dict({**dict(config.get("rl", {})), "advantage": config.advantage, "seed": config.seed})
+  rl_cfg = rl.rl_config_from_dict({**plain(config.get("rl", {})), "advantage": config.advantage, "seed": config.seed})
   pcfg = probe_config_from_dict(config.get("probe", {}))
   ecfg = job_config_from_dict(config.get("eval", {}))
   return build_target(config), rl_cfg, pcfg, ecfg

@@ -373,10 +373,11 @@ def markdown(result: dict) -> str:
 def search_markdown(search: dict, env: dict) -> list[str]:
   """The step-level beam search section: ours vs the PyTorch reference loop, beam vs Best-of-N, greedy parity."""
   c, rows, par = search["config"], {r["name"]: r for r in search["rows"]}, search["parity"]
+  s = c["sampling"]
   ref, bon = rows["beam_vs_reference"], rows["beam_vs_best_of_n"]
   lines = ["", f"## Step-level beam search: B={c['beams']}, N={c['n']}, {c['max_steps']} rounds", "",
            f"{search['problems']} problems ({search['prompts']}), each trajectory's budget {c['max_new_tokens']} "
-           f"tokens, T={c['temperature']:g}, top-k {c['top_k']}, top-p {c['top_p']:g}; scorer: {search['scorer']} "
+           f"tokens, T={s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}; scorer: {search['scorer']} "
            "(ours reads the log-probs the decode captured; the reference runs one full forward per candidate text). "
            f"Machine: {env['machine']}. Throughput counts each side's own sampled steps and generated tokens.", "",
            "| measurement | sampled steps | tokens | time (s, median) | steps/s | tokens/s "

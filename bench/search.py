@@ -153,9 +153,9 @@ def hf_beam_search(hf, device, tokenizer, table, eos_ids, pad_id: int, prompts: 
   ends = np.asarray(table.ends).astype(np.int32)
   eos = np.zeros(transitions.shape[1], bool)
   eos[list(eos_ids)] = True
-  greedy = cfg.temperature == 0
-  sample = ({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if greedy else
-            {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p})
+  p = cfg.sampling
+  sample = ({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if p.greedy else
+            {"do_sample": True, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p})
   out = []
   for prompt in prompts:
     beams = [RefBeam([], [], [], 0) for _ in range(cfg.beams)]
@@ -277,7 +277,7 @@ def vs_best_of_n(lm: LanguageModel, prompts, cfg: SearchConfig, beam: dict, repe
 def same_steps(pair: Pair, lm: LanguageModel, prompts, cfg: SearchConfig) -> dict:
   """Greedy (temperature 0), same scorer: per problem, whether our best beam and the reference's hold the same
   response (EOS dropped) and step spans; and the largest difference of their step scores where they do."""
-  cfg = dataclasses.replace(cfg, temperature=0.0)
+  cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, temperature=0.0))
   ours = beam_search(lm, get_scorer(SCORER), prompts, cfg, mode="line")
   ref = hf_beam_search(*_reference_args(pair, lm), prompts, cfg)
   eos = np.asarray(lm.eos_mask())

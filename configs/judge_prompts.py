@@ -69,7 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.prompts = ml_collections.ConfigDict(dict(critique=CRITIQUE, verdict=VERDICT, step=STEP, no_previous="(none)"))
   # Self-annotation through our sampler (paper: T=0.7, top-k 20, top-p 0.95).
   c.self_judge = ml_collections.ConfigDict(dict(
-      temperature=0.7, top_k=20, top_p=0.95, max_new_tokens=1024, batch_size=8, seed=0))
+      sampling=dict(temperature=0.7, top_k=20, top_p=0.95), max_new_tokens=1024, batch_size=8, seed=0))
   # An OpenAI-compatible server (vLLM, SGLang, llama.cpp, a hosted API). The key is read from the environment
   # variable named here (none is sent when it is unset), so it is in no config file or shell history.
   c.api = ml_collections.ConfigDict(dict(

@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   # 4 worked examples at T = 0.3 (dev split, 8 problems a family): 0.68 / 0.68 / 0.83 of arithmetic / planning /
   # qa steps wrong, against 0.83 / 0.84 / 0.95 with 2 at docs/method.md §A5's T = 1.0 (docs/tasks.md, "SmolLM2").
   c.trajectories.few_shot = 4
-  c.trajectories.temperature = 0.3
+  c.trajectories.sampling.temperature = 0.3
   # The first step's start spelled out in qa and planning questions (TaskFamily.first_step_question): on the same
   # 8 val problems x 3 samples, qa 0.80 -> 0.62 and planning 0.74 -> 0.68 of steps wrong (docs/tasks.md, "SmolLM2");
   # SmolLM2 otherwise starts from a person or room of the fact list. Arithmetic's questions already give theirs.

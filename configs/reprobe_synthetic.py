@@ -43,7 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
   # right, at difficulty 1 34-39% (measured on the target's own held-out problems, train.py's report, never on
   # this test split; docs/results.md, docs/method.md). () tests them at `difficulties` like arithmetic.
   c.ood_difficulties = (1,)
-  c.trajectories = ml_collections.ConfigDict(dict(samples=3, temperature=1.0, top_k=50, top_p=0.95,
+  c.trajectories = ml_collections.ConfigDict(dict(samples=3, sampling=dict(temperature=1.0, top_k=50, top_p=0.95),
                                                   max_new_tokens=96, batch_size=32, seed=0))
   c.feature_sets = ("hidden", "hidden+logit", "attn+logit")
   c.hidden_layers = (-1,)

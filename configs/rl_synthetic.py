@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   # reprobe_jax.rl.loop.RLConfig; None fields take the method's default (METHODS: GRPO's loss and clip, else DAPO's)
   c.rl = ml_collections.ConfigDict(dict(
       steps=20, prompts_per_step=8, group_size=8, prompts_per_round=8, max_refill_rounds=2, max_new_tokens=192,
-      temperature=1.0, top_p=1.0,
+      sampling=dict(temperature=1.0, top_k=0, top_p=1.0),  # the rollouts never filter by top-k
       optimizer=dict(learning_rate=5e-4, schedule="constant", warmup_steps=0, grad_clip=1.0, weight_decay=0.0),
       mini_batches=2, micro_batches=1, clip_low=0.2, kl_coef=0.0, alpha=0.5, xi=0.5,
       train_domains=("arithmetic",), train_difficulties=(1, 2, 3), train_problems=200, few_shot=0,
@@ -39,6 +39,6 @@ def get_config() -> ml_collections.ConfigDict:
   # The held-out evaluation (reprobe_jax.jobs.spae.SPAEJobConfig; plain decoding only, every boundary probed).
   c.eval = ml_collections.ConfigDict(dict(
       problems=8, domains=("arithmetic", "planning", "qa"), in_domain=("arithmetic",), difficulties=(1, 2, 3),
-      samples=16, max_new_tokens=192, temperature=0.6, top_k=0, top_p=1.0, few_shot=0, batch_size=128,
+      samples=16, max_new_tokens=192, sampling=dict(temperature=0.6, top_k=0, top_p=1.0), few_shot=0, batch_size=128,
       split="test", seed=0))
   return c

@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.spae = ml_collections.ConfigDict(dict(
       problems=16, domains=("arithmetic", "planning", "qa"), in_domain=("arithmetic",), difficulties=(1, 2, 3),
-      samples=16, max_new_tokens=192, temperature=0.6, top_k=0, top_p=1.0, few_shot=0, batch_size=128,
+      samples=16, max_new_tokens=192, sampling=dict(temperature=0.6, top_k=0, top_p=1.0), few_shot=0, batch_size=128,
       split="test"))
   # docs/method.md §B1: N=5 continuations of at most 10 tokens at T=0.6, eps_sat 0.9; reading='reference_code' reads Conf
   # and Acc from top-20 lists as the released script does.

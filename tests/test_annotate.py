@@ -223,7 +223,7 @@ def test_judge_prompts_from_config_and_validation():
   from configs.judge_prompts import get_config
   c = get_config()
   prompts = JudgePrompts.from_dict(c.prompts.to_dict())
-  assert "{critique}" in prompts.verdict and c.self_judge.top_k == 20
+  assert "{critique}" in prompts.verdict and c.self_judge.sampling.top_k == 20
   with pytest.raises(ConfigError, match="unknown field"):
     JudgePrompts(critique="{problem} {steps} {answer}", verdict="{critique}", step="{step}")
   with pytest.raises(ConfigError, match="must contain"):

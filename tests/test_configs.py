@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from configs import colab, reprobe_smollm2, reprobe_synthetic, spae_smollm2, spae_synthetic, tts_smollm2, \
-    tts_synthetic
+from configs import colab, reprobe_smollm2, reprobe_synthetic, rl_synthetic, spae_smollm2, spae_synthetic, \
+    tts_smollm2, tts_synthetic
+from reprobe_jax.fields import plain
 from reprobe_jax.jobs import spae as spae_job
+from reprobe_jax.jobs.rl import rl_config_from_dict
 from reprobe_jax.jobs.reprobe_config import config_from_dict, prm_config_from_dict
 from reprobe_jax.jobs.target_config import config_from_dict as target_config
 from reprobe_jax.jobs.tts_config import check_prm, tts_config_from_dict
@@ -22,13 +24,17 @@ def _check(c):
   if c.job in ("spae", "spae_seeds"):
     spae_job.job_config_from_dict(c.spae)
     spae_job.probe_config_from_dict(c.probe)
+  if c.job in ("rl", "rl_compare"):  # as train.py reads them
+    rl_config_from_dict({**plain(c.rl), "advantage": c.advantage, "seed": c.seed})
+    spae_job.job_config_from_dict(c.eval)
+    spae_job.probe_config_from_dict(c.probe)
   if not c.get("target_path"):
     target_config(c.target, "config.target")
 
 
 @pytest.mark.parametrize("make", [reprobe_synthetic.get_config, reprobe_smollm2.get_config, tts_smollm2.get_config,
                                   tts_synthetic.get_config, lambda: tts_synthetic.get_config("demo"),
-                                  spae_synthetic.get_config, spae_smollm2.get_config])
+                                  spae_synthetic.get_config, spae_smollm2.get_config, rl_synthetic.get_config])
 def test_job_configs_convert(make):
   _check(make())
 

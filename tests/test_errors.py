@@ -321,10 +321,14 @@ def test_bad_capture_layer_index(model):
     CaptureSpec(top_k_probs=-2)
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-0.5), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)])
-def test_bad_sampling_params(kwargs):
-  with pytest.raises(ConfigError, match=r"SamplingParams out of range.*need temperature >= 0, 0 < top_p <= 1, "
-                                        r"top_k >= 0"):
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(temperature=-0.5), r"^SamplingParams\.temperature: expected a finite number >= 0\.0, got -0\.5$"),
+    (dict(top_p=0.0), r"^SamplingParams\.top_p: expected a finite number in \(0\.0, 1\.0\], got 0\.0$"),
+    (dict(top_p=1.5), r"^SamplingParams\.top_p: expected a finite number in \(0\.0, 1\.0\], got 1\.5$"),
+    (dict(top_k=-1), r"^SamplingParams\.top_k: expected an int >= 0, got -1$"),
+])
+def test_bad_sampling_params(kwargs, match):
+  with pytest.raises(ConfigError, match=match):
     SamplingParams(**kwargs)
 
 

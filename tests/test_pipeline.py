@@ -139,7 +139,7 @@ def test_config_from_dict_names_unknown_fields():
   from reprobe_jax.errors import ConfigError
   c = get_config()
   cfg = config_from_dict(c)
-  assert cfg.probe.d_model == c.probe.d_model and cfg.trajectories.top_k == 50
+  assert cfg.probe.d_model == c.probe.d_model and cfg.trajectories.sampling.top_k == 50
   c.probe.d_modle = 3
   with pytest.raises(ConfigError, match="d_modle"):
     config_from_dict(c)
@@ -443,7 +443,7 @@ def test_annotator_config_is_checked_before_any_work(monkeypatch, tmp_path):
   c = reprobe_synthetic.get_config()
   c.annotator = "self"
   cfg = config_from_dict(c)
-  assert cfg.judge.prompts.critique == judge_prompts.CRITIQUE and cfg.judge.self_judge.top_k == 20
+  assert cfg.judge.prompts.critique == judge_prompts.CRITIQUE and cfg.judge.self_judge.sampling.top_k == 20
   assert cfg.judge.per_step is None and cfg.judge.api.api_key_env == "OPENAI_API_KEY"
   cases = [({"annotator": "judgee"}, "config.annotator must be one of rule, self, judge, import"),
            ({"annotator": "judge"}, "config.judge.api.model is empty"),

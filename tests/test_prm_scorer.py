@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.models import LanguageModel
+from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.prm.model import from_target
 from reprobe_jax.scorers import PRMScorer, get_scorer
 from reprobe_jax.tts import SearchConfig
@@ -49,7 +49,7 @@ def test_search_scores_equal_the_prm_on_each_whole_text(lm, scorer, strategy):  
 
 @pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_best_of_n_scores_every_step_with_the_whole_text(lm, scorer):  # noqa: F811
-  cfg = SearchConfig("best_of_n", n=3, max_steps=4, max_new_tokens=24, temperature=1.0, top_k=0, top_p=1.0)
+  cfg = SearchConfig("best_of_n", n=3, max_steps=4, max_new_tokens=24, sampling=SamplingParams(1.0, top_k=0, top_p=1.0))
   results = best_of_n(lm, scorer, PROMPTS, cfg, prompt_seeds=[1, 2, 3])
   assert _check(results, scorer, last_too=True) >= 9
   # the test-time-scaling job rescores stored candidates the same way (fusion and cascade read these scores)

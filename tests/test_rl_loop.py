@@ -12,6 +12,7 @@ import pytest
 
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.jobs.rl import rl_config_from_dict
+from reprobe_jax.models import SamplingParams
 from reprobe_jax.rl import loop
 from reprobe_jax.rl.rollout import (Group, PromptSet, Trajectory, collect, potentials, step_batch, token_steps)
 from reprobe_jax.spae.potential import ProbeConfig
@@ -179,6 +180,17 @@ def test_bad_rl_input_is_refused_before_work(synthetic_lm, tmp_path):
     loop.RLConfig(prompts_per_step=3, group_size=2, mini_batches=4)
   with pytest.raises(ConfigError, match="advantage"):
     rl_config_from_dict({"advantage": "reinforce"})
+  with pytest.raises(ConfigError, match=r"^config\.rl\.sampling\.temperature: expected a finite number > 0\.0, "
+                                        r"got 0\.0$"):
+    rl_config_from_dict({"sampling": {"temperature": 0}})
+  with pytest.raises(ConfigError, match=r"^RLConfig\.sampling\.temperature: expected a finite number > 0\.0"):
+    loop.RLConfig(sampling=SamplingParams(temperature=0.0))
+  with pytest.raises(ConfigError, match=r"^config\.rl\.sampling\.top_k: expected 0 \(off\), got 20: the RL rollouts "
+                                        r"never filter by top-k"):
+    rl_config_from_dict({"sampling": {"top_k": 20}})
+  with pytest.raises(ConfigError, match=r"^config\.rl\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]"):
+    rl_config_from_dict({"sampling": {"top_p": 1.5}})
+  assert rl_config_from_dict({"sampling": {"top_p": 0.9}}).sampling == SamplingParams(1.0, top_k=0, top_p=0.9)
   # 4 prompts cannot fill 1 + 2 refill rounds of 2 prompts
   with pytest.raises(ConfigError, match="4 prompts.*need 6"):
     loop.train_rl(synthetic_lm, _tiny_rl(max_refill_rounds=2), ProbeConfig(), str(tmp_path / "x"),

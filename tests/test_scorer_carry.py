@@ -12,6 +12,7 @@ import pytest
 from flax import struct
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.models import SamplingParams
 from reprobe_jax.scorers import (ScoreInputs, StepScorer, get_scorer, inputs_from_state, prompt_rows, score,
                                  step_token_mask, take_carry)
 from reprobe_jax.tts import SearchConfig
@@ -194,7 +195,7 @@ def _own_scores(scorer, prompt, cand):
 
 
 # The budget fills the response buffer (bucket 32), so a row that spends it needs the room of one token per step too.
-CFG = dict(n=3, max_steps=8, max_new_tokens=32, temperature=1.0, top_k=0, top_p=1.0, seed=2)
+CFG = dict(n=3, max_steps=8, max_new_tokens=32, sampling=SamplingParams(1.0, top_k=0, top_p=1.0), seed=2)
 
 
 @pytest.mark.parametrize("strategy,lookahead", [pytest.param("beam", 0, marks=pytest.mark.slow), ("dvts", 0),
@@ -237,7 +238,7 @@ def test_a_second_stateful_search_in_the_same_buckets_compiles_nothing(lm, compi
 
 
 def test_best_of_n_scores_a_prompt_reading_scorer_on_each_row(lm):  # noqa: F811
-  cfg = SearchConfig("best_of_n", n=3, max_steps=4, max_new_tokens=24, temperature=1.0, top_k=0, top_p=1.0)
+  cfg = SearchConfig("best_of_n", n=3, max_steps=4, max_new_tokens=24, sampling=SamplingParams(1.0, top_k=0, top_p=1.0))
   results = best_of_n(lm, PrefixScorer(), PROMPTS, cfg, prompt_seeds=[1, 2, 3])
   steps = 0
   for prompt, res in zip(PROMPTS, results):

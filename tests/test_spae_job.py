@@ -9,6 +9,7 @@ import pytest
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.jobs import spae as job
+from reprobe_jax.models import SamplingParams
 from reprobe_jax.spae.potential import ProbeConfig
 
 
@@ -53,3 +54,22 @@ def test_job_config_is_checked_with_field_names():
   with pytest.raises(ConfigError, match="reading"):
     job.probe_config_from_dict({"reading": "top20"})
   assert job.job_config_from_dict({"problems": 5}).problems == 5
+
+
+@pytest.mark.parametrize("sampling, match", [
+    ({"temperature": 0}, r"^config\.spae\.sampling\.temperature: expected a finite number > 0\.0, got 0\.0$"),
+    ({"temperature": float("nan")}, r"^config\.spae\.sampling\.temperature: expected a finite number >= 0\.0"),
+    ({"top_p": 0.0}, r"^config\.spae\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]"),
+    ({"top_k": -1}, r"^config\.spae\.sampling\.top_k: expected an int >= 0, got -1$"),
+])
+def test_job_sampling_is_checked_at_its_path(sampling, match):
+  with pytest.raises(ConfigError, match=match):
+    job.job_config_from_dict({"sampling": sampling})
+
+
+def test_job_sampling_is_never_greedy():
+  """The trajectories are sampled: temperature 0 is refused where SamplingParams alone would take it."""
+  with pytest.raises(ConfigError, match=r"^SPAEJobConfig\.sampling\.temperature: expected a finite number > 0\.0"):
+    job.SPAEJobConfig(sampling=SamplingParams(temperature=0.0))
+  got = job.job_config_from_dict({"sampling": {"top_p": 0.9}}).sampling
+  assert got == SamplingParams(temperature=0.6, top_k=0, top_p=0.9)  # the others keep the job's defaults

@@ -24,7 +24,7 @@ from reprobe_jax.trajectories import Trajectory, prompt_text
 from reprobe_jax.tts.select import select
 
 PROMPTS = [[1, 10, 11, 12, 13], [1, 20, 21], [1, 30, 31, 32, 33, 34, 35]]
-CFG = SearchConfig("best_of_n", n=4, max_steps=3, max_new_tokens=40, temperature=1.5, top_k=0, top_p=0.95)
+CFG = SearchConfig("best_of_n", n=4, max_steps=3, max_new_tokens=40, sampling=SamplingParams(1.5, top_k=0, top_p=0.95))
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,8 @@ def test_n_rows_read_one_prefill_of_their_prompt(lm):
 
 def test_greedy_is_temperature_zero_with_one_trajectory(lm):
   problems = make_problems("arithmetic", 3, 0, 1)  # prompted as trajectories.prompt_text; answers checked below
-  greedy = SearchConfig("best_of_n", n=1, temperature=0.0, max_steps=40, max_new_tokens=20)
+  greedy = SearchConfig("best_of_n", n=1, sampling=SamplingParams(0.0, top_k=50, top_p=0.95), max_steps=40,
+                        max_new_tokens=20)
   res = best_of_n(lm, get_scorer("maxprob"), problems, greedy)
   ref = lm.generate([prompt_text(lm, p, "line") for p in problems], SamplingParams(0.0), max_new_tokens=20,
                     capture=CaptureSpec(token_stats=True))
@@ -125,8 +126,8 @@ def test_a_second_search_in_the_same_buckets_compiles_nothing(lm, probe, compile
   before = compile_counter.count
   # new prompts of the same buckets, new seeds, temperature, top_p, budget and aggregation (top_k and whether
   # top-p is on are static)
-  other = SearchConfig("best_of_n", n=4, max_steps=3, max_new_tokens=36, temperature=0.8, top_k=0, top_p=0.9, seed=3,
-                       aggregation="mean")
+  other = SearchConfig("best_of_n", n=4, max_steps=3, max_new_tokens=36,
+                       sampling=SamplingParams(0.8, top_k=0, top_p=0.9), seed=3, aggregation="mean")
   res = best_of_n(lm, probe, [rng.integers(3, 90, t).tolist() for t in (13, 3, 16)], other)
   assert compile_counter.count == before, f"{compile_counter.count - before} compilations on a same-bucket search"
   assert max(len(c.response_ids) for r in res for c in r.candidates) <= 36

@@ -192,7 +192,7 @@ def assert_same_as_reference(results, ref, lm):
 
 
 def test_beam_of_one_with_one_greedy_candidate_is_greedy_step_by_step_decoding(lm):
-  cfg = SearchConfig(n=1, beams=1, max_steps=5, max_new_tokens=24, temperature=0.0)
+  cfg = SearchConfig(n=1, beams=1, max_steps=5, max_new_tokens=24, sampling=SamplingParams(0.0, top_k=50, top_p=0.95))
   scorer = get_scorer("perplexity")
   results = beam_search(lm, scorer, PROMPTS, cfg)
   smp = lm.sampler(SamplingParams(0.0), capture=union_capture([], token_stats=True),
@@ -225,7 +225,8 @@ def test_beam_of_one_with_one_greedy_candidate_is_greedy_step_by_step_decoding(l
 def beam_runs(lm):
   """Beam search B=3, N=2 over 3 prompts (batch bucket 4) with a scorer that prefers answer lines, and its host
   reference."""
-  cfg = SearchConfig(n=2, beams=3, max_steps=5, max_new_tokens=24, temperature=1.0, top_k=0, top_p=1.0, seed=3)
+  cfg = SearchConfig(n=2, beams=3, max_steps=5, max_new_tokens=24, sampling=SamplingParams(1.0, top_k=0, top_p=1.0),
+                     seed=3)
   scorer = word_scorer(lm, "<Answer>:")
   seeds = [11, 12, 13]
   results = beam_search(lm, scorer, PROMPTS, cfg, feature_spec=SPEC, prompt_seeds=seeds)
@@ -287,8 +288,9 @@ def test_a_second_search_in_the_same_buckets_compiles_nothing(lm, beam_runs, com
   cfg, scorer, _, results, _, _ = beam_runs
   before = compile_counter.count
   again = beam_search(lm, word_scorer(lm, "w3"), [[1, 30, 31], [1, 32, 33, 34, 35], [1, 36]],
-                      SearchConfig(n=2, beams=3, max_steps=4, max_new_tokens=20, temperature=0.7, top_k=0,
-                                   top_p=1.0, seed=9), feature_spec=SPEC, prompt_seeds=[1, 2, 3])
+                      SearchConfig(n=2, beams=3, max_steps=4, max_new_tokens=20,
+                                   sampling=SamplingParams(0.7, top_k=0, top_p=1.0), seed=9),
+                      feature_spec=SPEC, prompt_seeds=[1, 2, 3])
   assert compile_counter.count == before, f"{compile_counter.count - before} compilations in a same-bucket search"
   assert len(again) == 3 and again != results
 
@@ -296,7 +298,7 @@ def test_a_second_search_in_the_same_buckets_compiles_nothing(lm, beam_runs, com
 def test_dedupe_keeps_distinct_beams_where_plain_beam_search_keeps_copies(lm):
   """Where a beam's N candidates are often one text (2 tokens to choose from, T = 0.5), plain beam search keeps
   copies of one trajectory; with dedupe a copy is kept only when its group has no distinct candidate left."""
-  base = dict(n=4, beams=3, max_steps=4, max_new_tokens=6, temperature=0.5, top_k=2, top_p=1.0, seed=5)
+  base = dict(n=4, beams=3, max_steps=4, max_new_tokens=6, sampling=SamplingParams(0.5, top_k=2, top_p=1.0), seed=5)
   scorer = get_scorer("perplexity")
   plain = beam_search(lm, scorer, PROMPTS, SearchConfig(**base))
   deduped = beam_search(lm, scorer, PROMPTS, SearchConfig(**base, dedupe=True))
@@ -313,8 +315,8 @@ def test_dvts_keeps_each_subtrees_best_candidate_after_a_lookahead(lm):
   """DVTS B=2 subtrees, N=3 candidates, lookahead 1: equal to the host loop; every kept step is its subtree's argmin
   among its own N candidates of that round (scored on the lookahead step); candidates, not lookahead steps, are
   kept; sampled_steps counts the lookahead steps too."""
-  cfg = SearchConfig(strategy="dvts", n=3, beams=2, max_steps=4, max_new_tokens=24, lookahead=1, temperature=1.0,
-                     top_k=0, top_p=1.0, seed=5)
+  cfg = SearchConfig(strategy="dvts", n=3, beams=2, max_steps=4, max_new_tokens=24, lookahead=1,
+                     sampling=SamplingParams(1.0, top_k=0, top_p=1.0), seed=5)
   scorer = word_scorer(lm, "w7")
   seeds = [4, 5, 6]
   results = dvts(lm, scorer, PROMPTS, cfg, feature_spec=SPEC, prompt_seeds=seeds)

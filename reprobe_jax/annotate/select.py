@@ -30,9 +30,7 @@ ANNOTATORS: Registry[Callable[..., list[Record]]] = Registry("annotator")
 class SelfJudgeSampling:
   """How the target samples its verdicts as its own judge (paper: T=0.7, top-k 20, top-p 0.95)."""
 
-  temperature: float = 0.7
-  top_k: int = 20
-  top_p: float = 0.95
+  sampling: SamplingParams = SamplingParams(temperature=0.7, top_k=20, top_p=0.95)
   max_new_tokens: int = 1024
   batch_size: int = 8
   seed: int = 0
@@ -129,8 +127,7 @@ def _self(records, problems, judge, labels_path, lm) -> list[Record]:
   if lm is None:
     raise ConfigError("annotator 'self' needs the target model (lm) to judge its own steps")
   s = judge.self_judge
-  backend = SelfJudge(lm, SamplingParams(s.temperature, s.top_k, s.top_p), max_new_tokens=s.max_new_tokens,
-                      seed=s.seed, batch_size=s.batch_size)
+  backend = SelfJudge(lm, s.sampling, max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=s.batch_size)
   return annotate_judge(records, problems, backend, judge.prompts, per_step=judge.per_step)
 
 

@@ -115,8 +115,9 @@ def check_model(cfg: ReprobeConfig, *, num_layers: int, context: int, vocab_size
   if t.max_new_tokens >= context:
     raise ConfigError(f"config.trajectories.max_new_tokens={t.max_new_tokens} leaves no room for a prompt in the "
                       f"target's context of {context} tokens")
-  if t.top_k > vocab_size:
-    raise ConfigError(f"config.trajectories.top_k={t.top_k} is above the target's vocabulary of {vocab_size}")
+  if t.sampling.top_k > vocab_size:
+    raise ConfigError(f"config.trajectories.sampling.top_k={t.sampling.top_k} is above the target's vocabulary of "
+                      f"{vocab_size}")
   if cfg.annotator == "self" and cfg.judge.self_judge.max_new_tokens >= context:
     raise ConfigError(f"config.judge.self_judge.max_new_tokens={cfg.judge.self_judge.max_new_tokens} leaves no "
                       f"room for a prompt in the target's context of {context} tokens")

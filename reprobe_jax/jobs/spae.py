@@ -42,8 +42,8 @@ MODES = ("plain", "truncated")
 
 @dataclasses.dataclass(frozen=True)
 class SPAEJobConfig:
-  """problems: per domain; samples: trajectories per problem (k of Acc@k); temperature / top_k / top_p of the
-  trajectories (the released script samples at T=0.6 with nothing else); batch_size: rows per decode call;
+  """problems: per domain; samples: trajectories per problem (k of Acc@k); sampling: of the trajectories, never
+  greedy (the released script samples at T=0.6 with nothing else); batch_size: rows per decode call;
   split: 'test' for the reported numbers, 'val' to look at settings (nothing here is chosen on test)."""
 
   problems: int = 32
@@ -52,9 +52,7 @@ class SPAEJobConfig:
   difficulties: tuple[int, ...] = (1, 2, 3)
   samples: int = 16
   max_new_tokens: int = 192
-  temperature: float = 0.6
-  top_k: int = 0
-  top_p: float = 1.0
+  sampling: SamplingParams = SamplingParams(temperature=0.6, top_k=0, top_p=1.0)
   few_shot: int = 0
   batch_size: int = 128
   split: str = "test"
@@ -63,15 +61,10 @@ class SPAEJobConfig:
   def __post_init__(self):
     check_fields(self, {"problems": Int(1), "domains": Seq(OneOf(DOMAINS)), "in_domain": Seq(OneOf(DOMAINS)),
                         "difficulties": Seq(OneOf(DIFFICULTIES)), "samples": Int(1), "max_new_tokens": Int(1),
-                        "temperature": Real(0.0, low_open=True), "top_k": Int(0),
-                        "top_p": Real(0.0, 1.0, low_open=True), "few_shot": Int(0), "batch_size": Int(1),
-                        "split": OneOf(("val", "test")), "seed": Int(0)})
+                        "few_shot": Int(0), "batch_size": Int(1), "split": OneOf(("val", "test")), "seed": Int(0)})
+    check_fields(self.sampling, {"temperature": Real(0.0, low_open=True)}, field_name(self, "sampling"))
     if not self.domains or not self.difficulties:
       raise ConfigError(f"{field_name(self, 'domains')} and difficulties must not be empty")
-
-  @property
-  def sampling(self) -> SamplingParams:
-    return SamplingParams(self.temperature, self.top_k, self.top_p)
 
 
 def job_config_from_dict(d) -> SPAEJobConfig:

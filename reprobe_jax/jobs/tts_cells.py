@@ -49,8 +49,9 @@ class Domain:
       beams, n = dvts_shape(budget)
     return SearchConfig(strategy=strategy, n=n, beams=beams, max_steps=tcfg.max_steps,
                         max_new_tokens=t.max_new_tokens, lookahead=0 if strategy == "best_of_n" else tcfg.lookahead,
-                        aggregation=tcfg.aggregation, temperature=0.0 if greedy else tcfg.temperature, top_k=t.top_k,
-                        top_p=t.top_p, seed=self.cfg.seed, dedupe=tcfg.dedupe and strategy == "beam")
+                        aggregation=tcfg.aggregation,
+                        sampling=dataclasses.replace(t.sampling, temperature=0.0 if greedy else tcfg.temperature),
+                        seed=self.cfg.seed, dedupe=tcfg.dedupe and strategy == "beam")
 
   def summaries(self, results: Sequence[PromptResult], probabilities: bool, seconds: float) -> dict:
     """`select.summarize` of the answers picked from each problem's result, with the seconds per problem."""

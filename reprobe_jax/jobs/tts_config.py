@@ -36,9 +36,9 @@ class TTSConfig:
   per problem for Best-of-N and the votes, B x N for beam search and DVTS; scorers: the step scorers each strategy
   is run with; aggregation: the trajectory score that picks Best-of-N's answer and ranks finished beams; max_steps:
   steps per trajectory; lookahead: greedy steps before a candidate is scored (beam, DVTS); temperature: of every
-  sampled strategy (top-k and top-p are the ReProbe trajectories'); split: 'test' for the reported numbers, 'val'
-  to choose settings (the test split is never used to choose anything); dedupe: beam search keeps distinct
-  trajectories (`SearchConfig.dedupe`)."""
+  sampled strategy (top-k and top-p are the ReProbe trajectories' `sampling`); split: 'test' for the reported
+  numbers, 'val' to choose settings (the test split is never used to choose anything); dedupe: beam search keeps
+  distinct trajectories (`SearchConfig.dedupe`)."""
 
   problems: int = 60
   domains: tuple[str, ...] = ("arithmetic", "planning", "qa")

@@ -7,12 +7,11 @@ it carries are in `decoding.py`.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 
 import jax
 import jax.numpy as jnp
 
-from reprobe_jax.errors import ConfigError
+from reprobe_jax.fields import Int, Real, check_fields
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.forward import run_decoder
 from reprobe_jax.models.kv_cache import KVCache
@@ -20,24 +19,19 @@ from reprobe_jax.models.sharding import ShardingCtx
 from reprobe_jax.models.xla_options import decode_jit
 
 
-
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-  """How to pick tokens. temperature 0 = greedy. top_k 0 = off (static), top_p 1 = off."""
+  """How to pick tokens. temperature 0 = greedy. top_k 0 = off (static), top_p 1 = off.
+
+  A job config embeds one as its `sampling` field: an error names the field where the config is built
+  (`config.trajectories.sampling.top_p: ...`), or `SamplingParams.top_p: ...` when built in code."""
 
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
 
   def __post_init__(self):
-    for name in ("temperature", "top_p"):
-      if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), numbers.Real):
-        raise ConfigError(f"SamplingParams.{name} must be a number, got {getattr(self, name)!r}")
-    if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
-      raise ConfigError(f"SamplingParams.top_k must be an integer, got {self.top_k!r}")
-    # `not (x >= 0)` also refuses NaN, which every comparison calls False.
-    if not self.temperature >= 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.temperature == float("inf"):
-      raise ConfigError(f"SamplingParams out of range: {self} (need temperature >= 0, 0 < top_p <= 1, top_k >= 0)")
+    check_fields(self, {"temperature": Real(0.0), "top_k": Int(0), "top_p": Real(0.0, 1.0, low_open=True)})
 
   @property
   def greedy(self) -> bool:

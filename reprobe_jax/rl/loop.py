@@ -76,8 +76,7 @@ class RLConfig:
   max_refill_rounds: int = 2
   dynamic_sampling: bool | None = None
   max_new_tokens: int = 192
-  temperature: float = 1.0
-  top_p: float = 1.0
+  sampling: SamplingParams = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)  # of the rollouts: top_k stays 0
   optimizer: OptimizerConfig = OptimizerConfig(learning_rate=5e-4, schedule="constant", warmup_steps=0,
                                                weight_decay=0.0, grad_clip=1.0)
   mini_batches: int = 2
@@ -100,12 +99,15 @@ class RLConfig:
     adv_lib.get_estimator(self.advantage)  # an unknown name lists the known ones
     check_fields(self, {"steps": Int(1), "prompts_per_step": Int(1), "group_size": Int(2),
                         "prompts_per_round": Int(1), "max_refill_rounds": Int(0), "max_new_tokens": Int(1),
-                        "temperature": Real(0.0, low_open=True), "top_p": Real(0.0, 1.0, low_open=True),
                         "mini_batches": Int(1), "micro_batches": Int(1),
                         "clip_low": Real(0.0, 1.0), "kl_coef": Real(0.0), "alpha": Real(0.0, 1.0), "xi": Real(0.0),
                         "train_domains": Seq(OneOf(DOMAINS)), "train_difficulties": Seq(OneOf(DIFFICULTIES)),
                         "train_problems": Int(1), "few_shot": Int(0), "seed": Int(0), "log_every": Int(1),
                         "checkpoint_every": Int(1)})
+    check_fields(self.sampling, {"temperature": Real(0.0, low_open=True)}, field_name(self, "sampling"))
+    if self.sampling.top_k != 0:
+      raise ConfigError(f"{field_name(self, 'sampling')}.top_k: expected 0 (off), got {self.sampling.top_k!r}: the "
+                        "RL rollouts never filter by top-k (temperature and top_p are theirs to set)")
     if self.clip_high is not None and not 0.0 <= self.clip_high:
       raise ConfigError(f"{field_name(self, 'clip_high')} must be >= 0, got {self.clip_high}")
     if self.aggregation is not None and self.aggregation not in loss_lib.AGGREGATIONS:
@@ -129,10 +131,6 @@ class RLConfig:
   @property
   def rounds(self) -> int:
     return 1 + (self.max_refill_rounds if self.method.dynamic_sampling else 0)
-
-  @property
-  def sampling(self) -> SamplingParams:
-    return SamplingParams(self.temperature, 0, self.top_p)
 
   def loss_config(self) -> loss_lib.LossConfig:
     m = self.method

@@ -11,7 +11,7 @@ import numpy as np
 
 from reprobe_jax import steps as step_lib
 from reprobe_jax.features.spec import FeatureSpec, union_capture, with_logprobs
-from reprobe_jax.fields import Int, OneOf, Real, check_fields
+from reprobe_jax.fields import Int, OneOf, check_fields
 from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
 from reprobe_jax.tasks import Problem
 from reprobe_jax.trajectories.prompts import prompt_text
@@ -24,9 +24,7 @@ class TrajectoryConfig:
   """docs/method.md §A5 defaults: T=1.0, top-k 50, top-p 0.95, N=3 samples per problem."""
 
   samples: int = 3
-  temperature: float = 1.0
-  top_k: int = 50
-  top_p: float = 0.95
+  sampling: SamplingParams = SamplingParams(temperature=1.0, top_k=50, top_p=0.95)  # temperature 0 is greedy
   max_new_tokens: int = 128
   batch_size: int = 32  # prompts per generate call (each with `samples` rows)
   seed: int = 0
@@ -43,10 +41,8 @@ class TrajectoryConfig:
   goal_mark: bool = False
 
   def __post_init__(self):
-    # temperature 0 is greedy, top_k 0 and top_p 1 are off; errors name config.trajectories.<field> when built by
-    # replace_fields, else TrajectoryConfig.<field>
-    check_fields(self, {"samples": Int(1), "temperature": Real(0.0), "top_k": Int(0),
-                        "top_p": Real(0.0, 1.0, low_open=True), "max_new_tokens": Int(1), "batch_size": Int(1),
+    # errors name config.trajectories.<field> when built by replace_fields, else TrajectoryConfig.<field>
+    check_fields(self, {"samples": Int(1), "max_new_tokens": Int(1), "batch_size": Int(1),
                         "seed": Int(0), "few_shot": Int(0), "first_step": OneOf((False, True)),
                         "goal_mark": OneOf((False, True))})
 
@@ -65,13 +61,12 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
   them, so a caller can store them as they come instead of holding a whole split.
   """
   eos = lm.tokenizer.eos_token_id
-  sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
   capture = union_capture(feature_specs) if feature_specs else CaptureSpec(token_stats=True)
   out = []
   for start in range(0, len(problems), cfg.batch_size):
     chunk = problems[start:start + cfg.batch_size]
     prompts = [prompt_fn(lm, p, mode, cfg.few_shot, cfg.first_step, cfg.goal_mark) for p in chunk]
-    gen = lm.generate(prompts, sampling, max_new_tokens=cfg.max_new_tokens, n=cfg.samples,
+    gen = lm.generate(prompts, cfg.sampling, max_new_tokens=cfg.max_new_tokens, n=cfg.samples,
                       seed=cfg.seed + start, capture=capture)
     batch = []
     for row in range(gen.tokens.shape[0]):

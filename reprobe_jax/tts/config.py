@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from reprobe_jax.fields import Int, OneOf, Real, check_fields, field_name
+from reprobe_jax.fields import Int, OneOf, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.registry import Registry
@@ -27,8 +27,9 @@ class SearchConfig:
   (beam, dvts); beams: the beam width B (beam) or the number of independent subtrees (dvts), 1 for best_of_n;
   max_steps: steps per trajectory before a row is finished; max_new_tokens: each trajectory's token budget;
   lookahead: greedy steps taken past a candidate before it is scored (beam, dvts; the candidate is kept, not the
-  lookahead); aggregation: the trajectory score that picks the final answer; seed: the search's base seed (each
-  prompt's randomness comes from its own seed, so a prompt gets the same result in any batch)."""
+  lookahead); aggregation: the trajectory score that picks the final answer; sampling: how each token is drawn
+  (temperature 0 = greedy); seed: the search's base seed (each prompt's randomness comes from its own seed, so a
+  prompt gets the same result in any batch)."""
 
   strategy: str = "beam"
   n: int = 4
@@ -37,9 +38,7 @@ class SearchConfig:
   max_new_tokens: int = 96
   lookahead: int = 0
   aggregation: str = "min"
-  temperature: float = 1.0
-  top_k: int = 50
-  top_p: float = 0.95
+  sampling: SamplingParams = SamplingParams(temperature=1.0, top_k=50, top_p=0.95)
   seed: int = 0
   dedupe: bool = False  # beam, dvts: a candidate whose whole response equals a better one's of its group is kept
   #                       only when the group has no other candidate left (search-and-learn's filter_duplicates)
@@ -47,7 +46,6 @@ class SearchConfig:
   def __post_init__(self):
     check_fields(self, {"strategy": OneOf(STRATEGIES.names()), "n": Int(1), "beams": Int(1), "max_steps": Int(1),
                         "max_new_tokens": Int(1), "lookahead": Int(0), "aggregation": OneOf(AGGREGATIONS),
-                        "temperature": Real(0), "top_k": Int(0), "top_p": Real(0, 1, low_open=True),
                         "seed": Int(0), "dedupe": OneOf((False, True))})
     if self.strategy == "best_of_n" and self.beams != 1:
       raise ConfigError(f"{field_name(self, 'beams')}: best_of_n has no beams (use n for its trajectories), "
@@ -56,10 +54,6 @@ class SearchConfig:
       raise ConfigError(f"{field_name(self, 'dedupe')}: best_of_n samples independent trajectories, nothing to dedupe")
     if self.strategy == "best_of_n" and self.lookahead:
       raise ConfigError(f"{field_name(self, 'lookahead')}: best_of_n scores whole trajectories, it has no lookahead")
-
-  @property
-  def sampling(self) -> SamplingParams:
-    return SamplingParams(self.temperature, self.top_k, self.top_p)
 
   @property
   def rows_per_prompt(self) -> int:

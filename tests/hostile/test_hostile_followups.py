@@ -10,12 +10,11 @@ import pytest
 
 from reprobe_jax.jobs import reprobe_config
 from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.models import SamplingParams
 from reprobe_jax.trajectories import TrajectoryConfig
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("temperature", float("nan"), r"a finite number >= 0\.0, got nan"), ("temperature", -1.0, r">= 0\.0, got -1\.0"),
-    ("top_p", 0.0, r"in \(0\.0, 1\.0\], got 0\.0"), ("top_k", -1, "an int >= 0, got -1"),
     ("samples", 0, "an int >= 1, got 0"), ("max_new_tokens", 2.0, "int.*got 2.0"), ("batch_size", 0, "got 0"),
     ("seed", -3, "an int >= 0, got -3"), ("few_shot", True, "int.*got True"),
 ])
@@ -27,10 +26,28 @@ def test_trajectory_config_checks_itself(field, value, match):
     reprobe_config.config_from_dict({"trajectories": {field: value}})
 
 
+@pytest.mark.parametrize("field,value,match", [
+    ("temperature", float("nan"), r"a finite number >= 0\.0, got nan"), ("temperature", -1.0, r">= 0\.0, got -1\.0"),
+    ("temperature", float("inf"), r"a finite number >= 0\.0, got inf"), ("temperature", True, r"got True"),
+    ("top_p", 0.0, r"in \(0\.0, 1\.0\], got 0\.0"), ("top_p", 1.5, r"in \(0\.0, 1\.0\], got 1\.5"),
+    ("top_p", float("nan"), r"got nan"), ("top_k", -1, "an int >= 0, got -1"), ("top_k", 2.0, "an int.*got 2.0"),
+    ("top_k", False, "an int.*got False"),
+])
+def test_sampling_params_check_themselves(field, value, match):
+  """The trajectories' sampling: built directly SamplingParams is named; built from a config mapping the dotted
+  field is."""
+  with pytest.raises(ConfigError, match=rf"^SamplingParams\.{field}: expected .*{match}$"):
+    TrajectoryConfig(sampling=SamplingParams(**{field: value}))
+  with pytest.raises(ConfigError, match=rf"^config\.trajectories\.sampling\.{field}: expected .*{match}$"):
+    reprobe_config.config_from_dict({"trajectories": {"sampling": {field: value}}})
+
+
 def test_trajectory_config_accepts_the_edges():
-  cfg = TrajectoryConfig(samples=1, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=1, batch_size=1, seed=0)
-  assert (cfg.temperature, cfg.top_k, cfg.top_p) == (0.0, 0, 1.0)
-  assert reprobe_config.config_from_dict({"trajectories": {"temperature": 0}}).trajectories.temperature == 0.0
+  cfg = TrajectoryConfig(samples=1, sampling=SamplingParams(temperature=0.0, top_k=0, top_p=1.0), max_new_tokens=1,
+                         batch_size=1, seed=0)
+  assert (cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p) == (0.0, 0, 1.0)
+  got = reprobe_config.config_from_dict({"trajectories": {"sampling": {"temperature": 0}}}).trajectories.sampling
+  assert got == SamplingParams(temperature=0.0, top_k=50, top_p=0.95)  # the other fields keep their defaults
 
 
 def test_target_lm_resume_with_another_model_shape_is_refused(tmp_path):

@@ -53,13 +53,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ({"train": {"patience": 0}}, r"^config\.train\.patience"),
     ({"train": 3}, r"^config\.train: expected a mapping of ProbeTrainConfig fields, got 3$"),
     ({"train": {"epochz": 3}}, r"^config\.train: unknown field\(s\) \['epochz'\]"),
-    ({"trajectories": {"temperature": float("nan")}}, r"^config\.trajectories\.temperature: expected a finite"),
-    ({"trajectories": {"temperature": float("inf")}}, r"^config\.trajectories\.temperature: expected a finite"),
-    ({"trajectories": {"temperature": -0.5}}, r"^config\.trajectories\.temperature: .* >= 0\.0, got -0\.5$"),
-    ({"trajectories": {"top_p": 0.0}}, r"^config\.trajectories\.top_p: expected a finite number in \(0\.0, 1\.0\]"),
-    ({"trajectories": {"top_p": 1.5}}, r"^config\.trajectories\.top_p"),
-    ({"trajectories": {"top_k": -1}}, r"^config\.trajectories\.top_k: expected an int >= 0"),
-    ({"trajectories": {"top_k": 2.5}}, r"^config\.trajectories\.top_k: expected an int, got 2\.5$"),
+    ({"trajectories": {"sampling": {"temperature": float("nan")}}},
+     r"^config\.trajectories\.sampling\.temperature: expected a finite number >= 0\.0, got nan$"),
+    ({"trajectories": {"sampling": {"temperature": float("inf")}}},
+     r"^config\.trajectories\.sampling\.temperature: expected a finite"),
+    ({"trajectories": {"sampling": {"temperature": -0.5}}},
+     r"^config\.trajectories\.sampling\.temperature: .* >= 0\.0, got -0\.5$"),
+    ({"trajectories": {"sampling": {"top_p": 0.0}}},
+     r"^config\.trajectories\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]"),
+    ({"trajectories": {"sampling": {"top_p": 1.5}}}, r"^config\.trajectories\.sampling\.top_p"),
+    ({"trajectories": {"sampling": {"top_k": -1}}}, r"^config\.trajectories\.sampling\.top_k: expected an int >= 0"),
+    ({"trajectories": {"sampling": {"top_k": 2.5}}},
+     r"^config\.trajectories\.sampling\.top_k: expected an int, got 2\.5$"),
+    ({"trajectories": {"sampling": {"top_k": True}}},
+     r"^config\.trajectories\.sampling\.top_k: expected an int, got True$"),
+    ({"trajectories": {"sampling": {"temperature": "hot"}}},
+     r"^config\.trajectories\.sampling\.temperature: expected a number, got 'hot'$"),
+    ({"trajectories": {"sampling": 0.7}}, r"^config\.trajectories\.sampling: expected a mapping of SamplingParams"),
+    ({"trajectories": {"sampling": {"min_p": 0.1}}},
+     r"^config\.trajectories\.sampling: unknown field\(s\) \['min_p'\]"),
+    ({"trajectories": {"temperature": 0.7}}, r"^config\.trajectories: unknown field\(s\) \['temperature'\]"),
+    ({"judge": {"self_judge": {"sampling": {"top_p": 0.0}}}},
+     r"^config\.judge\.self_judge\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]"),
     ({"trajectories": {"max_new_tokens": 0}}, r"^config\.trajectories\.max_new_tokens: expected an int >= 1"),
     ({"trajectories": {"samples": 1.0}}, r"^config\.trajectories\.samples: expected an int, got 1\.0$"),
     ({"trajectories": {"few_shot": -1}}, r"^config\.trajectories\.few_shot"),
@@ -97,11 +112,13 @@ def test_reprobe_config_mistakes_name_the_field(override, match):
 
 def test_accepted_values_are_converted_as_documented():
   cfg = reprobe_config.config_from_dict({"hidden_layers": [-1, 2], "train": {"optimizer": {"learning_rate": 1}},
-                                         "trajectories": {"temperature": 0, "top_k": 0, "top_p": 1.0}})
+                                         "trajectories": {"sampling": {"temperature": 0, "top_k": 0, "top_p": 1}}})
   assert cfg.hidden_layers == (-1, 2)  # a list for a tuple field is a tuple
   lr = cfg.train.optimizer.learning_rate
   assert lr == 1.0 and isinstance(lr, float)  # an int for a float
-  assert cfg.trajectories.temperature == 0.0  # the documented greedy value
+  assert cfg.trajectories.sampling.temperature == 0.0 and cfg.trajectories.sampling.greedy  # the documented greedy
+  top_p = cfg.trajectories.sampling.top_p
+  assert top_p == 1.0 and isinstance(top_p, float)
 
 
 def test_direct_construction_names_the_class():
@@ -173,7 +190,8 @@ def test_nested_build_config_names_its_root():
     ({"hidden_layers": (99,)}, {}, r"^config\.hidden_layers=\(99,\): the target has 4 layers"),
     ({"hidden_layers": (-6,)}, {}, r"^config\.hidden_layers=\(-6,\): the target has 4 layers"),
     ({"trajectories": {"max_new_tokens": 1024}}, {}, r"^config\.trajectories\.max_new_tokens=1024 leaves no room"),
-    ({"trajectories": {"top_k": 2000}}, {}, r"^config\.trajectories\.top_k=2000 is above the target's vocabulary"),
+    ({"trajectories": {"sampling": {"top_k": 2000}}}, {},
+     r"^config\.trajectories\.sampling\.top_k=2000 is above the target's vocabulary"),
     ({"annotator": "self", "judge": judge_prompts.get_config().to_dict()}, {"context": 512},
      r"^config\.judge\.self_judge\.max_new_tokens=1024 leaves no room"),
 ])
@@ -186,7 +204,7 @@ def test_model_dependent_checks_need_no_model(override, shape, match):
 
 
 def test_model_dependent_checks_accept_what_fits():
-  cfg = reprobe_config.config_from_dict({"hidden_layers": (-5, 0, 4), "trajectories": {"top_k": 1024}})
+  cfg = reprobe_config.config_from_dict({"hidden_layers": (-5, 0, 4), "trajectories": {"sampling": {"top_k": 1024}}})
   reprobe_config.check_model(cfg, num_layers=4, context=1024, vocab_size=1024)
 
 
@@ -211,9 +229,9 @@ _EXPECTED = {
     ("train", "optimizer", "warmup_steps"): lambda v: v is None or _int(v, 0),
     ("train", "optimizer", "b2"): lambda v: _real(v) and 0 <= v < 1,
     ("train", "optimizer", "grad_clip"): lambda v: _real(v) and v >= 0,
-    ("trajectories", "temperature"): lambda v: _real(v) and v >= 0,
-    ("trajectories", "top_p"): lambda v: _real(v) and 0 < v <= 1,
-    ("trajectories", "top_k"): lambda v: _int(v, 0),
+    ("trajectories", "sampling", "temperature"): lambda v: _real(v) and v >= 0,
+    ("trajectories", "sampling", "top_p"): lambda v: _real(v) and 0 < v <= 1,
+    ("trajectories", "sampling", "top_k"): lambda v: _int(v, 0),
     ("probe", "n_heads"): lambda v: _int(v, 1) and 128 % v == 0,
     ("probe", "dropout"): lambda v: _real(v) and 0 <= v < 1,
     ("hidden_layers",): lambda v: isinstance(v, list) and len(v) > 0,
@@ -389,7 +407,8 @@ def test_probe_resume_with_another_shape_names_the_field(tmp_path, monkeypatch):
 # The CLI: one line on stderr, a non-zero exit, no workdir. The runs start together (each imports JAX).
 
 _CLI_CASES = [
-    ("eval.py", ["--config.trajectories.temperature=nan"], r"config\.trajectories\.temperature: expected a finite"),
+    ("eval.py", ["--config.trajectories.sampling.temperature=nan"],
+     r"config\.trajectories\.sampling\.temperature: expected a finite"),
     ("eval.py", ["--config.train.epochs=-1"], r"config\.train\.epochs: expected an int >= 1, got -1"),
     ("train.py", ["--config.x=1"], r"--config\.x: configs/reprobe_synthetic\.py has no field 'x'"),
     ("train.py", ["--config.train.epochs=abc"], r"--config\.train\.epochs=abc: invalid literal for int"),
