@@ -24,8 +24,15 @@ from reprobe_jax.fields import plain
 from reprobe_jax.io.atomic import atomic_open, write_json
 from reprobe_jax.jobs import reprobe, spae, spae_report, tts, tts_report
 from reprobe_jax.jobs.bands import band_key, beside_bands, check_seeds
-from reprobe_jax.jobs.cli import (ProgressBars, build_target, parse_flags, reprobe_setup, run_job, target_report,
-                                  workdir_of)
+from reprobe_jax.jobs.cli import (
+  ProgressBars,
+  build_target,
+  parse_flags,
+  reprobe_setup,
+  run_job,
+  target_report,
+  workdir_of,
+)
 from reprobe_jax.jobs.reprobe_config import prm_config_from_dict
 from reprobe_jax.jobs.runs import run_key
 from reprobe_jax.jobs.tts_config import check_prm, tts_config_from_dict
@@ -52,12 +59,14 @@ def run_reprobe(config) -> None:
   print(f"Wrote {os.path.join(workdir, 'metrics.json')}, table.md, pr_curves.png; TensorBoard: {workdir}/probe")
   if "prm_training" in metrics:
     t = metrics["prm_training"]
-    print(f"PRM baseline: {workdir}/{t['folder']} ({t['epochs']} epochs, best val PR-AUC {t['best_val_pr_auc']:.3f}; "
-          "step_scores.npz holds the val and test step scores of the PRM and the probes)")
+    print(
+      f"PRM baseline: {workdir}/{t['folder']} ({t['epochs']} epochs, best val PR-AUC {t['best_val_pr_auc']:.3f}; "
+      "step_scores.npz holds the val and test step scores of the PRM and the probes)"
+    )
     with open(os.path.join(workdir, "table.md")) as f:  # the cascade table follows the PR-AUC table there
       table = f.read()
     if "Cascade from" in table:
-      print("\n" + table[table.index("Cascade from"):] + f"(plot: {workdir}/cascade.png)")
+      print("\n" + table[table.index("Cascade from") :] + f"(plot: {workdir}/cascade.png)")
   print(beside_bands(config, {"reprobe": metrics, "target": report or {}}, machine=metrics["machine"]))
 
 
@@ -79,15 +88,15 @@ def run_seeds(config) -> None:
   for one in _per_seed(config, seeds):
     metrics, report, _ = _evaluate(one)
     results.append({"reprobe": metrics, "target": report or {}})
-  band_file = BandFile(job="reprobe", seeds=seeds, machine=str(describe()), config_key=band_key(config),
-                       bands=over_seeds(results))
+  band_file = BandFile(
+    job="reprobe", seeds=seeds, machine=str(describe()), config_key=band_key(config), bands=over_seeds(results)
+  )
   summary = summary_markdown(band_file, results[0])
   band_file.save(os.path.join(out, "bands.json"))
   with atomic_open(os.path.join(out, "summary.md")) as f:
     f.write(summary)
   print("\n" + summary)
-  print(f"Wrote {out}/summary.md and {out}/bands.json (copy it to {config.get('bands')} to make it the README's "
-        "bands)")
+  print(f"Wrote {out}/summary.md and {out}/bands.json (copy it to {config.get('bands')} to make it the README's bands)")
 
 
 def run_tts(config) -> None:
@@ -99,8 +108,10 @@ def run_tts(config) -> None:
     metrics = tts.evaluate(lm, cfg, tcfg, workdir, prm=prm, progress=bars.update)
   print("\nTest-time scaling (accuracy; the step scorer after the comma):\n")
   print(tts_report.table_markdown(metrics))
-  print(f"Wrote {metrics['directory']}/metrics.json, table.md, accuracy.png"
-        + (", cascade.png" if "cascade" in metrics else ""))
+  print(
+    f"Wrote {metrics['directory']}/metrics.json, table.md, accuracy.png"
+    + (", cascade.png" if "cascade" in metrics else "")
+  )
 
 
 def run_tts_seeds(config) -> None:
@@ -151,9 +162,11 @@ def run_spae_seeds(config) -> None:
   """The spae job once per config.seeds (each seed its own built-in target and problems), then mean +- sd."""
   seeds = check_seeds(config.get("seeds"))
   per_seed = [{k: v for k, v in _spae_once(one).items() if k != "directory"} for one in _per_seed(config, seeds)]
-  out = os.path.join(workdir_of(config), "spae_seeds",
-                     run_key({"spae": plain(config.get("spae", {})), "probe": plain(config.get("probe", {})),
-                              "seeds": seeds}))
+  out = os.path.join(
+    workdir_of(config),
+    "spae_seeds",
+    run_key({"spae": plain(config.get("spae", {})), "probe": plain(config.get("probe", {})), "seeds": seeds}),
+  )
   os.makedirs(out, exist_ok=True)
   table = spae_report.seeds_markdown(per_seed)
   write_json(os.path.join(out, "per_seed.json"), per_seed)
@@ -165,8 +178,17 @@ def run_spae_seeds(config) -> None:
 
 def main(argv):
   del argv
-  run_job(_CONFIG.value, {"reprobe": run_reprobe, "seeds": run_seeds, "tts": run_tts,
-                         "tts_seeds": run_tts_seeds, "spae": run_spae, "spae_seeds": run_spae_seeds})
+  run_job(
+    _CONFIG.value,
+    {
+      "reprobe": run_reprobe,
+      "seeds": run_seeds,
+      "tts": run_tts,
+      "tts_seeds": run_tts_seeds,
+      "spae": run_spae,
+      "spae_seeds": run_spae_seeds,
+    },
+  )
 
 
 if __name__ == "__main__":

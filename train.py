@@ -26,8 +26,11 @@ def run_target_synthetic(config) -> None:
   with ProgressBars() as bars:
     out = target.build(cfg, workdir_of(config), progress=bars.update)
   report = target.load_report(out)
-  print(f"\nBuilt {out} ({report['model_parameters'] / 1e6:.2f}M parameters; timings "
-        + ", ".join(f"{k} {v:.0f}" for k, v in report.get("timings_s", {}).items()) + ")")
+  print(
+    f"\nBuilt {out} ({report['model_parameters'] / 1e6:.2f}M parameters; timings "
+    + ", ".join(f"{k} {v:.0f}" for k, v in report.get("timings_s", {}).items())
+    + ")"
+  )
   print(target.report_markdown(report))
 
 
@@ -62,13 +65,17 @@ def run_rl(config) -> None:
   with ProgressBars() as bars:
     s = rl.run(lm, rl_cfg, pcfg, ecfg, workdir_of(config), progress=bars.update)
   folder = rl.run_folder(workdir_of(config), lm, rl_cfg, pcfg, ecfg)
-  print(f"\n{rl_cfg.advantage}, seed {rl_cfg.seed}, {s['steps']} steps; seconds per step: "
-        + ", ".join(f"{k} {v:.2f}" for k, v in s["stage_seconds"].items()))
+  print(
+    f"\n{rl_cfg.advantage}, seed {rl_cfg.seed}, {s['steps']} steps; seconds per step: "
+    + ", ".join(f"{k} {v:.2f}" for k, v in s["stage_seconds"].items())
+  )
   print("| group | Acc@k | Len@k | checking | R2W |\n|---|---|---|---|---|")
   for g, m in s["eval"].items():
     cell = lambda x, scale=1.0: "n/a" if x is None else f"{scale * x:.1f}"
-    print(f"| {g} | {cell(m['acc_at_k'], 100)} | {cell(m['len_at_k'])} | {cell(m['checking_tokens'])} | "
-          f"{cell(m['r2w'], 100)} |")
+    print(
+      f"| {g} | {cell(m['acc_at_k'], 100)} | {cell(m['len_at_k'])} | {cell(m['checking_tokens'])} | "
+      f"{cell(m['r2w'], 100)} |"
+    )
   print(f"\nWrote {folder}/summary.json; TensorBoard: tensorboard --logdir {folder}/tb")
 
 
@@ -83,8 +90,10 @@ def run_rl_compare(config) -> None:
 
 def main(argv):
   del argv
-  run_job(_CONFIG.value, {"target_synthetic": run_target_synthetic, "reprobe": run_reprobe, "rl": run_rl,
-                         "rl_compare": run_rl_compare})
+  run_job(
+    _CONFIG.value,
+    {"target_synthetic": run_target_synthetic, "reprobe": run_reprobe, "rl": run_rl, "rl_compare": run_rl_compare},
+  )
 
 
 if __name__ == "__main__":

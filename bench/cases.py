@@ -23,6 +23,7 @@ TOP_K = 4
 
 def _torch():
   import torch
+
   return torch
 
 
@@ -37,8 +38,17 @@ def _side(timing, work: float, unit: str = "tokens") -> dict:
 
 def _row(name: str, title: str, shape: dict, ours: dict, hf: dict, unit: str = "tokens", **extra) -> dict:
   key = f"{unit}_per_s"
-  return {"name": name, "title": title, "shape": shape, "unit": key, "ours": ours, "hf": hf,
-          "ratio": ours[key] / hf[key], "ratio_of_min_times": hf["min_s"] / ours["min_s"], **extra}
+  return {
+    "name": name,
+    "title": title,
+    "shape": shape,
+    "unit": key,
+    "ours": ours,
+    "hf": hf,
+    "ratio": ours[key] / hf[key],
+    "ratio_of_min_times": hf["min_s"] / ours["min_s"],
+    **extra,
+  }
 
 
 def _rel_diff(a, b) -> float:
@@ -90,12 +100,20 @@ def prefill_capture(pair: Pair, ids: np.ndarray, repeats: int) -> dict:
   finally:
     pair.hf.set_attn_implementation("sdpa")
   n = float(ids.size)
-  parity = {"hidden_last_rel": _rel_diff(hs[cfg.num_layers], hf_hs[-1].cpu().numpy()),
-            "attn_window_max_abs": float(np.max(np.abs(np.asarray(win) - hf_win.cpu().numpy()))),
-            "top_probs_max_abs": float(np.max(np.abs(np.asarray(top) - hf_top.cpu().numpy())))}
-  return _row("prefill_capture", "Prefill with capture (all hidden states, attention window 5, top-4 probs) "
-              "vs HF eager + output_hidden_states + output_attentions", {"batch": ids.shape[0], "seq": ids.shape[1]},
-              _side(t_ours, n), _side(t_hf, n), parity=parity)
+  parity = {
+    "hidden_last_rel": _rel_diff(hs[cfg.num_layers], hf_hs[-1].cpu().numpy()),
+    "attn_window_max_abs": float(np.max(np.abs(np.asarray(win) - hf_win.cpu().numpy()))),
+    "top_probs_max_abs": float(np.max(np.abs(np.asarray(top) - hf_top.cpu().numpy()))),
+  }
+  return _row(
+    "prefill_capture",
+    "Prefill with capture (all hidden states, attention window 5, top-4 probs) "
+    "vs HF eager + output_hidden_states + output_attentions",
+    {"batch": ids.shape[0], "seq": ids.shape[1]},
+    _side(t_ours, n),
+    _side(t_hf, n),
+    parity=parity,
+  )
 
 
 def prefill_plain(pair: Pair, ids: np.ndarray, repeats: int) -> dict:
@@ -118,9 +136,14 @@ def prefill_plain(pair: Pair, ids: np.ndarray, repeats: int) -> dict:
 
   t_hf, hf_logits = time_call(hf, repeats)
   n = float(ids.size)
-  return _row("prefill_plain", "Plain prefill (logits only) vs HF forward (sdpa)",
-              {"batch": ids.shape[0], "seq": ids.shape[1]}, _side(t_ours, n), _side(t_hf, n),
-              parity={"logits_rel": _rel_diff(logits, hf_logits.cpu().numpy())})
+  return _row(
+    "prefill_plain",
+    "Plain prefill (logits only) vs HF forward (sdpa)",
+    {"batch": ids.shape[0], "seq": ids.shape[1]},
+    _side(t_ours, n),
+    _side(t_hf, n),
+    parity={"logits_rel": _rel_diff(logits, hf_logits.cpu().numpy())},
+  )
 
 
 # ---------------------------------------------------------------------------------------------- decode
@@ -143,14 +166,22 @@ def _hf_generate(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
 
   def hf():
     with torch.inference_mode():
-      out = pair.hf.generate(input_ids=ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False,
-                             max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=pad,
-                             temperature=None, top_p=None, top_k=None)
+      out = pair.hf.generate(
+        input_ids=ids_t,
+        attention_mask=torch.ones_like(ids_t),
+        do_sample=False,
+        max_new_tokens=n_new,
+        min_new_tokens=n_new,
+        pad_token_id=pad,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+      )
     _sync(pair)
     return out
 
   t_hf, out = time_call(hf, repeats)
-  return t_hf, out[:, prompts.shape[1]:].cpu().numpy()
+  return t_hf, out[:, prompts.shape[1] :].cpu().numpy()
 
 
 def _generate_pair(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
@@ -174,15 +205,19 @@ def decode_loop_step(lm: LanguageModel, prompts: np.ndarray, n_new: int, repeats
   lists = prompts.tolist()
   warm = smp.decode(smp.prefill(lists, max_new_tokens=n_new))  # compiles both programs
   jax.block_until_ready(warm)
-  lengths = np.asarray(warm.lengths)[:len(lists)]
+  lengths = np.asarray(warm.lengths)[: len(lists)]
   times = []
   for _ in range(repeats):
     state = jax.block_until_ready(smp.prefill(lists, max_new_tokens=n_new))
     t0 = time.perf_counter()
     jax.block_until_ready(smp.decode(state))
     times.append(time.perf_counter() - t0)
-  return {"step_s": min(times) / (n_new - 1), "forwards": n_new - 1, "times_s": times,
-          "valid": bool(n_new > 1 and np.all(lengths == n_new))}
+  return {
+    "step_s": min(times) / (n_new - 1),
+    "forwards": n_new - 1,
+    "times_s": times,
+    "valid": bool(n_new > 1 and np.all(lengths == n_new)),
+  }
 
 
 def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_time: bool = False) -> dict:
@@ -202,11 +237,16 @@ def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_ti
   eos = np.asarray(pair.lm.eos_mask())
   same = []
   for i in range(b):
-    row = gen.tokens[i, :gen.lengths[i]]
+    row = gen.tokens[i, : gen.lengths[i]]
     stop = int(np.argmax(eos[row])) if eos[row].any() else len(row)
     same.append(np.array_equal(row[:stop], hf_tokens[i, :stop]))
-  extra = {"parity": {"greedy_rows_equal": float(np.mean(same)), "ours_tokens_produced": produced,
-                      "hf_tokens_produced": float(hf_tokens.size)}}
+  extra = {
+    "parity": {
+      "greedy_rows_equal": float(np.mean(same)),
+      "ours_tokens_produced": produced,
+      "hf_tokens_produced": float(hf_tokens.size),
+    }
+  }
   if step_time:
     n_short = n_new // 2 + 1
     t_hf2, _ = _hf_generate(pair, prompts, n_short, repeats)
@@ -214,17 +254,27 @@ def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_ti
     # Fastest runs, not medians: a difference of two medians on a loaded machine can come out near zero or negative
     # (a step "faster" than the memory allows); the fastest run of each length is the least disturbed one.
     hf_step = (t_hf.min_s - t_hf2.min_s) / (n_new - n_short)
-    extra["decode_step_s"] = {"ours": loop["step_s"], "hf": hf_step, "from_new_tokens": [n_short, n_new],
-                              "ours_from": f"decode loop alone, {loop['forwards']} forwards", "of": "fastest runs",
-                              "ours_loop_times_s": loop["times_s"],
-                              "valid": loop["valid"] and bool(np.all(gen.lengths == n_new)) and hf_step > 0}
+    extra["decode_step_s"] = {
+      "ours": loop["step_s"],
+      "hf": hf_step,
+      "from_new_tokens": [n_short, n_new],
+      "ours_from": f"decode loop alone, {loop['forwards']} forwards",
+      "of": "fastest runs",
+      "ours_loop_times_s": loop["times_s"],
+      "valid": loop["valid"] and bool(np.all(gen.lengths == n_new)) and hf_step > 0,
+    }
     # The other phase: prefill and the first token alone (one new token), so a batch's end-to-end ratio can be read
     # as its two phases (at batch 32 the 64-token prompts' prefill is about half of our end-to-end time).
     t_ours1, _, t_hf1, _ = _generate_pair(pair, prompts, 1, repeats)
     extra["first_token_s"] = {"ours": t_ours1.min_s, "hf": t_hf1.min_s, "of": "fastest runs"}
-  return _row(f"decode_b{b}", f"Greedy decode, batch {b} ({p}-token prompts, {n_new} new tokens) vs HF generate",
-              {"batch": b, "prompt": p, "new_tokens": n_new}, _side(t_ours, produced), _side(t_hf, float(b * n_new)),
-              **extra)
+  return _row(
+    f"decode_b{b}",
+    f"Greedy decode, batch {b} ({p}-token prompts, {n_new} new tokens) vs HF generate",
+    {"batch": b, "prompt": p, "new_tokens": n_new},
+    _side(t_ours, produced),
+    _side(t_hf, float(b * n_new)),
+    **extra,
+  )
 
 
 # ---------------------------------------------------------------------------------------------- step scoring
@@ -239,6 +289,7 @@ def _probe_side(pair: Pair, ids, mask, spans, repeats: int) -> dict:
   from reprobe_jax.probe import Probe, ProbeConfig, count_params
   from reprobe_jax.probe.data import pack_spans, spans_shape
   from reprobe_jax.probe.model import score_packed
+
   lm = pair.lm
   spec = FeatureSpec.from_name("hidden")
   out = lm.forward(ids, mask, capture=spec.capture())
@@ -248,7 +299,7 @@ def _probe_side(pair: Pair, ids, mask, spans, repeats: int) -> dict:
   feats = np.zeros((len(ids), t, h.shape[-1]), np.float32)  # response token j reads position first + j - 1
   for i in range(len(ids)):
     n = int(mask[i].sum() - first[i])
-    feats[i, :n] = h[i, first[i] - 1:first[i] - 1 + n]
+    feats[i, :n] = h[i, first[i] - 1 : first[i] - 1 + n]
   rel = [np.asarray([(a, e) for a, e in sp if e > a], np.int32) for sp in rel_spans]
   chosen = [(i, k) for i, sp in enumerate(rel) for k in range(len(sp))]
   pack = jax.tree.map(jax.numpy.asarray, pack_spans(rel, chosen, spans_shape(rel, len(ids), t)))
@@ -257,11 +308,19 @@ def _probe_side(pair: Pair, ids, mask, spans, repeats: int) -> dict:
   feats_j = jax.numpy.asarray(feats)
   timing, _ = time_call(lambda: score_packed(graphdef, params, feats_j, pack).block_until_ready(), repeats)
   cfg = probe.config
-  return {"status": "measured", **_side(timing, float(len(chosen)), "steps"), "params": count_params(probe),
-          "config": {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-                     "feature_dim": cfg.feature_dim},
-          "window_tokens": int(sum(int(rel[i][k][1]) for i, k in chosen)),
-          "features": "last-layer hidden states captured by the generation pass (not timed)"}, cfg
+  return {
+    "status": "measured",
+    **_side(timing, float(len(chosen)), "steps"),
+    "params": count_params(probe),
+    "config": {
+      "d_model": cfg.d_model,
+      "n_layers": cfg.n_layers,
+      "n_heads": cfg.n_heads,
+      "feature_dim": cfg.feature_dim,
+    },
+    "window_tokens": int(sum(int(rel[i][k][1]) for i, k in chosen)),
+    "features": "last-layer hidden states captured by the generation pass (not timed)",
+  }, cfg
 
 
 def step_scoring(pair: Pair, batch: int, length: int, repeats: int) -> dict:
@@ -270,19 +329,23 @@ def step_scoring(pair: Pair, batch: int, length: int, repeats: int) -> dict:
   probe's ratio is against the PRM's fastest path."""
   torch = _torch()
   from reprobe_jax.prm.model import from_target
+
   lm = pair.lm
   ids, mask, _, valid, spans = step_trajectories(pair, batch, length)
   model = from_target(lm, separator_id=lm.pad_id(), seed=0)
   prompt, pmask, tokens, rel = (jax.numpy.asarray(x) for x in prm.split_rows(ids, mask, spans)[:4])
-  t_ours, r_ours = time_call(lambda: prm.rewards_whole(model, prompt, pmask, tokens, rel).block_until_ready(),
-                             repeats)
+  t_ours, r_ours = time_call(lambda: prm.rewards_whole(model, prompt, pmask, tokens, rel).block_until_ready(), repeats)
   room = int(tokens.shape[1] + rel.shape[1])
-  t_inc, r_inc = time_call(lambda: prm.rewards_incremental(model, prompt, pmask, tokens, rel,
-                                                           room=room).block_until_ready(), repeats)
-  head = {k: torch.from_numpy(np.array(v)).to(pair.device) for k, v in
-          {"w1": model.head.w1, "b1": model.head.b1, "w2": model.head.w2, "b2": model.head.b2}.items()}
-  j_ids, j_mask, j_pos, j_sep = (torch.from_numpy(x).long().to(pair.device)
-                                 for x in prm.joined_inputs(model, prompt, pmask, tokens, rel))
+  t_inc, r_inc = time_call(
+    lambda: prm.rewards_incremental(model, prompt, pmask, tokens, rel, room=room).block_until_ready(), repeats
+  )
+  head = {
+    k: torch.from_numpy(np.array(v)).to(pair.device)
+    for k, v in {"w1": model.head.w1, "b1": model.head.b1, "w2": model.head.w2, "b2": model.head.b2}.items()
+  }
+  j_ids, j_mask, j_pos, j_sep = (
+    torch.from_numpy(x).long().to(pair.device) for x in prm.joined_inputs(model, prompt, pmask, tokens, rel)
+  )
 
   def hf():
     with torch.inference_mode():
@@ -300,12 +363,21 @@ def step_scoring(pair: Pair, batch: int, length: int, repeats: int) -> dict:
   fastest = max(ours["steps_per_s"], hf_side["steps_per_s"], inc["steps_per_s"])
   probe["vs_best_prm"] = probe["steps_per_s"] / fastest
   r_ours, r_inc = np.asarray(r_ours), np.asarray(r_inc)
-  return _row("step_scoring", "Step scoring: PRM (target backbone + Linear-ReLU-Linear head, whole text), "
-              "reprobe-jax vs PyTorch", {"batch": batch, "seq": int(j_ids.shape[1]), "steps": int(steps)},
-              ours, hf_side, unit="steps", probe=probe, prm_incremental=inc,
-              flops=prm.flops(lm.config, pcfg, np.asarray(rel)),
-              parity={"step_reward_max_abs": float(np.max(np.abs(r_ours - r_hf.cpu().numpy())[valid])),
-                      "incremental_max_abs": float(np.max(np.abs(r_inc - r_ours)[valid]))})
+  return _row(
+    "step_scoring",
+    "Step scoring: PRM (target backbone + Linear-ReLU-Linear head, whole text), reprobe-jax vs PyTorch",
+    {"batch": batch, "seq": int(j_ids.shape[1]), "steps": int(steps)},
+    ours,
+    hf_side,
+    unit="steps",
+    probe=probe,
+    prm_incremental=inc,
+    flops=prm.flops(lm.config, pcfg, np.asarray(rel)),
+    parity={
+      "step_reward_max_abs": float(np.max(np.abs(r_ours - r_hf.cpu().numpy())[valid])),
+      "incremental_max_abs": float(np.max(np.abs(r_inc - r_ours)[valid])),
+    },
+  )
 
 
 # ---------------------------------------------------------------------------------------------- shared context
@@ -336,9 +408,16 @@ def shared_context(pair: Pair, context: np.ndarray, n: int, n_new: int, repeats:
     states[name] = state
     out[name] = {**_side(t, float(n * n_new)), "cache_bytes": _cache_bytes(state.cache)}
   a, b = states["shared"], states["copied"]
-  parity = {"tokens_equal": float(np.mean(np.asarray(a.tokens) == np.asarray(b.tokens))),
-            "logprob_max_abs": float(np.max(np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs))))}
-  return {"name": "shared_context", "shape": {"context": int(context.size), "continuations": n, "new_tokens": n_new},
-          "shared": out["shared"], "copied": out["copied"],
-          "speedup": out["copied"]["median_s"] / out["shared"]["median_s"],
-          "memory_ratio": out["copied"]["cache_bytes"] / out["shared"]["cache_bytes"], "parity": parity}
+  parity = {
+    "tokens_equal": float(np.mean(np.asarray(a.tokens) == np.asarray(b.tokens))),
+    "logprob_max_abs": float(np.max(np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs)))),
+  }
+  return {
+    "name": "shared_context",
+    "shape": {"context": int(context.size), "continuations": n, "new_tokens": n_new},
+    "shared": out["shared"],
+    "copied": out["copied"],
+    "speedup": out["copied"]["median_s"] / out["shared"]["median_s"],
+    "memory_ratio": out["copied"]["cache_bytes"] / out["shared"]["cache_bytes"],
+    "parity": parity,
+  }

@@ -13,6 +13,7 @@ thread, and a batch of two gives its runtime two pieces to spread over the cores
 `--packed` adds a JAX column where every GEMM runs reprobe-jax's CPU decode kernel on weights packed beforehand
 (docs/kernels.md; float32, at most 128 rows).
 """
+
 import argparse
 
 import numpy as np
@@ -36,6 +37,7 @@ def _matmul(x, w):
 def split_k_matmul(x, w):
   """x @ w as a batched dot over the two halves of K (a free reshape of w), summed; K odd: a plain dot."""
   import jax.numpy as jnp
+
   k, n = w.shape
   if k % 2:
     return x @ w
@@ -46,6 +48,7 @@ def split_k_matmul(x, w):
 def packed_matmul(x, wp):
   """x @ w through reprobe-jax's CPU decode kernel, w packed (`reprobe_jax.kernels.pack`; N a multiple of 32)."""
   from reprobe_jax import kernels
+
   return kernels.packed_matmul(x, wp, wp.shape[0] * kernels.PANEL)
 
 
@@ -62,6 +65,7 @@ def time_jax(ws, m: int, repeats: int, dtype: str = "float32", split_k: bool = F
   import jax
   import jax.numpy as jnp
   from reprobe_jax import kernels
+
   wj = jax.tree.map(lambda a: jnp.asarray(a, dtype), ws)
   if packed:
     wj = jax.tree.map(kernels.pack, wj)
@@ -75,6 +79,7 @@ def time_jax(ws, m: int, repeats: int, dtype: str = "float32", split_k: bool = F
         x = layer(x, w, lambda a: jnp.tile(a, (1, 3)), jax.nn.silu, mm)
         x = x / (jnp.max(jnp.abs(x)) + 1e-3)
       return x
+
     return jax.lax.fori_loop(0, PASSES, one, x)
 
   return best_time(lambda: run(x0, wj).block_until_ready(), repeats) / PASSES
@@ -82,6 +87,7 @@ def time_jax(ws, m: int, repeats: int, dtype: str = "float32", split_k: bool = F
 
 def time_torch(ws, m: int, repeats: int, threads: int, dtype: str = "float32") -> float:
   import torch
+
   torch.set_num_threads(threads)
   td = getattr(torch, dtype)
   wt = [{n: torch.from_numpy(a).to(td) for n, a in w.items()} for w in ws]
@@ -102,19 +108,24 @@ def main(argv=None) -> None:
   import os
   from bench.report import machine_line
   from reprobe_jax.eval.machine import describe
+
   p = argparse.ArgumentParser(prog="python -m bench.chain", description=__doc__.splitlines()[0])
   p.add_argument("--m", default="1,8,32,1024", help="rows per GEMM (the decode batch; prefill tokens)")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--threads", type=int, default=2)
   p.add_argument("--dtype", default="float32", help="weights and activations: float32 or bfloat16 (both sides)")
   p.add_argument("--split-k", action="store_true", help="also time JAX with every GEMM split over K as a batch of 2")
-  p.add_argument("--packed", action="store_true",
-                 help="also time JAX with every GEMM through the CPU decode kernel on packed weights (float32)")
+  p.add_argument(
+    "--packed",
+    action="store_true",
+    help="also time JAX with every GEMM through the CPU decode kernel on packed weights (float32)",
+  )
   args = p.parse_args(argv)
   if args.dtype not in DTYPES:
     raise SystemExit(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
   if args.packed:
     from reprobe_jax import kernels
+
     if args.dtype != "float32":
       raise SystemExit("--packed runs the float32 kernel: drop --dtype")
     if not kernels.available():
@@ -133,13 +144,20 @@ def main(argv=None) -> None:
   lines = []
   split = " JAX split-K ms | JAX / split-K time |" if args.split_k else ""
   split += " packed kernel ms | JAX / packed time |" if args.packed else ""
-  lines.append("| M | JAX ms | torch ms | JAX GFLOP/s | torch GFLOP/s | torch / JAX time |" + split + "\n"
-               + "|" + "---|" * (6 + 2 * args.split_k + 2 * args.packed))
+  lines.append(
+    "| M | JAX ms | torch ms | JAX GFLOP/s | torch GFLOP/s | torch / JAX time |"
+    + split
+    + "\n"
+    + "|"
+    + "---|" * (6 + 2 * args.split_k + 2 * args.packed)
+  )
   for m in ms:
     tj = time_jax(ws, m, args.repeats, args.dtype)
     tt = time_torch(ws, m, args.repeats, args.threads, args.dtype)
-    row = (f"| {m} | {tj * 1e3:.1f} | {tt * 1e3:.1f} | {m * flops_per_row / tj / 1e9:.1f} | "
-           f"{m * flops_per_row / tt / 1e9:.1f} | {tt / tj:.2f}x |")
+    row = (
+      f"| {m} | {tj * 1e3:.1f} | {tt * 1e3:.1f} | {m * flops_per_row / tj / 1e9:.1f} | "
+      f"{m * flops_per_row / tt / 1e9:.1f} | {tt / tj:.2f}x |"
+    )
     if args.split_k:
       ts = time_jax(ws, m, args.repeats, args.dtype, split_k=True)
       row += f" {ts * 1e3:.1f} | {tj / ts:.2f}x |"
@@ -147,8 +165,12 @@ def main(argv=None) -> None:
       tp = time_jax(ws, m, args.repeats, args.dtype, packed=True)
       row += f" {tp * 1e3:.1f} | {tj / tp:.2f}x |"
     lines.append(row)
-  env = {"machine_detail": describe().long(), "threads": threads(), "load_start": load,
-         "load_end": list(os.getloadavg())}
+  env = {
+    "machine_detail": describe().long(),
+    "threads": threads(),
+    "load_start": load,
+    "load_end": list(os.getloadavg()),
+  }
   print("\n".join([machine_line(env), f"dtype {args.dtype}", ""] + lines))
 
 

@@ -39,6 +39,7 @@ class Pair:
 def torch_device():
   """CUDA when PyTorch sees a GPU, else the CPU: the harness runs unchanged on a GPU machine."""
   import torch
+
   return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -46,10 +47,21 @@ def build_tiny(directory: str) -> str:
   """A random Llama saved by `transformers` (no EOS, so greedy decoding always runs to max_new_tokens)."""
   import torch
   import transformers
+
   torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                                 initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+  cfg = transformers.LlamaConfig(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+  )
   transformers.LlamaForCausalLM(cfg).eval().save_pretrained(directory)
   return directory
 
@@ -58,6 +70,7 @@ def load_pair(model: str) -> Pair:
   """Loads `model` ('smollm2', 'tiny', or a path / hub id) into reprobe-jax (float32) and into transformers."""
   import torch
   import transformers
+
   transformers.utils.logging.set_verbosity_error()
   transformers.utils.logging.disable_progress_bar()
   device = torch_device()
@@ -88,6 +101,7 @@ def token_stream(pair: Pair, n_tokens: int, seed: int = 0) -> np.ndarray:
   if pair.tokenizer is None:
     return rng.integers(0, pair.lm.config.vocab_size, size=n_tokens, dtype=np.int64).astype(np.int32)
   from reprobe_jax import tasks
+
   ids: list[int] = []
   n = 32
   while len(ids) < n_tokens:
@@ -103,7 +117,7 @@ def windows(stream: np.ndarray, batch: int, length: int) -> np.ndarray:
   """[batch, length] ids: consecutive, non-overlapping windows of the stream (so no padding is needed)."""
   if stream.size < batch * length:
     raise ConfigError(f"token stream of {stream.size} ids is shorter than {batch} x {length}")
-  return stream[:batch * length].reshape(batch, length)
+  return stream[: batch * length].reshape(batch, length)
 
 
 def step_trajectories(pair: Pair, batch: int, length: int, seed: int = 1):
@@ -125,6 +139,7 @@ def step_trajectories(pair: Pair, batch: int, length: int, seed: int = 1):
       starts.append(list(range(0, length - 7, 8)))
   else:
     from reprobe_jax import tasks
+
     nl = pair.tokenizer("\n")["input_ids"][-1:]
     for p in tasks.make_problems("arithmetic", batch, seed=seed, difficulty=3):
       trace = tasks.solve(p, "arithmetic", rng, "line")
@@ -145,8 +160,8 @@ def step_trajectories(pair: Pair, batch: int, length: int, seed: int = 1):
   step_valid = np.zeros((batch, s), bool)
   spans = np.zeros((batch, s, 2), np.int32)
   for i, (r, e, st) in enumerate(zip(rows, ends, starts)):
-    out[i, :len(r)], mask[i, :len(r)] = r, 1
-    step_ends[i, :len(e)], step_ends[i, len(e):] = e, e[-1]
-    step_valid[i, :len(e)] = True
-    spans[i, :len(e), 0], spans[i, :len(e), 1] = st, np.asarray(e) + 1
+    out[i, : len(r)], mask[i, : len(r)] = r, 1
+    step_ends[i, : len(e)], step_ends[i, len(e) :] = e, e[-1]
+    step_valid[i, : len(e)] = True
+    spans[i, : len(e), 0], spans[i, : len(e), 1] = st, np.asarray(e) + 1
   return out, mask, step_ends, step_valid, spans

@@ -5,7 +5,8 @@ here) against the probe, each on its fastest path, and the PRM in PyTorch for th
   separator (what Best-of-N pays); in PyTorch the same joined ids through `model.model` plus the same head.
 - PRM, incremental: its own KV cache of the prompt, each step appended when it is the newest (what a search pays;
   search-and-learn re-reads the whole text instead).
-- Probe (docs/method.md §A4 at the paper's shape) over the captured features of the response, packed windows [0, step end)
+- Probe (docs/method.md §A4 at the paper's shape) over the captured features of the response, packed windows [0, step
+end)
   (`probe.data.pack_spans`); the features come from the generation pass and are not timed.
 
 `flops` gives each side's multiply-adds per scored step from the shapes, so the measured ratio can be read against
@@ -36,8 +37,8 @@ def split_rows(ids, mask, spans):
   tokens = np.zeros((len(ids), t), np.int32)
   rel = np.where(spans[..., 1:2] > spans[..., 0:1], spans - first[:, None, None], 0).astype(np.int32)
   for i in range(len(ids)):
-    prompt[i, tp - first[i]:], pmask[i, tp - first[i]:] = ids[i, :first[i]], True
-    tokens[i, :lens[i] - first[i]] = ids[i, first[i]:lens[i]]
+    prompt[i, tp - first[i] :], pmask[i, tp - first[i] :] = ids[i, : first[i]], True
+    tokens[i, : lens[i] - first[i]] = ids[i, first[i] : lens[i]]
   return prompt, pmask, tokens, rel, first
 
 
@@ -60,8 +61,9 @@ def rewards_incremental(prm, prompt, pmask, tokens, spans, *, room: int):
 def joined_inputs(prm, prompt, pmask, tokens, spans):
   """(ids [B, L], mask [B, L], positions [B, L], separator positions [B, S]) on the host: the PRM's own input
   layout (`join_steps`), for the PyTorch side."""
-  ids, mask, sep = join_steps(jnp.asarray(prompt), jnp.asarray(pmask), jnp.asarray(tokens), jnp.asarray(spans),
-                              prm.separator_id)
+  ids, mask, sep = join_steps(
+    jnp.asarray(prompt), jnp.asarray(pmask), jnp.asarray(tokens), jnp.asarray(spans), prm.separator_id
+  )
   mask = np.asarray(mask)
   pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
   return np.array(ids), mask.astype(np.int64), pos, np.array(sep)
@@ -70,6 +72,7 @@ def joined_inputs(prm, prompt, pmask, tokens, spans):
 def torch_step_rewards(hf_model, head, ids, mask, positions, seps):
   """The same rewards in PyTorch: the decoder body (`model.model`, no LM head) plus the head, at the separators."""
   import torch
+
   h = hf_model.model(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state  # [B, L, D]
   h = torch.gather(h, 1, seps[..., None].expand(-1, -1, h.shape[-1]))  # [B, S, D]
   z = torch.relu(h @ head["w1"] + head["b1"]) @ head["w2"] + head["b2"]
@@ -92,5 +95,5 @@ def flops(cfg, probe_cfg, spans) -> dict:
   prm = per_token * float(width.sum()) + prm_attn
   d, ff, fd = probe_cfg.d_model, probe_cfg.ff_dim, probe_cfg.feature_dim
   probe_per_token = fd * 2 * d + 2 * d * d + probe_cfg.n_layers * (4 * d * d + 2 * d * ff)
-  probe = probe_per_token * float(end.sum()) + probe_cfg.n_layers * 2 * d * float(np.sum(end ** 2))
+  probe = probe_per_token * float(end.sum()) + probe_cfg.n_layers * 2 * d * float(np.sum(end**2))
   return {"prm_macs_per_step": prm / steps, "probe_macs_per_step": probe / steps, "ratio": prm / probe}

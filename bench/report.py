@@ -11,11 +11,11 @@ from bench import spae
 # The decode-speed goals' decode and prefill rows (they replace the first goals' batch-32 >= 3x and plain prefill
 # >= 0.9x); the first goals' prefill-with-capture row stays.
 RATIO_GOALS = [
-    ("decode_b1", "batch-1 greedy decode >= 1.5x HF generate", 1.5),
-    ("decode_b8", "batch-8 greedy decode >= 1.5x HF generate", 1.5),
-    ("decode_b32", "batch-32 greedy decode >= 1.5x HF generate", 1.5),
-    ("prefill_capture", "prefill with capture >= 1.5x HF eager with output_attentions", 1.5),
-    ("prefill_plain", "plain prefill >= 1.0x PyTorch", 1.0),
+  ("decode_b1", "batch-1 greedy decode >= 1.5x HF generate", 1.5),
+  ("decode_b8", "batch-8 greedy decode >= 1.5x HF generate", 1.5),
+  ("decode_b32", "batch-32 greedy decode >= 1.5x HF generate", 1.5),
+  ("prefill_capture", "prefill with capture >= 1.5x HF eager with output_attentions", 1.5),
+  ("prefill_plain", "plain prefill >= 1.0x PyTorch", 1.0),
 ]
 BANDWIDTH_GOAL = 0.7  # batch-1 decode reaches this fraction of the memory-bandwidth bound
 PROBE_GOAL = 10.0  # probe step scoring this many times cheaper than the PRM
@@ -34,10 +34,13 @@ def bounded(measured: float, bound: float, what: str, bound_from: str, unit: str
   percentage above 100% is reported."""
   if bound > 0 and measured <= bound:
     return {"fraction": measured / bound, "status": "ok"}
-  return {"fraction": None, "status": HARNESS_ERROR,
-          "error": f"{what}: measured {measured / scale:.3g} {unit} is above its bound {bound / scale:.3g} {unit} "
-                   f"({bound_from}): the bound or the measurement is wrong (a peak measured under load, a noisy "
-                   "step time), so no fraction is reported"}
+  return {
+    "fraction": None,
+    "status": HARNESS_ERROR,
+    "error": f"{what}: measured {measured / scale:.3g} {unit} is above its bound {bound / scale:.3g} {unit} "
+    f"({bound_from}): the bound or the measurement is wrong (a peak measured under load, a noisy "
+    "step time), so no fraction is reported",
+  }
 
 
 def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, backend: str) -> dict:
@@ -49,9 +52,16 @@ def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, b
   1 becomes a harness error, listed in 'harness_errors'. backend: JAX's default backend (recorded).
   """
   peak, bound = peaks["peak_flops_per_s"], bw["bound_bytes_per_s"]
-  out = {"matmul": peaks, "bandwidth": bw, "backend": backend, "compute_bound_flops_per_s": peak,
-         "compute_bound_from": peaks["peak_from"], "bandwidth_bound_bytes_per_s": bound,
-         "bandwidth_bound_from": bw["bound_from"], "harness_errors": []}
+  out = {
+    "matmul": peaks,
+    "bandwidth": bw,
+    "backend": backend,
+    "compute_bound_flops_per_s": peak,
+    "compute_bound_from": peaks["peak_from"],
+    "bandwidth_bound_bytes_per_s": bound,
+    "bandwidth_bound_from": bw["bound_from"],
+    "harness_errors": [],
+  }
   sides = {"ours": "reprobe-jax", "hf": "PyTorch"}
   for name, f in flops.items():
     r = rows[name]
@@ -71,14 +81,23 @@ def roofline(rows: dict, peaks: dict, bw: dict, flops: dict, param_bytes: int, b
       # Decode-only step time when both runs produced every token; else the end-to-end time per token
       # (prefill included), which only understates the achieved bandwidth.
       s = step.get(side) if step.get("valid") and step.get(side, 0) > 0 else 1.0 / row[side]["tokens_per_s"]
-      b = bounded(param_bytes / s, bound, f"batch-1 decode {who} weight-read rate",
-                  f"bandwidth bound: {bw['bound_from']}", "GB/s", 1e9)
+      b = bounded(
+        param_bytes / s,
+        bound,
+        f"batch-1 decode {who} weight-read rate",
+        f"bandwidth bound: {bw['bound_from']}",
+        "GB/s",
+        1e9,
+      )
       d[f"{side}_step_s"], d[f"{side}_bytes_per_s"] = s, param_bytes / s
       d[f"{side}_of_bound"], d[f"{side}_status"] = b["fraction"], b["status"]
       if "error" in b:
         out["harness_errors"].append(b["error"])
-    d["step_time_source"] = (f"ours: {step.get('ours_from', 'decode-only difference')}; PyTorch: decode-only "
-                             "difference" if step.get("valid") else "end-to-end (prefill included)")
+    d["step_time_source"] = (
+      f"ours: {step.get('ours_from', 'decode-only difference')}; PyTorch: decode-only difference"
+      if step.get("valid")
+      else "end-to-end (prefill included)"
+    )
     # What a read-only kernel was seen to reach (the bound also counts copies): how far below the bound the memory
     # reads themselves stop on this machine. A ratio, not a bound: our step may beat the read kernels measured.
     reads = [(v, f"{kind} ({fw})") for kind in ("read", "gemv") for fw, v in bw["kinds"].get(kind, {}).items()]
@@ -102,13 +121,22 @@ def decode_phases(rows: dict) -> list[dict]:
     if not name.startswith("decode_b") or step is None or first is None:
       continue
     ok = bool(step.get("valid"))
-    out.append({"name": name, "batch": r["shape"]["batch"], "prompt": r["shape"]["prompt"],
-                "new_tokens": r["shape"]["new_tokens"], "step_from_new_tokens": step.get("from_new_tokens"),
-                "end_to_end_ratio": r["ratio"],
-                "ours_step_s": step["ours"] if ok else None, "hf_step_s": step["hf"] if ok else None,
-                "step_ratio": step["hf"] / step["ours"] if ok else None,
-                "ours_first_token_s": first["ours"], "hf_first_token_s": first["hf"],
-                "first_token_ratio": first["hf"] / first["ours"] if first["ours"] > 0 else None})
+    out.append(
+      {
+        "name": name,
+        "batch": r["shape"]["batch"],
+        "prompt": r["shape"]["prompt"],
+        "new_tokens": r["shape"]["new_tokens"],
+        "step_from_new_tokens": step.get("from_new_tokens"),
+        "end_to_end_ratio": r["ratio"],
+        "ours_step_s": step["ours"] if ok else None,
+        "hf_step_s": step["hf"] if ok else None,
+        "step_ratio": step["hf"] / step["ours"] if ok else None,
+        "ours_first_token_s": first["ours"],
+        "hf_first_token_s": first["hf"],
+        "first_token_ratio": first["hf"] / first["ours"] if first["ours"] > 0 else None,
+      }
+    )
   return out
 
 
@@ -118,20 +146,26 @@ def decode_phases_markdown(phases: list[dict]) -> list[str]:
   ms = lambda s: "-" if s is None else f"{s * 1e3:.1f} ms"
   x = lambda r: "-" if r is None else f"{r:.2f}x"
   short, full = phases[0]["step_from_new_tokens"] or ("?", phases[0]["new_tokens"])
-  lines = ["Greedy decode by phase (fastest runs; our step is our decode loop timed alone over "
-           f"{full} new tokens, PyTorch's the difference of its {short}- and {full}-new-token `generate` runs; the "
-           "first token a run with one new token, prefill included):", "",
-           "| batch | end to end | decode step, reprobe-jax | PyTorch | ratio | first token, reprobe-jax | PyTorch | "
-           "ratio |", "|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "Greedy decode by phase (fastest runs; our step is our decode loop timed alone over "
+    f"{full} new tokens, PyTorch's the difference of its {short}- and {full}-new-token `generate` runs; the "
+    "first token a run with one new token, prefill included):",
+    "",
+    "| batch | end to end | decode step, reprobe-jax | PyTorch | ratio | first token, reprobe-jax | PyTorch | ratio |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for p in phases:
-    lines.append(f"| {p['batch']} | {p['end_to_end_ratio']:.2f}x | {ms(p['ours_step_s'])} | {ms(p['hf_step_s'])} | "
-                 f"{x(p['step_ratio'])} | {p['ours_first_token_s']:.2f} s | {p['hf_first_token_s']:.2f} s | "
-                 f"{x(p['first_token_ratio'])} |")
+    lines.append(
+      f"| {p['batch']} | {p['end_to_end_ratio']:.2f}x | {ms(p['ours_step_s'])} | {ms(p['hf_step_s'])} | "
+      f"{x(p['step_ratio'])} | {p['ours_first_token_s']:.2f} s | {p['hf_first_token_s']:.2f} s | "
+      f"{x(p['first_token_ratio'])} |"
+    )
   return lines + [""]
 
 
-def goals(rows: dict, roof: dict, search: dict | None = None, spae: dict | None = None,
-          spae_long: dict | None = None) -> list[dict]:
+def goals(
+  rows: dict, roof: dict, search: dict | None = None, spae: dict | None = None, spae_long: dict | None = None
+) -> list[dict]:
   """Each goal as met / missed with its measured value, or pending when it cannot be measured yet; `search`: the
   run's step-level beam search section (`bench.search.run_all`), `spae`: its SPAE section (`bench.spae.run_all`),
   `spae_long`: its long-thinking SPAE section (`bench.spae.run_long`; the goal is read at the longest length)."""
@@ -144,12 +178,24 @@ def goals(rows: dict, roof: dict, search: dict | None = None, spae: dict | None 
   if "ours_status" in d:
     r = d["ours_of_bound"]
     status = HARNESS_ERROR if r is None else "met" if r >= BANDWIDTH_GOAL else "missed"
-    out.append({"goal": f"batch-1 decode >= {BANDWIDTH_GOAL:.0%} of the memory-bandwidth bound", "measured": r,
-                "target": BANDWIDTH_GOAL, "status": status})
+    out.append(
+      {
+        "goal": f"batch-1 decode >= {BANDWIDTH_GOAL:.0%} of the memory-bandwidth bound",
+        "measured": r,
+        "target": BANDWIDTH_GOAL,
+        "status": status,
+      }
+    )
   if "harness_errors" in roof:
     n = len(roof["harness_errors"])
-    out.append({"goal": "no measured figure above its roofline bound (harness errors)", "measured": n, "target": 0,
-                "status": "met" if n == 0 else HARNESS_ERROR})
+    out.append(
+      {
+        "goal": "no measured figure above its roofline bound (harness errors)",
+        "measured": n,
+        "target": 0,
+        "status": "met" if n == 0 else HARNESS_ERROR,
+      }
+    )
   s = rows.get("step_scoring")
   if s is not None:
     probe = s["probe"]
@@ -162,21 +208,41 @@ def goals(rows: dict, roof: dict, search: dict | None = None, spae: dict | None 
     out.append(g)
   if search is not None:
     ref, bon = ({r["name"]: r for r in search["rows"]}[k] for k in ("beam_vs_reference", "beam_vs_best_of_n"))
-    out.append({"goal": f"beam search >= {SEARCH_GOAL:g}x the search-and-learn-style PyTorch loop (sampled steps/s)",
-                "measured": ref["ratio"], "target": SEARCH_GOAL,
-                "status": "met" if ref["ratio"] >= SEARCH_GOAL else "missed"})
-    out.append({"goal": f"beam search costs <= {BEAM_COST_GOAL:g}x our Best-of-N per sampled step",
-                "measured": bon["cost_ratio"], "target": BEAM_COST_GOAL,
-                "status": "met" if bon["cost_ratio"] <= BEAM_COST_GOAL else "missed"})
+    out.append(
+      {
+        "goal": f"beam search >= {SEARCH_GOAL:g}x the search-and-learn-style PyTorch loop (sampled steps/s)",
+        "measured": ref["ratio"],
+        "target": SEARCH_GOAL,
+        "status": "met" if ref["ratio"] >= SEARCH_GOAL else "missed",
+      }
+    )
+    out.append(
+      {
+        "goal": f"beam search costs <= {BEAM_COST_GOAL:g}x our Best-of-N per sampled step",
+        "measured": bon["cost_ratio"],
+        "target": BEAM_COST_GOAL,
+        "status": "met" if bon["cost_ratio"] <= BEAM_COST_GOAL else "missed",
+      }
+    )
   if spae is not None:
-    out.append({"goal": f"batched SPAE potentials >= {SPAE_GOAL:g}x one request per boundary (boundaries/s)",
-                "measured": spae["ratio"], "target": SPAE_GOAL, "status": "met" if spae["ratio"] >= SPAE_GOAL else
-                "missed"})
+    out.append(
+      {
+        "goal": f"batched SPAE potentials >= {SPAE_GOAL:g}x one request per boundary (boundaries/s)",
+        "measured": spae["ratio"],
+        "target": SPAE_GOAL,
+        "status": "met" if spae["ratio"] >= SPAE_GOAL else "missed",
+      }
+    )
   if spae_long is not None and spae_long["rows"]:
     r = max(spae_long["rows"], key=lambda row: row["length"])
-    out.append({"goal": f"batched SPAE potentials >= {SPAE_GOAL:g}x one request per boundary on {r['length']}-token "
-                "thinking", "measured": r["ratio"], "target": SPAE_GOAL,
-                "status": "met" if r["ratio"] >= SPAE_GOAL else "missed"})
+    out.append(
+      {
+        "goal": f"batched SPAE potentials >= {SPAE_GOAL:g}x one request per boundary on {r['length']}-token thinking",
+        "measured": r["ratio"],
+        "target": SPAE_GOAL,
+        "status": "met" if r["ratio"] >= SPAE_GOAL else "missed",
+      }
+    )
   return out
 
 
@@ -194,8 +260,11 @@ def machine_line(env: dict) -> str:
   load = f"1-min load average {env['load_start'][0]:.2f} at start"
   if env.get("load_end"):
     load += f", {env['load_end'][0]:.2f} at end"
-  threads = (f"XLA intra-op threads {t.get('xla_intra_op', '?')}, torch threads {t.get('torch_intra_op', '?')}"
-             if t else f"torch threads {env.get('torch_threads', '?')}")
+  threads = (
+    f"XLA intra-op threads {t.get('xla_intra_op', '?')}, torch threads {t.get('torch_intra_op', '?')}"
+    if t
+    else f"torch threads {env.get('torch_threads', '?')}"
+  )
   return f"Machine: {env.get('machine_detail', env.get('machine', 'unknown'))}; {load}; {threads}."
 
 
@@ -212,34 +281,46 @@ def performance_markdown(result: dict) -> list[str]:
   lines += ["| measurement | reprobe-jax | PyTorch | ratio |", "|---|---|---|---|"]
   for r in result["rows"]:
     unit = r["unit"].replace("_per_s", "/s")
-    lines.append(f"| {r['title'].split(' vs ')[0]} | {_fmt(r['ours'][r['unit']])} {unit} | "
-                 f"{_fmt(r['hf'][r['unit']])} {unit} | {r['ratio']:.2f}x |")
+    lines.append(
+      f"| {r['title'].split(' vs ')[0]} | {_fmt(r['ours'][r['unit']])} {unit} | "
+      f"{_fmt(r['hf'][r['unit']])} {unit} | {r['ratio']:.2f}x |"
+    )
   probe = rows.get("step_scoring", {}).get("probe", {})
   if "steps_per_s" in probe:
-    lines.append(f"| Probe vs the PRM's fastest path | {_fmt(probe['steps_per_s'])} steps/s | | "
-                 f"{probe['vs_best_prm']:.2f}x |")
+    lines.append(
+      f"| Probe vs the PRM's fastest path | {_fmt(probe['steps_per_s'])} steps/s | | {probe['vs_best_prm']:.2f}x |"
+    )
   m = roof["matmul"]
   best_shape = lambda key: max(r[key] for r in m["shapes"]) if m["shapes"] else None
-  lines.append(f"| fp32 matmul, best on the model's GEMM shapes (GFLOP/s) | {_g(best_shape('jax_flops_per_s'))} | "
-               f"{_g(best_shape('torch_flops_per_s'))} | |")
+  lines.append(
+    f"| fp32 matmul, best on the model's GEMM shapes (GFLOP/s) | {_g(best_shape('jax_flops_per_s'))} | "
+    f"{_g(best_shape('torch_flops_per_s'))} | |"
+  )
   sq = m["square"]
-  lines.append(f"| fp32 matmul, {sq['n']}^3 (GFLOP/s) | {_g(sq['jax_flops_per_s'])} | {_g(sq['torch_flops_per_s'])} "
-               "| |")
+  lines.append(
+    f"| fp32 matmul, {sq['n']}^3 (GFLOP/s) | {_g(sq['jax_flops_per_s'])} | {_g(sq['torch_flops_per_s'])} | |"
+  )
   for name in ("prefill_plain", "prefill_capture"):
     if name in roof:
       p = roof[name]
-      lines.append(f"| {name} of the compute bound ({_g(p['bound_flops_per_s'])} GFLOP/s) | "
-                   f"{_pct(p['ours_of_bound'], p['ours_status'])} | {_pct(p['hf_of_bound'], p['hf_status'])} | |")
+      lines.append(
+        f"| {name} of the compute bound ({_g(p['bound_flops_per_s'])} GFLOP/s) | "
+        f"{_pct(p['ours_of_bound'], p['ours_status'])} | {_pct(p['hf_of_bound'], p['hf_status'])} | |"
+      )
   d = roof["decode_b1"]
   if "ours_status" in d:
-    lines.append(f"| batch-1 decode of the bandwidth bound ({d['bound_bytes_per_s'] / 1e9:.1f} GB/s) | "
-                 f"{_pct(d['ours_of_bound'], d['ours_status'])} | {_pct(d['hf_of_bound'], d['hf_status'])} | |")
+    lines.append(
+      f"| batch-1 decode of the bandwidth bound ({d['bound_bytes_per_s'] / 1e9:.1f} GB/s) | "
+      f"{_pct(d['ours_of_bound'], d['ours_status'])} | {_pct(d['hf_of_bound'], d['hf_status'])} | |"
+    )
   comp = result.get("compile")
   if comp is not None:
     for c in comp["rows"]:
       first = "" if c["first_call_s"] is None else f"first call {c['first_call_s']:.1f} s; "
-      lines.append(f"| compile: {c['model']} {c['function']} | {first}lower {c['lower_s']:.1f} s + XLA compile "
-                   f"{c['compile_s']:.1f} s | | |")
+      lines.append(
+        f"| compile: {c['model']} {c['function']} | {first}lower {c['lower_s']:.1f} s + XLA compile "
+        f"{c['compile_s']:.1f} s | | |"
+      )
   errors = [f"**Harness error**: {e}." for e in roof.get("harness_errors", [])]
   phases = decode_phases_markdown(result.get("decode_phases") or decode_phases(rows))
   return lines + [""] + phases + errors + ([""] if errors else [])
@@ -254,46 +335,71 @@ def roofline_markdown(roof: dict) -> list[str]:
   (a harness error in place of any fraction above 100%)."""
   m, bw, d = roof["matmul"], roof["bandwidth"], roof["decode_b1"]
   t = m["threads"]
-  lines = ["## Roofline", "",
-           f"Best of {m['repeats']} runs per figure, in {m.get('passes', 1)} pass(es) (at the run's start and end; on "
-           "shared cores a disturbance only adds time). Threads: XLA "
-           f"intra-op {t['xla_intra_op']}, torch intra-op {t['torch_intra_op']} (inter-op {t['torch_inter_op']}), "
-           f"{t['affinity_cpus']} CPUs in the affinity mask" + (f", XLA_FLAGS={t['xla_flags']}" if t["xla_flags"]
-                                                                else "") + ".", "",
-           "| GEMM (fp32) | M | K | N | JAX GFLOP/s | PyTorch GFLOP/s |", "|---|---|---|---|---|---|"]
+  lines = [
+    "## Roofline",
+    "",
+    f"Best of {m['repeats']} runs per figure, in {m.get('passes', 1)} pass(es) (at the run's start and end; on "
+    "shared cores a disturbance only adds time). Threads: XLA "
+    f"intra-op {t['xla_intra_op']}, torch intra-op {t['torch_intra_op']} (inter-op {t['torch_inter_op']}), "
+    f"{t['affinity_cpus']} CPUs in the affinity mask"
+    + (f", XLA_FLAGS={t['xla_flags']}" if t["xla_flags"] else "")
+    + ".",
+    "",
+    "| GEMM (fp32) | M | K | N | JAX GFLOP/s | PyTorch GFLOP/s |",
+    "|---|---|---|---|---|---|",
+  ]
   for r in m["shapes"] + [m["square"]]:
     extra = f" (NumPy {_g(r['numpy_flops_per_s'])})" if "numpy_flops_per_s" in r else ""
-    lines.append(f"| {r['name']} | {r['m']} | {r['k']} | {r['n']} | {_g(r['jax_flops_per_s'])} | "
-                 f"{_g(r['torch_flops_per_s'])}{extra} |")
-  lines += ["", f"Compute bound: {_g(roof['compute_bound_flops_per_s'])} GFLOP/s, the max over every shape and "
-            f"framework above ({roof['compute_bound_from']}).", "",
-            f"| bandwidth kernel ({bw['bytes'] / 2**20:.0f} MiB fp32) | " + " | ".join(
-                ("NumPy", "JAX", "PyTorch")) + " |", "|---|---|---|---|"]
+    lines.append(
+      f"| {r['name']} | {r['m']} | {r['k']} | {r['n']} | {_g(r['jax_flops_per_s'])} | "
+      f"{_g(r['torch_flops_per_s'])}{extra} |"
+    )
+  lines += [
+    "",
+    f"Compute bound: {_g(roof['compute_bound_flops_per_s'])} GFLOP/s, the max over every shape and "
+    f"framework above ({roof['compute_bound_from']}).",
+    "",
+    f"| bandwidth kernel ({bw['bytes'] / 2**20:.0f} MiB fp32) | " + " | ".join(("NumPy", "JAX", "PyTorch")) + " |",
+    "|---|---|---|---|",
+  ]
   for kind, what in (("copy", "copy (read + write)"), ("read", "read (sum)"), ("gemv", "GEMV [1, 1024] x weight")):
     by = bw["kinds"][kind]
-    lines.append(f"| {what} | " + " | ".join(
-        f"{by[fw] / 1e9:.1f} GB/s" if fw in by else "-" for fw in ("numpy", "jax", "torch")) + " |")
-  lines += ["", f"Bandwidth bound: {bw['bound_bytes_per_s'] / 1e9:.1f} GB/s, the max over every kernel above "
-            f"({bw['bound_from']}). A batch-1 decode step reads every weight once and writes almost nothing, so read "
-            "and GEMV are its kernels; copies stay in the max because any rate the memory delivered is one the bound "
-            "must reach.", ""]
+    lines.append(
+      f"| {what} | "
+      + " | ".join(f"{by[fw] / 1e9:.1f} GB/s" if fw in by else "-" for fw in ("numpy", "jax", "torch"))
+      + " |"
+    )
+  lines += [
+    "",
+    f"Bandwidth bound: {bw['bound_bytes_per_s'] / 1e9:.1f} GB/s, the max over every kernel above "
+    f"({bw['bound_from']}). A batch-1 decode step reads every weight once and writes almost nothing, so read "
+    "and GEMV are its kernels; copies stay in the max because any rate the memory delivered is one the bound "
+    "must reach.",
+    "",
+  ]
   for name in ("prefill_plain", "prefill_capture"):
     if name in roof:
       p = roof[name]
-      lines.append(f"- {name}: {p['model_flops'] / 1e9:.1f} model GFLOP; reprobe-jax {_g(p['ours_flops_per_s'])} "
-                   f"GFLOP/s ({_pct(p['ours_of_bound'], p['ours_status'])} of the compute bound), PyTorch "
-                   f"{_g(p['hf_flops_per_s'])} GFLOP/s ({_pct(p['hf_of_bound'], p['hf_status'])}).")
+      lines.append(
+        f"- {name}: {p['model_flops'] / 1e9:.1f} model GFLOP; reprobe-jax {_g(p['ours_flops_per_s'])} "
+        f"GFLOP/s ({_pct(p['ours_of_bound'], p['ours_status'])} of the compute bound), PyTorch "
+        f"{_g(p['hf_flops_per_s'])} GFLOP/s ({_pct(p['hf_of_bound'], p['hf_status'])})."
+      )
   if "ours_step_s" in d:
-    lines.append(f"- batch-1 decode reads {d['param_bytes_per_token'] / 1e6:.0f} MB of parameters per token; bound "
-                 f"{d['bound_bytes_per_s'] / 1e9:.1f} GB/s = {d['bound_tokens_per_s']:.1f} tokens/s. reprobe-jax "
-                 f"{1 / d['ours_step_s']:.1f} tokens/s = {d['ours_bytes_per_s'] / 1e9:.1f} GB/s "
-                 f"({_pct(d['ours_of_bound'], d['ours_status'])}); PyTorch {1 / d['hf_step_s']:.1f} tokens/s = "
-                 f"{d['hf_bytes_per_s'] / 1e9:.1f} GB/s ({_pct(d['hf_of_bound'], d['hf_status'])}); step time from "
-                 f"{d['step_time_source']}.")
+    lines.append(
+      f"- batch-1 decode reads {d['param_bytes_per_token'] / 1e6:.0f} MB of parameters per token; bound "
+      f"{d['bound_bytes_per_s'] / 1e9:.1f} GB/s = {d['bound_tokens_per_s']:.1f} tokens/s. reprobe-jax "
+      f"{1 / d['ours_step_s']:.1f} tokens/s = {d['ours_bytes_per_s'] / 1e9:.1f} GB/s "
+      f"({_pct(d['ours_of_bound'], d['ours_status'])}); PyTorch {1 / d['hf_step_s']:.1f} tokens/s = "
+      f"{d['hf_bytes_per_s'] / 1e9:.1f} GB/s ({_pct(d['hf_of_bound'], d['hf_status'])}); step time from "
+      f"{d['step_time_source']}."
+    )
     if "best_read_bytes_per_s" in d and d["ours_status"] == "ok":
-      lines.append(f"- The fastest read-only kernel measured ({d['best_read_from']}, "
-                   f"{d['best_read_bytes_per_s'] / 1e9:.1f} GB/s) reaches {d['best_read_of_bound']:.0%} of the bound; "
-                   f"reprobe-jax's batch-1 step streams {d['ours_of_best_read']:.2f}x that kernel's rate.")
+      lines.append(
+        f"- The fastest read-only kernel measured ({d['best_read_from']}, "
+        f"{d['best_read_bytes_per_s'] / 1e9:.1f} GB/s) reaches {d['best_read_of_bound']:.0%} of the bound; "
+        f"reprobe-jax's batch-1 step streams {d['ours_of_best_read']:.2f}x that kernel's rate."
+      )
   for e in roof.get("harness_errors", []):
     lines.append(f"- **Harness error**: {e}.")
   return lines
@@ -301,50 +407,72 @@ def roofline_markdown(roof: dict) -> list[str]:
 
 def markdown(result: dict) -> str:
   env, rows, roof = result["environment"], result["rows"], result["roofline"]
-  lines = [f"# reprobe-jax vs PyTorch transformers: {result['model']}", "",
-           f"JAX {env['jax']} ({env['jax_backend']}), torch {env['torch']} ({env['torch_device']}, "
-           f"{env['torch_threads']} threads), transformers {env['transformers']}; {env['cpu_count']} CPUs; "
-           f"{result['repeats']} repeats, median (roofline figures: best); total {result['wall_s']:.0f} s"
-           + (" (--quick)" if result["quick"] else "") + ".", ""]
+  lines = [
+    f"# reprobe-jax vs PyTorch transformers: {result['model']}",
+    "",
+    f"JAX {env['jax']} ({env['jax_backend']}), torch {env['torch']} ({env['torch_device']}, "
+    f"{env['torch_threads']} threads), transformers {env['transformers']}; {env['cpu_count']} CPUs; "
+    f"{result['repeats']} repeats, median (roofline figures: best); total {result['wall_s']:.0f} s"
+    + (" (--quick)" if result["quick"] else "")
+    + ".",
+    "",
+  ]
   lines += performance_markdown(result)
-  lines += ["## Every measurement", "",
-            "| measurement | shape | reprobe-jax | transformers | ratio | ours: first call / XLA compile (s) |",
-            "|---|---|---|---|---|---|"]
+  lines += [
+    "## Every measurement",
+    "",
+    "| measurement | shape | reprobe-jax | transformers | ratio | ours: first call / XLA compile (s) |",
+    "|---|---|---|---|---|---|",
+  ]
   for r in rows:
     unit = r["unit"].replace("_per_s", "/s")
     shape = ", ".join(f"{k} {v}" for k, v in r["shape"].items())
-    lines.append(f"| {r['title']} | {shape} | {_fmt(r['ours'][r['unit']])} {unit} | {_fmt(r['hf'][r['unit']])} "
-                 f"{unit} | {r['ratio']:.2f}x | {r['ours']['first_call_s']:.1f} / {r['ours']['xla_compile_s']:.1f} |")
+    lines.append(
+      f"| {r['title']} | {shape} | {_fmt(r['ours'][r['unit']])} {unit} | {_fmt(r['hf'][r['unit']])} "
+      f"{unit} | {r['ratio']:.2f}x | {r['ours']['first_call_s']:.1f} / {r['ours']['xla_compile_s']:.1f} |"
+    )
     if "probe" in r:
       p = r["probe"]
       if "steps_per_s" in p:
         c = p["config"]
         inc = r["prm_incremental"]
         fastest = max(r["ours"]["steps_per_s"], r["hf"]["steps_per_s"], inc["steps_per_s"])
-        lines.append(f"| Step scoring: PRM incremental (its own KV cache, each step appended when newest), "
-                     f"reprobe-jax vs our whole-text PRM | {shape} | {_fmt(inc['steps_per_s'])} steps/s | (whole "
-                     f"text) {_fmt(r['ours']['steps_per_s'])} steps/s | "
-                     f"{inc['steps_per_s'] / r['ours']['steps_per_s']:.2f}x | {inc['first_call_s']:.1f} / "
-                     f"{inc['xla_compile_s']:.1f} |")
-        lines.append(f"| Step scoring: probe (docs/method.md §A4, d={c['d_model']}, {c['n_layers']} layer, {p['params']:,} "
-                     f"params) over packed windows of captured last-layer hidden states vs the PRM's fastest path "
-                     f"| {shape} | {_fmt(p['steps_per_s'])} steps/s | (PRM) {_fmt(fastest)} steps/s | "
-                     f"{p['vs_best_prm']:.2f}x | {p['first_call_s']:.1f} / {p['xla_compile_s']:.1f} |")
+        lines.append(
+          f"| Step scoring: PRM incremental (its own KV cache, each step appended when newest), "
+          f"reprobe-jax vs our whole-text PRM | {shape} | {_fmt(inc['steps_per_s'])} steps/s | (whole "
+          f"text) {_fmt(r['ours']['steps_per_s'])} steps/s | "
+          f"{inc['steps_per_s'] / r['ours']['steps_per_s']:.2f}x | {inc['first_call_s']:.1f} / "
+          f"{inc['xla_compile_s']:.1f} |"
+        )
+        lines.append(
+          f"| Step scoring: probe (docs/method.md §A4, d={c['d_model']}, {c['n_layers']} layer, {p['params']:,} "
+          f"params) over packed windows of captured last-layer hidden states vs the PRM's fastest path "
+          f"| {shape} | {_fmt(p['steps_per_s'])} steps/s | (PRM) {_fmt(fastest)} steps/s | "
+          f"{p['vs_best_prm']:.2f}x | {p['first_call_s']:.1f} / {p['xla_compile_s']:.1f} |"
+        )
       else:
         lines.append(f"| Step scoring: probe over captured features | | {p['status']} | | | |")
   sc = result.get("shared_context")
   if sc is not None:
     sh = sc["shape"]
-    lines += ["", f"## Shared context: {sh['continuations']} continuations of a {sh['context']}-token context", "",
-              "Prefill the context once, branch the rows, greedy-decode "
-              f"{sh['new_tokens']} tokens each; rows reading one shared prefix vs rows holding a copy of it.", "",
-              "| rows | time (s, median) | tokens/s | KV cache bytes |", "|---|---|---|---|"]
+    lines += [
+      "",
+      f"## Shared context: {sh['continuations']} continuations of a {sh['context']}-token context",
+      "",
+      "Prefill the context once, branch the rows, greedy-decode "
+      f"{sh['new_tokens']} tokens each; rows reading one shared prefix vs rows holding a copy of it.",
+      "",
+      "| rows | time (s, median) | tokens/s | KV cache bytes |",
+      "|---|---|---|---|",
+    ]
     for name in ("shared", "copied"):
       side = sc[name]
       lines.append(f"| {name} | {side['median_s']:.3f} | {_fmt(side['tokens_per_s'])} | {side['cache_bytes']:,} |")
-    lines.append(f"\nShared prefix: {sc['speedup']:.2f}x the speed, {sc['memory_ratio']:.1f}x less cache memory; "
-                 f"greedy tokens equal {sc['parity']['tokens_equal']:.0%}, log-prob max diff "
-                 f"{sc['parity']['logprob_max_abs']:.1e}.")
+    lines.append(
+      f"\nShared prefix: {sc['speedup']:.2f}x the speed, {sc['memory_ratio']:.1f}x less cache memory; "
+      f"greedy tokens equal {sc['parity']['tokens_equal']:.0%}, log-prob max diff "
+      f"{sc['parity']['logprob_max_abs']:.1e}."
+    )
   if result.get("search") is not None:
     lines += search_markdown(result["search"], env)
   if result.get("spae") is not None:
@@ -358,15 +486,22 @@ def markdown(result: dict) -> str:
   step = next((r for r in rows if r["name"] == "step_scoring" and "flops" in r), None)
   if step is not None:
     f = step["flops"]
-    lines.append(f"- step scoring: the PRM does {f['prm_macs_per_step'] / 1e6:.1f} M multiply-adds per scored step "
-                 f"(backbone per step token and separator), the probe {f['probe_macs_per_step'] / 1e6:.1f} M (per "
-                 f"window token, windows [0, step end)): at equal FLOP rates the probe is {f['ratio']:.1f}x cheaper; "
-                 "the probe's windows grow with the step's position, the PRM's work with the step's length.")
+    lines.append(
+      f"- step scoring: the PRM does {f['prm_macs_per_step'] / 1e6:.1f} M multiply-adds per scored step "
+      f"(backbone per step token and separator), the probe {f['probe_macs_per_step'] / 1e6:.1f} M (per "
+      f"window token, windows [0, step end)): at equal FLOP rates the probe is {f['ratio']:.1f}x cheaper; "
+      "the probe's windows grow with the step's position, the PRM's work with the step's length."
+    )
   if result.get("compile") is not None:
     from bench import compile as compile_bench
+
     lines += [""] + compile_bench.markdown(result["compile"])
-  lines += ["", "Parity (same weights, same inputs): " + "; ".join(
-      f"{r['name']}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.get("parity", {}).items()) for r in rows), ""]
+  lines += [
+    "",
+    "Parity (same weights, same inputs): "
+    + "; ".join(f"{r['name']}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.get("parity", {}).items()) for r in rows),
+    "",
+  ]
   return "\n".join(lines)
 
 
@@ -375,49 +510,70 @@ def search_markdown(search: dict, env: dict) -> list[str]:
   c, rows, par = search["config"], {r["name"]: r for r in search["rows"]}, search["parity"]
   s = c["sampling"]
   ref, bon = rows["beam_vs_reference"], rows["beam_vs_best_of_n"]
-  lines = ["", f"## Step-level beam search: B={c['beams']}, N={c['n']}, {c['max_steps']} rounds", "",
-           f"{search['problems']} problems ({search['prompts']}), each trajectory's budget {c['max_new_tokens']} "
-           f"tokens, T={s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}; scorer: {search['scorer']} "
-           "(ours reads the log-probs the decode captured; the reference runs one full forward per candidate text). "
-           f"Machine: {env['machine']}. Throughput counts each side's own sampled steps and generated tokens.", "",
-           "| measurement | sampled steps | tokens | time (s, median) | steps/s | tokens/s "
-           "| first call / XLA compile (s) |",
-           "|---|---|---|---|---|---|---|"]
-  sides = [("reprobe-jax beam search (all problems in one jitted search)", ref["ours"]),
-           ("search-and-learn-style loop, PyTorch transformers (per problem, per beam)", ref["hf"]),
-           (f"reprobe-jax Best-of-N (n={c['beams'] * c['n']})", bon["best_of_n"])]
+  lines = [
+    "",
+    f"## Step-level beam search: B={c['beams']}, N={c['n']}, {c['max_steps']} rounds",
+    "",
+    f"{search['problems']} problems ({search['prompts']}), each trajectory's budget {c['max_new_tokens']} "
+    f"tokens, T={s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}; scorer: {search['scorer']} "
+    "(ours reads the log-probs the decode captured; the reference runs one full forward per candidate text). "
+    f"Machine: {env['machine']}. Throughput counts each side's own sampled steps and generated tokens.",
+    "",
+    "| measurement | sampled steps | tokens | time (s, median) | steps/s | tokens/s | first call / XLA compile (s) |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  sides = [
+    ("reprobe-jax beam search (all problems in one jitted search)", ref["ours"]),
+    ("search-and-learn-style loop, PyTorch transformers (per problem, per beam)", ref["hf"]),
+    (f"reprobe-jax Best-of-N (n={c['beams'] * c['n']})", bon["best_of_n"]),
+  ]
   for what, s in sides:
-    lines.append(f"| {what} | {s['sampled_steps']} | {s['generated_tokens']} | {s['median_s']:.2f} | "
-                 f"{_fmt(s['steps_per_s'])} | {_fmt(s['tokens_per_s'])} | {s['first_call_s']:.1f} / "
-                 f"{s['xla_compile_s']:.1f} |")
+    lines.append(
+      f"| {what} | {s['sampled_steps']} | {s['generated_tokens']} | {s['median_s']:.2f} | "
+      f"{_fmt(s['steps_per_s'])} | {_fmt(s['tokens_per_s'])} | {s['first_call_s']:.1f} / "
+      f"{s['xla_compile_s']:.1f} |"
+    )
   same = par["score_max_abs"]
-  lines += ["", f"Beam search vs the reference loop: {ref['ratio']:.2f}x the sampled steps/s "
-            f"({ref['tokens_ratio']:.2f}x the tokens/s; {ref['ratio_of_min_times']:.2f}x on the fastest repeats; "
-            f"PyTorch on {ref['torch_threads']} threads). Beam search per sampled step costs {bon['cost_ratio']:.2f}x "
-            "Best-of-N. Greedy "
-            f"(B={par['beams']}, N={par['n']}, {par['max_steps']} rounds): both sides select the same steps on "
-            f"{par['problems_equal']:.0%} of {par['problems']} problems"
-            + (f", step scores within {same:.1e}." if same is not None else ".")]
+  lines += [
+    "",
+    f"Beam search vs the reference loop: {ref['ratio']:.2f}x the sampled steps/s "
+    f"({ref['tokens_ratio']:.2f}x the tokens/s; {ref['ratio_of_min_times']:.2f}x on the fastest repeats; "
+    f"PyTorch on {ref['torch_threads']} threads). Beam search per sampled step costs {bon['cost_ratio']:.2f}x "
+    "Best-of-N. Greedy "
+    f"(B={par['beams']}, N={par['n']}, {par['max_steps']} rounds): both sides select the same steps on "
+    f"{par['problems_equal']:.0%} of {par['problems']} problems"
+    + (f", step scores within {same:.1e}." if same is not None else "."),
+  ]
   sc = search.get("scorers")
   if sc is not None:
-    lines += ["", "Per searched problem, the same beam search by scorer (each side's own selections):", "",
-              "| scorer | sampled steps | s per problem (median) | scorer's share over perplexity (s) |",
-              "|---|---|---|---|"]
+    lines += [
+      "",
+      "Per searched problem, the same beam search by scorer (each side's own selections):",
+      "",
+      "| scorer | sampled steps | s per problem (median) | scorer's share over perplexity (s) |",
+      "|---|---|---|---|",
+    ]
     for name, side in sc["sides"].items():
       extra = sc["scoring_seconds_per_problem"].get(name)
-      lines.append(f"| {name} | {side['sampled_steps']} | {side['seconds_per_problem']:.2f} | "
-                   f"{'-' if extra is None else f'{extra:.2f}'} |")
+      lines.append(
+        f"| {name} | {side['sampled_steps']} | {side['seconds_per_problem']:.2f} | "
+        f"{'-' if extra is None else f'{extra:.2f}'} |"
+      )
     ratio = sc["scoring_ratio"]
-    lines.append(f"\nPRM-guided search costs {sc['per_problem_ratio']:.2f}x the probe-guided one per problem"
-                 + (f"; the PRM's scoring {ratio:.1f}x the probe's." if ratio is not None else "."))
+    lines.append(
+      f"\nPRM-guided search costs {sc['per_problem_ratio']:.2f}x the probe-guided one per problem"
+      + (f"; the PRM's scoring {ratio:.1f}x the probe's." if ratio is not None else ".")
+    )
   return lines
 
 
 def chart(result: dict, path: str) -> None:
   """Horizontal bars of throughput (log scale), reprobe-jax next to transformers for every row."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   rows = result["rows"]
   labels = [f"{r['name']} ({r['unit'].replace('_per_s', '/s')})" for r in rows]
   ours = [r["ours"][r["unit"]] for r in rows]

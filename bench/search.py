@@ -1,5 +1,5 @@
-"""Step-level beam search (docs/method.md §A7) against a search-and-learn-style loop in PyTorch `transformers`, and against our
-own Best-of-N at the same number of sampled steps.
+"""Step-level beam search (docs/method.md §A7) against a search-and-learn-style loop in PyTorch `transformers`, and
+against our own Best-of-N at the same number of sampled steps.
 
 The reference runs as search-and-learn does (one problem at a time, the scorer re-reading whole texts): per problem,
 per round, per live beam, HF `generate` samples N candidate next steps (num_return_sequences=N, stopped at the step
@@ -36,6 +36,7 @@ LINE_WORD_EVERY = 4  # the tiny model's word vocabulary: every 4th word ends a l
 
 def _torch():
   import torch
+
   return torch
 
 
@@ -47,8 +48,10 @@ def word_tokenizer(vocab_size: int):
   'w{i}.\\n' for every LINE_WORD_EVERY-th id, so a random model takes line steps of a few tokens."""
   from tokenizers import Tokenizer, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
-  words = ["<pad>"] + [f"w{i}.\n" if i % LINE_WORD_EVERY == LINE_WORD_EVERY - 1 else f"w{i}"
-                       for i in range(1, vocab_size)]
+
+  words = ["<pad>"] + [
+    f"w{i}.\n" if i % LINE_WORD_EVERY == LINE_WORD_EVERY - 1 else f"w{i}" for i in range(1, vocab_size)
+  ]
   tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
   tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
   return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
@@ -63,6 +66,7 @@ def target(pair: Pair, n_problems: int, seed: int = 0) -> tuple[LanguageModel, l
   if pair.tokenizer is not None:
     from reprobe_jax import tasks
     from reprobe_jax.trajectories import prompt_text
+
     problems = tasks.make_problems("arithmetic", n_problems, seed=seed, difficulty=2)
     return lm, lm.encode([prompt_text(lm, p, "line") for p in problems]), "arithmetic problems (prompt_text, line mode)"
   lm = lm.sharing_weights(tokenizer=word_tokenizer(lm.config.vocab_size))
@@ -99,6 +103,7 @@ def _stop_criteria(transitions: np.ndarray, ends: np.ndarray, eos: np.ndarray, s
   """A StoppingCriteria that runs the step boundary's StopTable per row (from the beams' automaton states [N]) over
   the tokens generate appends after `start`; it records where each row's step ended."""
   import transformers
+
   torch = _torch()
 
   class StepStop(transformers.StoppingCriteria):
@@ -139,23 +144,28 @@ def _score_step(hf, device, prompt: list[int], response: list[int], span: tuple[
   keep = end - start + 1  # logits from the position before the step's first token
   with torch.inference_mode():
     logits = hf(input_ids=ids, logits_to_keep=keep).logits[0, :-1].float()  # [end - start, V]
-  tok = ids[0, len(prompt) + start:len(prompt) + end]
+  tok = ids[0, len(prompt) + start : len(prompt) + end]
   return float(-torch.log_softmax(logits, -1).gather(-1, tok[:, None]).mean())
 
 
-def hf_beam_search(hf, device, tokenizer, table, eos_ids, pad_id: int, prompts: list[list[int]],
-                   cfg: SearchConfig) -> list[dict]:
+def hf_beam_search(
+  hf, device, tokenizer, table, eos_ids, pad_id: int, prompts: list[list[int]], cfg: SearchConfig
+) -> list[dict]:
   """The search-and-learn-style loop (module docstring), one problem after another: per problem {'beams': its B
   RefBeams (best first by their last selected step's score), 'sampled_steps', 'generated_tokens'}."""
   import transformers
+
   torch = _torch()
   transitions = np.asarray(table.transitions)  # [S, V] automaton nodes (line mode counts no characters)
   ends = np.asarray(table.ends).astype(np.int32)
   eos = np.zeros(transitions.shape[1], bool)
   eos[list(eos_ids)] = True
   p = cfg.sampling
-  sample = ({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if p.greedy else
-            {"do_sample": True, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p})
+  sample = (
+    {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    if p.greedy
+    else {"do_sample": True, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p}
+  )
   out = []
   for prompt in prompts:
     beams = [RefBeam([], [], [], 0) for _ in range(cfg.beams)]
@@ -172,11 +182,17 @@ def hf_beam_search(hf, device, tokenizer, table, eos_ids, pad_id: int, prompts: 
         if greedy:  # generate refuses num_return_sequences > 1 without sampling
           ids = ids.expand(cfg.n, -1)
         with torch.inference_mode():
-          seqs = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=cfg.max_new_tokens
-                             - len(beam.response), num_return_sequences=1 if greedy else cfg.n,
-                             stopping_criteria=transformers.StoppingCriteriaList([stop]), pad_token_id=pad_id,
-                             eos_token_id=list(eos_ids) or None, **sample)
-        new = seqs[:, len(ctx):].cpu().numpy()
+          seqs = hf.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=cfg.max_new_tokens - len(beam.response),
+            num_return_sequences=1 if greedy else cfg.n,
+            stopping_criteria=transformers.StoppingCriteriaList([stop]),
+            pad_token_id=pad_id,
+            eos_token_id=list(eos_ids) or None,
+            **sample,
+          )
+        new = seqs[:, len(ctx) :].cpu().numpy()
         for j in range(cfg.n):
           n_new = int(stop.stop[j]) if stop.stop[j] >= 0 else new.shape[1]
           response = beam.response + new[j, :n_new].tolist()
@@ -186,7 +202,7 @@ def hf_beam_search(hf, device, tokenizer, table, eos_ids, pad_id: int, prompts: 
             reason = "eos"
           elif stop.stop[j] < 0:
             reason = "length"
-          elif _is_answer(tokenizer, response[span[0]:span[1]]):
+          elif _is_answer(tokenizer, response[span[0] : span[1]]):
             reason = "answer"
           elif steps >= cfg.max_steps:
             reason = "max_steps"
@@ -200,7 +216,7 @@ def hf_beam_search(hf, device, tokenizer, table, eos_ids, pad_id: int, prompts: 
           generated += n_new
       kept = [b for b in beams if b.reason is not None]
       order = sorted(range(len(cands)), key=lambda i: (math.inf if math.isnan(cands[i].last) else cands[i].last, i))
-      beams = kept + [cands[i] for i in order[:cfg.beams - len(kept)]]
+      beams = kept + [cands[i] for i in order[: cfg.beams - len(kept)]]
     beams.sort(key=lambda b: (math.isnan(b.last), 0.0 if math.isnan(b.last) else b.last))
     out.append({"beams": beams, "sampled_steps": sampled, "generated_tokens": generated})
   return out
@@ -212,8 +228,10 @@ def hf_beam_search(hf, device, tokenizer, table, eos_ids, pad_id: int, prompts: 
 def _reference_args(pair: Pair, lm: LanguageModel):
   table = StepBoundary("line").compile(lm.tokenizer, lm.config.vocab_size)
   if table.gate_at.size:
-    raise ConfigError("bench.search: the reference's host stop rule runs boundaries that count no characters "
-                      "(line mode); this StopTable counts them")
+    raise ConfigError(
+      "bench.search: the reference's host stop rule runs boundaries that count no characters "
+      "(line mode); this StopTable counts them"
+    )
   eos_ids = [int(i) for i in np.flatnonzero(np.asarray(lm.eos_mask()))]
   return pair.hf, pair.device, lm.tokenizer, table, eos_ids, lm.pad_id()
 
@@ -224,8 +242,13 @@ def _sync(pair: Pair):
 
 
 def _side(timing, steps: int, tokens: int) -> dict:
-  return {"sampled_steps": steps, "generated_tokens": tokens, "steps_per_s": steps / timing.median_s,
-          "tokens_per_s": tokens / timing.median_s, **timing.to_json()}
+  return {
+    "sampled_steps": steps,
+    "generated_tokens": tokens,
+    "steps_per_s": steps / timing.median_s,
+    "tokens_per_s": tokens / timing.median_s,
+    **timing.to_json(),
+  }
 
 
 def _ours(lm, prompts, cfg, repeats: int, strategy=beam_search):
@@ -253,13 +276,19 @@ def vs_reference(pair: Pair, lm: LanguageModel, prompts, cfg: SearchConfig, ours
 
   t_ref, res = time_call(ref, repeats)
   hf = _side(t_ref, sum(r["sampled_steps"] for r in res), sum(r["generated_tokens"] for r in res))
-  return {"name": "beam_vs_reference", "title": "Step-level beam search: reprobe-jax (all problems in one jitted "
-          "search) vs a search-and-learn-style loop in PyTorch transformers (per problem, per beam generate, "
-          "a full forward per candidate)", "ours": ours, "hf": hf, "ratio": ours["steps_per_s"] / hf["steps_per_s"],
-          "tokens_ratio": ours["tokens_per_s"] / hf["tokens_per_s"],
-          # the least-disturbed repeats: PyTorch's threads are hit hard when other processes share the cores
-          "ratio_of_min_times": (ours["sampled_steps"] / ours["min_s"]) / (hf["sampled_steps"] / hf["min_s"]),
-          "torch_threads": torch.get_num_threads()}
+  return {
+    "name": "beam_vs_reference",
+    "title": "Step-level beam search: reprobe-jax (all problems in one jitted "
+    "search) vs a search-and-learn-style loop in PyTorch transformers (per problem, per beam generate, "
+    "a full forward per candidate)",
+    "ours": ours,
+    "hf": hf,
+    "ratio": ours["steps_per_s"] / hf["steps_per_s"],
+    "tokens_ratio": ours["tokens_per_s"] / hf["tokens_per_s"],
+    # the least-disturbed repeats: PyTorch's threads are hit hard when other processes share the cores
+    "ratio_of_min_times": (ours["sampled_steps"] / ours["min_s"]) / (hf["sampled_steps"] / hf["min_s"]),
+    "torch_threads": torch.get_num_threads(),
+  }
 
 
 def vs_best_of_n(lm: LanguageModel, prompts, cfg: SearchConfig, beam: dict, repeats: int) -> dict:
@@ -269,9 +298,14 @@ def vs_best_of_n(lm: LanguageModel, prompts, cfg: SearchConfig, beam: dict, repe
   bon_cfg = dataclasses.replace(cfg, strategy="best_of_n", n=cfg.beams * cfg.n, beams=1)
   t_bon, _, n_steps, n_tokens = _ours(lm, prompts, bon_cfg, repeats, strategy=best_of_n)
   bon = _side(t_bon, n_steps, n_tokens)
-  return {"name": "beam_vs_best_of_n", "title": f"Our beam search (B={cfg.beams}, N={cfg.n}) vs our Best-of-N "
-          f"(n={cfg.beams * cfg.n}), same prompts, steps and token budget", "beam": beam, "best_of_n": bon,
-          "cost_ratio": bon["steps_per_s"] / beam["steps_per_s"]}
+  return {
+    "name": "beam_vs_best_of_n",
+    "title": f"Our beam search (B={cfg.beams}, N={cfg.n}) vs our Best-of-N "
+    f"(n={cfg.beams * cfg.n}), same prompts, steps and token budget",
+    "beam": beam,
+    "best_of_n": bon,
+    "cost_ratio": bon["steps_per_s"] / beam["steps_per_s"],
+  }
 
 
 def same_steps(pair: Pair, lm: LanguageModel, prompts, cfg: SearchConfig) -> dict:
@@ -293,9 +327,15 @@ def same_steps(pair: Pair, lm: LanguageModel, prompts, cfg: SearchConfig) -> dic
     equal.append(same)
     if same:
       diffs.append(float(np.nanmax(np.abs(np.asarray(c.step_scores) - np.asarray(scores)))) if scores else 0.0)
-  return {"beams": cfg.beams, "n": cfg.n, "max_steps": cfg.max_steps, "problems": len(prompts),
-          "problems_equal": float(np.mean(equal)), "score_max_abs": max(diffs) if diffs else None,
-          "steps_selected": [len(o.candidates[0].steps) for o in ours]}
+  return {
+    "beams": cfg.beams,
+    "n": cfg.n,
+    "max_steps": cfg.max_steps,
+    "problems": len(prompts),
+    "problems_equal": float(np.mean(equal)),
+    "score_max_abs": max(diffs) if diffs else None,
+    "steps_selected": [len(o.candidates[0].steps) for o in ours],
+  }
 
 
 def probe_vs_prm(lm: LanguageModel, prompts, cfg: SearchConfig, repeats: int) -> dict:
@@ -311,26 +351,46 @@ def probe_vs_prm(lm: LanguageModel, prompts, cfg: SearchConfig, repeats: int) ->
   from reprobe_jax.probe import Probe, ProbeConfig
   from reprobe_jax.probe.bundle import ProbeBundle
   from reprobe_jax.scorers import PRMScorer, ProbeScorer
+
   spec = FeatureSpec.from_name("hidden")
   pcfg = ProbeConfig(feature_dim=spec.dim(lm.config))
   _, params = nnx.split(Probe(pcfg, rngs=nnx.Rngs(0)))
-  scorers = {"probe": ProbeScorer(ProbeBundle.create(pcfg, params, spec, model_fingerprint(lm))),
-             "prm": PRMScorer(from_target(lm, separator_id=lm.pad_id(), seed=0)), "perplexity": get_scorer(SCORER)}
+  scorers = {
+    "probe": ProbeScorer(ProbeBundle.create(pcfg, params, spec, model_fingerprint(lm))),
+    "prm": PRMScorer(from_target(lm, separator_id=lm.pad_id(), seed=0)),
+    "perplexity": get_scorer(SCORER),
+  }
   sides = {}
   for name, scorer in scorers.items():
     t, res = time_call(lambda scorer=scorer: beam_search(lm, scorer, prompts, cfg, mode="line"), repeats)
-    sides[name] = {**_side(t, sum(r.sampled_steps for r in res), sum(r.generated_tokens for r in res)),
-                   "seconds_per_problem": t.median_s / len(prompts)}
+    sides[name] = {
+      **_side(t, sum(r.sampled_steps for r in res), sum(r.generated_tokens for r in res)),
+      "seconds_per_problem": t.median_s / len(prompts),
+    }
   floor = sides["perplexity"]["seconds_per_problem"]
   over = {k: max(sides[k]["seconds_per_problem"] - floor, 0.0) for k in ("probe", "prm")}
-  return {"name": "probe_vs_prm_search", "sides": sides, "problems": len(prompts),
-          "per_problem_ratio": sides["prm"]["seconds_per_problem"] / sides["probe"]["seconds_per_problem"],
-          "scoring_seconds_per_problem": over,
-          "scoring_ratio": over["prm"] / over["probe"] if over["probe"] > 0 else None}
+  return {
+    "name": "probe_vs_prm_search",
+    "sides": sides,
+    "problems": len(prompts),
+    "per_problem_ratio": sides["prm"]["seconds_per_problem"] / sides["probe"]["seconds_per_problem"],
+    "scoring_seconds_per_problem": over,
+    "scoring_ratio": over["prm"] / over["probe"] if over["probe"] > 0 else None,
+  }
 
 
-def run_all(pair: Pair, *, problems: int, beams: int, n: int, steps: int, new_tokens: int, repeats: int,
-            check_steps: int, log=print) -> dict:
+def run_all(
+  pair: Pair,
+  *,
+  problems: int,
+  beams: int,
+  n: int,
+  steps: int,
+  new_tokens: int,
+  repeats: int,
+  check_steps: int,
+  log=print,
+) -> dict:
   """Every search measurement on one target: the 'search' section of bench.run's results."""
   lm, prompts, what = target(pair, problems)
   cfg = search_config(beams, n, steps, new_tokens)
@@ -338,17 +398,30 @@ def run_all(pair: Pair, *, problems: int, beams: int, n: int, steps: int, new_to
   t, _, sampled, tokens = _ours(lm, prompts, cfg, repeats)
   beam = _side(t, sampled, tokens)
   ref = vs_reference(pair, lm, prompts, cfg, beam, repeats)
-  log(f"  beam search {ref['ours']['steps_per_s']:.1f} vs reference {ref['hf']['steps_per_s']:.1f} sampled steps/s "
-      f"({ref['ratio']:.1f}x)")
+  log(
+    f"  beam search {ref['ours']['steps_per_s']:.1f} vs reference {ref['hf']['steps_per_s']:.1f} sampled steps/s "
+    f"({ref['ratio']:.1f}x)"
+  )
   bon = vs_best_of_n(lm, prompts, cfg, beam, repeats)
-  log(f"  beam search {bon['beam']['steps_per_s']:.1f} vs Best-of-N {bon['best_of_n']['steps_per_s']:.1f} sampled "
-      f"steps/s (beam costs {bon['cost_ratio']:.2f}x per step)")
+  log(
+    f"  beam search {bon['beam']['steps_per_s']:.1f} vs Best-of-N {bon['best_of_n']['steps_per_s']:.1f} sampled "
+    f"steps/s (beam costs {bon['cost_ratio']:.2f}x per step)"
+  )
   parity = same_steps(pair, lm, prompts, search_config(min(beams, 2), 1, check_steps, new_tokens))
   log(f"  greedy: same selected steps on {parity['problems_equal']:.0%} of the problems")
   scorers = probe_vs_prm(lm, prompts, cfg, repeats)
-  log(f"  per searched problem: probe {scorers['sides']['probe']['seconds_per_problem']:.2f} s, PRM "
-      f"{scorers['sides']['prm']['seconds_per_problem']:.2f} s, perplexity "
-      f"{scorers['sides']['perplexity']['seconds_per_problem']:.2f} s")
-  return {"prompts": what, "problems": len(prompts), "prompt_tokens": [len(p) for p in prompts],
-          "config": dataclasses.asdict(cfg), "scorer": SCORER, "rows": [ref, bon], "parity": parity,
-          "scorers": scorers}
+  log(
+    f"  per searched problem: probe {scorers['sides']['probe']['seconds_per_problem']:.2f} s, PRM "
+    f"{scorers['sides']['prm']['seconds_per_problem']:.2f} s, perplexity "
+    f"{scorers['sides']['perplexity']['seconds_per_problem']:.2f} s"
+  )
+  return {
+    "prompts": what,
+    "problems": len(prompts),
+    "prompt_tokens": [len(p) for p in prompts],
+    "config": dataclasses.asdict(cfg),
+    "scorer": SCORER,
+    "rows": [ref, bon],
+    "parity": parity,
+    "scorers": scorers,
+  }

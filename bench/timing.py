@@ -54,9 +54,16 @@ class Timing:
     return min(self.times_s)
 
   def to_json(self) -> dict:
-    return {"median_s": self.median_s, "min_s": self.min_s, "first_call_s": self.first_s,
-            "xla_compile_s": self.compile_s, "xla_compiles": self.compiles, "steady_compiles": self.steady_compiles,
-            "times_s": self.times_s, "load_1min": self.load_1min}
+    return {
+      "median_s": self.median_s,
+      "min_s": self.min_s,
+      "first_call_s": self.first_s,
+      "xla_compile_s": self.compile_s,
+      "xla_compiles": self.compiles,
+      "steady_compiles": self.steady_compiles,
+      "times_s": self.times_s,
+      "load_1min": self.load_1min,
+    }
 
 
 def time_call(fn: Callable[[], object], repeats: int) -> tuple[Timing, object]:
@@ -102,6 +109,7 @@ def threads() -> dict:
   """The thread counts the timings ran with: XLA's CPU intra-op pool (its 'tf_XLAEigen' threads, counted after a
   computation has started them), PyTorch's intra-op threads, and the CPUs this process may run on."""
   import torch
+
   jnp.dot(jnp.ones((256, 256)), jnp.ones((256, 256))).block_until_ready()
   names = []
   for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
@@ -112,9 +120,13 @@ def threads() -> dict:
       pass
   eigen = sum(n.startswith("tf_XLAEigen") for n in names) if names else None
   cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {"xla_intra_op": eigen, "torch_intra_op": torch.get_num_threads(),
-          "torch_inter_op": torch.get_num_interop_threads(), "affinity_cpus": cpus,
-          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+  return {
+    "xla_intra_op": eigen,
+    "torch_intra_op": torch.get_num_threads(),
+    "torch_inter_op": torch.get_num_interop_threads(),
+    "affinity_cpus": cpus,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +152,16 @@ def gemm_shapes(cfg, ms) -> list[Gemm]:
   projections, gate, up and down, the LM head. Projections of equal [k, n] are one entry (their names joined)."""
   d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
   q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
-  weights = [("q_proj", d, q), ("k_proj", d, kv), ("v_proj", d, kv), ("o_proj", q, d), ("gate_proj", d, f),
-             ("up_proj", d, f), ("down_proj", f, d), ("lm_head", d, cfg.vocab_size)]
+  weights = [
+    ("q_proj", d, q),
+    ("k_proj", d, kv),
+    ("v_proj", d, kv),
+    ("o_proj", q, d),
+    ("gate_proj", d, f),
+    ("up_proj", d, f),
+    ("down_proj", f, d),
+    ("lm_head", d, cfg.vocab_size),
+  ]
   by_shape: dict[tuple[int, int], list[str]] = {}
   for name, k, n in weights:
     by_shape.setdefault((k, n), []).append(name)
@@ -158,6 +178,7 @@ def matmul_peaks(shapes: list[Gemm], square_n: int, repeats: int) -> dict:
   on each of `shapes` and on a square_n^3 matmul (NumPy too). `peak_flops_per_s` is the max over every figure: a
   lower bound on what the machine can do, so no model FLOP rate should exceed it; `peak_from` names the figure."""
   import torch
+
   dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
   jdot = jax.jit(jnp.dot)
 
@@ -180,21 +201,36 @@ def matmul_peaks(shapes: list[Gemm], square_n: int, repeats: int) -> dict:
     return out
 
   rows = [{**g.to_json(), **measure(g.m, g.k, g.n)} for g in shapes]
-  square = {"name": "square", "m": square_n, "k": square_n, "n": square_n, "flops": 2.0 * square_n**3,
-            **measure(square_n, square_n, square_n, with_numpy=True)}
-  return _peak_summary({"repeats": repeats, "passes": 1, "statistic": "best", "threads": threads(), "shapes": rows,
-                        "square": square})
+  square = {
+    "name": "square",
+    "m": square_n,
+    "k": square_n,
+    "n": square_n,
+    "flops": 2.0 * square_n**3,
+    **measure(square_n, square_n, square_n, with_numpy=True),
+  }
+  return _peak_summary(
+    {"repeats": repeats, "passes": 1, "statistic": "best", "threads": threads(), "shapes": rows, "square": square}
+  )
 
 
 def _peak_summary(peaks: dict) -> dict:
   """`peaks` with its maxima filled in: over every figure (peak_flops_per_s, peak_from) and per framework."""
   every = peaks["shapes"] + [peaks["square"]]
-  figures = [(v, f"{key.split('_')[0]} {r['name']} M={r['m']}" if r["name"] != "square" else
-              f"{key.split('_')[0]} {r['n']}^3") for r in every for key, v in r.items() if key.endswith("_flops_per_s")]
+  figures = [
+    (v, f"{key.split('_')[0]} {r['name']} M={r['m']}" if r["name"] != "square" else f"{key.split('_')[0]} {r['n']}^3")
+    for r in every
+    for key, v in r.items()
+    if key.endswith("_flops_per_s")
+  ]
   peak, source = max(figures)
-  return {**peaks, "jax_peak_flops_per_s": max(r["jax_flops_per_s"] for r in every),
-          "torch_peak_flops_per_s": max(r["torch_flops_per_s"] for r in every), "peak_flops_per_s": peak,
-          "peak_from": source}
+  return {
+    **peaks,
+    "jax_peak_flops_per_s": max(r["jax_flops_per_s"] for r in every),
+    "torch_peak_flops_per_s": max(r["torch_flops_per_s"] for r in every),
+    "peak_flops_per_s": peak,
+    "peak_from": source,
+  }
 
 
 def _bandwidth_summary(bw: dict) -> dict:
@@ -213,8 +249,9 @@ def best_of(first: dict, second: dict) -> dict:
     out["shapes"] = [merge(a, b) for a, b in zip(first["shapes"], second["shapes"], strict=True)]
     out["square"] = merge(first["square"], second["square"])
     return _peak_summary(out)
-  out["kinds"] = {kind: {fw: max(v, second["kinds"][kind][fw]) for fw, v in by.items()}
-                  for kind, by in first["kinds"].items()}
+  out["kinds"] = {
+    kind: {fw: max(v, second["kinds"][kind][fw]) for fw, v in by.items()} for kind, by in first["kinds"].items()
+  }
   return _bandwidth_summary(out)
 
 
@@ -230,6 +267,7 @@ def bandwidth(nbytes: int, repeats: int) -> dict:
   the bound run from cache while the decode cannot.
   """
   import torch
+
   k = 1024
   n = max(k, nbytes // 4 // k * k)  # elements; a multiple of the GEMV's row length
   src = np.ones(n, np.float32)
@@ -261,8 +299,9 @@ def bandwidth(nbytes: int, repeats: int) -> dict:
     figures["read"]["torch"] = size / best_time(lambda: t.sum(), repeats)
     figures["gemv"]["torch"] = size / best_time(lambda: torch.mm(tx, tw), repeats)
   del src, t, tw
-  return _bandwidth_summary({"bytes": int(size), "repeats": repeats, "passes": 1, "statistic": "best",
-                             "kinds": figures})
+  return _bandwidth_summary(
+    {"bytes": int(size), "repeats": repeats, "passes": 1, "statistic": "best", "kinds": figures}
+  )
 
 
 def forward_flops(cfg, batch: int, seq: int) -> float:

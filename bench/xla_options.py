@@ -7,6 +7,7 @@ speed hit both alike. Per batch: the fastest total of each and the per-token ste
 budgets, as the bench's decode rows), and whether both gave the same greedy tokens. Prints a table with the
 machine line.
 """
+
 import argparse
 import os
 import time
@@ -18,8 +19,11 @@ def compare(lm, prompts: np.ndarray, n_new: int, rounds: int) -> dict:
   """{'options'|'defaults': {'total_s', 'step_s'}, 'same_tokens'} for one batch of prompts [B, P]."""
   from reprobe_jax.models import decoding
   from reprobe_jax.models.sampling import SamplingParams
-  sides = {"options": (decoding.prefill, decoding.decode),
-           "defaults": (decoding.prefill_in_jit, decoding.decode_in_jit)}
+
+  sides = {
+    "options": (decoding.prefill, decoding.decode),
+    "defaults": (decoding.prefill_in_jit, decoding.decode_in_jit),
+  }
   short = n_new // 2 + 1
   greedy = SamplingParams(temperature=0)
   lists = prompts.tolist()
@@ -39,8 +43,10 @@ def compare(lm, prompts: np.ndarray, n_new: int, rounds: int) -> dict:
             tokens[name] = np.asarray(gen.tokens)
   finally:
     decoding.prefill, decoding.decode = saved
-  out = {name: {"total_s": best[(name, n_new)],
-                "step_s": (best[(name, n_new)] - best[(name, short)]) / (n_new - short)} for name in sides}
+  out = {
+    name: {"total_s": best[(name, n_new)], "step_s": (best[(name, n_new)] - best[(name, short)]) / (n_new - short)}
+    for name in sides
+  }
   out["same_tokens"] = bool(np.array_equal(tokens["options"], tokens["defaults"]))
   return out
 
@@ -52,6 +58,7 @@ def main(argv=None) -> None:
   from bench.timing import threads
   from reprobe_jax.eval.machine import describe
   from reprobe_jax.models.xla_options import DECODE_COMPILER_OPTIONS
+
   p = argparse.ArgumentParser(prog="python -m bench.xla_options", description=__doc__.splitlines()[0])
   p.add_argument("--model", default="smollm2", help="smollm2, tiny, or a HF directory / .gguf (as bench.run)")
   p.add_argument("--batches", default="1,8,32")
@@ -74,19 +81,28 @@ def main(argv=None) -> None:
   try:
     lm = _without_eos(pair.lm)
     stream = token_stream(pair, max(batches) * args.prompt_len)
-    lines = ["| batch | step, options (ms) | step, XLA defaults (ms) | step ratio | total, options (s) | "
-             "total, defaults (s) | same greedy tokens |", "|---|---|---|---|---|---|---|"]
+    lines = [
+      "| batch | step, options (ms) | step, XLA defaults (ms) | step ratio | total, options (s) | "
+      "total, defaults (s) | same greedy tokens |",
+      "|---|---|---|---|---|---|---|",
+    ]
     for b in batches:
       r = compare(lm, windows(stream, b, args.prompt_len), args.new_tokens, args.rounds)
       o, d = r["options"], r["defaults"]
       ratio = f"{d['step_s'] / o['step_s']:.2f}x" if o["step_s"] > 0 and d["step_s"] > 0 else "n/a (noise)"
-      lines.append(f"| {b} | {o['step_s'] * 1e3:.1f} | {d['step_s'] * 1e3:.1f} | {ratio} | {o['total_s']:.2f} | "
-                   f"{d['total_s']:.2f} | {r['same_tokens']} |")
+      lines.append(
+        f"| {b} | {o['step_s'] * 1e3:.1f} | {d['step_s'] * 1e3:.1f} | {ratio} | {o['total_s']:.2f} | "
+        f"{d['total_s']:.2f} | {r['same_tokens']} |"
+      )
       print(lines[-1], flush=True)
   finally:
     pair.close()
-  env = {"machine_detail": describe().long(), "threads": threads(), "load_start": load,
-         "load_end": list(os.getloadavg())}
+  env = {
+    "machine_detail": describe().long(),
+    "threads": threads(),
+    "load_start": load,
+    "load_end": list(os.getloadavg()),
+  }
   print("\n".join([machine_line(env), f"options {DECODE_COMPILER_OPTIONS}", ""] + lines))
 
 

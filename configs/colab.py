@@ -25,8 +25,9 @@ def _smoke_target(t: ml_collections.ConfigDict) -> None:
   t.eval_problems_per_family = 2
   t.vocab_size = 400
   t.max_new_tokens = ml_collections.ConfigDict({"line": 32, "thinking": 48})
-  t.model.update(dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                      max_position_embeddings=512))
+  t.model.update(
+    dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, max_position_embeddings=512)
+  )
   t.train.update(dict(steps=20, batch_size=4, checkpoint_every=20))
 
 

@@ -68,13 +68,24 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.prompts = ml_collections.ConfigDict(dict(critique=CRITIQUE, verdict=VERDICT, step=STEP, no_previous="(none)"))
   # Self-annotation through our sampler (paper: T=0.7, top-k 20, top-p 0.95).
-  c.self_judge = ml_collections.ConfigDict(dict(
-      sampling=dict(temperature=0.7, top_k=20, top_p=0.95), max_new_tokens=1024, batch_size=8, seed=0))
+  c.self_judge = ml_collections.ConfigDict(
+    dict(sampling=dict(temperature=0.7, top_k=20, top_p=0.95), max_new_tokens=1024, batch_size=8, seed=0)
+  )
   # An OpenAI-compatible server (vLLM, SGLang, llama.cpp, a hosted API). The key is read from the environment
   # variable named here (none is sent when it is unset), so it is in no config file or shell history.
-  c.api = ml_collections.ConfigDict(dict(
-      base_url="http://127.0.0.1:8000/v1", model="", temperature=0.7, top_p=0.95, max_tokens=4096,
-      timeout=120.0, retries=3, max_workers=4, api_key_env="OPENAI_API_KEY"))
+  c.api = ml_collections.ConfigDict(
+    dict(
+      base_url="http://127.0.0.1:8000/v1",
+      model="",
+      temperature=0.7,
+      top_p=0.95,
+      max_tokens=4096,
+      timeout=120.0,
+      retries=3,
+      max_workers=4,
+      api_key_env="OPENAI_API_KEY",
+    )
+  )
   # None: per record mode (thinking -> one call per step); True / False force a variant.
   c.per_step = ml_collections.FieldReference(None, field_type=bool)
   return c

@@ -43,17 +43,25 @@ def get_config() -> ml_collections.ConfigDict:
   # right, at difficulty 1 34-39% (measured on the target's own held-out problems, train.py's report, never on
   # this test split; docs/results.md, docs/method.md). () tests them at `difficulties` like arithmetic.
   c.ood_difficulties = (1,)
-  c.trajectories = ml_collections.ConfigDict(dict(samples=3, sampling=dict(temperature=1.0, top_k=50, top_p=0.95),
-                                                  max_new_tokens=96, batch_size=32, seed=0))
+  c.trajectories = ml_collections.ConfigDict(
+    dict(samples=3, sampling=dict(temperature=1.0, top_k=50, top_p=0.95), max_new_tokens=96, batch_size=32, seed=0)
+  )
   c.feature_sets = ("hidden", "hidden+logit", "attn+logit")
   c.hidden_layers = (-1,)
   # docs/method.md §A4's paper shape is d_model=512, 16 heads; a smaller probe suits a 128-wide target on 2 CPU cores.
   c.probe = ml_collections.ConfigDict(dict(d_model=128, n_layers=1, n_heads=4, ff_dim=512, dropout=0.1))
-  c.train = ml_collections.ConfigDict(dict(
+  c.train = ml_collections.ConfigDict(
+    dict(
       optimizer=dict(learning_rate=5e-4, schedule="linear", warmup_frac=0.05, weight_decay=0.1, grad_clip=1.0),
-      batch_size=32, epochs=4, patience=3, pos_weight=3.0, seed=0))
-  # Step labels (docs/method.md §A2): 'rule' (exact checkers), 'self' (the target as its own two-stage judge), 'judge' (an
-  # OpenAI-compatible server, judge.api), 'import' (a JSONL file of labels by trajectory id, labels_path; format in
+      batch_size=32,
+      epochs=4,
+      patience=3,
+      pos_weight=3.0,
+      seed=0,
+    )
+  )
+  # Step labels (docs/method.md §A2): 'rule' (exact checkers), 'self' (the target as its own two-stage judge), 'judge'
+  # (an OpenAI-compatible server, judge.api), 'import' (a JSONL file of labels by trajectory id, labels_path; format in
   # reprobe_jax/annotate/importer.py).
   c.annotator = "rule"
   c.judge = judge_prompts.get_config()  # prompts, self_judge, api, per_step
@@ -64,8 +72,17 @@ def get_config() -> ml_collections.ConfigDict:
   # no unused token like Qwen's '<extra_0>', and pad is one token that never occurs in a prompt or response (the
   # sampler stops at '<|im_end|>'; pad only fills masked slots), so a step's end is never confused with text.
   # 3 epochs at lr 1e-3 take about 2 minutes on 2 CPU cores (the 4-layer, 128-wide target, 900 trajectories).
-  c.prm = ml_collections.ConfigDict(dict(
-      enabled=True, separator="<|pad|>",
+  c.prm = ml_collections.ConfigDict(
+    dict(
+      enabled=True,
+      separator="<|pad|>",
       optimizer=dict(learning_rate=1e-3, schedule="cosine", warmup_frac=0.1, weight_decay=0.01, grad_clip=1.0),
-      batch_size=16, epochs=3, patience=2, pos_weight=1.0, seed=0, train_backbone=True))
+      batch_size=16,
+      epochs=3,
+      patience=2,
+      pos_weight=1.0,
+      seed=0,
+      train_backbone=True,
+    )
+  )
   return c

@@ -5,8 +5,8 @@
 
 The start policy is the SPAE target (configs/spae_synthetic.py: interrupted-thinking traces, so its step potential
 reads something); it is built once (or reused) and every method and seed starts from it. Training prompts are
-arithmetic problems of the RL train split; the evaluation is docs/method.md §B3 at k=16 on held-out test problems in domain
-(arithmetic) and out of domain (planning, qa), the same problems for every run.
+arithmetic problems of the RL train split; the evaluation is docs/method.md §B3 at k=16 on held-out test problems in
+domain (arithmetic) and out of domain (planning, qa), the same problems for every run.
 """
 
 import ml_collections
@@ -28,17 +28,45 @@ def get_config() -> ml_collections.ConfigDict:
   # 20 steps at 5e-4 fit the comparison (4 methods x 3 seeds) in about an hour on 2 cores; the rate was chosen
   # on training reward (DAPO and SPAE pilots at 5e-4: rollout accuracy 0.13 -> ~0.4 in 16 steps), not on test.
   # reprobe_jax.rl.loop.RLConfig; None fields take the method's default (METHODS: GRPO's loss and clip, else DAPO's)
-  c.rl = ml_collections.ConfigDict(dict(
-      steps=20, prompts_per_step=8, group_size=8, prompts_per_round=8, max_refill_rounds=2, max_new_tokens=192,
+  c.rl = ml_collections.ConfigDict(
+    dict(
+      steps=20,
+      prompts_per_step=8,
+      group_size=8,
+      prompts_per_round=8,
+      max_refill_rounds=2,
+      max_new_tokens=192,
       sampling=dict(temperature=1.0, top_k=0, top_p=1.0),  # the rollouts never filter by top-k
       optimizer=dict(learning_rate=5e-4, schedule="constant", warmup_steps=0, grad_clip=1.0, weight_decay=0.0),
-      mini_batches=2, micro_batches=1, clip_low=0.2, kl_coef=0.0, alpha=0.5, xi=0.5,
-      train_domains=("arithmetic",), train_difficulties=(1, 2, 3), train_problems=200, few_shot=0,
-      log_every=1, checkpoint_every=10))
+      mini_batches=2,
+      micro_batches=1,
+      clip_low=0.2,
+      kl_coef=0.0,
+      alpha=0.5,
+      xi=0.5,
+      train_domains=("arithmetic",),
+      train_difficulties=(1, 2, 3),
+      train_problems=200,
+      few_shot=0,
+      log_every=1,
+      checkpoint_every=10,
+    )
+  )
   c.probe = base.probe
   # The held-out evaluation (reprobe_jax.jobs.spae.SPAEJobConfig; plain decoding only, every boundary probed).
-  c.eval = ml_collections.ConfigDict(dict(
-      problems=8, domains=("arithmetic", "planning", "qa"), in_domain=("arithmetic",), difficulties=(1, 2, 3),
-      samples=16, max_new_tokens=192, sampling=dict(temperature=0.6, top_k=0, top_p=1.0), few_shot=0, batch_size=128,
-      split="test", seed=0))
+  c.eval = ml_collections.ConfigDict(
+    dict(
+      problems=8,
+      domains=("arithmetic", "planning", "qa"),
+      in_domain=("arithmetic",),
+      difficulties=(1, 2, 3),
+      samples=16,
+      max_new_tokens=192,
+      sampling=dict(temperature=0.6, top_k=0, top_p=1.0),
+      few_shot=0,
+      batch_size=128,
+      split="test",
+      seed=0,
+    )
+  )
   return c

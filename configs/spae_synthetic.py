@@ -29,12 +29,23 @@ def get_config() -> ml_collections.ConfigDict:
   c.target.seed = c.get_ref("seed")
   c.seeds = (0, 1, 2)  # `--config.job=spae_seeds`: the job once per seed (each its own target), then mean +- sd
 
-  c.spae = ml_collections.ConfigDict(dict(
-      problems=16, domains=("arithmetic", "planning", "qa"), in_domain=("arithmetic",), difficulties=(1, 2, 3),
-      samples=16, max_new_tokens=192, sampling=dict(temperature=0.6, top_k=0, top_p=1.0), few_shot=0, batch_size=128,
-      split="test"))
-  # docs/method.md §B1: N=5 continuations of at most 10 tokens at T=0.6, eps_sat 0.9; reading='reference_code' reads Conf
-  # and Acc from top-20 lists as the released script does.
-  c.probe = ml_collections.ConfigDict(dict(
-      samples=5, max_tokens=10, temperature=0.6, eps_sat=0.9, reading="paper", top_logprobs=20, batch_size=16))
+  c.spae = ml_collections.ConfigDict(
+    dict(
+      problems=16,
+      domains=("arithmetic", "planning", "qa"),
+      in_domain=("arithmetic",),
+      difficulties=(1, 2, 3),
+      samples=16,
+      max_new_tokens=192,
+      sampling=dict(temperature=0.6, top_k=0, top_p=1.0),
+      few_shot=0,
+      batch_size=128,
+      split="test",
+    )
+  )
+  # docs/method.md §B1: N=5 continuations of at most 10 tokens at T=0.6, eps_sat 0.9; reading='reference_code' reads
+  # Conf and Acc from top-20 lists as the released script does.
+  c.probe = ml_collections.ConfigDict(
+    dict(samples=5, max_tokens=10, temperature=0.6, eps_sat=0.9, reading="paper", top_logprobs=20, batch_size=16)
+  )
   return c

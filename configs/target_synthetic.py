@@ -1,6 +1,6 @@
 """The built-in default target model: synthetic worlds + a tiny Llama trained on them.
 
-    python train.py --config=configs/target_synthetic.py --config.train.steps=800 --config.workdir=/tmp/x
+python train.py --config=configs/target_synthetic.py --config.train.steps=800 --config.workdir=/tmp/x
 """
 
 import ml_collections
@@ -34,13 +34,20 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.noise = ml_collections.ConfigDict()  # overrides of reprobe_jax.tasks.traces.TraceNoise fields
 
-  c.model = ml_collections.ConfigDict(dict(
-      hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
-      max_position_embeddings=1024))
+  c.model = ml_collections.ConfigDict(
+    dict(
+      hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2, max_position_embeddings=1024
+    )
+  )
 
   # optimizer: reprobe_jax.train.optimizer.OptimizerConfig; the fields not named here keep TrainLMConfig's defaults
   # (warmup at most a tenth of the steps, a decay to 5% of the rate, b2 0.98).
-  c.train = ml_collections.ConfigDict(dict(
-      steps=1700, batch_size=12, checkpoint_every=50,
-      optimizer=dict(learning_rate=4e-3, schedule="cosine", warmup_steps=50, weight_decay=0.01, grad_clip=1.0)))
+  c.train = ml_collections.ConfigDict(
+    dict(
+      steps=1700,
+      batch_size=12,
+      checkpoint_every=50,
+      optimizer=dict(learning_rate=4e-3, schedule="cosine", warmup_steps=50, weight_decay=0.01, grad_clip=1.0),
+    )
+  )
   return c

@@ -20,8 +20,19 @@ def get_config() -> ml_collections.ConfigDict:
   c = reprobe_smollm2.get_config()
   c.job = "tts"
   c.prm.enabled = False
-  c.tts = ml_collections.ConfigDict(dict(
-      problems=16, domains=("arithmetic", "planning"), scorers=("probe[attn+logit]", "perplexity"),
-      strategies=("best_of_n", "beam"), budgets=(1, 4, 8), aggregation="min", max_steps=8, lookahead=0,
-      temperature=1.0, split="test", dedupe=False))
+  c.tts = ml_collections.ConfigDict(
+    dict(
+      problems=16,
+      domains=("arithmetic", "planning"),
+      scorers=("probe[attn+logit]", "perplexity"),
+      strategies=("best_of_n", "beam"),
+      budgets=(1, 4, 8),
+      aggregation="min",
+      max_steps=8,
+      lookahead=0,
+      temperature=1.0,
+      split="test",
+      dedupe=False,
+    )
+  )
   return c

@@ -23,7 +23,8 @@ def get_config(grid: str = "full") -> ml_collections.ConfigDict:
     raise ValueError(f"configs/tts_synthetic.py:<grid>: expected 'full' or 'demo', got {grid!r}")
   c = reprobe_synthetic.get_config()
   c.job = "tts"
-  c.tts = ml_collections.ConfigDict(dict(
+  c.tts = ml_collections.ConfigDict(
+    dict(
       problems=60,  # per domain, spread evenly over the ReProbe test split
       domains=("arithmetic", "planning", "qa"),
       # 'prm': the PRM baseline the ReProbe job trains (config.prm); with a probe it adds Best-of-N by their fusion
@@ -36,7 +37,9 @@ def get_config(grid: str = "full") -> ml_collections.ConfigDict:
       lookahead=0,
       temperature=1.0,  # of every sampled strategy; chosen on the validation split (docs/method.md)
       split="test",  # 'val' to choose settings: the test split is never used to choose anything
-      dedupe=False))  # beam search: keep distinct trajectories (chosen on the validation split, docs/method.md)
+      dedupe=False,
+    )
+  )  # beam search: keep distinct trajectories (chosen on the validation split, docs/method.md)
   if grid == "demo":
     c.tts.domains = ("arithmetic",)
     c.tts.scorers = ("probe[attn+logit]",)

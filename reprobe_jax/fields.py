@@ -43,8 +43,14 @@ def _building_at(name: str) -> Iterator[None]:
     _WHERE.reset(token)
 
 
-def replace_fields(obj: T, values: Mapping[str, Any], where: str = "",
-                   convert: Mapping[str, Callable[[Any], Any]] | None = None, *, root: str = "config") -> T:
+def replace_fields(
+  obj: T,
+  values: Mapping[str, Any],
+  where: str = "",
+  convert: Mapping[str, Callable[[Any], Any]] | None = None,
+  *,
+  root: str = "config",
+) -> T:
   """`obj` (a frozen dataclass) with the fields named in `values` replaced; ConfigError naming an unknown field or
   a value of the wrong type (`<root>.<where>.<field>: expected ..., got ...`; root names the whole config in
   messages, e.g. 'config.target' for a nested job's).
@@ -139,11 +145,11 @@ def _type_name(hint: Any) -> str:
     return f"a sequence of {len(args)} ({', '.join(_type_name(a) for a in args)})"
   if isinstance(hint, type) and dataclasses.is_dataclass(hint):
     return f"a mapping of {hint.__name__} fields"
-  return {bool: "a bool", int: "an int", float: "a number", str: "a string", type(None): "None"}.get(
-      hint, str(hint))
+  return {bool: "a bool", int: "an int", float: "a number", str: "a string", type(None): "None"}.get(hint, str(hint))
 
 
 # Range rules: each says whether a value passes and how to describe what passes.
+
 
 @dataclasses.dataclass(frozen=True)
 class Int:
@@ -153,8 +159,12 @@ class Int:
   high: int | None = None
 
   def ok(self, v: Any) -> bool:
-    return (isinstance(v, numbers.Integral) and not isinstance(v, bool) and (self.low is None or v >= self.low)
-            and (self.high is None or v <= self.high))
+    return (
+      isinstance(v, numbers.Integral)
+      and not isinstance(v, bool)
+      and (self.low is None or v >= self.low)
+      and (self.high is None or v <= self.high)
+    )
 
   def __str__(self) -> str:
     return "an int" + _bounds(self.low, self.high, False, False)
@@ -201,8 +211,12 @@ class Seq:
   distinct: bool = True
 
   def ok(self, v: Any) -> bool:
-    return (isinstance(v, tuple) and all(self.item.ok(x) for x in v) and (len(v) > 0 or not self.nonempty)
-            and (not self.distinct or len(set(v)) == len(v)))
+    return (
+      isinstance(v, tuple)
+      and all(self.item.ok(x) for x in v)
+      and (len(v) > 0 or not self.nonempty)
+      and (not self.distinct or len(set(v)) == len(v))
+    )
 
   def __str__(self) -> str:
     words = [w for w, on in (("non-empty", self.nonempty), ("distinct", self.distinct)) if on]
@@ -222,8 +236,11 @@ class Pairs:
     if not isinstance(v, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in v):
       return False
     keys = [k for k, _ in v]
-    return (all(self.key.ok(k) and self.value.ok(x) for k, x in v) and len(set(keys)) == len(keys)
-            and set(self.required) <= set(keys))
+    return (
+      all(self.key.ok(k) and self.value.ok(x) for k, x in v)
+      and len(set(keys)) == len(keys)
+      and set(self.required) <= set(keys)
+    )
 
   def __str__(self) -> str:
     need = f", with every key of {list(self.required)}" if self.required else ""

@@ -18,17 +18,21 @@ def _release_compiled_programs():
   import gc
 
   import jax
+
   jax.clear_caches()
   gc.collect()
 
-VOCAB_WORDS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(90)] + [".\n", "a.\n", "\n\n", "=", "+", "-",
-                                                                        "Step", ":"]
+
+VOCAB_WORDS = (
+  ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(90)] + [".\n", "a.\n", "\n\n", "=", "+", "-", "Step", ":"]
+)
 
 
 def make_word_tokenizer():
   """A WordLevel tokenizer (101 tokens) that `transformers` wraps; some tokens end with '.\\n'."""
   from tokenizers import Tokenizer, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
+
   vocab = {w: i for i, w in enumerate(VOCAB_WORDS)}
   tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
   tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -45,11 +49,21 @@ def tiny_llama_dir(tmp_path_factory):
   """A random Llama (vocab 101, 3 layers) saved by PyTorch transformers, with the word tokenizer."""
   import torch
   import transformers
+
   torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(vocab_size=len(VOCAB_WORDS), hidden_size=64, intermediate_size=96,
-                                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                                 max_position_embeddings=512, initializer_range=0.25, bos_token_id=1,
-                                 eos_token_id=2, pad_token_id=0)
+  cfg = transformers.LlamaConfig(
+    vocab_size=len(VOCAB_WORDS),
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.25,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+  )
   cfg._attn_implementation = "eager"
   model = transformers.LlamaForCausalLM(cfg).eval()
   d = tmp_path_factory.mktemp("tiny_llama")
@@ -64,6 +78,7 @@ class CompileCounter:
   def __init__(self):
     import jax
     from jax._src import dispatch
+
     self.count = 0
     self._event = dispatch.BACKEND_COMPILE_EVENT
     jax.monitoring.register_event_duration_secs_listener(self._on_event)
@@ -87,12 +102,23 @@ def synthetic_lm():
   from reprobe_jax.tasks import make_problems
   from reprobe_jax.tasks.formats import user_prompt
   from reprobe_jax.tasks.traces import solve_many
+
   texts = []
   for fam in ("arithmetic", "planning", "qa"):
     ps = make_problems(fam, 10, 0, 1)
     texts += [user_prompt(p, "line") + t.text for p, t in zip(ps, solve_many(ps, "line", 0))]
   tok = build_tokenizer(texts, 500)
-  cfg = ModelConfig(family="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=2,
-                    num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True,
-                    eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id)
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=len(tok),
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    tie_word_embeddings=True,
+    eos_token_ids=(tok.eos_token_id,),
+    pad_token_id=tok.pad_token_id,
+  )
   return LanguageModel.random(cfg, seed=0, tokenizer=tok)

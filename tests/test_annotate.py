@@ -1,5 +1,5 @@
-"""Annotators of docs/method.md §A2: rule labels on aligned scripted traces equal the traces' own labels; the two-stage judge
-with canned, HTTP and self-judge backends; imported labels in the three file formats and their errors."""
+"""Annotators of docs/method.md §A2: rule labels on aligned scripted traces equal the traces' own labels; the two-stage
+judge with canned, HTTP and self-judge backends; imported labels in the three file formats and their errors."""
 
 from __future__ import annotations
 
@@ -15,23 +15,48 @@ import threading
 import pytest
 
 from reprobe_jax import steps as step_lib
-from reprobe_jax.annotate import (JudgeBackendError, JudgePrompts, OpenAICompatibleJudge, SelfJudge, annotate_judge,
-                                  annotate_rule, import_labels, label_array, parse_verdict, parse_verdict_list,
-                                  reference_solution)
+from reprobe_jax.annotate import (
+  JudgeBackendError,
+  JudgePrompts,
+  OpenAICompatibleJudge,
+  SelfJudge,
+  annotate_judge,
+  annotate_rule,
+  import_labels,
+  label_array,
+  parse_verdict,
+  parse_verdict_list,
+  reference_solution,
+)
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.steps import STEP_MODE
 from reprobe_jax.tasks import Problem, TraceNoise, make_problems, solve_many
 
 # Noisier than the default, so that many traces have wrong steps and wrong answers.
-NOISE = TraceNoise(p_wrong_result=0.15, p_wrong_operand=0.05, p_wrong_operation=0.05, p_skip=0.05,
-                   p_illegal_move=0.1, p_detour=0.1, p_wrong_entity=0.15, p_wrong_relation=0.05)
-ARITH = Problem(id="p0", domain="arithmetic",
-                question="Start with 30. Multiply by 2. Add 14. What is the final result?", answer="74",
-                data={"start": 30, "ops": [["*", 2], ["+", 14]], "difficulty": 1})
+NOISE = TraceNoise(
+  p_wrong_result=0.15,
+  p_wrong_operand=0.05,
+  p_wrong_operation=0.05,
+  p_skip=0.05,
+  p_illegal_move=0.1,
+  p_detour=0.1,
+  p_wrong_entity=0.15,
+  p_wrong_relation=0.05,
+)
+ARITH = Problem(
+  id="p0",
+  domain="arithmetic",
+  question="Start with 30. Multiply by 2. Add 14. What is the final result?",
+  answer="74",
+  data={"start": 30, "ops": [["*", 2], ["+", 14]], "difficulty": 1},
+)
 # Step 1 is wrong (61); step 2 builds correctly on it (61 + 14 = 75), but the final answer 75 is not the true 74.
 WRONG_LINE = "- Step 1: 30 * 2 = 61\n- Step 2: 61 + 14 = 75\n<Answer>: 75"
-SHORT = JudgePrompts(critique="STAGE1 {problem} | {reference} | {steps}", verdict="STAGE2 {critique} n={num_steps}",
-                     step="STEP {problem} | {previous} | {step_number}: {step}")
+SHORT = JudgePrompts(
+  critique="STAGE1 {problem} | {reference} | {steps}",
+  verdict="STAGE2 {critique} n={num_steps}",
+  step="STEP {problem} | {previous} | {step_number}: {step}",
+)
 
 
 def nan_to_none(labels):
@@ -42,6 +67,7 @@ def nan_to_none(labels):
 def world():
   """Problems of every family and difficulty, noisy traces in both modes, and a byte-level BPE trained on some."""
   from reprobe_jax.synthetic.tokenizer import build_tokenizer
+
   problems = [p for fam in ("arithmetic", "planning", "qa") for d in (1, 2, 3) for p in make_problems(fam, 4, 7, d)]
   traces = [t for mode in ("line", "thinking") for seed in (0, 1) for t in solve_many(problems, mode, seed, NOISE)]
   tok = build_tokenizer([t.text for t in traces[::9]] + [ARITH.question, SHORT.critique, SHORT.step], 400)
@@ -52,9 +78,16 @@ def to_record(tok, text: str, problem: Problem, mode: str, sample: int = 0) -> d
   """A trajectory record as `sample_trajectories` writes it (without token statistics)."""
   ids = tok(text)["input_ids"]
   steps = step_lib.align(tok, ids, STEP_MODE[mode])
-  return {"id": f"{problem.id}#{sample}", "problem_id": problem.id, "domain": problem.domain, "mode": mode,
-          "sample": sample, "response_ids": ids, "response": tok.decode(ids),
-          "steps": [{"text": s.text, "start": s.start, "end": s.end} for s in steps]}
+  return {
+    "id": f"{problem.id}#{sample}",
+    "problem_id": problem.id,
+    "domain": problem.domain,
+    "mode": mode,
+    "sample": sample,
+    "response_ids": ids,
+    "response": tok.decode(ids),
+    "steps": [{"text": s.text, "start": s.start, "end": s.end} for s in steps],
+  }
 
 
 # ------------------------------------------------------------------------------------------------ rule
@@ -137,15 +170,18 @@ def _line_record(tok, text=WRONG_LINE, sample=0):
   return to_record(tok, text, ARITH, "line", sample)
 
 
-@pytest.mark.parametrize("verdict,labels", [
+@pytest.mark.parametrize(
+  "verdict,labels",
+  [
     ("Here is the list: [0, 1, 0]", [1.0, 0.0, 1.0]),
     ("Draft [1, 1, 1] ... final:\n```python\n[1, 1, 0]\n```", [0.0, 0.0, 1.0]),
     ("<think>maybe [0, 0, 0]</think>\n[1, 0, 1]", [0.0, 1.0, 0.0]),
-    ("[1, 2, 0]", [None] * 3),       # not 0/1
+    ("[1, 2, 0]", [None] * 3),  # not 0/1
     ("[True, False, True]", [None] * 3),
-    ("[1, 0]", [None] * 3),          # wrong length
+    ("[1, 0]", [None] * 3),  # wrong length
     ("I cannot tell.", [None] * 3),  # garbage
-])
+  ],
+)
 def test_two_stage_judge_with_canned_replies(world, verdict, labels):
   _, _, tok = world
   backend = Canned(lambda p: "Step 1 is wrong: 30 * 2 = 60." if p.startswith("STAGE1") else verdict)
@@ -180,8 +216,13 @@ def test_judge_batches_all_trajectories_and_handles_edge_cases(world):
   assert out[1]["first_error"] == 2  # the judge's finding, though the step has no tokens
   assert "(no reference solution given)" in reference_solution("a question only")
   # A reasoning judge's thinking stays out of the stage-2 prompt (and its drafts out of the parsed list).
-  thinker = Canned(lambda p: "<think>[0, 0, 0] long</think>\nStep 1 is wrong." if p.startswith("STAGE1") else
-                   "<think>[0, 0, 0]</think>[1, 0, 1]")
+  thinker = Canned(
+    lambda p: (
+      "<think>[0, 0, 0] long</think>\nStep 1 is wrong."
+      if p.startswith("STAGE1")
+      else "<think>[0, 0, 0]</think>[1, 0, 1]"
+    )
+  )
   out = annotate_judge(recs[:1], {ARITH.id: ARITH}, thinker, SHORT)
   assert thinker.prompts[1] == "STAGE2 Step 1 is wrong. n=3" and out[0]["labels"] == [0.0, 1.0, 0.0]
 
@@ -193,8 +234,10 @@ def test_judge_batches_all_trajectories_and_handles_edge_cases(world):
 
 def test_thinking_judge_calls_once_per_step(world):
   _, _, tok = world
-  text = "<think>\nFirst, 30 * 2 = 60.\n\nNext, 60 + 14 = 74.\n\nWait, let me check: 60 + 14 = 74.\n\n</think>\n\n" \
-         "**Final Answer**\n\\boxed{74}"
+  text = (
+    "<think>\nFirst, 30 * 2 = 60.\n\nNext, 60 + 14 = 74.\n\nWait, let me check: 60 + 14 = 74.\n\n</think>\n\n"
+    "**Final Answer**\n\\boxed{74}"
+  )
   rec = to_record(tok, text, ARITH, "thinking")
   replies = {"1": "Looks right.\n1", "2": "The sum is wrong, so 0.", "3": "hmm"}
   backend = Canned(lambda p: replies[re.findall(r"\| (\d+): ", p)[-1]])
@@ -221,6 +264,7 @@ def test_verdict_parsers():
 
 def test_judge_prompts_from_config_and_validation():
   from configs.judge_prompts import get_config
+
   c = get_config()
   prompts = JudgePrompts.from_dict(c.prompts.to_dict())
   assert "{critique}" in prompts.verdict and c.self_judge.sampling.top_k == 20
@@ -258,8 +302,11 @@ def chat_server(reply, *, fail_first: int = 0, status: int = 200):
         self.wfile.write(b"busy" if code == 503 else b"no such model")
         return
       content = reply(body["messages"][-1]["content"])
-      data = content if isinstance(content, bytes) else json.dumps(
-          {"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+      data = (
+        content
+        if isinstance(content, bytes)
+        else json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+      )
       self.send_response(200)
       self.send_header("Content-Type", "application/json")
       self.send_header("Content-Length", str(len(data)))
@@ -289,8 +336,18 @@ def test_openai_compatible_judge_over_http(world):
   _, _, tok = world
   recs = [_line_record(tok, sample=k) for k in range(3)]
   with chat_server(lambda p: "critique" if p.startswith("STAGE1") else "[1, 0, 0]", fail_first=1) as (url, seen):
-    judge = OpenAICompatibleJudge(url + "/", "judge-model", api_key="k", temperature=0.5, top_p=0.9, max_tokens=64,
-                                  timeout=5, retries=3, backoff=0.01, max_workers=2)
+    judge = OpenAICompatibleJudge(
+      url + "/",
+      "judge-model",
+      api_key="k",
+      temperature=0.5,
+      top_p=0.9,
+      max_tokens=64,
+      timeout=5,
+      retries=3,
+      backoff=0.01,
+      max_workers=2,
+    )
     out = annotate_judge(recs, {ARITH.id: ARITH}, judge, SHORT)
   assert [o["labels"] for o in out] == [[0.0, 1.0, 1.0]] * 3 and out[0]["annotator"] == "judge:openai:judge-model"
   assert len(seen["requests"]) == 7  # 6 prompts + 1 retried after a 503
@@ -325,10 +382,21 @@ def test_openai_compatible_judge_errors_name_the_url():
 def test_self_judge_plumbing_with_a_tiny_random_model(world):
   """A random model's replies are noise; the labels must still be valid: unknown, or 0/1 for every step."""
   from reprobe_jax.models import LanguageModel, ModelConfig
+
   _, _, tok = world
-  cfg = ModelConfig(family="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=1,
-                    num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=1024,
-                    eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id)
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=len(tok),
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    max_position_embeddings=1024,
+    eos_token_ids=(tok.eos_token_id,),
+    pad_token_id=tok.pad_token_id,
+  )
   lm = LanguageModel.random(cfg, seed=0, tokenizer=tok)
   judge = SelfJudge(lm, max_new_tokens=6, seed=1, batch_size=4)
   assert judge.chat("hi").startswith("<|im_start|>user\nhi")
@@ -350,27 +418,41 @@ def _write(tmp_path, lines):
 
 
 def _records(n_steps=(4, 4, 4, 4)):
-  return [{"id": f"t{i}", "problem_id": "p", "mode": "line",
-           "steps": [{"text": f"s{k}", "start": k, "end": k + 1} for k in range(n)]} for i, n in enumerate(n_steps)]
+  return [
+    {
+      "id": f"t{i}",
+      "problem_id": "p",
+      "mode": "line",
+      "steps": [{"text": f"s{k}", "start": k, "end": k + 1} for k in range(n)],
+    }
+    for i, n in enumerate(n_steps)
+  ]
 
 
 def test_import_each_format(tmp_path):
   recs = _records()
   before = copy.deepcopy(recs)
-  path = _write(tmp_path, [
+  path = _write(
+    tmp_path,
+    [
       {"id": "t0", "labels": [0, 1, None, 0]},
-      {"id": "t1", "first_error": 1},      # worked example: [0, 1, NaN, NaN]
-      {"id": "t2", "first_error": -1},     # no error: all correct
+      {"id": "t1", "first_error": 1},  # worked example: [0, 1, NaN, NaN]
+      {"id": "t2", "first_error": -1},  # no error: all correct
       {"id": "t3", "ratings": [1, 0, -1, 1]},
-  ])
+    ],
+  )
   out = import_labels(recs, path)
   assert recs == before
   assert out[0]["labels"] == [0.0, 1.0, None, 0.0] and out[0]["first_error"] == 1
   assert out[1]["labels"] == [0.0, 1.0, None, None] and out[1]["first_error"] == 1
   assert out[2]["labels"] == [0.0] * 4 and out[2]["first_error"] is None
   assert out[3]["labels"] == [0.0, 0.0, 1.0, 0.0] and out[3]["first_error"] == 2
-  assert [o["annotator"] for o in out] == ["import:labels", "import:first_error", "import:first_error",
-                                           "import:ratings"]
+  assert [o["annotator"] for o in out] == [
+    "import:labels",
+    "import:first_error",
+    "import:first_error",
+    "import:ratings",
+  ]
   # null first_error = no error; first_error 0 = only the first step is known.
   out = import_labels(recs[:2], _write(tmp_path, [{"id": "t0", "first_error": None}, {"id": "t1", "first_error": 0}]))
   assert out[0]["labels"] == [0.0] * 4 and out[1]["labels"] == [1.0, None, None, None]
@@ -384,11 +466,13 @@ def test_import_errors_name_file_and_line(tmp_path):
   path = _write(tmp_path, [{"id": "t0", "labels": [0, 0, 0, 0]}, "{not json"])
   with pytest.raises(DataFormatError, match=r"labels\.jsonl:2: invalid JSON"):
     import_labels(recs, path)
-  for bad, match in [({"id": "t1", "first_error": 3}, "has 3 steps; first_error"),
-                     ({"id": "t1", "labels": [0, 2, 1]}, r"labels\[1\] must be"),
-                     ({"id": "t1", "ratings": [1, 0.5, 1]}, r"ratings\[1\] must be"),
-                     ({"id": "t1", "labels": [0, 0, 0], "ratings": [1, 1, 1]}, "exactly one of"),
-                     ({"labels": [0, 0, 0]}, "'id'")]:
+  for bad, match in [
+    ({"id": "t1", "first_error": 3}, "has 3 steps; first_error"),
+    ({"id": "t1", "labels": [0, 2, 1]}, r"labels\[1\] must be"),
+    ({"id": "t1", "ratings": [1, 0.5, 1]}, r"ratings\[1\] must be"),
+    ({"id": "t1", "labels": [0, 0, 0], "ratings": [1, 1, 1]}, "exactly one of"),
+    ({"labels": [0, 0, 0]}, "'id'"),
+  ]:
     with pytest.raises(DataFormatError, match=r"labels\.jsonl:2: .*" + match):
       import_labels(recs, _write(tmp_path, [{"id": "t0", "labels": [0, 0, 0, 0]}, bad]))
   with pytest.raises(DataFormatError, match=r"labels\.jsonl:2: .*already has labels at line 1"):
@@ -417,15 +501,20 @@ def test_annotators_take_and_return_trajectories(world, tmp_path):
   as its dict would be."""
   from reprobe_jax.steps.labels import labels_to_json
   from reprobe_jax.trajectories import Trajectory
+
   problems, traces, tok = world
   dicts = [to_record(tok, t.text, problems[t.problem_id], t.mode, i) for i, t in enumerate(traces[::25])]
   dicts[0]["steps"][0]["end"] = dicts[0]["steps"][0]["start"]  # a step without tokens: unknown either way
   trajs = [Trajectory.from_json(d, required=("steps",)) for d in dicts]
   path = _write(tmp_path, [{"id": d["id"], "first_error": 0} for d in dicts])
-  canned = Canned(lambda p: str([k % 2 for k in range(int(p.rsplit("n=", 1)[1]))]) if p.startswith("STAGE2") else
-                  "critique 1")  # two-stage: step k correct when k is odd; per step: correct
-  for annotate in (lambda rs: annotate_rule(rs, problems), lambda rs: import_labels(rs, path),
-                   lambda rs: annotate_judge(rs, problems, canned, SHORT)):
+  canned = Canned(
+    lambda p: str([k % 2 for k in range(int(p.rsplit("n=", 1)[1]))]) if p.startswith("STAGE2") else "critique 1"
+  )  # two-stage: step k correct when k is odd; per step: correct
+  for annotate in (
+    lambda rs: annotate_rule(rs, problems),
+    lambda rs: import_labels(rs, path),
+    lambda rs: annotate_judge(rs, problems, canned, SHORT),
+  ):
     from_dicts, from_trajs = annotate(dicts), annotate(trajs)
     found = {v for d in from_dicts for v in d["labels"]}
     assert {None, 1.0} <= found

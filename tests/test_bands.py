@@ -26,6 +26,7 @@ def test_summarise_is_mean_sample_sd_and_the_prediction_interval_of_one_more_see
 def test_t_quantiles_match_scipy():
   stats = pytest.importorskip("scipy.stats")
   from reprobe_jax.eval.bands import t_975
+
   for df in (1, 2, 3, 5, 10, 30):
     assert t_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-4)
   assert t_975(1000) == pytest.approx(stats.t.ppf(0.975, 1000), rel=0.01)
@@ -41,12 +42,15 @@ def test_flatten_and_over_seeds_follow_dotted_keys():
 
 
 def test_band_file_round_trips_and_refuses_a_damaged_one(tmp_path):
-  f = BandFile("reprobe", (0, 1, 2), "Intel(R) Xeon(R) Processor (AVX-512+AMX)", "abc123",
-               {"a.b": Band(0.6, 0.05, 0.55, 0.66, 3)})
+  f = BandFile(
+    "reprobe", (0, 1, 2), "Intel(R) Xeon(R) Processor (AVX-512+AMX)", "abc123", {"a.b": Band(0.6, 0.05, 0.55, 0.66, 3)}
+  )
   path = str(tmp_path / "bands.json")
   f.save(path)
   assert BandFile.load(path) == f
-  (tmp_path / "bad.json").write_text('{"job": "x", "seeds": [0], "machine": "m", "config_key": "k", "bands": {"a": {"mean": 1}}}')
+  (tmp_path / "bad.json").write_text(
+    '{"job": "x", "seeds": [0], "machine": "m", "config_key": "k", "bands": {"a": {"mean": 1}}}'
+  )
   with pytest.raises(DataFormatError, match=r"bad\.json: not a band file"):
     BandFile.load(str(tmp_path / "bad.json"))
 
@@ -61,19 +65,31 @@ def test_grid_shows_bands_and_marks_values_outside_them():
 
 
 def _result(x):
-  return {"target": {"groups": {"arithmetic/line": {"step_error_rate": x, "confident_error_share": 0.4}}},
-          "reprobe": {"datasets": {"arithmetic": {"steps": 10, "incorrect_share": 0.3}},
-                      "methods": {"maxprob": {"arithmetic": {"pr_auc": x, "roc_auc": 0.5, "pr_auc_ci": [x - .1, x + .1]},
-                                              "id_mean_pr_auc": x, "ood_mean_pr_auc": x, "overall_pr_auc": x}}}}
+  return {
+    "target": {"groups": {"arithmetic/line": {"step_error_rate": x, "confident_error_share": 0.4}}},
+    "reprobe": {
+      "datasets": {"arithmetic": {"steps": 10, "incorrect_share": 0.3}},
+      "methods": {
+        "maxprob": {
+          "arithmetic": {"pr_auc": x, "roc_auc": 0.5, "pr_auc_ci": [x - 0.1, x + 0.1]},
+          "id_mean_pr_auc": x,
+          "ood_mean_pr_auc": x,
+          "overall_pr_auc": x,
+        }
+      },
+    },
+  }
 
 
 def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
   import ml_collections
   from reprobe_jax.eval.bands import summary_markdown
   from reprobe_jax.jobs.bands import band_key, beside_bands
+
   runs = [_result(x) for x in (0.5, 0.6, 0.7)]
-  config = ml_collections.ConfigDict({"job": "reprobe", "seed": 0, "workdir": "w", "target_path": "m", "lr": 1.0,
-                                      "bands": str(tmp_path / "bands.json")})
+  config = ml_collections.ConfigDict(
+    {"job": "reprobe", "seed": 0, "workdir": "w", "target_path": "m", "lr": 1.0, "bands": str(tmp_path / "bands.json")}
+  )
   f = BandFile("reprobe", (0, 1, 2), "machine A", band_key(config), over_seeds(runs))
   assert "reprobe.methods.maxprob.arithmetic.pr_auc_ci.1" in f.bands  # intervals flatten to .0 / .1
   summary = summary_markdown(f, runs[0])
@@ -82,8 +98,7 @@ def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
   mine = beside_bands(config, _result(1.2), machine="machine B")
   assert "machine B" in mine and "machine A" in mine and "| maxprob | 1.200 ! (0.600 +- 0.100) |" in mine
   # A band file made on this run's machine kind is named after the README's comparison, with its flagged numbers.
-  f_b = BandFile("reprobe", (0, 1, 2), "machine B", band_key(config),
-                 over_seeds([_result(x) for x in (1.1, 1.2, 1.3)]))
+  f_b = BandFile("reprobe", (0, 1, 2), "machine B", band_key(config), over_seeds([_result(x) for x in (1.1, 1.2, 1.3)]))
   f_b.save(str(tmp_path / "b.json"))
   config.machine_bands = (str(tmp_path / "b.json"), str(tmp_path / "missing.json"))
   assert band_key(config) == f.config_key  # naming band files is not part of what a band depends on
@@ -105,6 +120,7 @@ def test_summary_and_beside_bands_read_the_same_keys(tmp_path):
 def test_seeds_are_checked():
   from reprobe_jax.jobs.bands import check_seeds
   from reprobe_jax.errors import ConfigError
+
   assert check_seeds((0, 1, 2)) == (0, 1, 2)
   for bad in ((0,), (1, 1), (0, -1), (0, 1.5), "012", None):
     with pytest.raises(ConfigError, match="config.seeds"):
@@ -119,6 +135,7 @@ def test_the_shipped_bands_apply_to_the_shipped_config():
   import os
   from configs import reprobe_synthetic
   from reprobe_jax.jobs.bands import band_key
+
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   config = reprobe_synthetic.get_config()
   assert config.machine_bands  # the other CPU kinds' bands, each for this config and made on another machine
@@ -130,6 +147,7 @@ def test_the_shipped_bands_apply_to_the_shipped_config():
     machines.add(d["machine"])
   assert len(machines) == 1 + len(config.machine_bands)
   from configs import reprobe_smollm2  # SmolLM2's bands (three seeds, no PRM: its config's default)
+
   config = reprobe_smollm2.get_config()
   with open(os.path.join(root, config.bands)) as f:
     assert json.load(f)["config_key"] == band_key(config)
@@ -137,10 +155,31 @@ def test_the_shipped_bands_apply_to_the_shipped_config():
 
 def test_differing_names_the_numbers_two_machines_disagree_on():
   from reprobe_jax.eval.bands import differing, welch_t
-  a = BandFile("reprobe", (0, 1, 2), "A", "k", {"x": summarise([0.80, 0.82, 0.84]), "y": summarise([0.5, 0.5, 0.5]),
-                                                 "z": summarise([0.1, 0.2, 0.3]), "one": summarise([0.1])})
-  b = BandFile("reprobe", (0, 1, 2), "B", "k", {"x": summarise([0.70, 0.71, 0.72]), "y": summarise([0.6, 0.6, 0.6]),
-                                                 "z": summarise([0.15, 0.25, 0.35]), "one": summarise([0.9])})
+
+  a = BandFile(
+    "reprobe",
+    (0, 1, 2),
+    "A",
+    "k",
+    {
+      "x": summarise([0.80, 0.82, 0.84]),
+      "y": summarise([0.5, 0.5, 0.5]),
+      "z": summarise([0.1, 0.2, 0.3]),
+      "one": summarise([0.1]),
+    },
+  )
+  b = BandFile(
+    "reprobe",
+    (0, 1, 2),
+    "B",
+    "k",
+    {
+      "x": summarise([0.70, 0.71, 0.72]),
+      "y": summarise([0.6, 0.6, 0.6]),
+      "z": summarise([0.15, 0.25, 0.35]),
+      "one": summarise([0.9]),
+    },
+  )
   # Worked example: x's means 0.82 and 0.71, sds 0.02 and 0.01, se sqrt(0.0004/3 + 0.0001/3) = 0.01291, t = -8.52.
   assert welch_t(a.bands["x"], b.bands["x"]) == pytest.approx(-8.5206, abs=1e-3)
   assert welch_t(a.bands["y"], b.bands["y"]) == math.inf  # no spread on either side, different means
@@ -153,13 +192,31 @@ def test_differing_names_the_numbers_two_machines_disagree_on():
 
 def test_cli_counts_results_and_stage_times_apart(tmp_path, capsys):
   from reprobe_jax.jobs.bands import main
-  a = BandFile("reprobe", (0, 1, 2), "Xeon", "k", {"reprobe.methods.p.x": summarise([0.80, 0.82, 0.84]),
-                                                    "reprobe.methods.p.z": summarise([0.1, 0.2, 0.3]),
-                                                    "target.timings_s.train_s": summarise([700.0, 710.0, 730.0])})
-  b = BandFile("reprobe", (0, 1, 2), "EPYC", "k", {"reprobe.methods.p.x": summarise([0.70, 0.71, 0.72]),
-                                                    "reprobe.methods.p.z": summarise([0.15, 0.25, 0.35]),
-                                                    "target.timings_s.train_s": summarise([350.0, 354.0, 360.0])})
-  a.save(str(tmp_path / "a.json")); b.save(str(tmp_path / "b.json"))
+
+  a = BandFile(
+    "reprobe",
+    (0, 1, 2),
+    "Xeon",
+    "k",
+    {
+      "reprobe.methods.p.x": summarise([0.80, 0.82, 0.84]),
+      "reprobe.methods.p.z": summarise([0.1, 0.2, 0.3]),
+      "target.timings_s.train_s": summarise([700.0, 710.0, 730.0]),
+    },
+  )
+  b = BandFile(
+    "reprobe",
+    (0, 1, 2),
+    "EPYC",
+    "k",
+    {
+      "reprobe.methods.p.x": summarise([0.70, 0.71, 0.72]),
+      "reprobe.methods.p.z": summarise([0.15, 0.25, 0.35]),
+      "target.timings_s.train_s": summarise([350.0, 354.0, 360.0]),
+    },
+  )
+  a.save(str(tmp_path / "a.json"))
+  b.save(str(tmp_path / "b.json"))
   main([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
   out = capsys.readouterr().out
   assert "A = Xeon (seeds [0, 1, 2]), B = EPYC" in out

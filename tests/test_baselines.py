@@ -32,9 +32,13 @@ def _loop_reference(name, logprobs, entropy, self_certainty, spans):
   out = np.full(len(spans), np.nan)
   for k, (a, b) in enumerate(spans):
     if b > a:
-      out[k] = {"maxprob": lambda: -np.sum(logprobs[a:b]), "perplexity": lambda: -np.mean(logprobs[a:b]),
-                "max_entropy": lambda: np.max(entropy[a:b]), "mean_entropy": lambda: np.mean(entropy[a:b]),
-                "self_certainty": lambda: -np.mean(self_certainty[a:b])}[name]()
+      out[k] = {
+        "maxprob": lambda: -np.sum(logprobs[a:b]),
+        "perplexity": lambda: -np.mean(logprobs[a:b]),
+        "max_entropy": lambda: np.max(entropy[a:b]),
+        "mean_entropy": lambda: np.mean(entropy[a:b]),
+        "self_certainty": lambda: -np.mean(self_certainty[a:b]),
+      }[name]()
   return out
 
 
@@ -47,8 +51,13 @@ def _random_rows(n, seed):
     cuts = np.sort(rng.integers(0, t + 1, int(rng.integers(0, 6))))
     bounds = np.r_[0, cuts, t]
     spans.append(np.stack([bounds[:-1], bounds[1:]], 1).astype(np.int32))
-    rows.append({"logprobs": np.log(rng.uniform(0.01, 1.0, t)), "entropy": rng.uniform(0, 3, t),
-                 "self_certainty": rng.uniform(0, 5, t)})
+    rows.append(
+      {
+        "logprobs": np.log(rng.uniform(0.01, 1.0, t)),
+        "entropy": rng.uniform(0, 3, t),
+        "self_certainty": rng.uniform(0, 5, t),
+      }
+    )
   return rows, spans
 
 

@@ -31,6 +31,7 @@ def result(tmp_path_factory):
   import torch
 
   from bench import run
+
   out = tmp_path_factory.mktemp("bench")
   sizes = dataclasses.replace(run.QUICK, bandwidth_mib=16, matmul_n=256)
   # One PyTorch thread: on busy shared cores, OpenMP barriers of tiny ops wait out whole scheduler ticks, which
@@ -103,8 +104,9 @@ def test_roofline_goals_and_reports(result):
       assert (f is None) == (roof[name][f"{side}_status"] == "harness-error") and (f is None or 0 < f <= 1)
   # the 10 of bench.run + the long-thinking SPAE goal (sizes.spae_lengths) + no harness errors
   assert len(res["goals"]) == 12
-  assert all(g["status"] in ("met", "missed", "harness-error") or g["status"].startswith("pending")
-             for g in res["goals"])
+  assert all(
+    g["status"] in ("met", "missed", "harness-error") or g["status"].startswith("pending") for g in res["goals"]
+  )
   phases = {p["batch"]: p for p in res["decode_phases"]}
   assert sorted(phases) == [1, 8, 32]
   for p in phases.values():
@@ -131,8 +133,11 @@ def test_search_rows(result):
       assert side[key] > 0, (name, key, side)
     assert side["steady_compiles"] == 0, f"{name} recompiled in steady state"
     # Round 0 samples B x N steps per problem; no side samples more than B x N per round.
-    assert s["problems"] * c["beams"] * c["n"] <= side["sampled_steps"] <= (
-        s["problems"] * c["beams"] * c["n"] * c["max_steps"]), (name, side["sampled_steps"])
+    assert (
+      s["problems"] * c["beams"] * c["n"]
+      <= side["sampled_steps"]
+      <= (s["problems"] * c["beams"] * c["n"] * c["max_steps"])
+    ), (name, side["sampled_steps"])
   assert bon["beam"] == ref["ours"]  # one timing of our beam search serves both comparisons
   assert ref["ratio"] > 0 and ref["ratio_of_min_times"] > 0 and bon["cost_ratio"] > 0
   assert "## Step-level beam search" in (out / "results.md").read_text()
@@ -195,10 +200,10 @@ def test_spae_loop_gives_the_batched_potentials(tmp_path):
   from reprobe_jax.models import LanguageModel, load_pretrained
   from reprobe_jax.spae.potential import ProbeConfig
   from reprobe_jax.spae.prober import Prober
+
   base = load_pretrained(build_tiny(str(tmp_path)))  # bench.run's tiny random Llama, without a tokenizer
   # weights x4: peaked next-token distributions, so Conf differs between samples (near 0.003 everywhere otherwise)
-  lm = spae.with_tokenizer(LanguageModel(base.config, base.graphdef, jax.tree.map(lambda x: 4 * x, base.params),
-                                         None))
+  lm = spae.with_tokenizer(LanguageModel(base.config, base.graphdef, jax.tree.map(lambda x: 4 * x, base.params), None))
   data = spae.thinking_set(lm, 2, source="random words")
   prober = Prober(lm, ProbeConfig(samples=2, max_tokens=3, batch_size=2))
   ours, ref = spae.batched(prober, data), spae.per_boundary(prober, data)
@@ -227,6 +232,7 @@ def test_spae_long_set_holds_solver_paragraphs(synthetic_lm):
   # up to the requested length; the loop re-sends a prefix that grows with L, ours feeds it once.
   from bench import spae
   from reprobe_jax.spae.prober import Prober
+
   data = spae.long_set(synthetic_lm, 2, 300)
   assert data.source == "solver paragraphs" and data.response_ids[0] != data.response_ids[1]
   prober = Prober(synthetic_lm)
@@ -245,6 +251,7 @@ def test_spae_long_set_holds_solver_paragraphs(synthetic_lm):
 @slow
 def test_cli_rejects_a_missing_model(tmp_path, capsys):
   from bench import run
+
   assert run.main([f"--model={tmp_path / 'nope'}", f"--out={tmp_path}", "--quick"]) == 1
   assert "nope" in capsys.readouterr().err
 
@@ -255,37 +262,64 @@ def test_cli_rejects_a_missing_model(tmp_path, capsys):
 def _tiny_config():
   # bench.pair.build_tiny's Llama: hidden 64, intermediate 128, 4 heads of 16, 2 KV heads, vocab 512, 2 layers.
   from reprobe_jax.models.config import ModelConfig
-  return ModelConfig(family="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=16)
+
+  return ModelConfig(
+    family="llama",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+  )
 
 
 def test_gemm_shapes_match_the_config_by_hand():
   from bench.timing import Gemm, forward_flops, gemm_shapes
+
   cfg = _tiny_config()
   # q: 64 -> 4 * 16 = 64, o: 64 -> 64 (one shape); k, v: 64 -> 2 * 16 = 32; gate, up: 64 -> 128; down: 128 -> 64;
   # LM head 64 -> 512. Prefill M = batch 2 * seq 32 = 64, then decode M = 1.
-  per_m = [("q_proj/o_proj", 64, 64), ("k_proj/v_proj", 64, 32), ("gate_proj/up_proj", 64, 128),
-           ("down_proj", 128, 64), ("lm_head", 64, 512)]
+  per_m = [
+    ("q_proj/o_proj", 64, 64),
+    ("k_proj/v_proj", 64, 32),
+    ("gate_proj/up_proj", 64, 128),
+    ("down_proj", 128, 64),
+    ("lm_head", 64, 512),
+  ]
   assert gemm_shapes(cfg, [64, 1]) == [Gemm(n, m, k, o) for m in (64, 1) for n, k, o in per_m]
   assert gemm_shapes(cfg, [64])[-1].flops == 2 * 64 * 64 * 512 == 4_194_304
   # Each projection once per layer plus the head is the weight part of a one-token forward: 2 * (64*64 * 2 +
   # 64*32 * 2 + 64*128 * 3) * 2 layers + 2 * 64*512 = 2 * 36864 * 2 + 65536 = 212992; attention at seq 1 adds
   # 2 layers * 4 * 4 heads * 16 * 1 = 512.
   count = {"q_proj/o_proj": 2, "k_proj/v_proj": 2, "gate_proj/up_proj": 2, "down_proj": 1, "lm_head": 1}
-  weights = sum(g.flops * count[g.name] * (1 if g.name == "lm_head" else cfg.num_layers)
-                for g in gemm_shapes(cfg, [1]))
+  weights = sum(g.flops * count[g.name] * (1 if g.name == "lm_head" else cfg.num_layers) for g in gemm_shapes(cfg, [1]))
   assert weights == 212_992 and forward_flops(cfg, 1, 1) == 212_992 + 512
   # SmolLM2-135M (hidden 576, 9 heads of 64, 3 KV heads, intermediate 1536, vocab 49152): q and o are 576 x 576,
   # k and v 576 x 192.
-  smol = cfg.replace(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-                     num_kv_heads=3, head_dim=64, sliding_windows=())
+  smol = cfg.replace(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    sliding_windows=(),
+  )
   assert [(g.name, g.k, g.n) for g in gemm_shapes(smol, [8])] == [
-      ("q_proj/o_proj", 576, 576), ("k_proj/v_proj", 576, 192), ("gate_proj/up_proj", 576, 1536),
-      ("down_proj", 1536, 576), ("lm_head", 576, 49152)]
+    ("q_proj/o_proj", 576, 576),
+    ("k_proj/v_proj", 576, 192),
+    ("gate_proj/up_proj", 576, 1536),
+    ("down_proj", 1536, 576),
+    ("lm_head", 576, 49152),
+  ]
 
 
 def test_best_time_is_the_fastest_sample_not_the_median(monkeypatch):
   from bench import timing
+
   # perf_counter readings: warm-up 0 -> 1 s (one call per sample), then samples of 3 s, 2 s and 4 s.
   clock = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0, 30.0, 34.0])
   monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
@@ -294,6 +328,7 @@ def test_best_time_is_the_fastest_sample_not_the_median(monkeypatch):
 
 def test_the_bounds_are_the_max_over_what_was_measured():
   from bench import timing
+
   shapes = timing.gemm_shapes(_tiny_config(), [4])
   peaks = timing.matmul_peaks(shapes, 64, 2)
   figures = [r[k] for r in peaks["shapes"] + [peaks["square"]] for k in r if k.endswith("_flops_per_s")]
@@ -307,13 +342,19 @@ def test_the_bounds_are_the_max_over_what_was_measured():
 
 def test_two_passes_keep_the_better_figure_and_recompute_the_bounds():
   from bench import timing
+
   row = lambda name, m, **rates: {"name": name, "m": m, "k": 8, "n": 8, "flops": 1.0, **rates}
-  pass_of = lambda head, square: timing._peak_summary({"repeats": 5, "passes": 1, "threads": {},
-                                                      "shapes": [head], "square": square})
-  first = pass_of(row("lm_head", 1, jax_flops_per_s=1.0, torch_flops_per_s=4.0),
-                  row("square", 8, jax_flops_per_s=3.0, torch_flops_per_s=2.0, numpy_flops_per_s=1.0))
-  second = pass_of(row("lm_head", 1, jax_flops_per_s=5.0, torch_flops_per_s=1.0),
-                   row("square", 8, jax_flops_per_s=2.0, torch_flops_per_s=2.0, numpy_flops_per_s=6.0))
+  pass_of = lambda head, square: timing._peak_summary(
+    {"repeats": 5, "passes": 1, "threads": {}, "shapes": [head], "square": square}
+  )
+  first = pass_of(
+    row("lm_head", 1, jax_flops_per_s=1.0, torch_flops_per_s=4.0),
+    row("square", 8, jax_flops_per_s=3.0, torch_flops_per_s=2.0, numpy_flops_per_s=1.0),
+  )
+  second = pass_of(
+    row("lm_head", 1, jax_flops_per_s=5.0, torch_flops_per_s=1.0),
+    row("square", 8, jax_flops_per_s=2.0, torch_flops_per_s=2.0, numpy_flops_per_s=6.0),
+  )
   assert first["peak_flops_per_s"] == 4.0 and first["peak_from"] == "torch lm_head M=1"
   both = timing.best_of(first, second)
   assert both["shapes"][0]["jax_flops_per_s"] == 5.0 and both["shapes"][0]["torch_flops_per_s"] == 4.0
@@ -321,8 +362,13 @@ def test_two_passes_keep_the_better_figure_and_recompute_the_bounds():
   assert (both["peak_flops_per_s"], both["peak_from"], both["jax_peak_flops_per_s"]) == (6.0, "numpy 8^3", 5.0)
   assert both["repeats"] == 10 and both["passes"] == 2
   bw = lambda copy_np, copy_jax, read_jax: timing._bandwidth_summary(
-      {"bytes": 4096, "repeats": 5, "passes": 1, "kinds": {"copy": {"numpy": copy_np, "jax": copy_jax},
-                                                           "read": {"jax": read_jax}}})
+    {
+      "bytes": 4096,
+      "repeats": 5,
+      "passes": 1,
+      "kinds": {"copy": {"numpy": copy_np, "jax": copy_jax}, "read": {"jax": read_jax}},
+    }
+  )
   merged = timing.best_of(bw(1.0, 2.0, 3.0), bw(4.0, 1.0, 2.0))
   assert merged["kinds"] == {"copy": {"numpy": 4.0, "jax": 2.0}, "read": {"jax": 3.0}}
   assert (merged["bound_bytes_per_s"], merged["bound_from"]) == (4.0, "copy (numpy)")
@@ -330,17 +376,31 @@ def test_two_passes_keep_the_better_figure_and_recompute_the_bounds():
 
 def _stub_roofline():
   from bench import report
+
   # Prefill: 80 GFLOP in 0.5 s = 160 GFLOP/s (ours) and in 2 s = 40 GFLOP/s (PyTorch) against a 100 GFLOP/s bound.
   # Decode: 300 MB per token in 10 ms = 30 GB/s (ours) and in 40 ms = 7.5 GB/s (PyTorch) against 20 GB/s.
-  rows = {"prefill_plain": {"ours": {"median_s": 0.5}, "hf": {"median_s": 2.0}},
-          "decode_b1": {"ours": {"tokens_per_s": 100.0}, "hf": {"tokens_per_s": 25.0},
-                        "decode_step_s": {"ours": 0.01, "hf": 0.04, "valid": True}}}
-  peaks = {"peak_flops_per_s": 100e9, "peak_from": "jax 2048^3", "repeats": 5, "shapes": [],
-           "threads": {"xla_intra_op": 2, "torch_intra_op": 2, "torch_inter_op": 2, "affinity_cpus": 2,
-                       "xla_flags": ""},
-           "square": {"name": "square", "m": 8, "k": 8, "n": 8, "jax_flops_per_s": 100e9, "torch_flops_per_s": 90e9}}
-  bw = {"bytes": 2**20, "kinds": {"copy": {"jax": 20e9}, "read": {"jax": 10e9}, "gemv": {}},
-        "bound_bytes_per_s": 20e9, "bound_from": "copy (jax)"}
+  rows = {
+    "prefill_plain": {"ours": {"median_s": 0.5}, "hf": {"median_s": 2.0}},
+    "decode_b1": {
+      "ours": {"tokens_per_s": 100.0},
+      "hf": {"tokens_per_s": 25.0},
+      "decode_step_s": {"ours": 0.01, "hf": 0.04, "valid": True},
+    },
+  }
+  peaks = {
+    "peak_flops_per_s": 100e9,
+    "peak_from": "jax 2048^3",
+    "repeats": 5,
+    "shapes": [],
+    "threads": {"xla_intra_op": 2, "torch_intra_op": 2, "torch_inter_op": 2, "affinity_cpus": 2, "xla_flags": ""},
+    "square": {"name": "square", "m": 8, "k": 8, "n": 8, "jax_flops_per_s": 100e9, "torch_flops_per_s": 90e9},
+  }
+  bw = {
+    "bytes": 2**20,
+    "kinds": {"copy": {"jax": 20e9}, "read": {"jax": 10e9}, "gemv": {}},
+    "bound_bytes_per_s": 20e9,
+    "bound_from": "copy (jax)",
+  }
   return report.roofline(rows, peaks, bw, {"prefill_plain": 80e9}, 300_000_000, "cpu")
 
 
@@ -348,6 +408,7 @@ def test_a_fraction_above_one_is_a_harness_error():
   import re
 
   from bench import report
+
   roof = _stub_roofline()
   p, d = roof["prefill_plain"], roof["decode_b1"]
   assert p["ours_of_bound"] is None and p["ours_status"] == "harness-error"
@@ -369,13 +430,20 @@ def test_a_fraction_above_one_is_a_harness_error():
 
 def test_decode_phases_split_the_end_to_end_ratio():
   from bench import report
+
   # 32 rows x 32 new tokens: ours 3 s to the first token + 40 ms per step; PyTorch 3 s + 160 ms per step.
-  row = lambda step, valid: {"shape": {"batch": 32, "prompt": 64, "new_tokens": 32}, "ratio": 1.9,
-                             "decode_step_s": {"ours": 0.04, "hf": step, "valid": valid, "from_new_tokens": [17, 32]},
-                             "first_token_s": {"ours": 3.0, "hf": 3.3}}
-  rows = {"decode_b32": row(0.16, True), "decode_b8": {**row(0.1, False), "shape": {"batch": 8, "prompt": 64,
-                                                                                      "new_tokens": 32}},
-          "decode_b1": {"shape": {"batch": 1}, "ratio": 2.0}, "prefill_plain": {"ratio": 1.0}}
+  row = lambda step, valid: {
+    "shape": {"batch": 32, "prompt": 64, "new_tokens": 32},
+    "ratio": 1.9,
+    "decode_step_s": {"ours": 0.04, "hf": step, "valid": valid, "from_new_tokens": [17, 32]},
+    "first_token_s": {"ours": 3.0, "hf": 3.3},
+  }
+  rows = {
+    "decode_b32": row(0.16, True),
+    "decode_b8": {**row(0.1, False), "shape": {"batch": 8, "prompt": 64, "new_tokens": 32}},
+    "decode_b1": {"shape": {"batch": 1}, "ratio": 2.0},
+    "prefill_plain": {"ratio": 1.0},
+  }
   phases = {p["batch"]: p for p in report.decode_phases(rows)}
   assert sorted(phases) == [8, 32]  # batch 1 has no phase measurements; prefill is not a decode row
   p = phases[32]
@@ -391,12 +459,21 @@ def test_decode_phases_split_the_end_to_end_ratio():
 
 def test_the_roofline_names_the_fastest_read_kernel():
   from bench import report
-  rows = {"decode_b1": {"ours": {"tokens_per_s": 50.0}, "hf": {"tokens_per_s": 25.0},
-                        "decode_step_s": {"ours": 0.02, "hf": 0.04, "valid": True}}}
+
+  rows = {
+    "decode_b1": {
+      "ours": {"tokens_per_s": 50.0},
+      "hf": {"tokens_per_s": 25.0},
+      "decode_step_s": {"ours": 0.02, "hf": 0.04, "valid": True},
+    }
+  }
   peaks = {"peak_flops_per_s": 100e9, "peak_from": "jax 2048^3"}
   # 300 MB per token in 20 ms = 15 GB/s; bound 40 GB/s (a copy); fastest read kernel 20 GB/s (torch GEMV).
-  bw = {"kinds": {"copy": {"jax": 40e9}, "read": {"jax": 10e9, "torch": 18e9}, "gemv": {"torch": 20e9}},
-        "bound_bytes_per_s": 40e9, "bound_from": "copy (jax)"}
+  bw = {
+    "kinds": {"copy": {"jax": 40e9}, "read": {"jax": 10e9, "torch": 18e9}, "gemv": {"torch": 20e9}},
+    "bound_bytes_per_s": 40e9,
+    "bound_from": "copy (jax)",
+  }
   d = report.roofline(rows, peaks, bw, {}, 300_000_000, "cpu")["decode_b1"]
   assert d["ours_of_bound"] == pytest.approx(0.375)
   assert (d["best_read_bytes_per_s"], d["best_read_from"]) == (20e9, "gemv (torch)")
@@ -406,19 +483,46 @@ def test_the_roofline_names_the_fastest_read_kernel():
 def test_every_report_names_the_machine():
   from bench import report
   from reprobe_jax.eval.machine import Machine, extensions_from_flags
+
   assert extensions_from_flags({"fpu", "avx", "avx2", "fma", "sse4_2"}) == ("avx2", "fma")  # a Zen 3 EPYC
   assert extensions_from_flags({"avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}) == (
-      "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+  )
   epyc = Machine("AMD EPYC 7B13", "AVX2", 2, "cpu", ("avx2", "fma"), 32 * 2**20)
   assert epyc.long() == "AMD EPYC 7B13; 2 cores; extensions: avx2 fma; last-level cache 32 MiB; JAX backend cpu"
-  env = {"jax": "0", "jax_backend": "cpu", "torch": "0", "torch_device": "cpu", "torch_threads": 2,
-         "transformers": "0", "cpu_count": 2, "machine": str(epyc), "machine_detail": epyc.long(),
-         "threads": {"xla_intra_op": 2, "torch_intra_op": 2}, "load_start": [1.5, 1.0, 1.0],
-         "load_end": [2.25, 1.0, 1.0]}
-  result = {"model": "tiny", "environment": env, "rows": [], "roofline": _stub_roofline(), "goals": [],
-            "quick": True, "repeats": 5, "wall_s": 1.0}
-  line = ("Machine: AMD EPYC 7B13; 2 cores; extensions: avx2 fma; last-level cache 32 MiB; JAX backend cpu; "
-          "1-min load average 1.50 at start, 2.25 at end; XLA intra-op threads 2, torch threads 2.")
+  env = {
+    "jax": "0",
+    "jax_backend": "cpu",
+    "torch": "0",
+    "torch_device": "cpu",
+    "torch_threads": 2,
+    "transformers": "0",
+    "cpu_count": 2,
+    "machine": str(epyc),
+    "machine_detail": epyc.long(),
+    "threads": {"xla_intra_op": 2, "torch_intra_op": 2},
+    "load_start": [1.5, 1.0, 1.0],
+    "load_end": [2.25, 1.0, 1.0],
+  }
+  result = {
+    "model": "tiny",
+    "environment": env,
+    "rows": [],
+    "roofline": _stub_roofline(),
+    "goals": [],
+    "quick": True,
+    "repeats": 5,
+    "wall_s": 1.0,
+  }
+  line = (
+    "Machine: AMD EPYC 7B13; 2 cores; extensions: avx2 fma; last-level cache 32 MiB; JAX backend cpu; "
+    "1-min load average 1.50 at start, 2.25 at end; XLA intra-op threads 2, torch threads 2."
+  )
   assert report.machine_line(env) == line
   md = report.markdown(result)
   assert md.split("## Performance\n\n")[1].startswith(line + "\n\n| measurement |")
@@ -427,19 +531,32 @@ def test_every_report_names_the_machine():
 
 def test_compile_figures_of_an_abstract_model():
   from bench import compile as compile_bench
+
   cfg = compile_bench.qwen3_8b_config()
   # per layer: 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128 = 192,946,432;
   # x 36 layers + untied embedding and head 2 * 151936 * 4096 + final norm 4096 = 8,190,735,360.
   assert cfg.num_params == 8_190_735_360 and cfg.qk_norm and not cfg.tie_word_embeddings
   import jax
+
   _, params = compile_bench.abstract_model(cfg)
   leaves = jax.tree.leaves(params)
   assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing allocated
   assert sum(x.size for x in leaves) == cfg.num_params
   tiny = _tiny_config()
   graph, params = compile_bench.abstract_model(tiny)
-  rows = compile_bench.measure("tiny", tiny, graph, params, real=False, batch=2, seq=16, decode_batch=1,
-                               prompt_len=16, new_tokens=8, log=lambda *_: None)
+  rows = compile_bench.measure(
+    "tiny",
+    tiny,
+    graph,
+    params,
+    real=False,
+    batch=2,
+    seq=16,
+    decode_batch=1,
+    prompt_len=16,
+    new_tokens=8,
+    log=lambda *_: None,
+  )
   assert [r["function"] for r in rows] == ["prefill forward", "greedy decode loop"]
   assert all(r["lower_s"] > 0 and r["compile_s"] > 0 and r["first_call_s"] is None for r in rows)
   assert rows[1]["shape"] == {"batch": 1, "prompt": 16, "new_tokens": 16}  # generate's power-of-two buckets
@@ -449,6 +566,7 @@ def test_compile_figures_of_an_abstract_model():
 
 def test_chain_refuses_an_unknown_dtype():
   from bench import chain
+
   with pytest.raises(SystemExit, match="--dtype must be one of float32, bfloat16"):
     chain.main(["--dtype=float16"])
 
@@ -458,6 +576,7 @@ def test_chain_split_k_is_the_same_product():
   and a plain dot where K is odd."""
   import jax.numpy as jnp
   from bench import chain
+
   rng = np.random.default_rng(0)
   for m, k, n in ((1, 576, 192), (8, 1536, 576), (3, 7, 5)):
     x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
@@ -472,6 +591,7 @@ def test_xla_options_compare_runs_both_sides_and_restores_the_entries(tiny_llama
   from bench import xla_options as xb
   from reprobe_jax.models import decoding, load_pretrained
   from reprobe_jax.models.xla_options import DECODE_COMPILER_OPTIONS
+
   before = decoding.prefill, decoding.decode
   lm = load_pretrained(tiny_llama_dir)
   r = xb.compare(lm, np.array([[1, 10, 11, 12], [1, 20, 21, 22]]), n_new=6, rounds=1)
@@ -490,6 +610,7 @@ def test_chain_packed_is_the_same_product_and_refuses_what_the_kernel_cannot_tak
   import jax.numpy as jnp
   from bench import chain
   from reprobe_jax import kernels
+
   if not kernels.available():
     pytest.skip(f"kernel not built: {kernels.unavailable_reason()}")
   rng = np.random.default_rng(0)
@@ -508,6 +629,7 @@ def test_attention_bench_sides_compute_the_same_and_bad_lists_are_refused():
   from bench import attention as ab
   from reprobe_jax import kernels
   from reprobe_jax.kernels import attention
+
   with pytest.raises(SystemExit, match="--batches and --slots must list positive integers"):
     ab.main(["--slots=0"])
   if not attention.available():
@@ -515,8 +637,7 @@ def test_attention_bench_sides_compute_the_same_and_bad_lists_are_refused():
   rng = np.random.default_rng(0)
   q = jnp.asarray(rng.standard_normal((6, ab.GROUPS, ab.HEAD), dtype=np.float32))
   k, v = (jnp.asarray(rng.standard_normal((6, 40, ab.HEAD), dtype=np.float32)) for _ in range(2))
-  np.testing.assert_allclose(np.asarray(ab.attention_kernel(q, k, v)), np.asarray(ab.attention_xla(q, k, v)),
-                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(ab.attention_kernel(q, k, v)), np.asarray(ab.attention_xla(q, k, v)), atol=1e-5)
 
 
 def test_decode_loop_step_times_the_loop_alone_and_says_when_rows_ended_early(tiny_llama_dir):
@@ -525,6 +646,7 @@ def test_decode_loop_step_times_the_loop_alone_and_says_when_rows_ended_early(ti
   from bench import cases
   from bench.cases import decode_loop_step
   from reprobe_jax.models import load_pretrained
+
   lm = load_pretrained(tiny_llama_dir)
   assert lm.tokenizer is not None and lm.tokenizer.eos_token_id is not None  # an EOS from the tokenizer is off too
   assert not cases._without_eos(lm).eos_mask().any() and lm.eos_mask().any()

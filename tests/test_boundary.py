@@ -1,5 +1,5 @@
-"""The step boundary (docs/method.md §A1): the device stop rule `advance`, run under jit over token ids, stops exactly where
-`StepBoundary.align` ends spans, and those spans are the character-level regions of `steps.segment`; on byte-level
+"""The step boundary (docs/method.md §A1): the device stop rule `advance`, run under jit over token ids, stops exactly
+where `StepBoundary.align` ends spans, and those spans are the character-level regions of `steps.segment`; on byte-level
 BPE, SentencePiece-style and SmolLM2 tokenizers, on sampled-like texts and on random ids."""
 
 from __future__ import annotations
@@ -25,11 +25,39 @@ from reprobe_jax.models import decoding
 import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, StepBoundary, advance, initial_state
 
-BOUNDARIES = [StepBoundary("line"), StepBoundary("sentence"), StepBoundary("sentence", min_chars=0),
-              StepBoundary("paragraph"), StepBoundary("regex", pattern=r";|\n\n")]
-FRAGMENTS = ["- Step 1: 2 + 3 = 5", "Solution:", "Steps :", "The value is 3.14", " e.g. here", " etc.", " Dr. No",
-             "Ok.", " Yes!", "Why?", " ", "  ", "\n", "\n\n", ".\n\n", ". ", "\t", "<think>", "</think>", " é",
-             "日本", "x", ";", " z."]
+BOUNDARIES = [
+  StepBoundary("line"),
+  StepBoundary("sentence"),
+  StepBoundary("sentence", min_chars=0),
+  StepBoundary("paragraph"),
+  StepBoundary("regex", pattern=r";|\n\n"),
+]
+FRAGMENTS = [
+  "- Step 1: 2 + 3 = 5",
+  "Solution:",
+  "Steps :",
+  "The value is 3.14",
+  " e.g. here",
+  " etc.",
+  " Dr. No",
+  "Ok.",
+  " Yes!",
+  "Why?",
+  " ",
+  "  ",
+  "\n",
+  "\n\n",
+  ".\n\n",
+  ". ",
+  "\t",
+  "<think>",
+  "</think>",
+  " é",
+  "日本",
+  "x",
+  ";",
+  " z.",
+]
 TRACES = 0
 
 
@@ -49,7 +77,7 @@ def device_ends(table, ids):
 def device_ends_of(table, ids) -> np.ndarray:
   """[T] ends codes of one row, padded to a power of two so that few shapes compile (the padding comes after)."""
   width = 1 << max(6, (len(ids) - 1).bit_length())
-  return np.asarray(device_ends(table, jnp.asarray([list(ids) + [0] * (width - len(ids))], jnp.int32)))[0, :len(ids)]
+  return np.asarray(device_ends(table, jnp.asarray([list(ids) + [0] * (width - len(ids))], jnp.int32)))[0, : len(ids)]
 
 
 def stops(codes) -> set[int]:
@@ -124,13 +152,16 @@ def test_device_stops_are_span_ends_on_random_ids(name, data):
       check_stops_are_span_ends(steps, row_codes)
       cut = data.draw(st.integers(1, len(row)))  # the host alignment is causal too: a prefix keeps earlier steps
       prefix = [(s.start, s.end) for s in boundary.align(tok, row[:cut])]
-      assert prefix[:-1] == [(s.start, s.end) for s in steps][:max(len(prefix) - 1, 0)]
+      assert prefix[:-1] == [(s.start, s.end) for s in steps][: max(len(prefix) - 1, 0)]
 
 
 def test_stop_codes_on_sampled_texts(tok):
   """Every fixed text: the device stops where the spans end, and where docs/method.md §A1 says."""
-  for text, boundary, n_steps in [(LINE, StepBoundary("line"), 4), (THINK, StepBoundary("paragraph"), 3),
-                                  (PROSE, StepBoundary("sentence"), 3)]:
+  for text, boundary, n_steps in [
+    (LINE, StepBoundary("line"), 4),
+    (THINK, StepBoundary("paragraph"), 3),
+    (PROSE, StepBoundary("sentence"), 3),
+  ]:
     ids = tok(text, add_special_tokens=False)["input_ids"]
     steps = boundary.align(tok, ids)
     codes = device_ends_of(boundary.compile(tok), ids)
@@ -154,8 +185,9 @@ def test_a_split_paragraph_end_and_a_sentence_start(bpe):
 def test_nothing_stops_after_think_close(bpe):
   close = bpe.convert_tokens_to_ids("</think>")
   rng = np.random.default_rng(0)
-  rows = np.concatenate([rng.integers(0, len(bpe), (8, 5)), np.full((8, 1), close), rng.integers(0, len(bpe), (8, 40))],
-                        axis=1)
+  rows = np.concatenate(
+    [rng.integers(0, len(bpe), (8, 5)), np.full((8, 1), close), rng.integers(0, len(bpe), (8, 40))], axis=1
+  )
   for boundary in (StepBoundary("paragraph"), StepBoundary("sentence", min_chars=0)):
     codes = np.asarray(device_ends(boundary.compile(bpe), jnp.asarray(rows, jnp.int32)))
     assert not codes[:, 6:].any()
@@ -165,8 +197,9 @@ def test_tokens_holding_several_sentence_ends():
   """A vocabulary with tokens like 'Ok. Yes! No?' (one token may open several gates) and no decoder (tokens joined
   by spaces): stops, spans and character regions agree for every min_chars."""
   words = ["<unk>", "x", "yy", "a.", "Ok. Yes! No?", ". . .", "e.g.", "etc. x. y", "\n", "<think>", "</think>", "Zz."]
-  tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)},
-                                                                            unk_token="<unk>")))
+  tok = PreTrainedTokenizerFast(
+    tokenizer_object=Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+  )
   rows = np.random.default_rng(1).integers(1, len(words), (32, 30))
   for m in (0, 2, 6, 12, 30):
     boundary = StepBoundary("sentence", min_chars=m)
@@ -188,8 +221,8 @@ def test_tables_of_the_same_shape_compile_once_and_unknown_ids_stay_put(bpe):
   before = TRACES
   device_ends(paragraph, ids)
   assert TRACES == before
-  extra = np.asarray(line.transitions)[:, len(bpe):]
-  assert (extra == np.arange(32)[:, None]).all() and not np.asarray(line.ends)[:, len(bpe):].any()
+  extra = np.asarray(line.transitions)[:, len(bpe) :]
+  assert (extra == np.arange(32)[:, None]).all() and not np.asarray(line.ends)[:, len(bpe) :].any()
   padded = list(np.asarray(ids)[0]) + [len(bpe) + 3]  # the host skips such ids too, as the tokenizer's decode does
   texts = lambda steps: [(s.text, s.char_start, s.char_end) for s in steps]
   assert texts(StepBoundary("line").align(bpe, padded)) == texts(StepBoundary("line").align(bpe, padded[:-1]))
@@ -202,7 +235,7 @@ def lossy_text(tok, ids) -> str:
   tb = S.token_bytes(tok)
   raw = b"".join(tb.piece(t)[0] for t in ids).decode("utf-8", "replace")
   k = 0
-  while k < tb.strip and raw[k:k + 1] == tb.strip_char:
+  while k < tb.strip and raw[k : k + 1] == tb.strip_char:
     k += 1
   return raw[k:]
 
@@ -255,8 +288,17 @@ def test_the_model_layer_takes_the_compiled_table_as_data(bpe):
   """The sampler runs a compiled StopTable (the step-end codes are the data contract between the two layers) and
   refuses a boundary it would have to compile: the model layer does not know what a step is."""
   assert (decode_state.ENDS_BEFORE, decode_state.ENDS_AFTER) == (ENDS_BEFORE, ENDS_AFTER)
-  cfg = ModelConfig(family="llama", vocab_size=len(bpe), hidden_size=16, intermediate_size=16, num_layers=1,
-                    num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=len(bpe),
+    hidden_size=16,
+    intermediate_size=16,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    max_position_embeddings=64,
+  )
   lm = LanguageModel.random(cfg, tokenizer=bpe)
   table = StepBoundary("paragraph").compile(lm.tokenizer, lm.config.vocab_size)
   assert lm.sampler(stop=table).stop is table
@@ -265,8 +307,13 @@ def test_the_model_layer_takes_the_compiled_table_as_data(bpe):
   models_dir = pathlib.Path(decoding.__file__).parent
   for path in sorted(models_dir.glob("*.py")):
     for node in ast.walk(ast.parse(path.read_text())):
-      names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(
-          node, ast.ImportFrom) else []
+      names = (
+        [a.name for a in node.names]
+        if isinstance(node, ast.Import)
+        else [node.module or ""]
+        if isinstance(node, ast.ImportFrom)
+        else []
+      )
       assert not any(n == "reprobe_jax.steps" or n.startswith("reprobe_jax.steps.") for n in names), path
 
 
@@ -274,9 +321,20 @@ def _unigram_model(tok, favoured, seed: int):
   """A random decoder that samples (nearly) independently from the `favoured` tokens: attention and MLP outputs are
   zero, so the final state is the token's embedding, whose dimension 0 is a constant 1 that the output head reads."""
   v = len(tok)
-  cfg = ModelConfig(family="llama", vocab_size=v, hidden_size=16, intermediate_size=16, num_layers=1, num_heads=2,
-                    num_kv_heads=1, head_dim=8, tie_word_embeddings=False, max_position_embeddings=512,
-                    eos_token_ids=(0,), pad_token_id=0)  # id 0 is not favoured: rows mostly run to their budget
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=v,
+    hidden_size=16,
+    intermediate_size=16,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    tie_word_embeddings=False,
+    max_position_embeddings=512,
+    eos_token_ids=(0,),
+    pad_token_id=0,
+  )  # id 0 is not favoured: rows mostly run to their budget
   lm = LanguageModel.random(cfg, seed=seed, tokenizer=tok)
   rng = np.random.default_rng(seed)
   head = np.zeros((16, v), np.float32)
@@ -310,8 +368,14 @@ def test_sampler_stops_are_the_aligned_step_ends(name, mode):
   SentencePiece-style and SmolLM2's tokenizer. Its newest-step span starts where the previous step ended, so it also
   holds the blank or header tokens that `align` leaves out between steps."""
   tok = get_tokenizer(name)
-  favoured = sorted({i for text in CORPUS[:5] for i in tok(text, add_special_tokens=False)["input_ids"]
-                     if "think>" not in tok.decode([i])})  # a sampled '</think>' would end every step
+  favoured = sorted(
+    {
+      i
+      for text in CORPUS[:5]
+      for i in tok(text, add_special_tokens=False)["input_ids"]
+      if "think>" not in tok.decode([i])
+    }
+  )  # a sampled '</think>' would end every step
   lm = _unigram_model(tok, favoured, seed=len(name) + len(mode))
   boundary = StepBoundary(mode)
   smp = lm.sampler(SamplingParams(1.0), stop=boundary.compile(tok, lm.config.vocab_size))
@@ -332,7 +396,7 @@ def test_sampler_stops_are_the_aligned_step_ends(name, mode):
   for r, row in enumerate(rows[:rows_n]):
     steps = boundary.align(tok, row.tokens)
     ends = [s.end for s in steps]
-    assert [e for _, e in paused[r]] == ends[:len(paused[r])], (r, paused[r], ends)
+    assert [e for _, e in paused[r]] == ends[: len(paused[r])], (r, paused[r], ends)
     assert len(paused[r]) >= len(ends) - 1, "a span end before the last was not a stop"
     for k, (start, end) in enumerate(paused[r]):  # each paused span covers its aligned step and starts at the last end
       assert start == (paused[r][k - 1][1] if k else 0) and start <= steps[k].start

@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from configs import colab, reprobe_smollm2, reprobe_synthetic, rl_synthetic, spae_smollm2, spae_synthetic, \
-    tts_smollm2, tts_synthetic
+from configs import (
+  colab,
+  reprobe_smollm2,
+  reprobe_synthetic,
+  rl_synthetic,
+  spae_smollm2,
+  spae_synthetic,
+  tts_smollm2,
+  tts_synthetic,
+)
 from reprobe_jax.fields import plain
 from reprobe_jax.jobs import spae as spae_job
 from reprobe_jax.jobs.rl import rl_config_from_dict
@@ -32,9 +40,19 @@ def _check(c):
     target_config(c.target, "config.target")
 
 
-@pytest.mark.parametrize("make", [reprobe_synthetic.get_config, reprobe_smollm2.get_config, tts_smollm2.get_config,
-                                  tts_synthetic.get_config, lambda: tts_synthetic.get_config("demo"),
-                                  spae_synthetic.get_config, spae_smollm2.get_config, rl_synthetic.get_config])
+@pytest.mark.parametrize(
+  "make",
+  [
+    reprobe_synthetic.get_config,
+    reprobe_smollm2.get_config,
+    tts_smollm2.get_config,
+    tts_synthetic.get_config,
+    lambda: tts_synthetic.get_config("demo"),
+    spae_synthetic.get_config,
+    spae_smollm2.get_config,
+    rl_synthetic.get_config,
+  ],
+)
 def test_job_configs_convert(make):
   _check(make())
 

@@ -1,5 +1,5 @@
-"""The open sampler (docs/decoding.md): decode to step boundaries and resume, forced text, take, shared-prefix rows, forks
-at step boundaries, cache_full; every captured value held to a fresh full forward of the same tokens."""
+"""The open sampler (docs/decoding.md): decode to step boundaries and resume, forced text, take, shared-prefix rows,
+forks at step boundaries, cache_full; every captured value held to a fresh full forward of the same tokens."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def test_features_are_typed_and_hold_what_the_capture_asks_for(lm):
   assert sorted(f.hidden) == [0, L] and f.top_ids is None
   assert f.hidden[L].shape == (b, n, lm.config.hidden_size) and f.attn_window.shape[:3] == (b, n, L)
   assert f.top_probs.shape == (b, n, 4) and f.token_entropy.shape == f.token_self_certainty.shape == (b, n)
-  assert sorted(f) == sorted(["hidden_0", f"hidden_{L}", "attn_window", "top_probs", "token_entropy",
-                              "token_self_certainty"])
+  assert sorted(f) == sorted(
+    ["hidden_0", f"hidden_{L}", "attn_window", "top_probs", "token_entropy", "token_self_certainty"]
+  )
   assert f["token_entropy"] is f.token_entropy and dict(f)[f"hidden_{L}"] is f.hidden[L]
   row = smp.read(state, [0])[0]
   assert isinstance(row.features, TokenFeatures) and row.features.token_entropy.shape == (len(row.tokens),)
@@ -81,7 +82,7 @@ def test_decode_to_boundaries_resume_and_features_equal_forward(lm):
         assert row.tokens[-1] in stops
         start, end = np.asarray(decode_state.newest_step_spans(state))[r]
         assert end == len(row.tokens) and 0 <= start < end
-        assert not stops.intersection(row.tokens[start:end - 1]), "a step ran past a boundary"
+        assert not stops.intersection(row.tokens[start : end - 1]), "a step ran past a boundary"
     if not np.any(np.asarray(state.finish)[:6] == decode_state.FINISH_STOP):
       break  # every row ended on EOS or its budget
     state = smp.resume(state)
@@ -136,8 +137,9 @@ def test_a_full_cache_finishes_its_rows_with_their_own_reason(lm):
   ids = np.zeros((2, 16), np.int32)
   mask = np.zeros((2, 16), np.int32)
   ids[:, -3:], mask[:, -3:] = [1, 5, 6], 1
-  state = decoding.prefill(lm.static_graph, lm.params, cache, ids, mask, np.array([8, 8]), jax.random.key(0),
-                           buffer_len=8)
+  state = decoding.prefill(
+    lm.static_graph, lm.params, cache, ids, mask, np.array([8, 8]), jax.random.key(0), buffer_len=8
+  )
   smp = lm.sampler(SamplingParams(1.0))
   rows = smp.read(smp.decode(state))
   for row in rows:
@@ -161,7 +163,7 @@ def test_fork_at_step_boundaries_equals_a_fresh_context(lm):
     for c in range(2):
       for s in range(2):
         row = rows[(b * 2 + c) * 2 + s]
-        context = PROMPTS[b] + traj[b].tokens[:cuts[b, c] + 1]
+        context = PROMPTS[b] + traj[b].tokens[: cuts[b, c] + 1]
         assert row.tokens == suffix
         assert_matches_forward(lm, context, row)
 
@@ -170,8 +172,9 @@ def test_new_prompts_and_new_boundaries_in_the_same_buckets_compile_nothing(lm, 
   rng = np.random.RandomState(0)
 
   def run(stop_words, seed):
-    smp = lm.sampler(SamplingParams(1.0, 20, 0.9), capture=CAPTURE,
-                     stop=StopRule.from_mask(lm.stop_token_mask(stop_words)))
+    smp = lm.sampler(
+      SamplingParams(1.0, 20, 0.9), capture=CAPTURE, stop=StopRule.from_mask(lm.stop_token_mask(stop_words))
+    )
     prompts = [rng.randint(3, 90, rng.randint(3, 14)).tolist() for _ in range(2)]
     state = smp.decode(smp.prefill(prompts, max_new_tokens=12, n=2, seed=seed, extra_slots=4))
     state = smp.force(smp.resume(state), [94, 95])
@@ -193,8 +196,9 @@ def test_rows_fill_their_caches_only_with_their_own_tokens(lm):
   ids = np.zeros((2, plen), np.int32)
   mask = np.zeros((2, plen), np.int32)
   ids[:, -3:], mask[:, -3:] = [1, 5, 6], 1
-  state = decoding.prefill(lm.static_graph, lm.params, cache, ids, mask, np.array([2, 12]), jax.random.key(1),
-                           buffer_len=16)
+  state = decoding.prefill(
+    lm.static_graph, lm.params, cache, ids, mask, np.array([2, 12]), jax.random.key(1), buffer_len=16
+  )
   state = smp.decode(state)
   rows = smp.read(state)
   assert [len(r.tokens) for r in rows] == [2, 12] or "eos" in [r.finish_reason for r in rows]
@@ -218,8 +222,15 @@ def test_flatten_copies_the_shared_prefix_and_changes_nothing(lm):
     np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
   state = smp.decode(smp.prefill(PROMPTS[:2], max_new_tokens=12, n=2, extra_slots=8))
   traj = smp.read(state)
-  forks = decoding.fork(lm.static_graph, lm.params, decode_state.flatten(state),
-                        jnp.asarray([[3]] * state.batch, jnp.int32), n=1, suffix_size=8, capture=CAPTURE)
+  forks = decoding.fork(
+    lm.static_graph,
+    lm.params,
+    decode_state.flatten(state),
+    jnp.asarray([[3]] * state.batch, jnp.int32),
+    n=1,
+    suffix_size=8,
+    capture=CAPTURE,
+  )
   rows = smp.read(smp.force(forks, [95, 96]))
   for r in range(4):
     assert_matches_forward(lm, PROMPTS[r // 2] + traj[r].tokens[:4], rows[r])
@@ -227,8 +238,14 @@ def test_flatten_copies_the_shared_prefix_and_changes_nothing(lm):
 
 # The scalar-key path's tokens, recorded from the code before per-row keys existed (main 814a1a7): one key for the
 # batch must keep drawing exactly what it drew.
-_PINNED_SCALAR_KEY = [[84, 80, 98, 52, 45, 52, 27, 71], [91, 7, 82, 21, 78, 70, 1, 62], [38, 97, 20, 70, 1, 38, 40, 97],
-                      [21, 97, 20, 75, 91, 32, 67, 8], [1, 32, 49, 90, 90, 94, 13, 21], [1, 40, 80, 95, 8, 6, 26, 20]]
+_PINNED_SCALAR_KEY = [
+  [84, 80, 98, 52, 45, 52, 27, 71],
+  [91, 7, 82, 21, 78, 70, 1, 62],
+  [38, 97, 20, 70, 1, 38, 40, 97],
+  [21, 97, 20, 75, 91, 32, 67, 8],
+  [1, 32, 49, 90, 90, 94, 13, 21],
+  [1, 40, 80, 95, 8, 6, 26, 20],
+]
 
 
 def test_one_key_for_the_batch_draws_what_it_drew_before_per_row_keys(lm):
@@ -250,8 +267,12 @@ def test_per_row_keys_give_a_prompt_the_same_samples_in_any_batch(lm, n):
     state = smp.decode(state)
     rows = np.arange(state.batch).reshape(-1, n)[:, ::-1].reshape(-1)  # reverse each prompt's rows
     state = smp.take(state, rows)
-    fresh = decode_state.row_keys(jax.vmap(lambda k: jax.random.fold_in(k, 1))(
-        decode_state.prompt_keys(2, list(prompt_seeds) + [0] * (state.batch // n - len(prompt_seeds)))), n)
+    fresh = decode_state.row_keys(
+      jax.vmap(lambda k: jax.random.fold_in(k, 1))(
+        decode_state.prompt_keys(2, list(prompt_seeds) + [0] * (state.batch // n - len(prompt_seeds)))
+      ),
+      n,
+    )
     state = smp.decode(smp.resume(decode_state.rekey(state, fresh)))
     return [r.tokens for r in smp.read(state)]
 
@@ -260,13 +281,14 @@ def test_per_row_keys_give_a_prompt_the_same_samples_in_any_batch(lm, n):
   for p in range(3):
     alone = run([PROMPTS[p]], [seeds[p]])
     assert len(alone) == n
-    assert batched[p * n:(p + 1) * n] == alone
+    assert batched[p * n : (p + 1) * n] == alone
   if n == 3:
     assert len({tuple(t) for t in batched[:3]}) == 3, "a prompt's rows must draw distinct streams"
   # the second prompt alone with the batch's one key draws something else than at its place in the batch
-  one_key = lambda prompts: [r.tokens for r in smp.read(smp.decode(smp.prefill(prompts, max_new_tokens=14, n=n,
-                                                                                  seed=2)))]
-  assert one_key(PROMPTS)[n:2 * n] != one_key([PROMPTS[1]])
+  one_key = lambda prompts: [
+    r.tokens for r in smp.read(smp.decode(smp.prefill(prompts, max_new_tokens=14, n=n, seed=2)))
+  ]
+  assert one_key(PROMPTS)[n : 2 * n] != one_key([PROMPTS[1]])
 
 
 def test_per_row_key_arguments_are_checked(lm):
@@ -296,14 +318,30 @@ def test_misshapen_arrays_at_the_api_boundary_are_config_errors(lm):
 
 # ------------------------------------------------------------------------------------------ the cache write
 
+
 def _cache_copies(lm, batch: int) -> list[str]:
   """The compiled decode loop's copy instructions of a whole layer's K or V cache, for `batch` prompts."""
   smp = lm.sampler(SamplingParams(temperature=0))
   state = smp.prefill([[1, 5, 6, 7]] * batch, max_new_tokens=6)
   p = smp.params
-  text = decoding.decode.lower(*lm.decode_view(), state, smp.stop, smp._eos, jnp.float32(p.temperature),
-                               jnp.float32(p.top_p), jnp.int32(6), greedy=p.greedy, top_k=p.top_k,
-                               filtered=p.filtered, capture=smp.capture, shard=lm.shard).compile().as_text()
+  text = (
+    decoding.decode.lower(
+      *lm.decode_view(),
+      state,
+      smp.stop,
+      smp._eos,
+      jnp.float32(p.temperature),
+      jnp.float32(p.top_p),
+      jnp.int32(6),
+      greedy=p.greedy,
+      top_k=p.top_k,
+      filtered=p.filtered,
+      capture=smp.capture,
+      shard=lm.shard,
+    )
+    .compile()
+    .as_text()
+  )
   k = state.cache.k[0]
   shape = "f32[" + ",".join(map(str, k.shape)) + "]"
   return [line for line in text.splitlines() if f"= {shape}" in line and " copy(" in line]
@@ -316,9 +354,11 @@ def test_batch_one_decode_copies_no_cache(lm, packed):
   (and again where the step's cond joined); the kernels now take [B, KV, S, Dh] as it is and the compiled loop has
   none of those copies, with XLA's products or the kernels (docs/kernels.md, the batch-1 bandwidth)."""
   from reprobe_jax import kernels
+
   if packed and not kernels.available():
     pytest.skip(f"kernel not built: {kernels.unavailable_reason()}")
   from reprobe_jax.models import LanguageModel
+
   m = LanguageModel(lm.config, lm.graphdef, lm.params, lm.tokenizer)
   m.packed_decode = packed
   assert _cache_copies(m, 1) == []

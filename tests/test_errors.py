@@ -7,14 +7,30 @@ import shutil
 import numpy as np
 import pytest
 
-from reprobe_jax.errors import (CacheFullError, CheckpointError, ConfigError, DataFormatError, ReprobeError,
-                                UnsupportedModelError)
+from reprobe_jax.errors import (
+  CacheFullError,
+  CheckpointError,
+  ConfigError,
+  DataFormatError,
+  ReprobeError,
+  UnsupportedModelError,
+)
 from reprobe_jax.models import CaptureSpec, LanguageModel, ModelConfig, SamplingParams, load_pretrained
 from reprobe_jax.models import language_model as language_model_module
 from reprobe_jax.models.safetensors_io import SafetensorsFile, write_safetensors
 
-_CFG = ModelConfig(family="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                   num_kv_heads=2, head_dim=8, max_position_embeddings=32, eos_token_ids=(2,))
+_CFG = ModelConfig(
+  family="llama",
+  vocab_size=64,
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  max_position_embeddings=32,
+  eos_token_ids=(2,),
+)
 
 
 @pytest.fixture(scope="module")
@@ -139,15 +155,21 @@ def test_unknown_dtype_is_named(saved):
 
 def test_missing_tensor_names_the_hf_tensor(copy):
   _edit_tensors(copy, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-  with pytest.raises(CheckpointError, match=r"missing tensors \['model\.layers\.1\.mlp\.up_proj\.weight'\] "
-                                            r"\(1 in all\)"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"missing tensors \['model\.layers\.1\.mlp\.up_proj\.weight'\] "
+    r"\(1 in all\)",
+  ):
     load_pretrained(copy, tokenizer=False)
 
 
 def test_extra_tensor_is_named(copy):
   _edit_tensors(copy, lambda t: t.update({"model.layers.0.self_attn.rel_bias.weight": np.zeros((4, 4), np.float32)}))
-  with pytest.raises(CheckpointError, match=r"unexpected tensor 'model\.layers\.0\.self_attn\.rel_bias\.weight' "
-                                            r"\[4, 4\] for a llama model"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"unexpected tensor 'model\.layers\.0\.self_attn\.rel_bias\.weight' "
+    r"\[4, 4\] for a llama model",
+  ):
     load_pretrained(copy, tokenizer=False)
 
 
@@ -158,22 +180,31 @@ def test_ignored_buffers_are_not_extra(copy):
 
 def test_wrong_shape_names_the_tensor_and_both_shapes(copy):
   _edit_tensors(copy, lambda t: t.update({"model.layers.0.self_attn.q_proj.weight": np.zeros((16, 32), np.float32)}))
-  with pytest.raises(CheckpointError, match=r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' has shape "
-                                            r"\[16, 32\].*the config expects \[32, 32\]"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' has shape "
+    r"\[16, 32\].*the config expects \[32, 32\]",
+  ):
     load_pretrained(copy, tokenizer=False)
 
 
 def test_config_with_more_layers_than_the_checkpoint(copy):
   _edit_config(copy, num_hidden_layers=3)
-  with pytest.raises(CheckpointError, match=r"missing tensors \[.*'model\.layers\.2\.input_layernorm\.weight'.*"
-                                            r"\(9 in all\)"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"missing tensors \[.*'model\.layers\.2\.input_layernorm\.weight'.*"
+    r"\(9 in all\)",
+  ):
     load_pretrained(copy, tokenizer=False)
 
 
 def test_config_with_fewer_layers_than_the_checkpoint(copy):
   _edit_config(copy, num_hidden_layers=1)
-  with pytest.raises(CheckpointError, match=r"tensor 'model\.layers\.1\..*' belongs to layer 1, but the config has "
-                                            r"1 layers"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"tensor 'model\.layers\.1\..*' belongs to layer 1, but the config has "
+    r"1 layers",
+  ):
     load_pretrained(copy, tokenizer=False)
 
 
@@ -250,8 +281,11 @@ def test_forward_longer_than_max_position_embeddings(model):
 
 
 def test_generate_past_max_position_embeddings(model):
-  with pytest.raises(CacheFullError, match=r"prompt of 30 tokens \+ max_new_tokens=5 exceeds "
-                                           r"max_position_embeddings=32"):
+  with pytest.raises(
+    CacheFullError,
+    match=r"prompt of 30 tokens \+ max_new_tokens=5 exceeds "
+    r"max_position_embeddings=32",
+  ):
     model.generate([[1] * 30], SamplingParams(temperature=0.0), max_new_tokens=5)
 
 
@@ -261,7 +295,7 @@ def test_generate_that_just_fits_runs(model):
   seq = list(prompt)
   for _ in range(out.lengths[0]):  # greedy by full forwards, 28 + 4 = 32 positions at most
     seq.append(int(np.argmax(np.asarray(model.forward(np.array([seq], np.int32)).logits)[0, -1])))
-  assert out.token_ids(0) == seq[len(prompt):]
+  assert out.token_ids(0) == seq[len(prompt) :]
 
 
 def test_extend_past_the_cache(model):
@@ -321,12 +355,15 @@ def test_bad_capture_layer_index(model):
     CaptureSpec(top_k_probs=-2)
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     (dict(temperature=-0.5), r"^SamplingParams\.temperature: expected a finite number >= 0\.0, got -0\.5$"),
     (dict(top_p=0.0), r"^SamplingParams\.top_p: expected a finite number in \(0\.0, 1\.0\], got 0\.0$"),
     (dict(top_p=1.5), r"^SamplingParams\.top_p: expected a finite number in \(0\.0, 1\.0\], got 1\.5$"),
     (dict(top_k=-1), r"^SamplingParams\.top_k: expected an int >= 0, got -1$"),
-])
+  ],
+)
 def test_bad_sampling_params(kwargs, match):
   with pytest.raises(ConfigError, match=match):
     SamplingParams(**kwargs)
@@ -371,8 +408,7 @@ def test_save_pretrained_failure_keeps_the_previous_save(model, tmp_path, monkey
   monkeypatch.undo()
   reloaded = load_pretrained(str(target), tokenizer=False)
   ids = np.array([[1, 5, 7]], np.int32)
-  np.testing.assert_allclose(np.asarray(reloaded.forward(ids).logits), np.asarray(model.forward(ids).logits),
-                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(reloaded.forward(ids).logits), np.asarray(model.forward(ids).logits), atol=1e-6)
 
 
 def test_save_pretrained_interrupted_by_keyboard(model, tmp_path, monkeypatch):

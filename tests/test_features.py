@@ -8,8 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from reprobe_jax.features import FeatureMismatchError, FeatureSpec, FeatureStore, extract, token_features, \
-    with_logprobs
+from reprobe_jax.features import FeatureMismatchError, FeatureSpec, FeatureStore, extract, token_features, with_logprobs
 from reprobe_jax.features import extraction as extract_mod
 from reprobe_jax.models import CaptureSpec, LanguageModel, load_pretrained
 from reprobe_jax.trajectories import Trajectory
@@ -27,8 +26,10 @@ def _record(tid, prompt_ids, response_ids):
 
 def _records(n=5, seed=0):
   rng = np.random.RandomState(seed)
-  return [_record(f"t{i}", rng.randint(3, 90, rng.randint(3, 9)).tolist(),
-                  rng.randint(3, 90, rng.randint(2, 12)).tolist()) for i in range(n)]
+  return [
+    _record(f"t{i}", rng.randint(3, 90, rng.randint(3, 9)).tolist(), rng.randint(3, 90, rng.randint(2, 12)).tolist())
+    for i in range(n)
+  ]
 
 
 def test_next_token_alignment_and_sets(lm):
@@ -44,8 +45,8 @@ def test_next_token_alignment_and_sets(lm):
     at = slice(p - 1, p - 1 + n)  # token j's features come from position j - 1
     assert f.shape == (n, spec.dim(lm.config))
     np.testing.assert_allclose(f[:, :D], np.asarray(ref.hidden_states[0])[0, at], atol=1e-5)
-    np.testing.assert_allclose(f[:, D:2 * D], np.asarray(ref.hidden_states[L])[0, at], atol=1e-4)
-    np.testing.assert_allclose(f[:, 2 * D:-6], np.asarray(ref.attn_window)[0, at].reshape(n, -1), atol=1e-5)
+    np.testing.assert_allclose(f[:, D : 2 * D], np.asarray(ref.hidden_states[L])[0, at], atol=1e-4)
+    np.testing.assert_allclose(f[:, 2 * D : -6], np.asarray(ref.attn_window)[0, at].reshape(n, -1), atol=1e-5)
     np.testing.assert_allclose(f[:, -6:-2], np.asarray(ref.top_probs)[0, at], atol=1e-5)
     # Then the token's own log-probability and the entropy of the distribution it came from, from the logits.
     z = np.asarray(ref.logits, np.float64)[0, at]
@@ -97,22 +98,34 @@ def test_sampler_captured_features_equal_teacher_forced(lm, tmp_path):
   filled from them runs no forward."""
   from reprobe_jax.models import SamplingParams
   from reprobe_jax.features import union_capture
-  specs = [FeatureSpec.from_name("hidden", hidden_layers=(-1, 1)), FeatureSpec.from_name("attn+logit"),
-           FeatureSpec.from_name("hidden+attn+logit", hidden_layers=(0,), attn_window=3, top_k=2)]
+
+  specs = [
+    FeatureSpec.from_name("hidden", hidden_layers=(-1, 1)),
+    FeatureSpec.from_name("attn+logit"),
+    FeatureSpec.from_name("hidden+attn+logit", hidden_layers=(0,), attn_window=3, top_k=2),
+  ]
   prompts = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 20], [1, 30, 31, 32]]
-  g = lm.generate(prompts, SamplingParams(2.0), max_new_tokens=14, n=2, seed=7, stop_strings=(".\n", "\n\n"),
-                  capture=union_capture(specs))
+  g = lm.generate(
+    prompts,
+    SamplingParams(2.0),
+    max_new_tokens=14,
+    n=2,
+    seed=7,
+    stop_strings=(".\n", "\n\n"),
+    capture=union_capture(specs),
+  )
   assert len(set(g.lengths.tolist())) > 1, "every row ran to the same length: no early finish was tested"
   recs = [_record(f"r{r}", prompts[g.prompt_index[r]], g.token_ids(r)) for r in range(len(g.lengths))]
   for spec in specs:
     sampled = np.asarray(spec.assemble(with_logprobs(g.features, g.logprobs), lm.config.num_layers))  # [R, N, F]
     forced = token_features(lm, recs, spec, batch_size=4)
     for r, ref in enumerate(forced):  # 1e-5 of the tensor's scale (hidden states of this random model reach ~20)
-      np.testing.assert_allclose(sampled[r, :len(ref)], ref, atol=1e-5 * max(1.0, np.abs(ref).max()),
-                                 err_msg=f"{spec.name} row {r}")
+      np.testing.assert_allclose(
+        sampled[r, : len(ref)], ref, atol=1e-5 * max(1.0, np.abs(ref).max()), err_msg=f"{spec.name} row {r}"
+      )
   spec = specs[1]
   sampled = np.asarray(spec.assemble(with_logprobs(g.features, g.logprobs), lm.config.num_layers))
-  captured = {rec.id: sampled[r, :len(rec.response_ids)] for r, rec in enumerate(recs)}
+  captured = {rec.id: sampled[r, : len(rec.response_ids)] for r, rec in enumerate(recs)}
   calls = []
   real = extract_mod.token_features
   try:

@@ -35,10 +35,25 @@ def _rel(a, b):
 
 
 def _text_kw(**kw):
-  base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=24, max_position_embeddings=512, initializer_range=0.25, bos_token_id=1,
-              eos_token_id=2, pad_token_id=0, sliding_window=4, sliding_window_pattern=3, query_pre_attn_scalar=20,
-              rope_theta=1e5, rope_local_base_freq=100.0)
+  base = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    max_position_embeddings=512,
+    initializer_range=0.25,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    sliding_window=4,
+    sliding_window_pattern=3,
+    query_pre_attn_scalar=20,
+    rope_theta=1e5,
+    rope_local_base_freq=100.0,
+  )
   base.update(kw)
   return base
 
@@ -78,13 +93,39 @@ def _windows_of(hf_cfg) -> tuple:
 def test_defaults_are_transformers_defaults():
   ours = ModelConfig.from_hf_dict({"model_type": "gemma3_text"})
   hf = transformers.Gemma3TextConfig()
-  assert (ours.vocab_size, ours.hidden_size, ours.intermediate_size, ours.num_layers, ours.num_heads,
-          ours.num_kv_heads, ours.head_dim, ours.max_position_embeddings, ours.rms_norm_eps, ours.hidden_act,
-          ours.tie_word_embeddings, ours.query_pre_attn_scalar, ours.bos_token_id, ours.eos_token_ids,
-          ours.pad_token_id) == (
-              hf.vocab_size, hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers, hf.num_attention_heads,
-              hf.num_key_value_heads, hf.head_dim, hf.max_position_embeddings, hf.rms_norm_eps, hf.hidden_activation,
-              hf.tie_word_embeddings, hf.query_pre_attn_scalar, hf.bos_token_id, (hf.eos_token_id,), hf.pad_token_id)
+  assert (
+    ours.vocab_size,
+    ours.hidden_size,
+    ours.intermediate_size,
+    ours.num_layers,
+    ours.num_heads,
+    ours.num_kv_heads,
+    ours.head_dim,
+    ours.max_position_embeddings,
+    ours.rms_norm_eps,
+    ours.hidden_act,
+    ours.tie_word_embeddings,
+    ours.query_pre_attn_scalar,
+    ours.bos_token_id,
+    ours.eos_token_ids,
+    ours.pad_token_id,
+  ) == (
+    hf.vocab_size,
+    hf.hidden_size,
+    hf.intermediate_size,
+    hf.num_hidden_layers,
+    hf.num_attention_heads,
+    hf.num_key_value_heads,
+    hf.head_dim,
+    hf.max_position_embeddings,
+    hf.rms_norm_eps,
+    hf.hidden_activation,
+    hf.tie_word_embeddings,
+    hf.query_pre_attn_scalar,
+    hf.bos_token_id,
+    (hf.eos_token_id,),
+    hf.pad_token_id,
+  )
   assert ours.sliding_windows == _windows_of(hf)  # every 6th layer global
   assert ours.sliding_windows[:6] == (4096,) * 5 + (None,)
   assert ours.rope == RopeConfig(theta=hf.rope_parameters["full_attention"]["rope_theta"]) == RopeConfig(theta=1e6)
@@ -95,8 +136,15 @@ def test_defaults_are_transformers_defaults():
 def test_older_keys_read_as_transformers_reads_them():
   # sliding_window_pattern 3 over 7 layers: layers 2 and 5 (i + 1 divisible by 3) are global. rope_scaling applies
   # to the global layers, rope_local_base_freq is the local layers' base.
-  kw = dict(num_hidden_layers=7, sliding_window=8, sliding_window_pattern=3, rope_theta=5e5, rope_local_base_freq=20.0,
-            rope_scaling={"rope_type": "linear", "factor": 8.0}, head_dim=16)
+  kw = dict(
+    num_hidden_layers=7,
+    sliding_window=8,
+    sliding_window_pattern=3,
+    rope_theta=5e5,
+    rope_local_base_freq=20.0,
+    rope_scaling={"rope_type": "linear", "factor": 8.0},
+    head_dim=16,
+  )
   ours = ModelConfig.from_hf_dict({"model_type": "gemma3_text", **kw})
   hf = transformers.Gemma3TextConfig(**kw)
   assert ours.sliding_windows == (8, 8, None, 8, 8, None, 8) == _windows_of(hf)
@@ -116,31 +164,57 @@ def test_config_round_trips_and_transformers_reads_our_export():
   assert _windows_of(hf) == cfg.sliding_windows and hf.query_pre_attn_scalar == 20
   assert hf.rope_parameters["sliding_attention"]["rope_theta"] == 100.0 and hf.final_logit_softcapping == 30.0
   # A config built in code spells out what its defaults mean, so it also equals its config.json read back.
-  built = ModelConfig(family="gemma3", vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=16, sliding_windows=(4, None), qk_norm=True,
-                      hidden_act="gelu_pytorch_tanh")
+  built = ModelConfig(
+    family="gemma3",
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    sliding_windows=(4, None),
+    qk_norm=True,
+    hidden_act="gelu_pytorch_tanh",
+  )
   assert built.local_rope == built.rope and built.query_pre_attn_scalar == 16.0
   assert ModelConfig.from_hf_dict(built.to_hf_dict()) == built
 
 
-@pytest.mark.parametrize("change, error, match", [
-    ({"attn_logit_softcapping": 50.0}, UnsupportedModelError, r"attn_logit_softcapping=50\.0: transformers' Gemma 3 "
-                                                               r"reads this field but never applies it"),
+@pytest.mark.parametrize(
+  "change, error, match",
+  [
+    (
+      {"attn_logit_softcapping": 50.0},
+      UnsupportedModelError,
+      r"attn_logit_softcapping=50\.0: transformers' Gemma 3 "
+      r"reads this field but never applies it",
+    ),
     ({"use_bidirectional_attention": True}, UnsupportedModelError, r"use_bidirectional_attention=true"),
     ({"attention_bias": True}, UnsupportedModelError, r"attention_bias=true is not supported for Gemma 3"),
-    ({"layer_types": ["sliding_attention", "full_attention"]}, ConfigError,
-     r"layer_types must list .* for each of the 3 layers, got 2 entries"),
+    (
+      {"layer_types": ["sliding_attention", "full_attention"]},
+      ConfigError,
+      r"layer_types must list .* for each of the 3 layers, got 2 entries",
+    ),
     ({"layer_types": ["sliding_attention", "local", "full_attention"]}, ConfigError, r"with \['local'\]"),
     ({"sliding_window": None}, ConfigError, r"'sliding_attention' layers but sliding_window is null"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, ConfigError,
-     r"'rope_parameters' of a Gemma 3 config must map 'full_attention' / 'sliding_attention'"),
+    (
+      {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+      ConfigError,
+      r"'rope_parameters' of a Gemma 3 config must map 'full_attention' / 'sliding_attention'",
+    ),
     ({"rope_parameters": {"full_attention": {"rope_type": "linear"}}}, ConfigError, r"rope type 'linear' needs factor"),
-    ({"rope_parameters": {"sliding_attention": {"rope_theta": "big"}}}, ConfigError,
-     r"'rope_parameters\.sliding_attention\.rope_theta' must be a finite number"),
+    (
+      {"rope_parameters": {"sliding_attention": {"rope_theta": "big"}}},
+      ConfigError,
+      r"'rope_parameters\.sliding_attention\.rope_theta' must be a finite number",
+    ),
     ({"partial_rotary_factor": 0.5}, ConfigError, r"family 'gemma3' rotates the whole head"),
     ({"hidden_activation": "relu"}, UnsupportedModelError, r"hidden_act 'relu' is not supported"),
     ({"query_pre_attn_scalar": 0}, ConfigError, r"query_pre_attn_scalar must be a finite number > 0, got 0\.0"),
-])
+  ],
+)
 def test_bad_or_unsupported_fields_are_named(change, error, match):
   d = {"model_type": "gemma3_text", **_text_kw(), **change}
   with pytest.raises(error, match=match) as e:
@@ -164,8 +238,9 @@ def test_multimodal_config_errors_name_the_text_config():
   with pytest.raises(ConfigError, match=r"field 'text_config\.hidden_size' must be an integer >= 1"):
     ModelConfig.from_hf_dict({"model_type": "gemma3", "text_config": {"hidden_size": "64"}})
   # The LM head is tied by the outer config, as transformers ties Gemma3ForConditionalGeneration.
-  cfg = ModelConfig.from_hf_dict({"model_type": "gemma3", "tie_word_embeddings": False,
-                                  "text_config": {"model_type": "gemma3_text", **_text_kw()}})
+  cfg = ModelConfig.from_hf_dict(
+    {"model_type": "gemma3", "tie_word_embeddings": False, "text_config": {"model_type": "gemma3_text", **_text_kw()}}
+  )
   assert not cfg.tie_word_embeddings and cfg.family == "gemma3" and cfg.sliding_windows == (4, 4, None)
 
 
@@ -222,9 +297,11 @@ def test_parity_needs_the_window_the_local_rope_and_the_query_scale(tiny):
     ref = hf(torch.tensor(ids)).logits.numpy()
   assert _rel(lm.forward(ids).logits, ref) < TOL
   cfg = lm.config
-  for name, changed in [("no window", cfg.replace(sliding_windows=(None,) * 3)),
-                        ("global RoPE everywhere", cfg.replace(local_rope=cfg.rope)),
-                        ("head_dim query scale", cfg.replace(query_pre_attn_scalar=float(cfg.head_dim)))]:
+  for name, changed in [
+    ("no window", cfg.replace(sliding_windows=(None,) * 3)),
+    ("global RoPE everywhere", cfg.replace(local_rope=cfg.rope)),
+    ("head_dim query scale", cfg.replace(query_pre_attn_scalar=float(cfg.head_dim))),
+  ]:
     assert _rel(_with_config(lm, changed).forward(ids).logits, ref) > 100 * TOL, name
 
 
@@ -232,10 +309,23 @@ def test_multimodal_checkpoint_loads_its_language_model(tmp_path):
   """A Gemma3ForConditionalGeneration folder (tiny vision tower and projector, skipped) loads as its language model:
   text-only logits equal transformers' multimodal model's."""
   torch.manual_seed(1)
-  vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                num_attention_heads=2, image_size=28, patch_size=14)
-  cfg = transformers.Gemma3Config(text_config=_text_kw(), vision_config=vision, mm_tokens_per_image=4,
-                                  image_token_index=100, boi_token_index=98, eoi_token_index=99)
+  vision = dict(
+    model_type="siglip_vision_model",
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+  )
+  cfg = transformers.Gemma3Config(
+    text_config=_text_kw(),
+    vision_config=vision,
+    mm_tokens_per_image=4,
+    image_token_index=100,
+    boi_token_index=98,
+    eoi_token_index=99,
+  )
   hf = transformers.Gemma3ForConditionalGeneration(cfg).eval()
   _randomise_norms(hf)
   hf.save_pretrained(tmp_path)
@@ -256,11 +346,24 @@ def _write_gemma3_gguf(path, hf, *, with_tensors: bool = True, **meta):
   import gguf
 
   c = hf.config if hf is not None else None
-  meta = dict(dict(context_length=c.max_position_embeddings, embedding_length=c.hidden_size,
-                   block_count=c.num_hidden_layers, feed_forward_length=c.intermediate_size,
-                   head_count=c.num_attention_heads, head_count_kv=c.num_key_value_heads, key_length=c.head_dim,
-                   rms_eps=c.rms_norm_eps, freq_base=c.rope_parameters["full_attention"]["rope_theta"],
-                   sliding_window=c.sliding_window, vocab_size=c.vocab_size) if c is not None else {}, **meta)
+  meta = dict(
+    dict(
+      context_length=c.max_position_embeddings,
+      embedding_length=c.hidden_size,
+      block_count=c.num_hidden_layers,
+      feed_forward_length=c.intermediate_size,
+      head_count=c.num_attention_heads,
+      head_count_kv=c.num_key_value_heads,
+      key_length=c.head_dim,
+      rms_eps=c.rms_norm_eps,
+      freq_base=c.rope_parameters["full_attention"]["rope_theta"],
+      sliding_window=c.sliding_window,
+      vocab_size=c.vocab_size,
+    )
+    if c is not None
+    else {},
+    **meta,
+  )
   writer = gguf.GGUFWriter(str(path), "gemma3")
   writer.add_context_length(meta["context_length"])
   writer.add_embedding_length(meta["embedding_length"])
@@ -292,9 +395,18 @@ def test_tiny_gguf_matches_its_source_and_transformers(tmp_path):
   """Six layers, so that llama.cpp's fixed pattern (every 6th layer global) has five local layers and one global;
   head_dim 256, where llama.cpp's query scale (head_dim) and transformers' (256) agree."""
   torch.manual_seed(2)
-  cfg = transformers.Gemma3TextConfig(**_text_kw(num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1,
-                                                 head_dim=256, query_pre_attn_scalar=256, rope_theta=1e6,
-                                                 rope_local_base_freq=1e4, sliding_window_pattern=6))
+  cfg = transformers.Gemma3TextConfig(
+    **_text_kw(
+      num_hidden_layers=6,
+      num_attention_heads=2,
+      num_key_value_heads=1,
+      head_dim=256,
+      query_pre_attn_scalar=256,
+      rope_theta=1e6,
+      rope_local_base_freq=1e4,
+      sliding_window_pattern=6,
+    )
+  )
   hf = transformers.Gemma3ForCausalLM(cfg).eval()
   _randomise_norms(hf)
   path = tmp_path / "tiny-gemma3.gguf"
@@ -312,18 +424,34 @@ def test_tiny_gguf_matches_its_source_and_transformers(tmp_path):
   assert _rel(ours, theirs) < TOL
 
 
-@pytest.mark.parametrize("layers, hidden, heads, head_dim, scalar", [
+@pytest.mark.parametrize(
+  "layers, hidden, heads, head_dim, scalar",
+  [
     (26, 1152, 4, 256, 256),  # Gemma 3 1B: head_dim 256
     (18, 640, 4, 32, 32),  # another head_dim: llama.cpp scales by head_dim ** -0.5 (transformers' loader: 256)
     (62, 5376, 32, 128, 168),  # Gemma 3 27B: llama.cpp uses hidden / heads = 5376 / 32 = 168
-])
+  ],
+)
 def test_gguf_query_scale_follows_llama_cpp(tmp_path, layers, hidden, heads, head_dim, scalar):
   from reprobe_jax.models import gguf_io
 
   path = tmp_path / "meta-only.gguf"
-  _write_gemma3_gguf(path, None, with_tensors=False, context_length=1024, embedding_length=hidden, block_count=layers,
-                     feed_forward_length=64, head_count=heads, head_count_kv=1, key_length=head_dim, rms_eps=1e-6,
-                     freq_base=1e6, sliding_window=512, vocab_size=16)
+  _write_gemma3_gguf(
+    path,
+    None,
+    with_tensors=False,
+    context_length=1024,
+    embedding_length=hidden,
+    block_count=layers,
+    feed_forward_length=64,
+    head_count=heads,
+    head_count_kv=1,
+    key_length=head_dim,
+    rms_eps=1e-6,
+    freq_base=1e6,
+    sliding_window=512,
+    vocab_size=16,
+  )
   cfg, _ = gguf_io.read_gguf(path)
   assert cfg.query_pre_attn_scalar == scalar
   assert cfg.sliding_windows[:6] == (512,) * 5 + (None,) and cfg.local_rope.theta == 1e4 and cfg.rope.theta == 1e6

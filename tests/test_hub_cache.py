@@ -19,19 +19,32 @@ from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained, reso
 
 REPO_ID = "org/tiny-llama"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-_CFG = ModelConfig(family="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                   num_kv_heads=2, head_dim=8, max_position_embeddings=64, bos_token_id=1, eos_token_ids=(2,))
+_CFG = ModelConfig(
+  family="llama",
+  vocab_size=64,
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  max_position_embeddings=64,
+  bos_token_id=1,
+  eos_token_ids=(2,),
+)
 
 
 def _tokenizer():
   """A word-level tokenizer over 64 tokens, built offline."""
   from tokenizers import Tokenizer, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
+
   vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 64)}}
   tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
   tok.pre_tokenizer = pre_tokenizers.Whitespace()
-  return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                 pad_token="<pad>")
+  return PreTrainedTokenizerFast(
+    tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+  )
 
 
 def _populate_cache(cache_dir, source, repo_id=REPO_ID, commit=COMMIT):
@@ -71,6 +84,7 @@ def offline_cache(hub, monkeypatch):
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
   monkeypatch.setenv("HF_HUB_CACHE", cache)
   from huggingface_hub import constants
+
   monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
   monkeypatch.setattr(constants, "HF_HUB_CACHE", cache)
   return cache
@@ -93,7 +107,8 @@ def test_hub_id_loads_the_same_model_as_the_directory(hub, offline_cache):
   assert from_hub.tokenizer is not None
   assert from_hub.tokenizer("w5 w9")["input_ids"][-2:] == [5, 9]
   assert from_hub.generate(["w5 w9"], max_new_tokens=3, seed=1).token_ids(0) == (
-      from_dir.generate(["w5 w9"], max_new_tokens=3, seed=1).token_ids(0))
+    from_dir.generate(["w5 w9"], max_new_tokens=3, seed=1).token_ids(0)
+  )
 
 
 def test_unknown_hub_id_offline_names_the_id(offline_cache):
@@ -121,7 +136,7 @@ def test_snapshot_without_weights_is_a_checkpoint_error(hub, offline_cache, tmp_
     load_pretrained("org/no-weights")
 
 
-_SUBPROCESS_SCRIPT = textwrap.dedent('''
+_SUBPROCESS_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     from reprobe_jax.errors import ConfigError
@@ -141,7 +156,7 @@ _SUBPROCESS_SCRIPT = textwrap.dedent('''
     else:
       raise AssertionError("no ConfigError for an uncached id")
     print("HUB OK")
-''')
+""")
 
 
 def test_env_vars_set_before_start_are_honoured(hub, tmp_path):
@@ -151,7 +166,9 @@ def test_env_vars_set_before_start_are_honoured(hub, tmp_path):
   script.write_text(_SUBPROCESS_SCRIPT)
   env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))}
   env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=cache, HF_HOME=str(tmp_path / "hf_home"), JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, str(script), source, snap], env=env, capture_output=True, text=True,
-                        timeout=180)
+  proc = subprocess.run(
+    [sys.executable, str(script), source, snap], env=env, capture_output=True, text=True, timeout=180
+  )
   assert proc.returncode == 0 and "HUB OK" in proc.stdout, (
-      f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+    f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+  )

@@ -20,7 +20,7 @@ from reprobe_jax.tasks.traces import solve_many
 def test_boundary_ends_stop_at_think_close():
   text = "<think>\nStep 1: 2 + 3 = 5.\n\nSo the answer is 5.\n\n</think>\n\n**Final Answer**\n\\boxed{5}.\n\n"
   ends = boundary_ends(text)
-  assert len(ends) == 2 and text[:ends[0]].endswith("2 + 3 = 5.\n\n") and text[:ends[1]].endswith("is 5.\n\n")
+  assert len(ends) == 2 and text[: ends[0]].endswith("2 + 3 = 5.\n\n") and text[: ends[1]].endswith("is 5.\n\n")
 
 
 def test_answers_so_far_worked_example():
@@ -30,7 +30,7 @@ def test_answers_so_far_worked_example():
   paragraphs = parse_thinking(text)[0]
   so_far = answers_so_far(p, paragraphs)
   assert len(so_far) == len(paragraphs)
-  assert [done for _, done in so_far][:len(ops)] == [False] * (len(ops) - 1) + [True]
+  assert [done for _, done in so_far][: len(ops)] == [False] * (len(ops) - 1) + [True]
   # the answer after the last work step is what 'So the answer is X.' claims in a trace without slips
   assert so_far[len(ops)][0] == paragraphs[len(ops)].removeprefix("So the answer is ").rstrip(".")
 
@@ -43,8 +43,8 @@ def test_examples_hold_the_answer_a_solver_has_there():
   by_id = {p.id: (p, t) for p, t in zip(problems, texts)}
   for e in ex:
     p, text = by_id[e.problem_id]
-    assert e.prefix.endswith(".\n\n" + ANSWER_OPENER) and text.startswith(e.prefix[:-len(ANSWER_OPENER)])
-    paragraphs = parse_thinking(e.prefix[:-len(ANSWER_OPENER)])[0]
+    assert e.prefix.endswith(".\n\n" + ANSWER_OPENER) and text.startswith(e.prefix[: -len(ANSWER_OPENER)])
+    paragraphs = parse_thinking(e.prefix[: -len(ANSWER_OPENER)])[0]
     assert len(paragraphs) == e.paragraph + 1
     assert (e.answer, e.complete) == answers_so_far(p, paragraphs)[-1]  # guess_share 0: always the running value
   assert {e.complete for e in ex} == {False, True}
@@ -60,8 +60,9 @@ def test_examples_hold_the_answer_a_solver_has_there():
 
 def test_encode_examples_weights_per_pair(synthetic_lm):
   tok = synthetic_lm.tokenizer
-  data = encode_examples(tok, [("Q one", "A"), ("Q two", "B")], (64,), prompt_weight=[0.5, 0.0],
-                         response_weight=[1.0, 4.0])
+  data = encode_examples(
+    tok, [("Q one", "A"), ("Q two", "B")], (64,), prompt_weight=[0.5, 0.0], response_weight=[1.0, 4.0]
+  )
   tokens, mask = data[64]
   for row, (pw, rw) in enumerate([(0.5, 1.0), (0.0, 4.0)]):
     n_prompt = len(tok("Q one" if row == 0 else "Q two", add_special_tokens=False)["input_ids"])

@@ -30,9 +30,9 @@ def test_pack_lays_columns_out_in_zero_padded_panels():
   wp = np.asarray(kernels.pack(jnp.asarray(w)))
   assert wp.shape == (3, 3, kernels.PANEL)  # ceil(70 / 32) panels of [K, 32]
   for p in range(3):
-    cols = w[:, p * 32:(p + 1) * 32]
-    np.testing.assert_array_equal(wp[p, :, :cols.shape[1]], cols)
-    np.testing.assert_array_equal(wp[p, :, cols.shape[1]:], 0)
+    cols = w[:, p * 32 : (p + 1) * 32]
+    np.testing.assert_array_equal(wp[p, :, : cols.shape[1]], cols)
+    np.testing.assert_array_equal(wp[p, :, cols.shape[1] :], 0)
 
 
 @pytest.mark.parametrize("m,k,n", SHAPES)
@@ -105,6 +105,7 @@ def test_build_off_by_environment_and_a_failed_compile_name_the_reason(tmp_path,
 
 # ------------------------------------------------------------------------------------------ the decode view
 
+
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
   return load_pretrained(tiny_llama_dir)
@@ -148,6 +149,7 @@ def test_fused_projections_equal_each_packed_product_bit_for_bit(rows):
   output column reads its own weight column only. Above MAX_ROWS each Linear runs XLA's dot on its own."""
   from flax import nnx
   from reprobe_jax.models.layers import Linear, PackedWeight, fused_matmul
+
   rngs = nnx.Rngs(0)
   lins = [Linear(64, n, ("embed", "heads"), bias=True, dtype=jnp.float32, rngs=rngs) for n in (96, 32, 32)]
   for i, lin in enumerate(lins):
@@ -178,11 +180,18 @@ def test_decode_view_packs_qkv_and_gate_up_once(tiny):
     if name is not None:
       packed.setdefault(name, []).append(x)
   layers = tiny.config.num_layers
-  assert {k: len(v) for k, v in packed.items()} == {"packed_qkv": layers, "packed": 2 * layers,
-                                                      "packed_gate_up": layers, "packed_head": 1}
+  assert {k: len(v) for k, v in packed.items()} == {
+    "packed_qkv": layers,
+    "packed": 2 * layers,
+    "packed_gate_up": layers,
+    "packed_head": 1,
+  }
   nbytes = sum(x.nbytes for xs in packed.values() for x in xs)
-  weights = sum(x.nbytes for path, x in jax.tree_util.tree_leaves_with_path(tiny.params)
-                if str(getattr(path[-2], "key", "")) in ("kernel", "lm_head"))
+  weights = sum(
+    x.nbytes
+    for path, x in jax.tree_util.tree_leaves_with_path(tiny.params)
+    if str(getattr(path[-2], "key", "")) in ("kernel", "lm_head")
+  )
   if tiny.config.tie_word_embeddings:
     weights += tiny.params["embed_tokens"][...].nbytes
   assert weights <= nbytes < 1.25 * weights
@@ -230,6 +239,7 @@ def test_packed_decode_of_rows_sharing_a_prompt_prefix_matches_xla(tiny):
 @pytest.mark.parametrize("p,q,s,d", [(96, 3, 96, 64), (8, 48, 300, 64), (5, 2, 17, 80), (3, 1, 1, 8), (4, 5, 33, 130)])
 def test_decode_attention_products_match_float64(p, q, s, d):
   from reprobe_jax.kernels import attention
+
   rng = np.random.default_rng(p + q + s + d)
   qs, ks = rng.standard_normal((p, q, d), dtype=np.float32), rng.standard_normal((p, s, d), dtype=np.float32)
   probs, vs = rng.random((p, q, s), dtype=np.float32), rng.standard_normal((p, s, d), dtype=np.float32)
@@ -242,10 +252,12 @@ def test_decode_attention_products_match_float64(p, q, s, d):
   # Leading dimensions are pairs too ([B, KV, S, D] as the cache is kept): the same products, bit for bit.
   if p % 3 == 0:
     split = lambda a: jnp.asarray(a).reshape(3, p // 3, *a.shape[1:])
-    np.testing.assert_array_equal(np.asarray(jax.jit(attention.decode_qk)(split(qs), split(ks))).reshape(scores.shape),
-                                  scores)
-    np.testing.assert_array_equal(np.asarray(jax.jit(attention.decode_pv)(split(probs), split(vs))).reshape(out.shape),
-                                  out)
+    np.testing.assert_array_equal(
+      np.asarray(jax.jit(attention.decode_qk)(split(qs), split(ks))).reshape(scores.shape), scores
+    )
+    np.testing.assert_array_equal(
+      np.asarray(jax.jit(attention.decode_pv)(split(probs), split(vs))).reshape(out.shape), out
+    )
     with pytest.raises(ValueError, match="same leading dimensions"):
       attention.decode_qk(split(qs), jnp.asarray(ks))
   with pytest.raises(ValueError, match="head sizes differ"):

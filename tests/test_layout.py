@@ -40,7 +40,7 @@ def _imports(path: pathlib.Path, name: str, known: set[str]) -> set[str]:
       base = node.module or ""
       if node.level:
         parts = package.split(".")
-        base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+        base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
       out.add(base)
       out |= {f"{base}.{alias.name}" for alias in node.names}
   return {m for m in out if m in known}
@@ -60,8 +60,9 @@ def import_graph() -> dict[str, set[str]]:
       out |= expand(c, seen + (m,))
     return out or {m}
 
-  return {n: set().union(*(expand(m) for m in ms)) - {n} if ms else set()
-          for n, ms in graph.items() if n not in packages}
+  return {
+    n: set().union(*(expand(m) for m in ms)) - {n} if ms else set() for n, ms in graph.items() if n not in packages
+  }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -117,8 +118,9 @@ def test_no_import_circle_between_modules():
 
 
 def test_modules_are_short():
-  long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
-          if (n := len(p.read_text().splitlines())) > MAX_LINES}
+  long = {
+    str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES
+  }
   assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
@@ -138,8 +140,10 @@ def test_code_and_docs_cite_what_a_reader_has():
   for base in ("reprobe_jax", "docs", "configs", "bench", "tests"):
     for path in sorted((ROOT / base).rglob("*")):
       if path.suffix in (".py", ".md") and path.is_file():
-        found += [f"{path.relative_to(ROOT)}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
-                  if cites(line) and path.name != "test_layout.py"]
-  found += [f"README.md:{i}" for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
-            if cites(line)]
+        found += [
+          f"{path.relative_to(ROOT)}:{i}"
+          for i, line in enumerate(path.read_text().splitlines(), 1)
+          if cites(line) and path.name != "test_layout.py"
+        ]
+  found += [f"README.md:{i}" for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1) if cites(line)]
   assert not found, f"references a reader cannot look up: {found[:10]}"

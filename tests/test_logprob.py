@@ -20,8 +20,16 @@ _fast = jax.jit(sequence_logprobs, static_argnames="graphdef")  # one compile sh
 
 @pytest.fixture(scope="module")
 def lm():
-  cfg = ModelConfig(family="llama", vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                    num_kv_heads=2, head_dim=8)
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=61,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+  )
   return LanguageModel.random(cfg, seed=3)
 
 
@@ -45,8 +53,9 @@ def _has_context(mask):
 
 def _naive(graphdef, params, tokens, mask):
   """log_softmax over the whole [B, T, V] and a gather: the obvious form the fast one must equal."""
-  logits, _, _ = run_decoder(graphdef, params, tokens, positions_from_mask(mask), mask.astype(bool),
-                             capture=CaptureSpec(), shard=None)
+  logits, _, _ = run_decoder(
+    graphdef, params, tokens, positions_from_mask(mask), mask.astype(bool), capture=CaptureSpec(), shard=None
+  )
   lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1], axis=-1), tokens[:, 1:, None], axis=-1)[..., 0]
   lp = jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
   m = mask.astype(bool)
@@ -74,7 +83,7 @@ def test_left_and_right_padding_give_a_row_the_same_values(lm):
   left = np.asarray(_fast(lm.static_graph, lm.params, lt, lmask))
   right = np.asarray(_fast(lm.static_graph, lm.params, rt, rmask))
   for i, n in enumerate(LENGTHS):
-    np.testing.assert_allclose(left[i, T - n:], right[i, :n], atol=1e-5)
+    np.testing.assert_allclose(left[i, T - n :], right[i, :n], atol=1e-5)
 
 
 def test_equals_forward_token_logprobs_shifted(lm):

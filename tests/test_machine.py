@@ -13,8 +13,10 @@ def test_isa_is_the_widest_instruction_set_the_flags_name():
 
 def test_cpuinfo_reads_the_first_model_name_and_flags(tmp_path):
   path = tmp_path / "cpuinfo"
-  path.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx avx2\n\n"
-                  "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n")
+  path.write_text(
+    "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx avx2\n\n"
+    "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n"
+  )
   assert _cpuinfo(str(path)) == ("AMD EPYC 7B13", {"fpu", "avx", "avx2"})
   assert _cpuinfo(str(tmp_path / "missing")) == ("", set())
 

@@ -52,6 +52,7 @@ def test_worked_example_and_edges():
 def test_bootstrap_weights_equal_sklearn_on_the_repeated_sample():
   """One sort serves every resample: integer weights give exactly sklearn's AP of the sample with repeats."""
   from reprobe_jax.eval.metrics import _weighted_ap
+
   rng = np.random.default_rng(0)
   y = (rng.random(80) < 0.3).astype(float)
   s = np.round(rng.random(80), 1)  # many ties
@@ -64,6 +65,7 @@ def test_bootstrap_weights_equal_sklearn_on_the_repeated_sample():
 
 def test_bootstrap_interval_covers_the_estimate_and_narrows_with_data():
   from reprobe_jax.eval.metrics import bootstrap_pr_auc
+
   rng = np.random.default_rng(1)
 
   def draw(n):
@@ -82,6 +84,7 @@ def test_bootstrap_interval_covers_the_estimate_and_narrows_with_data():
 def test_bootstrap_resamples_groups_not_steps():
   """Steps of one problem move together: a problem-level effect widens the interval against step resampling."""
   from reprobe_jax.eval.metrics import bootstrap_pr_auc
+
   rng = np.random.default_rng(2)
   g = np.repeat(np.arange(40), 10)
   y = np.repeat((rng.random(40) < 0.4).astype(float), 10)  # whole problems right or wrong
@@ -93,6 +96,7 @@ def test_bootstrap_resamples_groups_not_steps():
 
 def test_bootstrap_refuses_bad_arguments():
   from reprobe_jax.eval.metrics import bootstrap_pr_auc
+
   with pytest.raises(ConfigError, match="groups"):
     bootstrap_pr_auc([0, 1], [0.1, 0.2], [0])
   with pytest.raises(ConfigError, match="level"):

@@ -22,55 +22,120 @@ VOCAB = 101
 
 
 def _common(**kw):
-  base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.25, bos_token_id=1,
-              eos_token_id=2, pad_token_id=0)
+  base = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.25,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+  )
   base.update(kw)
   return base
 
 
 CASES = {
-    "llama": (transformers.LlamaConfig, _common()),
-    "llama_tied_llama3": (transformers.LlamaConfig, _common(
-        tie_word_embeddings=True, num_key_value_heads=1,
-        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
-                             high_freq_factor=4.0, original_max_position_embeddings=64))),
-    "llama_linear": (transformers.LlamaConfig, _common(
-        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
-    "llama_dynamic": (transformers.LlamaConfig, _common(
-        rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))),
-    "mistral_sliding": (transformers.MistralConfig, _common(sliding_window=6, head_dim=16)),
-    "qwen2_bias_yarn": (transformers.Qwen2Config, _common(
-        rope_parameters=dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0,
-                             original_max_position_embeddings=128))),
-    "qwen3_qknorm": (transformers.Qwen3Config, _common(head_dim=24, tie_word_embeddings=True)),
-    "phi3_partial_longrope": (transformers.Phi3Config, _common(
-        num_key_value_heads=4, max_position_embeddings=4096, original_max_position_embeddings=256,
-        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.5,
-                             short_factor=[1.0 + 0.1 * i for i in range(4)],
-                             long_factor=[2.0 + 0.3 * i for i in range(4)],
-                             original_max_position_embeddings=256))),
-    # original context 8 < sequence length: the long factors are in force, as HF picks them per call.
-    "phi3_longrope_long": (transformers.Phi3Config, _common(
-        max_position_embeddings=4096, original_max_position_embeddings=8,
-        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
-                             short_factor=[1.0 + 0.1 * i for i in range(8)],
-                             long_factor=[2.0 + 0.3 * i for i in range(8)],
-                             original_max_position_embeddings=8))),
-    # Gemma 3: layers 0 and 1 local (window 4, RoPE base 100), layer 2 global (base 1e5), on sequences of 14-20
-    # tokens; query_pre_attn_scalar 20 is not head_dim 24 (which is not hidden / heads either).
-    "gemma3_local_global": (transformers.Gemma3TextConfig, _common(
-        head_dim=24, sliding_window=4, sliding_window_pattern=3, query_pre_attn_scalar=20,
-        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1e5),
-                         "sliding_attention": dict(rope_type="default", rope_theta=100.0)})),
-    # A global layer between two local ones, linear RoPE scaling on the global layer only, an untied head, one KV
-    # head, the default query_pre_attn_scalar (256, not head_dim 16) and a final logit softcap that bends the
-    # logits (their scale is about 14).
-    "gemma3_linear_untied_softcap": (transformers.Gemma3TextConfig, _common(
-        head_dim=16, num_key_value_heads=1, tie_word_embeddings=False, sliding_window=4, final_logit_softcapping=10.0,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"full_attention": dict(rope_type="linear", rope_theta=1e4, factor=4.0),
-                         "sliding_attention": dict(rope_type="default", rope_theta=10.0)})),
+  "llama": (transformers.LlamaConfig, _common()),
+  "llama_tied_llama3": (
+    transformers.LlamaConfig,
+    _common(
+      tie_word_embeddings=True,
+      num_key_value_heads=1,
+      rope_parameters=dict(
+        rope_type="llama3",
+        rope_theta=500000.0,
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=64,
+      ),
+    ),
+  ),
+  "llama_linear": (
+    transformers.LlamaConfig,
+    _common(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0)),
+  ),
+  "llama_dynamic": (
+    transformers.LlamaConfig,
+    _common(rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0)),
+  ),
+  "mistral_sliding": (transformers.MistralConfig, _common(sliding_window=6, head_dim=16)),
+  "qwen2_bias_yarn": (
+    transformers.Qwen2Config,
+    _common(
+      rope_parameters=dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0, original_max_position_embeddings=128)
+    ),
+  ),
+  "qwen3_qknorm": (transformers.Qwen3Config, _common(head_dim=24, tie_word_embeddings=True)),
+  "phi3_partial_longrope": (
+    transformers.Phi3Config,
+    _common(
+      num_key_value_heads=4,
+      max_position_embeddings=4096,
+      original_max_position_embeddings=256,
+      rope_parameters=dict(
+        rope_type="longrope",
+        rope_theta=10000.0,
+        partial_rotary_factor=0.5,
+        short_factor=[1.0 + 0.1 * i for i in range(4)],
+        long_factor=[2.0 + 0.3 * i for i in range(4)],
+        original_max_position_embeddings=256,
+      ),
+    ),
+  ),
+  # original context 8 < sequence length: the long factors are in force, as HF picks them per call.
+  "phi3_longrope_long": (
+    transformers.Phi3Config,
+    _common(
+      max_position_embeddings=4096,
+      original_max_position_embeddings=8,
+      rope_parameters=dict(
+        rope_type="longrope",
+        rope_theta=10000.0,
+        short_factor=[1.0 + 0.1 * i for i in range(8)],
+        long_factor=[2.0 + 0.3 * i for i in range(8)],
+        original_max_position_embeddings=8,
+      ),
+    ),
+  ),
+  # Gemma 3: layers 0 and 1 local (window 4, RoPE base 100), layer 2 global (base 1e5), on sequences of 14-20
+  # tokens; query_pre_attn_scalar 20 is not head_dim 24 (which is not hidden / heads either).
+  "gemma3_local_global": (
+    transformers.Gemma3TextConfig,
+    _common(
+      head_dim=24,
+      sliding_window=4,
+      sliding_window_pattern=3,
+      query_pre_attn_scalar=20,
+      rope_parameters={
+        "full_attention": dict(rope_type="default", rope_theta=1e5),
+        "sliding_attention": dict(rope_type="default", rope_theta=100.0),
+      },
+    ),
+  ),
+  # A global layer between two local ones, linear RoPE scaling on the global layer only, an untied head, one KV
+  # head, the default query_pre_attn_scalar (256, not head_dim 16) and a final logit softcap that bends the
+  # logits (their scale is about 14).
+  "gemma3_linear_untied_softcap": (
+    transformers.Gemma3TextConfig,
+    _common(
+      head_dim=16,
+      num_key_value_heads=1,
+      tie_word_embeddings=False,
+      sliding_window=4,
+      final_logit_softcapping=10.0,
+      layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+      rope_parameters={
+        "full_attention": dict(rope_type="linear", rope_theta=1e4, factor=4.0),
+        "sliding_attention": dict(rope_type="default", rope_theta=10.0),
+      },
+    ),
+  ),
 }
 _MODELS = {transformers.Gemma3TextConfig: transformers.Gemma3ForCausalLM}
 
@@ -109,8 +174,8 @@ def _left_padded(rng, lengths, t):
   ids = np.zeros((len(lengths), t), np.int64)
   mask = np.zeros_like(ids)
   for i, n in enumerate(lengths):
-    ids[i, t - n:] = rng.randint(3, VOCAB, n)
-    mask[i, t - n:] = 1
+    ids[i, t - n :] = rng.randint(3, VOCAB, n)
+    mask[i, t - n :] = 1
   return ids, mask
 
 
@@ -119,11 +184,19 @@ def test_forward_logits_hidden_attention(pair):
   ids, mask = _left_padded(np.random.RandomState(1), [14, 9], 14)
   pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
   with torch.no_grad():
-    ref = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos),
-             output_hidden_states=True, output_attentions=True)
+    ref = hf(
+      torch.tensor(ids),
+      attention_mask=torch.tensor(mask),
+      position_ids=torch.tensor(pos),
+      output_hidden_states=True,
+      output_attentions=True,
+    )
   n_layers = lm.config.num_layers
-  out = lm.forward(ids, mask, capture=CaptureSpec(hidden_layers=tuple(range(n_layers + 1)), attn_window=W,
-                                                  top_k_probs=4, token_stats=True))
+  out = lm.forward(
+    ids,
+    mask,
+    capture=CaptureSpec(hidden_layers=tuple(range(n_layers + 1)), attn_window=W, top_k_probs=4, token_stats=True),
+  )
   valid = mask.astype(bool)
   assert _rel(out.logits, ref.logits.numpy(), valid) < TOL, name
   assert len(ref.hidden_states) == n_layers + 1
@@ -141,7 +214,7 @@ def test_forward_logits_hidden_attention(pair):
           expect[:, t, layer, :, w] = a[:, :, t, t - w]
   np.testing.assert_allclose(aw[valid], expect[valid], atol=TOL)
   for t in range(W - 1):  # keys before slot 0 are zero
-    assert np.all(aw[:, t, :, :, t + 1:] == 0)
+    assert np.all(aw[:, t, :, :, t + 1 :] == 0)
   # Logit statistics against torch.
   probs = torch.softmax(ref.logits.double(), -1)
   np.testing.assert_allclose(np.asarray(out.top_probs)[valid], probs.topk(4, -1).values.numpy()[valid], atol=1e-5)
@@ -164,7 +237,7 @@ def test_kv_cache_decoding_equals_full_forward(pair):
   logits, _, cache = lm.extend(cache, ids[:, :prefix], mask[:, :prefix])
   steps = [np.asarray(logits)]
   for t in range(prefix, 20):
-    logits, _, cache = lm.extend(cache, ids[:, t:t + 1], mask[:, t:t + 1])
+    logits, _, cache = lm.extend(cache, ids[:, t : t + 1], mask[:, t : t + 1])
     steps.append(np.asarray(logits))
   incremental = np.concatenate(steps, axis=1)
   valid = mask.astype(bool)
@@ -178,10 +251,11 @@ def test_greedy_generate_matches_hf(pair):
   t = max(map(len, prompts))
   ids, mask = np.zeros((3, t), np.int64), np.zeros((3, t), np.int64)
   for i, p in enumerate(prompts):
-    ids[i, t - len(p):], mask[i, t - len(p):] = p, 1
+    ids[i, t - len(p) :], mask[i, t - len(p) :] = p, 1
   with torch.no_grad():
-    ref = hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=32,
-                      do_sample=False, pad_token_id=0).numpy()[:, t:]
+    ref = hf.generate(
+      torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=32, do_sample=False, pad_token_id=0
+    ).numpy()[:, t:]
   gen = lm.generate(prompts, SamplingParams(temperature=0.0), max_new_tokens=32)
   for row in range(3):
     n = gen.lengths[row]

@@ -26,8 +26,17 @@ from reprobe_jax.models import sharding
 from reprobe_jax.models.sharding import DistributedConfig, maybe_initialize_distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CLUSTER_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_LOCAL_DEVICE_IDS",
-                "SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_NPROCS", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS")
+_CLUSTER_ENV = (
+  "JAX_COORDINATOR_ADDRESS",
+  "JAX_NUM_PROCESSES",
+  "JAX_PROCESS_ID",
+  "JAX_LOCAL_DEVICE_IDS",
+  "SLURM_JOB_ID",
+  "SLURM_NTASKS",
+  "SLURM_NPROCS",
+  "TPU_WORKER_HOSTNAMES",
+  "MEGASCALE_COORDINATOR_ADDRESS",
+)
 
 
 def _free_port() -> int:
@@ -49,27 +58,39 @@ def _env(devices: int) -> dict:
 
 
 def test_settings_come_from_the_config_else_the_environment():
-  environ = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:8476", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": " 3 ",
-             "JAX_LOCAL_DEVICE_IDS": "0,1"}
+  environ = {
+    "JAX_COORDINATOR_ADDRESS": "10.0.0.1:8476",
+    "JAX_NUM_PROCESSES": "4",
+    "JAX_PROCESS_ID": " 3 ",
+    "JAX_LOCAL_DEVICE_IDS": "0,1",
+  }
   got = sharding._settings(DistributedConfig(process_id=2, where="--"), environ)
-  assert got == {"coordinator_address": ("10.0.0.1:8476", "JAX_COORDINATOR_ADDRESS"),
-                 "num_processes": (4, "JAX_NUM_PROCESSES"), "process_id": (2, "--process_id"),
-                 "local_device_ids": ((0, 1), "JAX_LOCAL_DEVICE_IDS")}
+  assert got == {
+    "coordinator_address": ("10.0.0.1:8476", "JAX_COORDINATOR_ADDRESS"),
+    "num_processes": (4, "JAX_NUM_PROCESSES"),
+    "process_id": (2, "--process_id"),
+    "local_device_ids": ((0, 1), "JAX_LOCAL_DEVICE_IDS"),
+  }
   assert sharding._settings(DistributedConfig(local_device_ids=("2", "3")), {}) == {
-      "local_device_ids": ((2, 3), "DistributedConfig.local_device_ids")}  # the CLI's list flag gives strings
+    "local_device_ids": ((2, 3), "DistributedConfig.local_device_ids")
+  }  # the CLI's list flag gives strings
 
 
 def test_one_host_is_left_alone():
   assert maybe_initialize_distributed(DistributedConfig(), environ={}) is False
-  for environ in ({"TPU_WORKER_HOSTNAMES": "localhost"},  # a single-host TPU VM names only itself
-                  {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1"},  # a SLURM job of one task
-                  {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1", "JAX_NUM_PROCESSES": "1", "JAX_PROCESS_ID": "0"}):
+  for environ in (
+    {"TPU_WORKER_HOSTNAMES": "localhost"},  # a single-host TPU VM names only itself
+    {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1"},  # a SLURM job of one task
+    {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1", "JAX_NUM_PROCESSES": "1", "JAX_PROCESS_ID": "0"},
+  ):
     assert maybe_initialize_distributed(DistributedConfig(), environ=environ) is False, environ
   assert sharding._detected_cluster({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "16"}) == "a SLURM job of 16 tasks"
   assert sharding._detected_cluster({"TPU_WORKER_HOSTNAMES": "w0,w1,w2,w3"}) == "a Cloud TPU pod slice"
 
 
-@pytest.mark.parametrize("given, environ, match", [
+@pytest.mark.parametrize(
+  "given, environ, match",
+  [
     ({}, {"JAX_COORDINATOR_ADDRESS": "localhost"}, r"JAX_COORDINATOR_ADDRESS='localhost': expected 'host:port'"),
     ({"coordinator_address": "h:99999"}, {}, r"DistributedConfig.coordinator_address='h:99999'"),
     ({}, {"JAX_NUM_PROCESSES": "two"}, r"JAX_NUM_PROCESSES='two': expected an int >= 1"),
@@ -79,7 +100,8 @@ def test_one_host_is_left_alone():
     ({}, {"JAX_LOCAL_DEVICE_IDS": "0,0"}, r"JAX_LOCAL_DEVICE_IDS='0,0': expected distinct"),
     ({"local_device_ids": ("0", "x")}, {}, r"DistributedConfig.local_device_ids=\('0', 'x'\): expected distinct"),
     ({"timeout_s": 0}, {}, r"DistributedConfig.timeout_s: expected an int >= 1"),
-])
+  ],
+)
 def test_malformed_settings_are_named(given, environ, match):
   """A given field is refused where the config is made; an environment variable where it is read."""
   with pytest.raises(DistributedError, match=match):
@@ -92,9 +114,12 @@ def test_process_id_out_of_range_and_missing_settings_are_named():
   environ = {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "4"}
   with pytest.raises(DistributedError, match=r"JAX_PROCESS_ID=4 is outside \[0, 4\) \(JAX_NUM_PROCESSES=4\)"):
     maybe_initialize_distributed(environ=environ)
-  with pytest.raises(DistributedError, match=r"JAX_COORDINATOR_ADDRESS=127.0.0.1:1234 given, "
-                                             r"--num_processes \(or JAX_NUM_PROCESSES\), --process_id \(or "
-                                             r"JAX_PROCESS_ID\) not"):
+  with pytest.raises(
+    DistributedError,
+    match=r"JAX_COORDINATOR_ADDRESS=127.0.0.1:1234 given, "
+    r"--num_processes \(or JAX_NUM_PROCESSES\), --process_id \(or "
+    r"JAX_PROCESS_ID\) not",
+  ):
     maybe_initialize_distributed(DistributedConfig(where="--"), environ={"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234"})
 
 
@@ -138,8 +163,10 @@ def test_rendezvous_names_a_wrong_count_a_mismatch_and_a_taken_id():
   assert "process id(s) [2] did not" in out[0]
   assert out[1].startswith("process 1 of 3: the coordinator at 127.0.0.1:") and "process id(s) [2] did not" in out[1]
   out = _meet([(2, 0), (3, 1)])
-  assert out[0] == "process 0: process 1 was started with num_processes=3, process 0 with 2; every process needs the " \
-                   "same count"
+  assert (
+    out[0] == "process 0: process 1 was started with num_processes=3, process 0 with 2; every process needs the "
+    "same count"
+  )
   assert "refused the job: process 1 was started with num_processes=3" in out[1]
   out = _meet([(3, 0), (3, 1), (3, 1)])
   assert "two processes were started with process_id=1" in out[0]
@@ -151,12 +178,25 @@ def test_cli_stops_a_misconfigured_job_in_one_line_within_seconds():
   all three at once."""
   config = "--config=configs/target_synthetic.py"
   job = [config, f"--coordinator_address=127.0.0.1:{_free_port()}", "--distributed_timeout=1", "--num_processes=3"]
-  lonely = [config, f"--coordinator_address=127.0.0.1:{_free_port()}", "--distributed_timeout=1", "--num_processes=2",
-            "--process_id=1"]
+  lonely = [
+    config,
+    f"--coordinator_address=127.0.0.1:{_free_port()}",
+    "--distributed_timeout=1",
+    "--num_processes=2",
+    "--process_id=1",
+  ]
   t0 = time.monotonic()
-  procs = [subprocess.Popen([sys.executable, "train.py", *argv], cwd=ROOT, env=_env(1), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-           for argv in (job + ["--process_id=0"], job + ["--process_id=1"], lonely)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "train.py", *argv],
+      cwd=ROOT,
+      env=_env(1),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for argv in (job + ["--process_id=0"], job + ["--process_id=1"], lonely)
+  ]
   errs = [p.communicate(timeout=200)[1] for p in procs]
   elapsed = time.monotonic() - t0
   lines = [[line for line in err.splitlines() if line.startswith("error: ")] for err in errs]
@@ -172,7 +212,7 @@ def test_cli_stops_a_misconfigured_job_in_one_line_within_seconds():
 
 # ------------------------------------------------------------------------------------------------ two processes
 
-_JOIN = textwrap.dedent('''
+_JOIN = textwrap.dedent("""
     import sys
     import numpy as np
     import jax
@@ -196,7 +236,7 @@ _JOIN = textwrap.dedent('''
     barrier("test")
     assert failed_processes(me == 1) == [1] and failed_processes(False) == []
     print("JOINED", me)
-''')
+""")
 
 
 def test_two_processes_join_from_the_environment(tmp_path):
@@ -208,14 +248,17 @@ def test_two_processes_join_from_the_environment(tmp_path):
   procs = []
   for i in (0, 1):
     env = dict(_env(4), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i))
-    procs.append(subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True))
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+      )
+    )
   for i, p in enumerate(procs):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0 and f"JOINED {i}" in out, f"process {i}: exit {p.returncode}\n{err[-5000:]}"
 
 
-_WORKER = textwrap.dedent('''
+_WORKER = textwrap.dedent("""
     import json, os, sys
     import numpy as np
     import jax
@@ -328,7 +371,7 @@ _WORKER = textwrap.dedent('''
     if me == 0:
       np.savez(os.path.join(out, "results.npz"), **results)
     print("WORKER OK", role)
-''')
+""")
 
 
 def _run_worker(tmp_path, roles, devices):
@@ -339,18 +382,29 @@ def _run_worker(tmp_path, roles, devices):
   port = str(_free_port())
   out = tmp_path / ("job" if len(roles) > 1 else "alone")
   out.mkdir()
-  procs = [subprocess.Popen([sys.executable, str(script), role, str(out), port], cwd=ROOT, env=_env(devices),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for role in roles]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, str(script), role, str(out), port],
+      cwd=ROOT,
+      env=_env(devices),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for role in roles
+  ]
   for role, p in zip(roles, procs):
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 0 and f"WORKER OK {role}" in stdout, (
-        f"{role}: exit {p.returncode}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-8000:]}")
+      f"{role}: exit {p.returncode}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-8000:]}"
+    )
   return out
 
 
 @pytest.mark.slow  # 70 s on 2 CPU cores, 4 minutes when they are busy: mostly compiling for 8 devices, 3 times
 def test_two_processes_agree_with_one(tmp_path):
   from reprobe_jax.features import FeatureStore
+
   alone = _run_worker(tmp_path, ["alone"], 8)
   job = _run_worker(tmp_path, ["0", "1"], 4)
   a, b = np.load(alone / "results.npz"), np.load(job / "results.npz")
@@ -378,8 +432,17 @@ def test_two_processes_agree_with_one(tmp_path):
   from reprobe_jax.probe import ProbeConfig
   from reprobe_jax.probe.train import new_probe
   import jax
-  start = np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(new_probe(
-      ProbeConfig(feature_dim=8, d_model=16, n_layers=1, n_heads=2, ff_dim=32, dropout=0.1), 0)[1]))])
+
+  start = np.concatenate(
+    [
+      np.ravel(x)
+      for x in jax.tree.leaves(
+        jax.device_get(
+          new_probe(ProbeConfig(feature_dim=8, d_model=16, n_layers=1, n_heads=2, ff_dim=32, dropout=0.1), 0)[1]
+        )
+      )
+    ]
+  )
   assert np.abs(b["probe_params"] - start).max() > 1e-3
   # (d) one store per model, its shards written by disjoint processes (shard k by process k % 2), the manifest by
   # process 0 alone; this one process reads every record back, equal to the one-process store's.
@@ -389,7 +452,8 @@ def test_two_processes_agree_with_one(tmp_path):
     assert w1 == {"shard_00001.npz", "shard_00003.npz"}, w1
     whole, ref = FeatureStore(str(job / name)), FeatureStore(str(alone / name))
     assert whole.manifest["complete"] and [s["file"] for s in whole.manifest["shards"]] == [
-        f"shard_{k:05d}.npz" for k in range(4)]
+      f"shard_{k:05d}.npz" for k in range(4)
+    ]
     assert sorted(whole.ids) == [f"t{i}" for i in range(7)] == sorted(ref.ids)
     assert whole.manifest["model_fingerprint"] == ref.manifest["model_fingerprint"]
     for tid in ref.ids:

@@ -29,8 +29,11 @@ def _outputs(nb) -> list[dict]:
 
 
 def _shown(nb, mime: str) -> list[str]:
-  return [o["data"][mime] for o in _outputs(nb) if o.get("output_type") in ("display_data", "execute_result")
-          and mime in o.get("data", {})]
+  return [
+    o["data"][mime]
+    for o in _outputs(nb)
+    if o.get("output_type") in ("display_data", "execute_result") and mime in o.get("data", {})
+  ]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def executed(workdir):
 
   def run(name: str):
     if name not in done:
-      for before in NOTEBOOKS[:NOTEBOOKS.index(name)]:
+      for before in NOTEBOOKS[: NOTEBOOKS.index(name)]:
         run(before)
       nb = _read(name)
       env = {**os.environ, "REPROBE_NOTEBOOK_SMOKE": "1", "REPROBE_WORKDIR": workdir, "TQDM_DISABLE": "1"}
@@ -118,8 +121,9 @@ def _install_source() -> str:
 
 def _run_install(prelude: str, cwd: str, **env) -> subprocess.CompletedProcess:
   code = prelude + "\n" + _install_source()
-  return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
-                        env={**os.environ, **env})
+  return subprocess.run(
+    [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+  )
 
 
 def test_install_cell_names_a_missing_package():
@@ -150,17 +154,25 @@ def test_readme_links_every_notebook():
 def test_steps_html_worked_example():
   from reprobe_jax.errors import ConfigError
   from reprobe_jax.eval.notebook import risk_colour, steps_html, steps_text
+
   # hue = round(120 * (1 - risk)): 0 -> 120 (green), 0.25 -> 90, 0.5 -> 60 (yellow), 1 -> 0 (red); out of range
   # clipped; NaN grey
   assert [risk_colour(r) for r in (0.0, 0.25, 0.5, 1.0, 1.7)] == [
-      "hsl(120, 75%, 80%)", "hsl(90, 75%, 80%)", "hsl(60, 75%, 80%)", "hsl(0, 75%, 80%)", "hsl(0, 75%, 80%)"]
+    "hsl(120, 75%, 80%)",
+    "hsl(90, 75%, 80%)",
+    "hsl(60, 75%, 80%)",
+    "hsl(0, 75%, 80%)",
+    "hsl(0, 75%, 80%)",
+  ]
   assert risk_colour(float("nan")) == "hsl(0, 0%, 85%)"
   html = steps_html(["3 + 4 = 7", "<Answer>8</Answer>"], [0.25, float("nan")], [0.0, 1.0], title="a & b")
-  assert html.count("<div style=\"background:") == 2
+  assert html.count('<div style="background:') == 2
   assert "background:hsl(90, 75%, 80%)" in html and "P(wrong) 0.25, right" in html
   assert "&lt;Answer&gt;8&lt;/Answer&gt;" in html and "no score, wrong" in html and "<b>a &amp; b</b>" in html
   assert steps_text(["3 + 4 = 7", "x"], [0.25, float("nan")], [0.0, None]).splitlines() == [
-      "0.25      right  3 + 4 = 7", "  -   unlabelled  x"]
+    "0.25      right  3 + 4 = 7",
+    "  -   unlabelled  x",
+  ]
   # SPAE's potential on [-1, 1], higher better: Phi 0.8 -> risk 1 - (0.8 + 1) / 2 = 0.1 -> hue round(108) = 108
   phi = steps_html(["<think>"], [0.8], score_name="Phi", low=-1.0, high=1.0, higher_is_worse=False)
   assert "background:hsl(108, 75%, 80%)" in phi and "Phi 0.80" in phi

@@ -22,17 +22,20 @@ from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
 
 # The chains as each learner spelled them before they shared OptimizerConfig (the reference to hold them to).
 
+
 def _target_lm_by_hand(lr, warmup_steps, weight_decay, grad_clip, steps):
   warmup = min(warmup_steps, max(steps // 10, 1))
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.05)
-  return optax.chain(optax.clip_by_global_norm(grad_clip), optax.adamw(schedule, b2=0.98, weight_decay=weight_decay)), \
-      schedule
+  return optax.chain(
+    optax.clip_by_global_norm(grad_clip), optax.adamw(schedule, b2=0.98, weight_decay=weight_decay)
+  ), schedule
 
 
 def _probe_by_hand(lr, warmup_frac, weight_decay, grad_clip, total):
   warmup = max(int(total * warmup_frac), 1)
-  schedule = optax.join_schedules([optax.linear_schedule(0.0, lr, warmup),
-                                   optax.linear_schedule(lr, 0.0, max(total - warmup, 1))], [warmup])
+  schedule = optax.join_schedules(
+    [optax.linear_schedule(0.0, lr, warmup), optax.linear_schedule(lr, 0.0, max(total - warmup, 1))], [warmup]
+  )
   return optax.chain(optax.clip_by_global_norm(grad_clip), optax.adamw(schedule, weight_decay=weight_decay)), schedule
 
 
@@ -92,8 +95,9 @@ def test_prm_default_builds_its_old_chain(total):
 @pytest.mark.parametrize("warmup_steps, grad_clip, weight_decay", [(0, 1.0, 0.0), (3, 0.0, 0.0), (2, 0.5, 0.01)])
 def test_rl_builds_its_old_chain(warmup_steps, grad_clip, weight_decay):
   """Adam without weight decay, AdamW with it; no clipping when grad_clip is 0; a constant rate after the warmup."""
-  cfg = dataclasses.replace(RLConfig().optimizer, warmup_steps=warmup_steps, grad_clip=grad_clip,
-                            weight_decay=weight_decay)
+  cfg = dataclasses.replace(
+    RLConfig().optimizer, warmup_steps=warmup_steps, grad_clip=grad_clip, weight_decay=weight_decay
+  )
   _assert_same(make_optimizer(cfg, 40), _rl_by_hand(5e-4, warmup_steps, grad_clip, weight_decay), 8)
 
 
@@ -106,11 +110,13 @@ def test_warmup_steps_fraction_and_both():
   assert OptimizerConfig(warmup_steps=40, warmup_frac=0.1).warmup(1000) == 40  # the smaller of the two
   assert OptimizerConfig(warmup_steps=40, warmup_frac=0.1).warmup(120) == 12
   # the target LM's old rule, min(warmup_steps, max(steps // 10, 1)), for every run length it could have
-  cfg = OptimizerConfig(warmup_steps=10 ** 7, warmup_frac=0.1)
+  cfg = OptimizerConfig(warmup_steps=10**7, warmup_frac=0.1)
   assert all(cfg.warmup(n) == max(n // 10, 1) for n in range(1, 200_000))
 
 
-@pytest.mark.parametrize("field, value, match", [
+@pytest.mark.parametrize(
+  "field, value, match",
+  [
     ("learning_rate", 0.0, r"^OptimizerConfig\.learning_rate: expected a finite number > 0\.0, got 0\.0$"),
     ("learning_rate", float("nan"), r"^OptimizerConfig\.learning_rate: expected a finite number"),
     ("schedule", "step", r"^OptimizerConfig\.schedule: expected one of 'cosine', 'linear', 'constant', got 'step'$"),
@@ -121,7 +127,8 @@ def test_warmup_steps_fraction_and_both():
     ("b1", 1.0, r"^OptimizerConfig\.b1: expected a finite number in \[0\.0, 1\.0\)"),
     ("b2", -0.5, r"^OptimizerConfig\.b2: expected a finite number in \[0\.0, 1\.0\)"),
     ("grad_clip", -1.0, r"^OptimizerConfig\.grad_clip: expected a finite number >= 0\.0"),
-])
+  ],
+)
 def test_bad_fields_are_named(field, value, match):
   with pytest.raises(ConfigError, match=match):
     OptimizerConfig(**{field: value})

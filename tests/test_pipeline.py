@@ -27,10 +27,14 @@ from reprobe_jax.trajectories import TrajectoryConfig, read_trajectories
 from test_graph import counted
 
 TINY = ReprobeConfig(
-    train_problems=12, val_problems=6, test_problems=6, difficulties=(1,),
-    trajectories=TrajectoryConfig(samples=2, max_new_tokens=40, batch_size=16),
-    probe=ProbeShape(d_model=16, n_heads=2, ff_dim=32),
-    train=ProbeTrainConfig(batch_size=8, epochs=2))
+  train_problems=12,
+  val_problems=6,
+  test_problems=6,
+  difficulties=(1,),
+  trajectories=TrajectoryConfig(samples=2, max_new_tokens=40, batch_size=16),
+  probe=ProbeShape(d_model=16, n_heads=2, ff_dim=32),
+  train=ProbeTrainConfig(batch_size=8, epochs=2),
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +48,28 @@ def test_pipeline_end_to_end(lm, tmp_path):
   events = []
   metrics = pipeline.evaluate(lm, TINY, str(tmp_path), progress=lambda *e: events.append(e[0].split()[0]))
   assert {"sample", "probe"} <= set(events)
-  for f in ("trajectories_train.jsonl", "trajectories_test.jsonl", "metrics.json", "table.md", "pr_curves.png",
-            "features/hidden/manifest.json", "features/attn+logit/manifest.json", "probe/hidden/history.json"):
+  for f in (
+    "trajectories_train.jsonl",
+    "trajectories_test.jsonl",
+    "metrics.json",
+    "table.md",
+    "pr_curves.png",
+    "features/hidden/manifest.json",
+    "features/attn+logit/manifest.json",
+    "probe/hidden/history.json",
+  ):
     assert os.path.exists(tmp_path / f), f
   # Each domain also without its '<Answer>' lines: the same steps with those unlabelled.
   assert set(metrics["datasets"]) == {f"{d}{s}" for d in ("arithmetic", "planning", "qa") for s in ("", " (steps)")}
   test_recs = [json.loads(line) for line in open(tmp_path / "trajectories_test.jsonl")]
   for d in ("arithmetic", "planning", "qa"):
-    known = [(lab, st["text"]) for r in test_recs if r["domain"] == d for lab, st in zip(r["labels"], r["steps"])
-             if lab is not None]
+    known = [
+      (lab, st["text"])
+      for r in test_recs
+      if r["domain"] == d
+      for lab, st in zip(r["labels"], r["steps"])
+      if lab is not None
+    ]
     assert metrics["datasets"][d]["steps"] == len(known)
     assert metrics["datasets"][f"{d} (steps)"]["steps"] == sum(not t.strip().startswith("<Answer>") for _, t in known)
   assert "machine" in metrics and "cores" in metrics["machine"]
@@ -63,8 +80,17 @@ def test_pipeline_end_to_end(lm, tmp_path):
       assert sum(len(s["ids"]) for s in json.load(f)["shards"]) == n_traj
   assert "features_hidden" not in metrics.get("timings_s", {})
   methods = set(metrics["methods"])
-  assert {"probe[hidden]", "probe[attn+logit]", "logreg[hidden]", "maxprob", "perplexity", "max_entropy",
-          "mean_entropy", "self_certainty", "random"} <= methods
+  assert {
+    "probe[hidden]",
+    "probe[attn+logit]",
+    "logreg[hidden]",
+    "maxprob",
+    "perplexity",
+    "max_entropy",
+    "mean_entropy",
+    "self_certainty",
+    "random",
+  } <= methods
   with open(tmp_path / "trajectories_test.jsonl") as f:
     rec = json.loads(f.readline())
   assert len(rec["labels"]) == len(rec["steps"]) and rec["annotator"] == "rule"
@@ -79,8 +105,9 @@ def test_pipeline_end_to_end(lm, tmp_path):
   # Same seed, same numbers: a fresh run in another folder recomputes everything and gets the same metrics.
   fresh = pipeline.evaluate(lm, TINY, str(tmp_path / "fresh"))
   fresh.pop("timings_s", None)
-  assert json.dumps(fresh, sort_keys=True) == json.dumps({k: v for k, v in metrics.items() if k != "timings_s"},
-                                                         sort_keys=True)
+  assert json.dumps(fresh, sort_keys=True) == json.dumps(
+    {k: v for k, v in metrics.items() if k != "timings_s"}, sort_keys=True
+  )
   # A probe checkpoint made with another probe shape (or other features) is refused, not silently mixed.
   other = dataclasses.replace(TINY, probe=ProbeShape(d_model=8, n_heads=2, ff_dim=16))
   with pytest.raises(FeatureMismatchError, match="probe checkpoint"):
@@ -117,9 +144,16 @@ def test_the_job_computes_each_stage_once_and_reads_each_file_once(lm, tmp_path,
   """From the job's entry to its PR-AUC table no stage is entered twice, and no trajectory file is read twice: the
   samples once (to label them), the labelled trajectories once, whatever stages read them."""
   from reprobe_jax.prm.train import PRMTrainConfig
+
   prm = PRMTrainConfig(separator="<|pad|>", batch_size=4, epochs=1) if with_prm else None
-  cfg = dataclasses.replace(TINY, train_problems=4, val_problems=4, test_problems=2, feature_sets=("hidden",),
-                            train=ProbeTrainConfig(batch_size=4, epochs=1))
+  cfg = dataclasses.replace(
+    TINY,
+    train_problems=4,
+    val_problems=4,
+    test_problems=2,
+    feature_sets=("hidden",),
+    train=ProbeTrainConfig(batch_size=4, epochs=1),
+  )
   calls, reads = count_stages(monkeypatch, pipeline), count_reads(monkeypatch)
   metrics = pipeline.evaluate(lm, cfg, str(tmp_path), prm=prm)
   assert calls == {s: 1 for s in STAGES}
@@ -137,6 +171,7 @@ def test_the_job_computes_each_stage_once_and_reads_each_file_once(lm, tmp_path,
 def test_config_from_dict_names_unknown_fields():
   from configs.reprobe_synthetic import get_config
   from reprobe_jax.errors import ConfigError
+
   c = get_config()
   cfg = config_from_dict(c)
   assert cfg.probe.d_model == c.probe.d_model and cfg.trajectories.sampling.top_k == 50
@@ -147,6 +182,7 @@ def test_config_from_dict_names_unknown_fields():
 
 def test_logistic_regression_baseline_separates_and_matches_sklearn():
   from sklearn.linear_model import LogisticRegression
+
   rng = np.random.default_rng(0)
   x = rng.normal(size=(400, 3)) * [1.0, 5.0, 0.2] + [0.0, 3.0, -1.0]
   y = (x[:, 0] + 0.3 * rng.normal(size=400) > 0).astype(float)
@@ -266,8 +302,13 @@ def test_run_dir_changes_with_the_task_generator(lm, monkeypatch):
   here = run_dir(config, lm)
   qa = FAMILIES["qa"]
   original = qa.generate
-  monkeypatch.setattr(qa, "generate", lambda seed, d: dataclasses.replace(original(seed, d), question=original(
-      seed, d).question.replace("Who is that?", "Which person is that?")))
+  monkeypatch.setattr(
+    qa,
+    "generate",
+    lambda seed, d: dataclasses.replace(
+      original(seed, d), question=original(seed, d).question.replace("Who is that?", "Which person is that?")
+    ),
+  )
   assert run_dir(config, lm) != here
   monkeypatch.undo()
   assert run_dir(config, lm) == here
@@ -279,8 +320,10 @@ def test_summary_of_a_domain_without_labelled_steps():
   labels = {"arithmetic": np.array([0.0, 1.0, np.nan, 1.0]), "qa": np.array([np.nan, np.nan])}
   scores = {"maxprob": {"arithmetic": np.array([0.1, 0.9, 0.5, 0.8]), "qa": np.array([0.2, 0.3])}}
   metrics = report.scorer_metrics(scores, labels, cfg.train_domains, cfg.ood_domains)
-  assert metrics["datasets"] == {"arithmetic": {"steps": 3, "incorrect_share": pytest.approx(2 / 3)},
-                                 "qa": {"steps": 0, "incorrect_share": None}}
+  assert metrics["datasets"] == {
+    "arithmetic": {"steps": 3, "incorrect_share": pytest.approx(2 / 3)},
+    "qa": {"steps": 0, "incorrect_share": None},
+  }
   assert metrics["methods"]["maxprob"]["arithmetic"]["pr_auc"] == 1.0
   assert "arithmetic: 3 steps, 67% incorrect, qa: 0 steps, none labelled" in report.table_markdown(metrics)
 
@@ -288,6 +331,7 @@ def test_summary_of_a_domain_without_labelled_steps():
 def test_linear_step_scores_worked_example():
   """Each step with tokens gets the predictor's score of its mean-pooled features; a step without tokens, 0.5."""
   from reprobe_jax.probe.data import Example
+
   feats = np.arange(12, dtype=np.float32).reshape(6, 2)
   a = Example("a", "arithmetic", feats, np.array([[0, 2], [2, 2], [2, 6]], np.int32), np.array([1.0, np.nan, 0.0]))
   b = Example("b", "qa", feats[:1], np.array([[0, 1]], np.int32), np.array([np.nan], np.float32))
@@ -300,14 +344,24 @@ def test_linear_step_scores_worked_example():
 
 # ------------------------------------------------------------------------------------------------ annotators
 
-ANNOT = dataclasses.replace(TINY, train_problems=2, val_problems=1, test_problems=1, feature_sets=("hidden",),
-                            trajectories=TrajectoryConfig(samples=2, max_new_tokens=24, batch_size=16))
+ANNOT = dataclasses.replace(
+  TINY,
+  train_problems=2,
+  val_problems=1,
+  test_problems=1,
+  feature_sets=("hidden",),
+  trajectories=TrajectoryConfig(samples=2, max_new_tokens=24, batch_size=16),
+)
 
 
 def _short_prompts():
   from reprobe_jax.annotate import JudgePrompts
-  return JudgePrompts(critique="C {problem} | {reference} | {steps}", verdict="V {critique} n={num_steps}",
-                      step="S {problem} | {previous} | {step_number}: {step}")
+
+  return JudgePrompts(
+    critique="C {problem} | {reference} | {steps}",
+    verdict="V {critique} n={num_steps}",
+    step="S {problem} | {previous} | {step_number}: {step}",
+  )
 
 
 @pytest.fixture(scope="module")
@@ -327,8 +381,7 @@ def _reuse_samples(src, dst):
 
 def _expect(trajs, label_of_step):
   """{id: labels} where step k of a trajectory is label_of_step(k), and unknown where it has no tokens."""
-  return {t.id: [label_of_step(k) if s.has_tokens else None for k, s in enumerate(t.steps)]
-          for ts in trajs for t in ts}
+  return {t.id: [label_of_step(k) if s.has_tokens else None for k, s in enumerate(t.steps)] for ts in trajs for t in ts}
 
 
 def _labels(trajs):
@@ -340,14 +393,16 @@ def test_rule_annotator_writes_samples_then_labelled_trajectories(sampled):
   samples = read_trajectories(folder / "samples_test.jsonl")
   assert [t.id for t in samples] == [t.id for t in trajs.test] and all(t.labels is None for t in samples)
   assert all(t.annotator == "rule" and set(t.extra) == {"answer", "correct"} for t in trajs.test)
-  assert {"sample_train", "sample_val", "sample_test", "annotate"} <= set(json.loads(
-      (folder / "timings.json").read_text()))
+  assert {"sample_train", "sample_val", "sample_test", "annotate"} <= set(
+    json.loads((folder / "timings.json").read_text())
+  )
 
 
 def test_judge_annotator_over_http(lm, sampled, tmp_path, monkeypatch):
   """annotator='judge' posts both stages to the configured server with the key from the named variable."""
   from reprobe_jax.annotate import JudgeAPI, JudgeSettings
   from test_annotate import chat_server
+
   src, rule = sampled
   _reuse_samples(src, tmp_path)
 
@@ -359,11 +414,15 @@ def test_judge_annotator_over_http(lm, sampled, tmp_path, monkeypatch):
   monkeypatch.setenv("STUB_JUDGE_KEY", "secret")
   events = []
   with chat_server(reply) as (url, seen):
-    cfg = dataclasses.replace(ANNOT, annotator="judge", judge=JudgeSettings(
-        prompts=_short_prompts(), api=JudgeAPI(base_url=url, model="stub", api_key_env="STUB_JUDGE_KEY", timeout=5,
-                                               retries=1)))
-    out = pipeline.labelled_trajectories(lm, cfg, str(tmp_path),
-                                         progress=lambda *e: events.append(e[0].split()[0]))
+    cfg = dataclasses.replace(
+      ANNOT,
+      annotator="judge",
+      judge=JudgeSettings(
+        prompts=_short_prompts(),
+        api=JudgeAPI(base_url=url, model="stub", api_key_env="STUB_JUDGE_KEY", timeout=5, retries=1),
+      ),
+    )
+    out = pipeline.labelled_trajectories(lm, cfg, str(tmp_path), progress=lambda *e: events.append(e[0].split()[0]))
   assert set(events) == {"annotate"}  # the samples were reused, not drawn again
   judged = [t for ts in rule for t in ts if t.steps]
   assert len(seen["requests"]) == 2 * len(judged) and set(seen["auth"]) == {"Bearer secret"}
@@ -375,10 +434,14 @@ def test_self_annotator_wiring_with_a_random_target(lm, sampled, tmp_path):
   """annotator='self': the target judges its own steps; a random model's replies hold no verdict list, so every
   step is unknown (NaN), none made up."""
   from reprobe_jax.annotate import JudgeSettings, SelfJudgeSampling
+
   src, _ = sampled
   _reuse_samples(src, tmp_path)
-  cfg = dataclasses.replace(ANNOT, annotator="self", judge=JudgeSettings(
-      prompts=_short_prompts(), self_judge=SelfJudgeSampling(max_new_tokens=4, batch_size=32)))
+  cfg = dataclasses.replace(
+    ANNOT,
+    annotator="self",
+    judge=JudgeSettings(prompts=_short_prompts(), self_judge=SelfJudgeSampling(max_new_tokens=4, batch_size=32)),
+  )
   out = pipeline.labelled_trajectories(lm, cfg, str(tmp_path))
   every = [t for ts in out for t in ts]
   assert {t.annotator for t in every} == {"judge:self"}
@@ -386,15 +449,20 @@ def test_self_annotator_wiring_with_a_random_target(lm, sampled, tmp_path):
   assert any(t.steps for t in every)
   # A judge reply as long as the target's context cannot fit a prompt: refused before anything is sampled.
   from reprobe_jax.errors import ConfigError
-  long = dataclasses.replace(cfg, judge=dataclasses.replace(cfg.judge, self_judge=SelfJudgeSampling(
-      max_new_tokens=lm.config.max_position_embeddings)))
+
+  long = dataclasses.replace(
+    cfg,
+    judge=dataclasses.replace(
+      cfg.judge, self_judge=SelfJudgeSampling(max_new_tokens=lm.config.max_position_embeddings)
+    ),
+  )
   with pytest.raises(ConfigError, match="config.judge.self_judge.max_new_tokens"):
-    pipeline.labelled_trajectories(lm, long, str(tmp_path / "long"),
-                                   progress=lambda *e: pytest.fail(f"{e} started"))
+    pipeline.labelled_trajectories(lm, long, str(tmp_path / "long"), progress=lambda *e: pytest.fail(f"{e} started"))
 
 
 def test_import_annotator_reads_the_labels_file_strictly(lm, sampled, tmp_path):
   from reprobe_jax.errors import DataFormatError
+
   src, rule = sampled
   every = [t for ts in rule for t in ts]
   path = tmp_path / "labels.jsonl"
@@ -414,6 +482,7 @@ def test_import_annotator_reads_the_labels_file_strictly(lm, sampled, tmp_path):
 
 def test_annotator_settings_key_the_run_folder_only_where_they_decide_labels(lm, tmp_path):
   from reprobe_jax.annotate import JudgeAPI, JudgeSettings
+
   folder = lambda cfg: run_folder(str(tmp_path), lm, cfg)  # noqa: E731
   rule = folder(ANNOT)
   assert folder(dataclasses.replace(ANNOT, judge=JudgeSettings(prompts=_short_prompts()))) == rule
@@ -425,8 +494,9 @@ def test_annotator_settings_key_the_run_folder_only_where_they_decide_labels(lm,
   api = dataclasses.replace(own, annotator="judge", judge=dataclasses.replace(own.judge, api=JudgeAPI(model="a")))
   assert folder(api) not in (rule, folder(own))
   assert folder(dataclasses.replace(api, judge=dataclasses.replace(api.judge, api=JudgeAPI(model="b")))) != folder(api)
-  assert folder(dataclasses.replace(api, judge=dataclasses.replace(
-      api.judge, api=JudgeAPI(model="a", api_key_env="OTHER")))) == folder(api)  # the key is no part of the result
+  assert folder(
+    dataclasses.replace(api, judge=dataclasses.replace(api.judge, api=JudgeAPI(model="a", api_key_env="OTHER")))
+  ) == folder(api)  # the key is no part of the result
   a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
   a.write_text('{"id": "x", "labels": [0]}\n')
   b.write_text('{"id": "x", "labels": [1]}\n')
@@ -440,19 +510,24 @@ def test_annotator_config_is_checked_before_any_work(monkeypatch, tmp_path):
   from configs import judge_prompts, reprobe_synthetic
   from reprobe_jax.jobs import cli
   from reprobe_jax.errors import ConfigError
+
   c = reprobe_synthetic.get_config()
   c.annotator = "self"
   cfg = config_from_dict(c)
   assert cfg.judge.prompts.critique == judge_prompts.CRITIQUE and cfg.judge.self_judge.sampling.top_k == 20
   assert cfg.judge.per_step is None and cfg.judge.api.api_key_env == "OPENAI_API_KEY"
-  cases = [({"annotator": "judgee"}, "config.annotator must be one of rule, self, judge, import"),
-           ({"annotator": "judge"}, "config.judge.api.model is empty"),
-           ({"annotator": "judge", "judge.api.model": "m", "judge.api.base_url": "localhost:8000"},
-            "config.judge.api.base_url must start with http"),
-           ({"annotator": "self", "judge.self_judge.max_new_tokens": 0}, "config.judge.self_judge.max_new_tokens"),
-           ({"annotator": "import"}, "config.labels_path is empty"),
-           ({"annotator": "import", "labels_path": str(tmp_path / "none.jsonl")}, "config.labels_path: no file"),
-           ({"judge.prompts.critique": "{nope}"}, "JudgePrompts.critique uses unknown field")]
+  cases = [
+    ({"annotator": "judgee"}, "config.annotator must be one of rule, self, judge, import"),
+    ({"annotator": "judge"}, "config.judge.api.model is empty"),
+    (
+      {"annotator": "judge", "judge.api.model": "m", "judge.api.base_url": "localhost:8000"},
+      "config.judge.api.base_url must start with http",
+    ),
+    ({"annotator": "self", "judge.self_judge.max_new_tokens": 0}, "config.judge.self_judge.max_new_tokens"),
+    ({"annotator": "import"}, "config.labels_path is empty"),
+    ({"annotator": "import", "labels_path": str(tmp_path / "none.jsonl")}, "config.labels_path: no file"),
+    ({"judge.prompts.critique": "{nope}"}, "JudgePrompts.critique uses unknown field"),
+  ]
   for changes, match in cases:
     c = reprobe_synthetic.get_config()
     for key, value in changes.items():
@@ -475,6 +550,7 @@ def test_annotator_config_is_checked_before_any_work(monkeypatch, tmp_path):
 
 def test_ood_difficulties_pick_the_held_out_domains_test_problems_only(lm, tmp_path):
   from reprobe_jax.errors import ConfigError
+
   mixed = dataclasses.replace(TINY, difficulties=(1, 2, 3), test_problems=6)
   easy = dataclasses.replace(mixed, ood_difficulties=(1,))
   diff = lambda ps: sorted(int(p.id.split("-")[1][1:]) for p in ps)  # noqa: E731  ids: {family}-d{k}-s{seed}-{i}

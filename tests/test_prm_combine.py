@@ -10,8 +10,7 @@ import pytest
 
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.eval.metrics import pr_auc
-from reprobe_jax.prm.combine import (CascadeCurve, Fusion, cascade_curve, cascade_scores, fit_fusion,
-                                     plot_cascade)
+from reprobe_jax.prm.combine import CascadeCurve, Fusion, cascade_curve, cascade_scores, fit_fusion, plot_cascade
 from reprobe_jax.io.readers import read_json
 
 
@@ -31,6 +30,7 @@ def _complementary(n, seed):
 
 def test_fusion_matches_sklearn_on_standardised_logits():
   from sklearn.linear_model import LogisticRegression
+
   probe, prm, y = _complementary(300, seed=0)
   prm[:3] = [0.0, 1.0, 1.0]  # saturated PRM rewards are clipped, not infinite
   y[::9] = np.nan  # unknown labels are left out of the fit and of the standardisation
@@ -75,8 +75,10 @@ PROBE6 = np.array([0.875, 0.25, 0.5, 0.75, 0.0625, 0.375])
 PRM6 = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
 
 
-@pytest.mark.parametrize("fraction, asked", [
-    (1 / 6, [2]), (0.25, [2, 5]), (0.4, [2, 5]), (0.5, [2, 5, 1]), (7 / 12, [2, 5, 1, 3]), (5 / 6, [2, 5, 1, 3, 0])])
+@pytest.mark.parametrize(
+  "fraction, asked",
+  [(1 / 6, [2]), (0.25, [2, 5]), (0.4, [2, 5]), (0.5, [2, 5, 1]), (7 / 12, [2, 5, 1, 3]), (5 / 6, [2, 5, 1, 3, 0])],
+)
 def test_cascade_asks_the_prm_about_the_least_certain_steps(fraction, asked):
   scores, mask = cascade_scores(PROBE6, PRM6, fraction)  # k = round(6 f), halves up: 1.5 -> 2, 3.5 -> 4
   assert sorted(np.flatnonzero(mask)) == sorted(asked)
@@ -156,6 +158,7 @@ def test_plot_cascade_writes_a_png_and_nothing_else(tmp_path):
   plot_cascade(curves, str(path))
   assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   import matplotlib.image
+
   assert matplotlib.image.imread(path).shape[:2] == (440, 1100)  # 10 x 4 inches at 110 dpi
   assert os.listdir(path.parent) == ["cascade.png"]  # no temporary file left beside it
 
@@ -164,14 +167,18 @@ def test_report_fits_fusion_on_val_and_starts_the_cascade_from_the_probe_best_on
   """prm.report.combine on a stored step-scores file: each fusion is the one fitted on the val split alone, applied
   to test; the cascade starts from the probe with the best val PR-AUC even when another is better on test."""
   from reprobe_jax.prm.report import combine, read_step_scores
+
   rng = np.random.default_rng(0)
 
   def split(n, good):  # 'good' is informative, 'weak' barely; the PRM sees the labels through noise
     y = (rng.random(n) < 0.4).astype(float)
     y[:3] = np.nan
     noisy = lambda s: np.clip(0.5 + s * (np.nan_to_num(y) - 0.5) + rng.normal(0, 0.25, n), 0, 1)
-    return y, {"probe[good]": noisy(0.6 if good else 0.05), "probe[weak]": noisy(0.05 if good else 0.6),
-               "prm": noisy(0.3)}
+    return y, {
+      "probe[good]": noisy(0.6 if good else 0.05),
+      "probe[weak]": noisy(0.05 if good else 0.6),
+      "prm": noisy(0.3),
+    }
 
   yv, sv = split(300, good=True)
   yt, st = split(400, good=False)  # on test the other probe is the informative one

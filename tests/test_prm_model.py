@@ -26,6 +26,7 @@ WORDS = ["<pad>", "<s>", "</s>", SEP] + [f"w{i}" for i in range(93)]
 def _tokenizer(words=WORDS):
   from tokenizers import Tokenizer, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
+
   tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
   tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
   return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
@@ -64,9 +65,17 @@ def _save(ref: _RefPRM, cfg, directory, *, drop=(), tokenizer=True):
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory):
   torch.manual_seed(0)
-  cfg = transformers.Qwen2Config(vocab_size=len(WORDS), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                 initializer_range=0.25, tie_word_embeddings=False)
+  cfg = transformers.Qwen2Config(
+    vocab_size=len(WORDS),
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.25,
+    tie_word_embeddings=False,
+  )
   cfg._attn_implementation = "eager"
   model = _RefPRM(cfg).eval()
   with torch.no_grad():  # random init leaves biases at zero; make them matter
@@ -87,12 +96,13 @@ def _batch(seed=0, b=3, tp=7, t=24):
   prompt = np.zeros((b, tp), np.int32)
   pmask = np.zeros((b, tp), bool)
   for i, n in enumerate(plen):
-    prompt[i, tp - n:] = rng.integers(4, len(WORDS), n)
-    pmask[i, tp - n:] = True
+    prompt[i, tp - n :] = rng.integers(4, len(WORDS), n)
+    pmask[i, tp - n :] = True
   tokens = rng.integers(4, len(WORDS), (b, t)).astype(np.int32)
-  spans = np.array([[[0, 5], [5, 9], [11, 20], [20, 24]],
-                    [[0, 3], [3, 3], [3, 10], [0, 0]],
-                    [[0, 1], [1, 2], [2, 17], [0, 0]]], np.int32)[:b]
+  spans = np.array(
+    [[[0, 5], [5, 9], [11, 20], [20, 24]], [[0, 3], [3, 3], [3, 10], [0, 0]], [[0, 1], [1, 2], [2, 17], [0, 0]]],
+    np.int32,
+  )[:b]
   return prompt, pmask, tokens, spans
 
 
@@ -161,20 +171,30 @@ def test_save_load_round_trip_and_from_target(ref, tmp_path):
   save_prm(prm, str(tmp_path / "again"), tokenizer=_tokenizer(), separator=SEP)
   back = load_prm(str(tmp_path / "again"))
   batch = tuple(map(jnp.asarray, _batch()))
-  np.testing.assert_allclose(np.asarray(rewards(back, *batch)), np.asarray(rewards(prm, *batch)), atol=1e-6,
-                             equal_nan=True)
+  np.testing.assert_allclose(
+    np.asarray(rewards(back, *batch)), np.asarray(rewards(prm, *batch)), atol=1e-6, equal_nan=True
+  )
   with open(tmp_path / "again" / "config.json") as f:
     assert json.load(f)["architectures"] == ["Qwen2ForProcessRewardModel"]
 
-  cfg = ModelConfig(family="llama", vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_layers=2,
-                    num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=False)
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=len(WORDS),
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    tie_word_embeddings=False,
+  )
   lm = LanguageModel.random(cfg, seed=1)
   p2 = from_target(lm, separator_id=3)
   ids = jnp.asarray(np.random.default_rng(0).integers(0, len(WORDS), (2, 9)), jnp.int32)
   h_lm = lm.forward(ids, capture=CaptureSpec(hidden_layers=(-1,))).hidden_states[2]
   from reprobe_jax.prm.model import hidden_states
-  np.testing.assert_allclose(np.asarray(hidden_states(p2, ids, jnp.ones_like(ids, bool))), np.asarray(h_lm),
-                             atol=1e-6)
+
+  np.testing.assert_allclose(np.asarray(hidden_states(p2, ids, jnp.ones_like(ids, bool))), np.asarray(h_lm), atol=1e-6)
 
 
 def test_bad_checkpoints_and_separators(ref, tmp_path):

@@ -54,6 +54,7 @@ def test_best_of_n_scores_every_step_with_the_whole_text(lm, scorer):  # noqa: F
   assert _check(results, scorer, last_too=True) >= 9
   # the test-time-scaling job rescores stored candidates the same way (fusion and cascade read these scores)
   from reprobe_jax.jobs.tts_cells import rescore, with_scores
+
   again = rescore(scorer, PROMPTS, results)
   for res, per in zip(results, again):
     for cand, s in zip(res.candidates, per):

@@ -15,8 +15,13 @@ import pytest
 
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.jobs import reprobe as pipeline
-from reprobe_jax.jobs.reprobe_config import (ProbeShape, ReprobeConfig, config_from_dict, prm_config_from_dict,
-                                             prm_folder)
+from reprobe_jax.jobs.reprobe_config import (
+  ProbeShape,
+  ReprobeConfig,
+  config_from_dict,
+  prm_config_from_dict,
+  prm_folder,
+)
 from reprobe_jax.jobs.reprobe_scores import write_step_scores
 from reprobe_jax.prm.model import from_target, load_prm, rewards
 from reprobe_jax.prm.train import PRMTrainConfig, history, prm_scores, step_loss, train_prm
@@ -49,14 +54,28 @@ def _trajs(n: int, seed: int, labelled: bool = True) -> list[Trajectory]:
       steps.append(StepSpan(f"s{k}", len(tokens), len(tokens) + width))
       tokens += body
       labels.append(float("nan") if width == 0 or (i + k) % 7 == 0 else float(bad))
-    out.append(Trajectory(id=f"t{seed}-{i}", problem_id=f"p{i // 2}", domain="arithmetic", mode="line",
-                          steps=tuple(steps), prompt_ids=tuple(prompt), response_ids=tuple(tokens),
-                          labels=tuple(labels) if labelled else None))
+    out.append(
+      Trajectory(
+        id=f"t{seed}-{i}",
+        problem_id=f"p{i // 2}",
+        domain="arithmetic",
+        mode="line",
+        steps=tuple(steps),
+        prompt_ids=tuple(prompt),
+        response_ids=tuple(tokens),
+        labels=tuple(labels) if labelled else None,
+      )
+    )
   return out
 
 
-CFG = PRMTrainConfig(separator=SEP, batch_size=8, epochs=3, patience=3,
-                     optimizer=dataclasses.replace(PRMTrainConfig().optimizer, learning_rate=1e-2, warmup_frac=0.1))
+CFG = PRMTrainConfig(
+  separator=SEP,
+  batch_size=8,
+  epochs=3,
+  patience=3,
+  optimizer=dataclasses.replace(PRMTrainConfig().optimizer, learning_rate=1e-2, warmup_frac=0.1),
+)
 
 
 def test_loss_worked_example_masks_unknown_labels():
@@ -80,8 +99,13 @@ def test_batched_scores_equal_one_trajectory_at_a_time(lm):
   trajs = _trajs(4, seed=5, labelled=False)
   got = prm_scores(prm, trajs, batch_size=3)
   for r, s in zip(trajs, got):
-    one = rewards(prm, jnp.asarray([r.prompt_ids]), jnp.ones((1, len(r.prompt_ids)), bool),
-                  jnp.asarray([r.response_ids]), jnp.asarray([r.spans], jnp.int32).reshape(1, -1, 2))
+    one = rewards(
+      prm,
+      jnp.asarray([r.prompt_ids]),
+      jnp.ones((1, len(r.prompt_ids)), bool),
+      jnp.asarray([r.response_ids]),
+      jnp.asarray([r.spans], jnp.int32).reshape(1, -1, 2),
+    )
     want = 1.0 - np.asarray(one)[0]
     assert s.shape == (len(r.steps),)
     assert np.array_equal(np.isnan(s), np.isnan(want)) and np.isnan(s).any() == any(a == b for a, b in r.spans)
@@ -99,11 +123,15 @@ def test_training_learns_resumes_exactly_and_is_reused(lm, tmp_path, monkeypatch
   # the saved folder loads with load_prm and records what it depends on
   with open(tmp_path / "whole" / "model" / "config.json") as f:
     recorded = json.load(f)["prm_training"]
-  assert recorded["train_config"] == dataclasses.asdict(CFG) and set(recorded) == {"model_fingerprint",
-                                                                                   "train_config", "data_key"}
+  assert recorded["train_config"] == dataclasses.asdict(CFG) and set(recorded) == {
+    "model_fingerprint",
+    "train_config",
+    "data_key",
+  }
   loaded = load_prm(str(tmp_path / "whole" / "model"))
-  np.testing.assert_allclose(np.concatenate(prm_scores(loaded, val, 8)), np.concatenate(prm_scores(whole, val, 8)),
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    np.concatenate(prm_scores(loaded, val, 8)), np.concatenate(prm_scores(whole, val, 8)), atol=1e-6
+  )
 
   # killed after the first epoch, then rerun: the same PRM and history as the run that went through
   class Stop(Exception):
@@ -138,23 +166,29 @@ def test_head_only_training_keeps_the_target_backbone(lm, tmp_path):
   assert not np.array_equal(np.asarray(prm.head.w1), np.asarray(start.head.w1))
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("batch_size", 0, r"PRMTrainConfig\.batch_size: expected an int >= 1"),
     ("epochs", 1.5, r"PRMTrainConfig\.epochs"),
     ("patience", 0, r"PRMTrainConfig\.patience"),
     ("pos_weight", -1.0, r"PRMTrainConfig\.pos_weight"),
     ("train_backbone", 1, r"PRMTrainConfig\.train_backbone: expected one of True, False"),
     ("separator", "", r"PRMTrainConfig\.separator: expected a non-empty token string"),
-])
+  ],
+)
 def test_bad_config_fields_are_named(field, value, match):
   with pytest.raises(ConfigError, match=match):
     PRMTrainConfig(**{field: value})
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("learning_rate", 0.0, r"^config\.prm\.optimizer\.learning_rate: expected a finite number > 0"),
     ("warmup_frac", 1.0, r"^config\.prm\.optimizer\.warmup_frac: expected a finite number in \[0\.0, 1\.0\)"),
-])
+  ],
+)
 def test_bad_optimizer_fields_are_named(field, value, match):
   with pytest.raises(ConfigError, match=match):
     prm_config_from_dict({"enabled": True, "separator": SEP, "optimizer": {field: value}})
@@ -165,13 +199,16 @@ def test_cli_section_is_checked_and_named():
   assert prm_config_from_dict({"enabled": False, "epochs": 2}) is None
   cfg = prm_config_from_dict({"enabled": True, "separator": SEP, "epochs": 2})
   assert cfg == PRMTrainConfig(separator=SEP, epochs=2)
-  for bad, match in (({"enabled": "yes"}, r"config\.prm\.enabled: expected a bool"),
-                     ({"enabled": False, "epochs": 0}, r"config\.prm\.epochs: expected an int >= 1"),
-                     ({"enabled": True, "lr": 1.0}, r"config\.prm: unknown field\(s\) \['lr'\]"),
-                     ({"enabled": True, "batch_size": "8"}, r"config\.prm\.batch_size: expected an int")):
+  for bad, match in (
+    ({"enabled": "yes"}, r"config\.prm\.enabled: expected a bool"),
+    ({"enabled": False, "epochs": 0}, r"config\.prm\.epochs: expected an int >= 1"),
+    ({"enabled": True, "lr": 1.0}, r"config\.prm: unknown field\(s\) \['lr'\]"),
+    ({"enabled": True, "batch_size": "8"}, r"config\.prm\.batch_size: expected an int"),
+  ):
     with pytest.raises(ConfigError, match=match):
       prm_config_from_dict(bad)
   from configs import reprobe_smollm2, reprobe_synthetic
+
   c = reprobe_synthetic.get_config()
   assert prm_config_from_dict(c.prm).separator == SEP
   # the PRM section stays out of the ReProbe config, so the run folder keeps its key
@@ -196,18 +233,25 @@ def test_a_separator_the_tokenizer_lacks_fails_before_anything(lm, tmp_path):
 
 
 TINY = ReprobeConfig(
-    train_problems=6, val_problems=3, test_problems=3, difficulties=(1,), feature_sets=("hidden",),
-    trajectories=TrajectoryConfig(samples=2, max_new_tokens=32, batch_size=16),
-    probe=ProbeShape(d_model=16, n_heads=2, ff_dim=32),
-    train=ProbeTrainConfig(batch_size=8, epochs=1))
+  train_problems=6,
+  val_problems=3,
+  test_problems=3,
+  difficulties=(1,),
+  feature_sets=("hidden",),
+  trajectories=TrajectoryConfig(samples=2, max_new_tokens=32, batch_size=16),
+  probe=ProbeShape(d_model=16, n_heads=2, ff_dim=32),
+  train=ProbeTrainConfig(batch_size=8, epochs=1),
+)
 
 
 def test_step_scores_file_layout(tmp_path):
   val, test = _trajs(3, seed=1), _trajs(4, seed=2)
   test = [dataclasses.replace(r, domain=d) for r, d in zip(test, ("qa", "arithmetic", "qa", "planning"))]
   val_scores = {"prm": [np.arange(len(r.steps), dtype=np.float32) for r in val]}
-  per = {d: np.concatenate([np.full(len(r.steps), i, np.float32) for i, r in enumerate(test) if r.domain == d])
-         for d in ("arithmetic", "planning", "qa")}
+  per = {
+    d: np.concatenate([np.full(len(r.steps), i, np.float32) for i, r in enumerate(test) if r.domain == d])
+    for d in ("arithmetic", "planning", "qa")
+  }
   path = str(tmp_path / "s.npz")
   write_step_scores(path, val, val_scores, test, ["arithmetic", "planning", "qa"], {"prm": per})
   with np.load(path) as z:

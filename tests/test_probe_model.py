@@ -1,4 +1,5 @@
-"""The probe module of docs/method.md §A4: size, batched scoring, masking; one compiled inference path; the saved bundle."""
+"""The probe module of docs/method.md §A4: size, batched scoring, masking; one compiled inference path; the saved
+bundle."""
 
 from __future__ import annotations
 
@@ -15,8 +16,16 @@ from flax import nnx
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec
 from reprobe_jax.models.safetensors_io import SafetensorsFile, write_safetensors
-from reprobe_jax.probe import (Probe, ProbeBundle, ProbeConfig, abstract_probe, count_params, load_probe, save_probe,
-                               score_steps)
+from reprobe_jax.probe import (
+  Probe,
+  ProbeBundle,
+  ProbeConfig,
+  abstract_probe,
+  count_params,
+  load_probe,
+  save_probe,
+  score_steps,
+)
 
 
 def test_paper_probe_has_fewer_than_10m_parameters():
@@ -24,9 +33,27 @@ def test_paper_probe_has_fewer_than_10m_parameters():
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(probe, nnx.Param)))
   # Linear(4096,1024)+LN+Linear(1024,512)+LN, marker (2,512), 1 post-LN layer (attn 4x512^2, FFN 2x512x2048),
   # classifier Linear(512,512)+LN+Linear(512,1): about 8.1M.
-  expected = (4096 * 1024 + 1024 + 2 * 1024 + 1024 * 512 + 512 + 2 * 512 + 2 * 512
-              + 4 * (512 * 512 + 512) + 2 * 512 + 512 * 2048 + 2048 + 2048 * 512 + 512 + 2 * 512
-              + 512 * 512 + 512 + 2 * 512 + 512 + 1)
+  expected = (
+    4096 * 1024
+    + 1024
+    + 2 * 1024
+    + 1024 * 512
+    + 512
+    + 2 * 512
+    + 2 * 512
+    + 4 * (512 * 512 + 512)
+    + 2 * 512
+    + 512 * 2048
+    + 2048
+    + 2048 * 512
+    + 512
+    + 2 * 512
+    + 512 * 512
+    + 512
+    + 2 * 512
+    + 512
+    + 1
+  )
   assert n == expected
   assert n < 10_000_000
 
@@ -47,7 +74,7 @@ def test_batched_scores_equal_one_step_at_a_time():
   all_steps = np.asarray(score_steps(graphdef, params, feats, mask, spans))
   for b in range(2):
     for s in range(2):
-      one = score_steps(graphdef, params, feats[b:b + 1], mask[b:b + 1], spans[b:b + 1, s:s + 1])
+      one = score_steps(graphdef, params, feats[b : b + 1], mask[b : b + 1], spans[b : b + 1, s : s + 1])
       np.testing.assert_allclose(all_steps[b, s], np.asarray(one)[0, 0], atol=1e-5)
   assert np.all((all_steps > 0) & (all_steps < 1))
 
@@ -60,8 +87,9 @@ def test_a_step_does_not_see_what_follows_it_or_padding():
   np.testing.assert_allclose(after[0, :2], base[0, :2], atol=1e-5)
   assert not np.allclose(after[0, 2], base[0, 2])  # the third step contains those tokens
   padded = feats.at[1, 15:].set(-50.0)
-  np.testing.assert_allclose(np.asarray(score_steps(graphdef, params, padded, mask, spans))[1, :2], base[1, :2],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(score_steps(graphdef, params, padded, mask, spans))[1, :2], base[1, :2], atol=1e-5
+  )
 
 
 def test_packed_steps_score_what_the_padded_layout_scores():
@@ -70,6 +98,7 @@ def test_packed_steps_score_what_the_padded_layout_scores():
   a labelled-only pack, and dropout draws per packed slot only in training."""
   from reprobe_jax.probe.data import Example, collate, pack_shape, pack_steps
   from reprobe_jax.probe.model import score_packed
+
   probe, graphdef, params, *_ = _setup()
   rng = np.random.default_rng(3)
   exs = []
@@ -83,8 +112,9 @@ def test_packed_steps_score_what_the_padded_layout_scores():
     labels[0], labels[-1] = np.nan, np.nan
     exs.append(Example(f"e{i}", "arithmetic", rng.normal(size=(n, 12)).astype(np.float32), spans, labels))
   c = collate(exs, 8, 12)
-  ref = np.asarray(score_steps(graphdef, params, jnp.asarray(c["features"]), jnp.asarray(c["token_mask"]),
-                               jnp.asarray(c["spans"])))
+  ref = np.asarray(
+    score_steps(graphdef, params, jnp.asarray(c["features"]), jnp.asarray(c["token_mask"]), jnp.asarray(c["spans"]))
+  )
   shape = pack_shape([exs], 8, labelled_only=False)
   feats, pack, labels, chosen = pack_steps(exs, shape, 12, labelled_only=False)
   assert shape.rows * shape.slots < 8 * c["spans"].shape[1] * c["features"].shape[1]  # less compute than padded
@@ -93,16 +123,16 @@ def test_packed_steps_score_what_the_padded_layout_scores():
   for p, (i, k) in enumerate(chosen):
     np.testing.assert_allclose(got[p], ref[i, k], atol=1e-5)
     np.testing.assert_array_equal(labels[p], exs[i].labels[k])
-  assert np.all(np.isnan(labels[len(chosen):]))
+  assert np.all(np.isnan(labels[len(chosen) :]))
   lab_shape = pack_shape([exs], 8, labelled_only=True)
   _, _, lab, lab_chosen = pack_steps(exs, lab_shape, 12, labelled_only=True)
   assert [ik for ik in chosen if not np.isnan(exs[ik[0]].labels[ik[1]])] == lab_chosen
-  assert not np.any(np.isnan(lab[:len(lab_chosen)]))
+  assert not np.any(np.isnan(lab[: len(lab_chosen)]))
   jpack = jax.tree.map(jnp.asarray, pack)
   a = probe.packed(jnp.asarray(feats), jpack, deterministic=False, rngs=nnx.Rngs(dropout=0))
   b = probe.packed(jnp.asarray(feats), jpack, deterministic=False, rngs=nnx.Rngs(dropout=0))
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert not np.allclose(np.asarray(a)[:len(chosen)], got[:len(chosen)])
+  assert not np.allclose(np.asarray(a)[: len(chosen)], got[: len(chosen)])
 
 
 def test_dropout_only_in_training():
@@ -112,8 +142,9 @@ def test_dropout_only_in_training():
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   c = probe(feats, mask, spans, deterministic=False, rngs=nnx.Rngs(dropout=0))
   assert not np.allclose(np.asarray(a), np.asarray(c))
-  np.testing.assert_array_equal(np.asarray(probe(feats, mask, spans, deterministic=False, rngs=nnx.Rngs(dropout=0))),
-                                np.asarray(c))  # dropout reads only the stream it is given
+  np.testing.assert_array_equal(
+    np.asarray(probe(feats, mask, spans, deterministic=False, rngs=nnx.Rngs(dropout=0))), np.asarray(c)
+  )  # dropout reads only the stream it is given
   assert count_params(probe) > 0
 
 
@@ -130,6 +161,7 @@ def test_predict_examples_compiles_once_per_shape():
   from reprobe_jax.probe.data import pack_shape
   from reprobe_jax.probe.model import _packed_probabilities
   from reprobe_jax.probe.train import new_probe, predict_examples
+
   cfg = ProbeConfig(feature_dim=6, d_model=16, n_layers=1, n_heads=2, ff_dim=32)
   rng = np.random.default_rng(0)
 
@@ -139,13 +171,20 @@ def test_predict_examples_compiles_once_per_shape():
       t = int(rng.integers(9, 17))
       cut = sorted(rng.choice(np.arange(1, t), int(rng.integers(1, 4)), replace=False))
       b = np.r_[0, cut, t]
-      out.append(Example(f"e{i}", "arithmetic", rng.normal(size=(t, 6)).astype(np.float32),
-                         np.stack([b[:-1], b[1:]], 1).astype(np.int32), np.zeros(len(b) - 1, np.float32)))
+      out.append(
+        Example(
+          f"e{i}",
+          "arithmetic",
+          rng.normal(size=(t, 6)).astype(np.float32),
+          np.stack([b[:-1], b[1:]], 1).astype(np.int32),
+          np.zeros(len(b) - 1, np.float32),
+        )
+      )
     return out
 
   g, params, rest = new_probe(cfg, 0)
   first_ex, second_ex = exs(5), exs(7)
-  chunks = lambda e: [e[s:s + 4] for s in range(0, len(e), 4)]
+  chunks = lambda e: [e[s : s + 4] for s in range(0, len(e), 4)]
   # new examples that pack into the same shape (the shape is the precondition of "compiles nothing")
   assert pack_shape(chunks(first_ex), 4, labelled_only=False) == pack_shape(chunks(second_ex), 4, labelled_only=False)
   first = predict_examples(g, params, rest, first_ex, 4, 6)
@@ -157,12 +196,14 @@ def test_predict_examples_compiles_once_per_shape():
   assert len(first) == 5 and len(second) == 7 and all(np.all((p > 0) & (p < 1)) for p in first + second)
   # the packed path gives what the padded reference path (score_steps) gives, step for step
   from reprobe_jax.probe.data import collate
+
   for e in chunks(second_ex):
     b = collate(e, 4, 6)
-    direct = np.asarray(score_steps(g2, params2, jnp.asarray(b["features"]), jnp.asarray(b["token_mask"]),
-                                    jnp.asarray(b["spans"])))
+    direct = np.asarray(
+      score_steps(g2, params2, jnp.asarray(b["features"]), jnp.asarray(b["token_mask"]), jnp.asarray(b["spans"]))
+    )
     for i, p in enumerate(predict_examples(g2, params2, rest2, e, 4, 6)):
-      np.testing.assert_allclose(p, direct[i, :len(e[i].spans)], atol=1e-6)
+      np.testing.assert_allclose(p, direct[i, : len(e[i].spans)], atol=1e-6)
 
 
 def _bundle(seed=0):
@@ -182,8 +223,9 @@ def test_bundle_round_trip_is_exact(tmp_path):
   for (pa, a), (pb, b) in zip(nnx.to_flat_state(bundle.params), nnx.to_flat_state(back.params)):
     assert pa == pb
     np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()))
-  np.testing.assert_array_equal(np.asarray(back.probabilities(feats, mask, spans)),
-                                np.asarray(bundle.probabilities(feats, mask, spans)))
+  np.testing.assert_array_equal(
+    np.asarray(back.probabilities(feats, mask, spans)), np.asarray(bundle.probabilities(feats, mask, spans))
+  )
   with pytest.raises(FeatureMismatchError, match="abc123"):
     load_probe(str(tmp_path / "probe"), model_fingerprint="other")
 
@@ -193,8 +235,10 @@ def test_load_probe_names_the_file_and_field(tmp_path):
   good = tmp_path / "good"
   save_probe(bundle, str(good))
   meta = json.loads((good / "config.json").read_text())
-  tensors = {k: SafetensorsFile(str(good / "model.safetensors")).get(k).copy()
-             for k in SafetensorsFile(str(good / "model.safetensors")).keys()}
+  tensors = {
+    k: SafetensorsFile(str(good / "model.safetensors")).get(k).copy()
+    for k in SafetensorsFile(str(good / "model.safetensors")).keys()
+  }
 
   def variant(name, meta_change=None, tensors_change=None):
     d = tmp_path / name
@@ -213,19 +257,25 @@ def test_load_probe_names_the_file_and_field(tmp_path):
     return m
 
   cases = [
-      (variant("no_probe", lambda m: drop(m, "probe")), r"config.json: missing key 'probe'"),
-      (variant("no_dim", lambda m: drop(m, "probe", "feature_dim")), r"missing key 'probe.feature_dim'"),
-      (variant("extra_key", lambda m: {**m, "probe": {**m["probe"], "width": 3}}), r"unknown keys \['width'\]"),
-      (variant("bad_type", lambda m: {**m, "probe": {**m["probe"], "n_heads": "4"}}), r"'probe.n_heads' must be an int"),
-      (variant("bad_parts", lambda m: {**m, "features": {**m["features"], "parts": ["colour"]}}), r"'features'.*colour"),
-      (variant("version", lambda m: {**m, "format_version": 9}), r"version 9"),
-      (variant("missing_tensor", tensors_change=lambda t: drop(t, "cls2.bias")), r"missing tensors \['cls2.bias'\]"),
-      (variant("extra_tensor", tensors_change=lambda t: {**t, "head.kernel": np.zeros(2, np.float32)}),
-       r"unexpected tensors \['head.kernel'\]"),
-      (variant("shape", tensors_change=lambda t: {**t, "proj1.kernel": np.zeros((12, 65), np.float32)}),
-       r"model.safetensors: tensor 'proj1.kernel' has shape \[12, 65\], the config expects \[12, 64\]"),
-      (variant("dtype", tensors_change=lambda t: {**t, "proj1.kernel": t["proj1.kernel"].astype(np.float16)}),
-       r"tensor 'proj1.kernel' has dtype float16, expected float32"),
+    (variant("no_probe", lambda m: drop(m, "probe")), r"config.json: missing key 'probe'"),
+    (variant("no_dim", lambda m: drop(m, "probe", "feature_dim")), r"missing key 'probe.feature_dim'"),
+    (variant("extra_key", lambda m: {**m, "probe": {**m["probe"], "width": 3}}), r"unknown keys \['width'\]"),
+    (variant("bad_type", lambda m: {**m, "probe": {**m["probe"], "n_heads": "4"}}), r"'probe.n_heads' must be an int"),
+    (variant("bad_parts", lambda m: {**m, "features": {**m["features"], "parts": ["colour"]}}), r"'features'.*colour"),
+    (variant("version", lambda m: {**m, "format_version": 9}), r"version 9"),
+    (variant("missing_tensor", tensors_change=lambda t: drop(t, "cls2.bias")), r"missing tensors \['cls2.bias'\]"),
+    (
+      variant("extra_tensor", tensors_change=lambda t: {**t, "head.kernel": np.zeros(2, np.float32)}),
+      r"unexpected tensors \['head.kernel'\]",
+    ),
+    (
+      variant("shape", tensors_change=lambda t: {**t, "proj1.kernel": np.zeros((12, 65), np.float32)}),
+      r"model.safetensors: tensor 'proj1.kernel' has shape \[12, 65\], the config expects \[12, 64\]",
+    ),
+    (
+      variant("dtype", tensors_change=lambda t: {**t, "proj1.kernel": t["proj1.kernel"].astype(np.float16)}),
+      r"tensor 'proj1.kernel' has dtype float16, expected float32",
+    ),
   ]
   for path, match in cases:
     with pytest.raises(CheckpointError, match=match):
@@ -243,6 +293,7 @@ def test_load_probe_names_the_file_and_field(tmp_path):
 
 def test_save_probe_failure_keeps_the_previous_save(tmp_path, monkeypatch):
   from reprobe_jax.probe import bundle as bundle_module
+
   bundle, *_ = _bundle()
   target = tmp_path / "probe"
   save_probe(bundle, str(target))

@@ -1,4 +1,5 @@
-"""Probe training (docs/method.md §A5): the loss, learning a separable signal, early stopping, exact resume after a kill."""
+"""Probe training (docs/method.md §A5): the loss, learning a separable signal, early stopping, exact resume after a
+kill."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def _examples(n, seed):
 
 def test_weighted_bce_worked_example():
   import jax.numpy as jnp
+
   z = jnp.array([[0.0, 2.0, np.nan]])
   y = jnp.array([[1.0, 0.0, np.nan]])
   # known: (w * log 2) for the positive at z=0, and log(1 + e^2) for the negative at z=2; mean over 2
@@ -48,8 +50,9 @@ def test_weighted_bce_worked_example():
 def test_probe_learns_and_resumes_exactly(tmp_path):
   train, val = _examples(96, 0), _examples(48, 1)
   cfg = ProbeConfig(feature_dim=F, d_model=16, n_layers=1, n_heads=2, ff_dim=32, dropout=0.1)
-  tcfg = ProbeTrainConfig(batch_size=16, epochs=4,
-                          optimizer=dataclasses.replace(ProbeTrainConfig().optimizer, learning_rate=3e-3))
+  tcfg = ProbeTrainConfig(
+    batch_size=16, epochs=4, optimizer=dataclasses.replace(ProbeTrainConfig().optimizer, learning_rate=3e-3)
+  )
   g, best, rest, hist = train_probe(cfg, train, val, tcfg, str(tmp_path / "a"))
   scores = predict_examples(g, best, rest, val, 16, F)
   m = evaluate_examples(scores, val)
@@ -72,8 +75,9 @@ def test_probe_learns_and_resumes_exactly(tmp_path):
     train_probe(cfg, train, val, tcfg, str(tmp_path / "b"), on_epoch=kill_after_epoch_1)
   g2, best2, rest2, hist2 = train_probe(cfg, train, val, tcfg, str(tmp_path / "b"))
   assert hist2 == hist
-  np.testing.assert_allclose(np.concatenate(predict_examples(g2, best2, rest2, val, 16, F)),
-                             np.concatenate(scores), atol=1e-6)
+  np.testing.assert_allclose(
+    np.concatenate(predict_examples(g2, best2, rest2, val, 16, F)), np.concatenate(scores), atol=1e-6
+  )
 
 
 @pytest.mark.slow  # over 20 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
@@ -103,18 +107,25 @@ def test_bad_trajectory_records_name_the_trajectory_and_step():
   store = Store(t0=np.zeros((5, F), np.float32))
 
   def rec(**kw):
-    base = {"id": "t0", "domain": "arithmetic", "response_ids": [1, 2, 3, 4, 5], "labels": [0, 1],
-            "steps": [{"text": "12 + 5 = 17", "start": 0, "end": 3}, {"text": "<Answer>: 17", "start": 3, "end": 5}]}
+    base = {
+      "id": "t0",
+      "domain": "arithmetic",
+      "response_ids": [1, 2, 3, 4, 5],
+      "labels": [0, 1],
+      "steps": [{"text": "12 + 5 = 17", "start": 0, "end": 3}, {"text": "<Answer>: 17", "start": 3, "end": 5}],
+    }
     return {**base, **kw}
 
   assert examples([rec()], store)[0].labels.tolist() == [0.0, 1.0]
   cases = [
-      (rec(labels=[0]), "t0': 1 labels for 2 steps"),
-      (rec(steps=[{"text": " ", "start": 0, "end": 3}, {"text": "x", "start": 3, "end": 5}]), "step 0 is empty"),
-      (rec(steps=[{"text": "a", "start": 0, "end": 3}, {"text": "b", "start": 3, "end": 9}]),
-       r"steps\[1\] spans tokens \[3, 9\), past the response's 5 tokens"),  # the record schema's check
-      (rec(id="t9"), "'t9' has no stored features in features/hidden"),
-      (rec(labels=None), "no labels"),
+    (rec(labels=[0]), "t0': 1 labels for 2 steps"),
+    (rec(steps=[{"text": " ", "start": 0, "end": 3}, {"text": "x", "start": 3, "end": 5}]), "step 0 is empty"),
+    (
+      rec(steps=[{"text": "a", "start": 0, "end": 3}, {"text": "b", "start": 3, "end": 9}]),
+      r"steps\[1\] spans tokens \[3, 9\), past the response's 5 tokens",
+    ),  # the record schema's check
+    (rec(id="t9"), "'t9' has no stored features in features/hidden"),
+    (rec(labels=None), "no labels"),
   ]
   for bad, match in cases:
     with pytest.raises(DataFormatError, match=match):

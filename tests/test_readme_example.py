@@ -34,5 +34,5 @@ def test_decode_state_example_runs(tiny_llama_dir, capsys):
   # After each round the 4 rows continue one kept candidate: they agree on everything before the newest step.
   starts = [r.step_start for r in rows]
   assert len(set(starts)) == 1
-  assert len({tuple(r.tokens[:starts[0]]) for r in rows}) == 1
+  assert len({tuple(r.tokens[: starts[0]]) for r in rows}) == 1
   assert np.all(np.asarray(state.lengths) >= 1)

@@ -62,7 +62,12 @@ def test_falsy_entries_are_entries():
 
 def test_the_five_registries():
   assert {r.category for r in (SCORERS, ESTIMATORS, STRATEGIES, ANNOTATORS, FAMILIES)} == {
-      "step scorer", "advantage estimator", "search strategy", "annotator", "task family"}
+    "step scorer",
+    "advantage estimator",
+    "search strategy",
+    "annotator",
+    "task family",
+  }
   assert all(isinstance(r, Registry) for r in (SCORERS, ESTIMATORS, STRATEGIES, ANNOTATORS, FAMILIES))
   # the TTS job's default grid runs the strategies in this order
   assert STRATEGIES.names() == ("best_of_n", "beam", "dvts")

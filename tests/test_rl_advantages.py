@@ -1,5 +1,5 @@
-"""Advantage estimators (docs/method.md §B2): worked examples by hand, padding rows that change nothing, SPAE's edge cases,
-the registry, and jit against eager."""
+"""Advantage estimators (docs/method.md §B2): worked examples by hand, padding rows that change nothing, SPAE's edge
+cases, the registry, and jit against eager."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ import jax.numpy as jnp
 import pytest
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.rl.advantages import (ESTIMATORS, AdvantageConfig, Estimator, compute_advantages, get_estimator,
-                                       register)
+from reprobe_jax.rl.advantages import (
+  ESTIMATORS,
+  AdvantageConfig,
+  Estimator,
+  compute_advantages,
+  get_estimator,
+  register,
+)
 from reprobe_jax.rl.types import AdvantageInputs
 
 CFG = AdvantageConfig()
@@ -24,9 +30,15 @@ def _inputs(rewards, lengths, t, *, group_size, token_step=None, phi=None, row_m
   phi = np.full((b, 1), np.nan, np.float32) if phi is None else np.asarray(phi, np.float32)
   steps = np.full((b, t), -1, np.int32) if token_step is None else np.asarray(token_step, np.int32)
   rows = np.ones(b, bool) if row_mask is None else np.asarray(row_mask, bool)
-  return AdvantageInputs(rewards=jnp.asarray(rewards, jnp.float32), row_mask=jnp.asarray(rows),
-                         response_mask=jnp.asarray(mask), token_step=jnp.asarray(steps), phi=jnp.asarray(phi),
-                         step_valid=jnp.asarray(~np.isnan(phi)), group_size=group_size)
+  return AdvantageInputs(
+    rewards=jnp.asarray(rewards, jnp.float32),
+    row_mask=jnp.asarray(rows),
+    response_mask=jnp.asarray(mask),
+    token_step=jnp.asarray(steps),
+    phi=jnp.asarray(phi),
+    step_valid=jnp.asarray(~np.isnan(phi)),
+    group_size=group_size,
+  )
 
 
 def _pad(inp: AdvantageInputs, rows: int, seed: int = 0) -> AdvantageInputs:
@@ -36,12 +48,15 @@ def _pad(inp: AdvantageInputs, rows: int, seed: int = 0) -> AdvantageInputs:
   b, t = inp.response_mask.shape
   k = inp.phi.shape[1]
   cat = lambda a, extra: jnp.concatenate([a, jnp.asarray(extra, a.dtype)], axis=0)  # noqa: E731
-  return AdvantageInputs(rewards=cat(inp.rewards, rng.integers(0, 2, rows)),
-                         row_mask=cat(inp.row_mask, np.zeros(rows, bool)),
-                         response_mask=cat(inp.response_mask, np.ones((rows, t), bool)),
-                         token_step=cat(inp.token_step, rng.integers(0, k, (rows, t))),
-                         phi=cat(inp.phi, rng.choice([-1.0, 0.95, 1.0], (rows, k))),
-                         step_valid=cat(inp.step_valid, np.ones((rows, k), bool)), group_size=inp.group_size)
+  return AdvantageInputs(
+    rewards=cat(inp.rewards, rng.integers(0, 2, rows)),
+    row_mask=cat(inp.row_mask, np.zeros(rows, bool)),
+    response_mask=cat(inp.response_mask, np.ones((rows, t), bool)),
+    token_step=cat(inp.token_step, rng.integers(0, k, (rows, t))),
+    phi=cat(inp.phi, rng.choice([-1.0, 0.95, 1.0], (rows, k))),
+    step_valid=cat(inp.step_valid, np.ones((rows, k), bool)),
+    group_size=inp.group_size,
+  )
 
 
 # Two groups of 3: rewards [1, 0, 0 | 1, 1, 0], response lengths [3, 1, 1 | 1, 1, 1] of T = 4.
@@ -189,10 +204,16 @@ def test_spae_an_unprobed_boundary_counts_as_no_boundary():
   phi_last = [row[:] for row in SPAE_PHI]
   phi_last[0][3] = NAN
   steps_last = [[0, 0, 1, 2, 2, 2, 2, 2]] + SPAE_STEPS[1:]
-  a = np.asarray(compute_advantages("spae", _inputs(SPAE_REWARDS, SPAE_LENGTHS, 8, group_size=2,
-                                                    token_step=SPAE_STEPS, phi=phi_last), CFG))
-  b = np.asarray(compute_advantages("spae", _inputs(SPAE_REWARDS, SPAE_LENGTHS, 8, group_size=2,
-                                                    token_step=steps_last, phi=phi_last), CFG))
+  a = np.asarray(
+    compute_advantages(
+      "spae", _inputs(SPAE_REWARDS, SPAE_LENGTHS, 8, group_size=2, token_step=SPAE_STEPS, phi=phi_last), CFG
+    )
+  )
+  b = np.asarray(
+    compute_advantages(
+      "spae", _inputs(SPAE_REWARDS, SPAE_LENGTHS, 8, group_size=2, token_step=steps_last, phi=phi_last), CFG
+    )
+  )
   np.testing.assert_allclose(a, b, atol=1e-6)
 
 
@@ -200,16 +221,19 @@ def test_spae_edge_cases_give_no_nan():
   # All dPhi equal (one boundary per row: every dPhi is 0, min == max): dPhi~ = 0, g = e^0 - 1 = 0, and with no
   # saturation SPAE is RF-B's whitened A_group.
   one = _inputs(REWARDS, LENGTHS, 4, group_size=3, token_step=np.zeros((6, 4)), phi=np.full((6, 1), 0.3))
-  np.testing.assert_allclose(np.asarray(compute_advantages("spae", one, CFG)),
-                             np.asarray(compute_advantages("rf_b", one, CFG)), atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(compute_advantages("spae", one, CFG)), np.asarray(compute_advantages("rf_b", one, CFG)), atol=1e-6
+  )
   # No probed step anywhere: RF-B again.
   none = _inputs(REWARDS, LENGTHS, 4, group_size=3)
-  np.testing.assert_allclose(np.asarray(compute_advantages("spae", none, CFG)),
-                             np.asarray(compute_advantages("rf_b", none, CFG)), atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(compute_advantages("spae", none, CFG)), np.asarray(compute_advantages("rf_b", none, CFG)), atol=1e-6
+  )
   # No boundary column at all (K = 0).
   empty = _inputs(REWARDS, LENGTHS, 4, group_size=3, phi=np.zeros((6, 0)))
-  np.testing.assert_allclose(np.asarray(compute_advantages("spae", empty, CFG)),
-                             np.asarray(compute_advantages("rf_b", none, CFG)), atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(compute_advantages("spae", empty, CFG)), np.asarray(compute_advantages("rf_b", none, CFG)), atol=1e-6
+  )
   # Whitening std 0: equal rewards in every group (A_group = 0) and equal shaping (one boundary each) make every
   # token's value the same; the whitened result is exactly 0, not NaN or eps noise.
   flat = _inputs([1, 1, 1, 0, 0, 0], LENGTHS, 4, group_size=3, token_step=np.zeros((6, 4)), phi=np.full((6, 1), 0.1))
@@ -217,8 +241,9 @@ def test_spae_edge_cases_give_no_nan():
     got = np.asarray(compute_advantages(name, flat, CFG))
     assert np.all(got == 0), name
   # A batch of only padding rows: zeros everywhere.
-  pad_only = _inputs([1, 0], [2, 2], 2, group_size=2, token_step=np.zeros((2, 2)), phi=np.full((2, 1), 0.95),
-                     row_mask=[False, False])
+  pad_only = _inputs(
+    [1, 0], [2, 2], 2, group_size=2, token_step=np.zeros((2, 2)), phi=np.full((2, 1), 0.95), row_mask=[False, False]
+  )
   for name in ESTIMATORS:
     assert np.all(np.asarray(compute_advantages(name, pad_only, CFG)) == 0), name
 
@@ -226,10 +251,12 @@ def test_spae_edge_cases_give_no_nan():
 # ------------------------------------------------------------------------------------------------ every estimator
 
 
-EXAMPLES = {"grpo": lambda: _inputs(REWARDS, LENGTHS, 4, group_size=3),
-            "dapo": lambda: _inputs(REWARDS, LENGTHS, 4, group_size=3),
-            "rf_b": lambda: _inputs(REWARDS, LENGTHS, 4, group_size=3),
-            "spae": _spae_example}
+EXAMPLES = {
+  "grpo": lambda: _inputs(REWARDS, LENGTHS, 4, group_size=3),
+  "dapo": lambda: _inputs(REWARDS, LENGTHS, 4, group_size=3),
+  "rf_b": lambda: _inputs(REWARDS, LENGTHS, 4, group_size=3),
+  "spae": _spae_example,
+}
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))

@@ -14,7 +14,7 @@ from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.jobs.rl import rl_config_from_dict
 from reprobe_jax.models import SamplingParams
 from reprobe_jax.rl import loop
-from reprobe_jax.rl.rollout import (Group, PromptSet, Trajectory, collect, potentials, step_batch, token_steps)
+from reprobe_jax.rl.rollout import Group, PromptSet, Trajectory, collect, potentials, step_batch, token_steps
 from reprobe_jax.spae.potential import ProbeConfig
 from reprobe_jax.spae.prober import Prober
 from reprobe_jax.tasks import make_problems
@@ -46,8 +46,9 @@ def test_prompt_plan_is_a_pure_function_of_the_step(synthetic_lm):
 
 
 def _group(prompt, rewards, length=3):
-  return Group(prompt, tuple(Trajectory(prompt, s, tuple(range(length)), True, float(r))
-                             for s, r in enumerate(rewards)))
+  return Group(
+    prompt, tuple(Trajectory(prompt, s, tuple(range(length)), True, float(r)) for s, r in enumerate(rewards))
+  )
 
 
 def test_dynamic_sampling_refills_then_trains_on_what_is_there():
@@ -102,8 +103,9 @@ def test_potentials_of_kept_trajectories_and_their_batch(synthetic_lm):
   assert think not in trajs[3].text_ids and len(pots[3].cuts) == 0  # no '<think>': no thinking steps
   for j in (0, 1, 2):  # each alone through the prober, with the seed the loop derives
     seed = zlib.crc32(f"{ps.problems[trajs[j].prompt].id}/3/{trajs[j].sample}".encode())
-    alone = prober.potentials([ps.prompt_ids[trajs[j].prompt]], [trajs[j].text_ids],
-                              [ps.problems[trajs[j].prompt].answer], [seed])[0]
+    alone = prober.potentials(
+      [ps.prompt_ids[trajs[j].prompt]], [trajs[j].text_ids], [ps.problems[trajs[j].prompt].answer], [seed]
+    )[0]
     assert len(alone.cuts) > 0
     np.testing.assert_array_equal(pots[j].cuts, alone.cuts)
     np.testing.assert_allclose(pots[j].phi, alone.phi, rtol=1e-4, atol=1e-6)
@@ -116,8 +118,8 @@ def test_potentials_of_kept_trajectories_and_their_batch(synthetic_lm):
     n = len(t.response_ids)
     plen = sb.tokens.shape[1] - 256
     p = ps.prompt_ids[t.prompt]
-    assert sb.tokens[r, plen - len(p):plen].tolist() == list(p)  # prompt left-padded
-    assert sb.tokens[r, plen:plen + n].tolist() == list(t.response_ids)  # response (EOS included) right-padded
+    assert sb.tokens[r, plen - len(p) : plen].tolist() == list(p)  # prompt left-padded
+    assert sb.tokens[r, plen : plen + n].tolist() == list(t.response_ids)  # response (EOS included) right-padded
     assert sb.attention_mask[r].sum() == len(p) + n and np.asarray(inp.response_mask)[r].sum() == n
     k = len(pots[r].cuts)
     np.testing.assert_allclose(np.asarray(inp.phi)[r, :k], pots[r].phi, rtol=1e-6)
@@ -127,10 +129,20 @@ def test_potentials_of_kept_trajectories_and_their_batch(synthetic_lm):
 
 
 def _tiny_rl(**kw):
-  base = dict(advantage="dapo", steps=3, prompts_per_step=2, group_size=2, prompts_per_round=2, max_refill_rounds=1,
-              max_new_tokens=12, optimizer=dataclasses.replace(loop.RLConfig().optimizer, learning_rate=1e-2),
-              train_problems=4, train_difficulties=(1,), mini_batches=2,
-              checkpoint_every=1)
+  base = dict(
+    advantage="dapo",
+    steps=3,
+    prompts_per_step=2,
+    group_size=2,
+    prompts_per_round=2,
+    max_refill_rounds=1,
+    max_new_tokens=12,
+    optimizer=dataclasses.replace(loop.RLConfig().optimizer, learning_rate=1e-2),
+    train_problems=4,
+    train_difficulties=(1,),
+    mini_batches=2,
+    checkpoint_every=1,
+  )
   base.update(kw)
   return loop.RLConfig(**base)
 
@@ -180,19 +192,24 @@ def test_bad_rl_input_is_refused_before_work(synthetic_lm, tmp_path):
     loop.RLConfig(prompts_per_step=3, group_size=2, mini_batches=4)
   with pytest.raises(ConfigError, match="advantage"):
     rl_config_from_dict({"advantage": "reinforce"})
-  with pytest.raises(ConfigError, match=r"^config\.rl\.sampling\.temperature: expected a finite number > 0\.0, "
-                                        r"got 0\.0$"):
+  with pytest.raises(
+    ConfigError,
+    match=r"^config\.rl\.sampling\.temperature: expected a finite number > 0\.0, "
+    r"got 0\.0$",
+  ):
     rl_config_from_dict({"sampling": {"temperature": 0}})
   with pytest.raises(ConfigError, match=r"^RLConfig\.sampling\.temperature: expected a finite number > 0\.0"):
     loop.RLConfig(sampling=SamplingParams(temperature=0.0))
-  with pytest.raises(ConfigError, match=r"^config\.rl\.sampling\.top_k: expected 0 \(off\), got 20: the RL rollouts "
-                                        r"never filter by top-k"):
+  with pytest.raises(
+    ConfigError,
+    match=r"^config\.rl\.sampling\.top_k: expected 0 \(off\), got 20: the RL rollouts "
+    r"never filter by top-k",
+  ):
     rl_config_from_dict({"sampling": {"top_k": 20}})
   with pytest.raises(ConfigError, match=r"^config\.rl\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]"):
     rl_config_from_dict({"sampling": {"top_p": 1.5}})
   assert rl_config_from_dict({"sampling": {"top_p": 0.9}}).sampling == SamplingParams(1.0, top_k=0, top_p=0.9)
   # 4 prompts cannot fill 1 + 2 refill rounds of 2 prompts
   with pytest.raises(ConfigError, match="4 prompts.*need 6"):
-    loop.train_rl(synthetic_lm, _tiny_rl(max_refill_rounds=2), ProbeConfig(), str(tmp_path / "x"),
-                  reward=_coin_reward)
+    loop.train_rl(synthetic_lm, _tiny_rl(max_refill_rounds=2), ProbeConfig(), str(tmp_path / "x"), reward=_coin_reward)
   assert not (tmp_path / "x").exists()

@@ -1,5 +1,5 @@
-"""The policy loss and update (docs/method.md §B2): the clipped objective by hand and against numpy, micro-batched gradient
-accumulation against the whole batch (verl #5625), a zero-advantage step, response log-probs against a per-row
+"""The policy loss and update (docs/method.md §B2): the clipped objective by hand and against numpy, micro-batched
+gradient accumulation against the whole batch (verl #5625), a zero-advantage step, response log-probs against a per-row
 forward, 8-device data parallelism against one device, and no recompilation when parameters change."""
 
 from __future__ import annotations
@@ -17,12 +17,27 @@ import pytest
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel, ModelConfig
-from reprobe_jax.rl.loss import (LossConfig, LossSums, batch_counts, make_logprobs, make_update, policy_loss,
-                                 response_logprobs)
+from reprobe_jax.rl.loss import (
+  LossConfig,
+  LossSums,
+  batch_counts,
+  make_logprobs,
+  make_update,
+  policy_loss,
+  response_logprobs,
+)
 from reprobe_jax.rl.types import PolicyBatch
 
-TINY = ModelConfig(family="llama", vocab_size=37, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                   num_kv_heads=1, head_dim=8)
+TINY = ModelConfig(
+  family="llama",
+  vocab_size=37,
+  hidden_size=16,
+  intermediate_size=32,
+  num_layers=1,
+  num_heads=2,
+  num_kv_heads=1,
+  head_dim=8,
+)
 B, P, T = 8, 5, 6
 PROMPT_LENS = (5, 2, 4, 1, 3, 5, 2, 4)
 RESPONSE_LENS = (6, 1, 3, 6, 2, 5, 4, 1)  # micro-batches of 2 rows then hold 7, 9, 7, 5 tokens: unequal counts
@@ -44,8 +59,8 @@ def _sequences(prompt_lens=PROMPT_LENS, response_lens=RESPONSE_LENS, seed=0):
   attn = np.zeros((b, P + T), np.int32)
   resp = np.zeros((b, T), np.float32)
   for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
-    tokens[i, P - p:P + r] = rng.integers(1, TINY.vocab_size, p + r)
-    attn[i, P - p:P + r] = 1
+    tokens[i, P - p : P + r] = rng.integers(1, TINY.vocab_size, p + r)
+    attn[i, P - p : P + r] = 1
     resp[i, :r] = 1
   return jnp.asarray(tokens), jnp.asarray(attn), jnp.asarray(resp)
 
@@ -57,8 +72,14 @@ def _batch(lm, *, seed=0, adv_scale=1.0, old_noise=0.3, ref_noise=0.2):
   cur = _lp(lm.static_graph, lm.params, PolicyBatch(tokens, attn, resp, resp, resp, resp))
   noise = lambda s: jnp.asarray(rng.normal(0, s, (B, T)), jnp.float32) * resp  # noqa: E731
   adv = jnp.asarray(rng.normal(0, 1, (B, T)), jnp.float32) * resp * adv_scale
-  return PolicyBatch(tokens=tokens, attention_mask=attn, response_mask=resp, old_logprobs=cur + noise(old_noise),
-                     advantages=adv, ref_logprobs=cur + noise(ref_noise))
+  return PolicyBatch(
+    tokens=tokens,
+    attention_mask=attn,
+    response_mask=resp,
+    old_logprobs=cur + noise(old_noise),
+    advantages=adv,
+    ref_logprobs=cur + noise(ref_noise),
+  )
 
 
 def _copy(tree):
@@ -139,8 +160,9 @@ def test_clipped_loss_equals_numpy_reference(aggregation, kl_coef):
   cfg = LossConfig(aggregation=aggregation, kl_coef=kl_coef)
   n_tokens, n_seqs = mask.sum() + 3, 6  # a micro-batch of a bigger batch
   f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-  loss, sums = jax.jit(policy_loss, static_argnames="cfg")(f32(logp), f32(old), f32(adv), f32(mask), cfg=cfg,
-                                                           n_tokens=n_tokens, n_seqs=n_seqs, ref_logp=f32(ref))
+  loss, sums = jax.jit(policy_loss, static_argnames="cfg")(
+    f32(logp), f32(old), f32(adv), f32(mask), cfg=cfg, n_tokens=n_tokens, n_seqs=n_seqs, ref_logp=f32(ref)
+  )
   want, clipped, kl = _numpy_loss(logp, old, adv, mask, cfg, n_tokens, n_seqs, ref)
   assert float(loss) == pytest.approx(want, rel=1e-5, abs=1e-6)
   assert float(sums.clipped) == clipped > 0
@@ -192,7 +214,7 @@ def test_response_logprobs_equal_a_per_row_forward(lm):
   got = np.asarray(_lp(lm.static_graph, lm.params, batch))
   want = np.zeros((B, T))
   for i, (p, r) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS)):
-    ids = np.asarray(tokens[i, P - p:P + r])[None]  # the row alone, without padding
+    ids = np.asarray(tokens[i, P - p : P + r])[None]  # the row alone, without padding
     z = np.asarray(lm.forward(ids).logits[0], np.float64)  # [p + r, V]
     for t in range(r):  # response token t is ids[p + t], predicted at position p + t - 1
       row = z[p + t - 1]
@@ -214,8 +236,11 @@ def _run(lm, tx, cfg, micro_batches, batch):
   return update(params, tx.init(params), batch, n_tokens, n_seqs)
 
 
-@pytest.mark.parametrize("cfg", [LossConfig(), LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1)],
-                         ids=["token-mean", "seq-mean-token-mean+kl"])
+@pytest.mark.parametrize(
+  "cfg",
+  [LossConfig(), LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1)],
+  ids=["token-mean", "seq-mean-token-mean+kl"],
+)
 def test_micro_batched_accumulation_equals_the_whole_batch(lm, cfg):
   batch = _batch(lm)
   tx = optax.sgd(0.5)  # plain SGD: parameter changes are the gradient itself (Adam's first step is ~sign(g))
@@ -241,11 +266,25 @@ def test_micro_batched_accumulation_equals_the_whole_batch(lm, cfg):
     for i in range(4):
       rows = slice(i, None, 4)  # make_update's strided micro-batch i
       mb = jax.tree.map(lambda x: x[rows], batch)
-      wrong += float(policy_loss(lp[rows], mb.old_logprobs, mb.advantages, mb.response_mask, cfg,
-                                 batch_counts(mb)[0], 1, None)[0]) / 4
+      wrong += (
+        float(
+          policy_loss(lp[rows], mb.old_logprobs, mb.advantages, mb.response_mask, cfg, batch_counts(mb)[0], 1, None)[0]
+        )
+        / 4
+      )
   else:  # rows of 1 to 6 tokens: the token mean is another loss than the mean of row means
-    wrong = float(policy_loss(lp, batch.old_logprobs, batch.advantages, batch.response_mask,
-                              LossConfig(kl_coef=cfg.kl_coef), n_tokens, n_seqs, ref)[0])
+    wrong = float(
+      policy_loss(
+        lp,
+        batch.old_logprobs,
+        batch.advantages,
+        batch.response_mask,
+        LossConfig(kl_coef=cfg.kl_coef),
+        n_tokens,
+        n_seqs,
+        ref,
+      )[0]
+    )
   assert abs(wrong - float(m_full["loss"])) > 1e-3
 
 
@@ -284,7 +323,7 @@ def test_micro_batches_must_divide_the_batch(lm):
 
 # ------------------------------------------------------------------------------------------------ data parallel
 
-_DP_SCRIPT = textwrap.dedent('''
+_DP_SCRIPT = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np, optax
     from jax._src import dispatch
@@ -329,7 +368,7 @@ _DP_SCRIPT = textwrap.dedent('''
       np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
     assert abs(out["dp"][2] - out["one"][2]) < 1e-5 * out["one"][2] and abs(out["dp"][3] - out["one"][3]) < 1e-6
     print("DP OK")
-''')
+""")
 
 
 @pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
@@ -342,7 +381,14 @@ def test_data_parallel_update_equals_one_device(tmp_path):
   for k in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS"):
     env.pop(k, None)
   here = os.path.dirname(os.path.abspath(__file__))
-  proc = subprocess.run([sys.executable, str(script), os.path.dirname(here), here], env=env, capture_output=True,
-                        text=True, timeout=300, cwd=os.path.dirname(here))
+  proc = subprocess.run(
+    [sys.executable, str(script), os.path.dirname(here), here],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=os.path.dirname(here),
+  )
   assert proc.returncode == 0 and "DP OK" in proc.stdout, (
-      f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+    f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+  )

@@ -24,18 +24,24 @@ def test_second_generate_in_same_bucket_compiles_nothing(lm, compile_counter):
   rng = np.random.RandomState(0)
   kwargs = dict(max_new_tokens=12, stop_strings=(".\n",), capture=CAPTURE)
   first = _COUNTER.count
-  lm.generate([rng.randint(3, 90, 9).tolist(), rng.randint(3, 90, 5).tolist()], SamplingParams(1.0, 20, 0.9),
-              seed=0, **kwargs)
+  lm.generate(
+    [rng.randint(3, 90, 9).tolist(), rng.randint(3, 90, 5).tolist()], SamplingParams(1.0, 20, 0.9), seed=0, **kwargs
+  )
   before = _COUNTER.count
   assert before > first, "the counter saw no compilation of the first call"
   # New prompts (same 16-token bucket, same batch bucket), new seed, temperature, top_p and max_new_tokens.
-  g = lm.generate([rng.randint(3, 90, 13).tolist(), rng.randint(3, 90, 3).tolist()], SamplingParams(0.7, 20, 0.5),
-                  seed=1, **{**kwargs, "max_new_tokens": 10})
+  g = lm.generate(
+    [rng.randint(3, 90, 13).tolist(), rng.randint(3, 90, 3).tolist()],
+    SamplingParams(0.7, 20, 0.5),
+    seed=1,
+    **{**kwargs, "max_new_tokens": 10},
+  )
   assert _COUNTER.count == before, f"{_COUNTER.count - before} compilations on a same-bucket call"
   assert g.tokens.shape == (2, 10)
   # A different stop-string set is a traced mask too.
-  lm.generate([rng.randint(3, 90, 7).tolist()] * 2, SamplingParams(0.7, 20, 0.5), seed=2,
-              **{**kwargs, "stop_strings": ("\n\n",)})
+  lm.generate(
+    [rng.randint(3, 90, 7).tolist()] * 2, SamplingParams(0.7, 20, 0.5), seed=2, **{**kwargs, "stop_strings": ("\n\n",)}
+  )
   assert _COUNTER.count == before
 
 
@@ -52,14 +58,13 @@ def test_generated_features_equal_full_forward(lm):
     at = slice(len(prompt) - 1, len(prompt) - 1 + n)
     L = lm.config.num_layers
     np.testing.assert_allclose(g.features["hidden_0"][row, :n], np.asarray(ref.hidden_states[0])[0, at], atol=1e-5)
-    np.testing.assert_allclose(g.features[f"hidden_{L}"][row, :n], np.asarray(ref.hidden_states[L])[0, at],
-                               atol=1e-4)
+    np.testing.assert_allclose(g.features[f"hidden_{L}"][row, :n], np.asarray(ref.hidden_states[L])[0, at], atol=1e-4)
     np.testing.assert_allclose(g.features["attn_window"][row, :n], np.asarray(ref.attn_window)[0, at], atol=1e-5)
     np.testing.assert_allclose(g.features["top_probs"][row, :n], np.asarray(ref.top_probs)[0, at], atol=1e-5)
-    np.testing.assert_allclose(g.features["token_self_certainty"][row, :n],
-                               np.asarray(ref.token_self_certainty)[0, at], atol=1e-4)
-    np.testing.assert_allclose(g.features["token_entropy"][row, :n], np.asarray(ref.token_entropy)[0, at],
-                               atol=1e-4)
+    np.testing.assert_allclose(
+      g.features["token_self_certainty"][row, :n], np.asarray(ref.token_self_certainty)[0, at], atol=1e-4
+    )
+    np.testing.assert_allclose(g.features["token_entropy"][row, :n], np.asarray(ref.token_entropy)[0, at], atol=1e-4)
     # Log-prob of each sampled token = the full forward's log p(next token).
     np.testing.assert_allclose(g.logprobs[row, :n], np.asarray(ref.token_logprobs)[0, at], atol=1e-4)
     assert np.all(g.features["top_probs"][row, n:] == 0) and np.all(g.logprobs[row, n:] == 0)
@@ -67,8 +72,10 @@ def test_generated_features_equal_full_forward(lm):
 
 def test_stop_strings_and_eos(lm):
   mask = lm.stop_token_mask([".\n"])
-  assert set(np.flatnonzero(mask)) == {lm.tokenizer.convert_tokens_to_ids(".\n"),
-                                       lm.tokenizer.convert_tokens_to_ids("a.\n")}
+  assert set(np.flatnonzero(mask)) == {
+    lm.tokenizer.convert_tokens_to_ids(".\n"),
+    lm.tokenizer.convert_tokens_to_ids("a.\n"),
+  }
   g = lm.generate([[1, 5, 6]], SamplingParams(2.0), max_new_tokens=40, n=16, seed=0, stop_strings=(".\n",))
   stops = set(np.flatnonzero(mask))
   seen = set()
@@ -82,7 +89,7 @@ def test_stop_strings_and_eos(lm):
       assert toks[-1] == 2
     else:
       assert len(toks) == 40
-    assert np.all(g.tokens[row, len(toks):] == lm.pad_id())
+    assert np.all(g.tokens[row, len(toks) :] == lm.pad_id())
   assert "stop" in seen  # at T=2 over 16 x 40 draws a stop token shows up
 
 
@@ -132,10 +139,14 @@ def test_branching_a_prefilled_cache(lm):
 
 def test_argmax_first_is_jnp_argmax_with_ties_infs_and_nans():
   nan, inf = float("nan"), float("inf")
-  logits = jnp.array([[1.0, 3.0, 3.0, 2.0],  # tie: the first of the two 3s, index 1
-                      [-inf, -inf, -inf, -inf],  # all -inf: every entry is the max, index 0
-                      [0.0, nan, 5.0, nan],  # a NaN wins (numpy/jnp argmax), the first one: index 1
-                      [-2.0, -1.0, inf, inf]])  # the first +inf: index 2
+  logits = jnp.array(
+    [
+      [1.0, 3.0, 3.0, 2.0],  # tie: the first of the two 3s, index 1
+      [-inf, -inf, -inf, -inf],  # all -inf: every entry is the max, index 0
+      [0.0, nan, 5.0, nan],  # a NaN wins (numpy/jnp argmax), the first one: index 1
+      [-2.0, -1.0, inf, inf],
+    ]
+  )  # the first +inf: index 2
   got = np.asarray(argmax_first(logits))
   np.testing.assert_array_equal(got, [1, 0, 1, 2])
   np.testing.assert_array_equal(got, np.asarray(jnp.argmax(logits, axis=-1)))
@@ -149,13 +160,19 @@ def test_last_only_logits_are_the_last_position_of_all_logits(lm):
   ids = jnp.asarray(np.random.RandomState(3).randint(3, 90, (2, 7)), jnp.int32)
   mask = jnp.asarray([[0, 0, 1, 1, 1, 1, 1], [1] * 7], jnp.int32)  # left padding in row 0
   spec = CaptureSpec(hidden_layers=(-1,))
-  full, cap_full, c_full = extend(lm.static_graph, lm.params, lm.new_cache(2, 16), ids, mask, capture=spec,
-                                  lockstep=True)
-  last, cap_last, c_last = extend(lm.static_graph, lm.params, lm.new_cache(2, 16), ids, mask, capture=spec,
-                                  lockstep=True, last_only=True)
+  full, cap_full, c_full = extend(
+    lm.static_graph, lm.params, lm.new_cache(2, 16), ids, mask, capture=spec, lockstep=True
+  )
+  last, cap_last, c_last = extend(
+    lm.static_graph, lm.params, lm.new_cache(2, 16), ids, mask, capture=spec, lockstep=True, last_only=True
+  )
   assert last.shape == (2, 1, full.shape[-1])
   np.testing.assert_allclose(np.asarray(last[:, 0]), np.asarray(full[:, -1]), rtol=1e-6, atol=1e-6)
   layer = max(cap_full["hidden_states"])
-  np.testing.assert_allclose(np.asarray(cap_last["hidden_states"][layer][:, -1]),
-                             np.asarray(cap_full["hidden_states"][layer][:, -1]), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(cap_last["hidden_states"][layer][:, -1]),
+    np.asarray(cap_full["hidden_states"][layer][:, -1]),
+    rtol=1e-6,
+    atol=1e-6,
+  )
   np.testing.assert_array_equal(np.asarray(c_last.k[0]), np.asarray(c_full.k[0]))

@@ -44,8 +44,9 @@ class OwnScorer(StepScorer):
 
 def _probe(spec, dim, fingerprint=None):
   cfg = ProbeConfig(feature_dim=dim, d_model=8, n_layers=1, n_heads=2, ff_dim=8)
-  return get_scorer("probe", bundle=ProbeBundle.create(cfg, nnx.split(Probe(cfg, rngs=nnx.Rngs(0)))[1], spec,
-                                                       fingerprint))
+  return get_scorer(
+    "probe", bundle=ProbeBundle.create(cfg, nnx.split(Probe(cfg, rngs=nnx.Rngs(0)))[1], spec, fingerprint)
+  )
 
 
 def test_built_in_scorers_declare_what_they_need(lm):  # noqa: F811

@@ -13,8 +13,16 @@ from flax import struct
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import SamplingParams
-from reprobe_jax.scorers import (ScoreInputs, StepScorer, get_scorer, inputs_from_state, prompt_rows, score,
-                                 step_token_mask, take_carry)
+from reprobe_jax.scorers import (
+  ScoreInputs,
+  StepScorer,
+  get_scorer,
+  inputs_from_state,
+  prompt_rows,
+  score,
+  step_token_mask,
+  take_carry,
+)
 from reprobe_jax.tts import SearchConfig
 from reprobe_jax.tts.beam import beam_search
 from reprobe_jax.tts.best_of_n import best_of_n
@@ -62,8 +70,7 @@ class PrefixScorer(StepScorer):
 
   def init_carry(self, inputs, room):
     b = inputs.token_mask.shape[0]
-    return {"prompt": self._prompt(inputs), "buf": jnp.zeros((b, room), jnp.int32),
-            "fill": jnp.zeros((b,), jnp.int32)}
+    return {"prompt": self._prompt(inputs), "buf": jnp.zeros((b, room), jnp.int32), "fill": jnp.zeros((b,), jnp.int32)}
 
   def advance(self, carry, inputs, span):
     mask = inputs.token_mask
@@ -96,9 +103,12 @@ def _random_rows(rng, b=5, t=24, s=6, tp=7, vocab=60):
   lengths = rng.integers(1, t, b)
   prompts = [list(rng.integers(0, vocab, rng.integers(1, tp + 1))) for _ in range(b)]
   ids, pmask = prompt_rows(prompts, 1, b)
-  inputs = ScoreInputs(token_mask=jnp.asarray(np.arange(t)[None] < lengths[:, None]),
-                       tokens=jnp.asarray(rng.integers(0, vocab, (b, t)), jnp.int32), prompt_ids=jnp.asarray(ids),
-                       prompt_mask=jnp.asarray(pmask))
+  inputs = ScoreInputs(
+    token_mask=jnp.asarray(np.arange(t)[None] < lengths[:, None]),
+    tokens=jnp.asarray(rng.integers(0, vocab, (b, t)), jnp.int32),
+    prompt_ids=jnp.asarray(ids),
+    prompt_mask=jnp.asarray(pmask),
+  )
   cuts = np.sort(rng.integers(0, t + 1, (b, s - 1)), axis=1)
   cuts[:, 1] = cuts[:, 0]  # an empty step in every row
   edges = np.concatenate([np.zeros((b, 1), int), cuts, np.full((b, 1), t)], axis=1)
@@ -148,8 +158,12 @@ def test_take_carry_gathers_rows_of_every_leaf_and_stateless_scorers_keep_no_car
 
 
 def test_score_inputs_check_the_prompt_and_token_fields():
-  inputs = ScoreInputs(token_mask=jnp.ones((2, 5), bool), tokens=jnp.zeros((2, 4), jnp.int32),
-                       prompt_ids=jnp.zeros((2, 3), jnp.int32), prompt_mask=jnp.ones((2, 3), bool))
+  inputs = ScoreInputs(
+    token_mask=jnp.ones((2, 5), bool),
+    tokens=jnp.zeros((2, 4), jnp.int32),
+    prompt_ids=jnp.zeros((2, 3), jnp.int32),
+    prompt_mask=jnp.ones((2, 3), bool),
+  )
   assert inputs.get("prompt_ids", "x").shape == (2, 3) and inputs.get("prompt_mask", "x").shape == (2, 3)
   with pytest.raises(ConfigError, match=r"ScoreInputs.tokens has shape \(2, 4\); token_mask is \(2, 5\)"):
     inputs.get("tokens", "x")
@@ -187,10 +201,12 @@ def _own_scores(scorer, prompt, cand):
   ids = list(cand.response_ids) or [0]
   spans = np.asarray(cand.steps, np.int32).reshape(1, -1, 2)
   pids, pmask = prompt_rows([prompt], 1, 1)
-  inputs = ScoreInputs(token_mask=jnp.asarray([[True] * len(cand.response_ids) + [False] * (len(ids) -
-                                                                                             len(cand.response_ids))]),
-                       tokens=jnp.asarray([ids], jnp.int32), prompt_ids=jnp.asarray(pids),
-                       prompt_mask=jnp.asarray(pmask))
+  inputs = ScoreInputs(
+    token_mask=jnp.asarray([[True] * len(cand.response_ids) + [False] * (len(ids) - len(cand.response_ids))]),
+    tokens=jnp.asarray([ids], jnp.int32),
+    prompt_ids=jnp.asarray(pids),
+    prompt_mask=jnp.asarray(pmask),
+  )
   return np.asarray(score(scorer, inputs, jnp.asarray(spans)))[0]
 
 
@@ -198,9 +214,15 @@ def _own_scores(scorer, prompt, cand):
 CFG = dict(n=3, max_steps=8, max_new_tokens=32, sampling=SamplingParams(1.0, top_k=0, top_p=1.0), seed=2)
 
 
-@pytest.mark.parametrize("strategy,lookahead", [pytest.param("beam", 0, marks=pytest.mark.slow), ("dvts", 0),
-                                                pytest.param("beam", 1, marks=pytest.mark.slow),
-                                                pytest.param("dvts", 1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "strategy,lookahead",
+  [
+    pytest.param("beam", 0, marks=pytest.mark.slow),
+    ("dvts", 0),
+    pytest.param("beam", 1, marks=pytest.mark.slow),
+    pytest.param("dvts", 1, marks=pytest.mark.slow),
+  ],
+)
 def test_search_with_a_stateful_scorer_scores_every_kept_step_on_its_own_row(lm, strategy, lookahead):  # noqa: F811
   """Each kept candidate's step scores are the scorer's on that candidate's prompt and steps alone (with a lookahead:
   its last step, scored without one); the whole result equals the same search with the stateless twin."""
@@ -223,16 +245,24 @@ def test_search_with_a_stateful_scorer_scores_every_kept_step_on_its_own_row(lm,
       multi += len(cand.steps) > 1
   assert checked >= 4 and multi >= 3, (checked, multi)
   if lookahead:  # the lookahead's scores are not the candidates' own: some earlier step differs
-    assert any(c.step_scores[:-1] != tuple(_own_scores(PrefixScorer(), p, c))[:-1] for p, r in zip(PROMPTS, got)
-               for c in r.candidates)
+    assert any(
+      c.step_scores[:-1] != tuple(_own_scores(PrefixScorer(), p, c))[:-1]
+      for p, r in zip(PROMPTS, got)
+      for c in r.candidates
+    )
 
 
 def test_a_second_stateful_search_in_the_same_buckets_compiles_nothing(lm, compile_counter):  # noqa: F811
   cfg = SearchConfig("beam", beams=2, **CFG)
   first = beam_search(lm, PrefixScorer(), PROMPTS, cfg, prompt_seeds=[4, 5, 6])
   before = compile_counter.count
-  again = beam_search(lm, PrefixScorer(), [[1, 30, 31], [1, 32, 33, 34, 35, 36], [1, 37]],
-                      SearchConfig("beam", beams=2, **{**CFG, "max_steps": 5, "seed": 7}), prompt_seeds=[1, 2, 3])
+  again = beam_search(
+    lm,
+    PrefixScorer(),
+    [[1, 30, 31], [1, 32, 33, 34, 35, 36], [1, 37]],
+    SearchConfig("beam", beams=2, **{**CFG, "max_steps": 5, "seed": 7}),
+    prompt_seeds=[1, 2, 3],
+  )
   assert compile_counter.count == before, f"{compile_counter.count - before} compilations in a same-bucket search"
   assert again != first
 
@@ -284,11 +314,15 @@ class ReadsFeatures(PrefixScorer):
     return {**super().init_carry(inputs, room), "f": inputs.get("features", self.name)[:, 0, 0]}
 
 
-@pytest.mark.parametrize("broken,match", [
+@pytest.mark.parametrize(
+  "broken,match",
+  [
     (NoRows(), r"scorer 'prefix' cannot score.*init_carry must return leaves of leading dim B = 2.*\[\(\)\]"),
     (Misfit(), r"scorer 'prefix' cannot score.*(shapes|broadcast)"),
     (Grows(), r"scorer 'prefix' cannot score.*advance must return a carry of init_carry's structure"),
-    (ReadsFeatures(), r"scorer 'prefix' cannot score.*reads ScoreInputs.features, which is None")])
+    (ReadsFeatures(), r"scorer 'prefix' cannot score.*reads ScoreInputs.features, which is None"),
+  ],
+)
 def test_a_broken_stateful_scorer_fails_before_any_decoding(lm, compile_counter, broken, match):  # noqa: F811
   cfg = SearchConfig("beam", beams=2, **CFG)
   beam_search(lm, PrefixScorer(), PROMPTS[:1], cfg)  # the tables a search builds once per model

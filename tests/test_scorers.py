@@ -12,8 +12,17 @@ from flax import nnx
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureSpec
 from reprobe_jax.probe import Probe, ProbeBundle, ProbeConfig, save_probe
-from reprobe_jax.scorers import (SCORERS, ProbeScorer, ScoreInputs, get_scorer, pad_rows, register_scorer, score,
-                                 score_newest, score_rows)
+from reprobe_jax.scorers import (
+  SCORERS,
+  ProbeScorer,
+  ScoreInputs,
+  get_scorer,
+  pad_rows,
+  register_scorer,
+  score,
+  score_newest,
+  score_rows,
+)
 
 F = 6
 CFG = ProbeConfig(feature_dim=F, d_model=16, n_layers=2, n_heads=2, ff_dim=32)
@@ -72,8 +81,8 @@ def test_scorer_runs_inside_a_jitted_while_loop():
     def body(carry):
       k, out = carry
       return k + 1, out.at[:, k].set(scorer.score_newest(inputs, spans[:, k]))
-    _, out = jax.lax.while_loop(lambda c: c[0] < spans.shape[1], body,
-                                (0, jnp.zeros(spans.shape[:2], jnp.float32)))
+
+    _, out = jax.lax.while_loop(lambda c: c[0] < spans.shape[1], body, (0, jnp.zeros(spans.shape[:2], jnp.float32)))
     return out
 
   looped = np.asarray(newest_each_round(scorer, inputs, jnp.asarray(padded)))
@@ -119,15 +128,16 @@ def test_registry():
 
 def test_pad_rows_names_the_row_that_does_not_fit():
   from reprobe_jax.errors import DataFormatError
+
   good = {"logprobs": np.zeros(4), "entropy": np.zeros(4)}
   inputs, spans = pad_rows([good], [np.array([[0, 4]])], batch_size=2)
   assert inputs.logprobs.shape == (2, 16) and spans.shape == (2, 4, 2) and inputs.token_mask.sum() == 4
   cases = [
-      ([good, {"logprobs": np.zeros(4)}], [np.array([[0, 4]])] * 2, "row 1 has fields"),
-      ([{"logprobs": np.zeros(4), "entropy": np.zeros(3)}], [np.array([[0, 3]])], "row 0: entropy has 3 tokens"),
-      ([good], [np.array([[2, 5]])], r"row 0: a step span leaves the row's 4 tokens"),
-      ([good], [], "one spans array per row"),
-      ([{"logits": np.zeros(4)}], [np.array([[0, 1]])], "expected some of"),
+    ([good, {"logprobs": np.zeros(4)}], [np.array([[0, 4]])] * 2, "row 1 has fields"),
+    ([{"logprobs": np.zeros(4), "entropy": np.zeros(3)}], [np.array([[0, 3]])], "row 0: entropy has 3 tokens"),
+    ([good], [np.array([[2, 5]])], r"row 0: a step span leaves the row's 4 tokens"),
+    ([good], [], "one spans array per row"),
+    ([{"logits": np.zeros(4)}], [np.array([[0, 1]])], "expected some of"),
   ]
   for rows, spans, match in cases:
     with pytest.raises(DataFormatError, match=match):

@@ -128,7 +128,7 @@ def test_maybe_initialize_distributed_is_a_no_op_on_one_host(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ 8-device parity
 
-_PARITY_SCRIPT = textwrap.dedent('''
+_PARITY_SCRIPT = textwrap.dedent("""
     import os, sys, tempfile
     import numpy as np
     import torch
@@ -214,7 +214,7 @@ _PARITY_SCRIPT = textwrap.dedent('''
         np.testing.assert_allclose(gb.features[k], ga.features[k], atol=1e-5, rtol=1e-5, err_msg=k)
       assert ga.tokens.shape == (len(prompts) * kw["n"], 10)
     print("PARITY OK")
-''')
+""")
 
 
 @pytest.mark.slow  # a subprocess on 8 host devices (about 50 s on 2 cores); .ci/run runs it
@@ -228,18 +228,28 @@ def test_sharded_load_forward_and_generate_match_unsharded(tmp_path):
     env.pop(k, None)
   proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0 and "PARITY OK" in proc.stdout, (
-      f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+    f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+  )
 
 
 def test_single_device_mesh_loads_replicated(tmp_path):
   """A 1x1x1 mesh on this process's one device: everything is replicated and forward still works."""
   from reprobe_jax.models import ModelConfig, LanguageModel, load_pretrained
-  cfg = ModelConfig(family="llama", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                    num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    max_position_embeddings=64,
+  )
   LanguageModel.random(cfg, seed=0).save_pretrained(str(tmp_path / "m"))
   mesh = make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
   model = load_pretrained(str(tmp_path / "m"), mesh=mesh, tokenizer=False)
   plain = load_pretrained(str(tmp_path / "m"), tokenizer=False)
   ids = np.arange(1, 9, dtype=np.int32)[None]
-  np.testing.assert_allclose(np.asarray(model.forward(ids).logits), np.asarray(plain.forward(ids).logits),
-                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(model.forward(ids).logits), np.asarray(plain.forward(ids).logits), atol=1e-6)

@@ -14,8 +14,15 @@ from reprobe_jax.spae.potential import ProbeConfig
 
 
 def _cfg(**kw):
-  base = dict(problems=2, domains=("arithmetic", "qa"), in_domain=("arithmetic",), difficulties=(1,), samples=2,
-              max_new_tokens=24, batch_size=4)
+  base = dict(
+    problems=2,
+    domains=("arithmetic", "qa"),
+    in_domain=("arithmetic",),
+    difficulties=(1,),
+    samples=2,
+    max_new_tokens=24,
+    batch_size=4,
+  )
   base.update(kw)
   return job.SPAEJobConfig(**base)
 
@@ -24,8 +31,15 @@ def test_job_writes_its_report_and_resumes(synthetic_lm, tmp_path, monkeypatch):
   cfg, pcfg = _cfg(), ProbeConfig(samples=2, max_tokens=3)
   result = job.evaluate(synthetic_lm, cfg, pcfg, str(tmp_path))
   folder = result["directory"]
-  for name in ("metrics.json", "table.md", "curves_in_domain.png", "curves_out_of_domain.png",
-               "displacement_in_domain.png", "rows_arithmetic_plain.jsonl", "rows_qa_truncated.jsonl"):
+  for name in (
+    "metrics.json",
+    "table.md",
+    "curves_in_domain.png",
+    "curves_out_of_domain.png",
+    "displacement_in_domain.png",
+    "rows_arithmetic_plain.jsonl",
+    "rows_qa_truncated.jsonl",
+  ):
     assert os.path.exists(os.path.join(folder, name)), name
   with open(os.path.join(folder, "metrics.json")) as f:
     stored = json.load(f)
@@ -56,12 +70,15 @@ def test_job_config_is_checked_with_field_names():
   assert job.job_config_from_dict({"problems": 5}).problems == 5
 
 
-@pytest.mark.parametrize("sampling, match", [
+@pytest.mark.parametrize(
+  "sampling, match",
+  [
     ({"temperature": 0}, r"^config\.spae\.sampling\.temperature: expected a finite number > 0\.0, got 0\.0$"),
     ({"temperature": float("nan")}, r"^config\.spae\.sampling\.temperature: expected a finite number >= 0\.0"),
     ({"top_p": 0.0}, r"^config\.spae\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]"),
     ({"top_k": -1}, r"^config\.spae\.sampling\.top_k: expected an int >= 0, got -1$"),
-])
+  ],
+)
 def test_job_sampling_is_checked_at_its_path(sampling, match):
   with pytest.raises(ConfigError, match=match):
     job.job_config_from_dict({"sampling": sampling})

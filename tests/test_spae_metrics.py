@@ -14,8 +14,15 @@ import pytest
 
 from reprobe_jax.steps.boundary import StepBoundary
 from reprobe_jax.errors import ConfigError, DataFormatError
-from reprobe_jax.spae.metrics import (ThinkingOutcome, metrics_markdown, outcome_from, plot_curves,
-                                      plot_displacement, potential_curves, summarise)
+from reprobe_jax.spae.metrics import (
+  ThinkingOutcome,
+  metrics_markdown,
+  outcome_from,
+  plot_curves,
+  plot_displacement,
+  potential_curves,
+  summarise,
+)
 from reprobe_jax.spae.potential import StepPotentials, step_potential
 from reprobe_jax.spae.prober import boundary_marks
 from reprobe_jax.tasks import Problem, TraceNoise, make_problems, render_thinking, solve
@@ -24,8 +31,13 @@ from reprobe_jax.tasks.formats import conclude_paragraph, reflect_paragraph, wor
 NAN = math.nan
 
 # 12 + 5 = 17, 17 * 3 = 51, 51 - 4 = 47, 47 + 10 = 57
-ARITH = Problem(id="arith", domain="arithmetic", question="Start with 12. Add 5. Multiply by 3. Subtract 4. Add 10.",
-                answer="57", data={"start": 12, "ops": [["+", 5], ["*", 3], ["-", 4], ["+", 10]]})
+ARITH = Problem(
+  id="arith",
+  domain="arithmetic",
+  question="Start with 12. Add 5. Multiply by 3. Subtract 4. Add 10.",
+  answer="57",
+  data={"start": 12, "ops": [["+", 5], ["*", 3], ["-", 4], ["+", 10]]},
+)
 ARITH_REF = ["12 + 5 = 17", "17 * 3 = 51", "51 - 4 = 47", "47 + 10 = 57"]
 
 
@@ -33,30 +45,39 @@ def outcome(pid, n, think_end, correct, phi, kinds, oracle, cuts, acc=None, conf
   phi = np.asarray(phi, float)
   acc = np.where(np.isnan(phi), NAN, 0.5) if acc is None else acc
   conf = np.where(np.isnan(phi), NAN, 0.5) if conf is None else conf
-  return ThinkingOutcome(problem_id=pid, n_tokens=n, think_end=think_end, correct=correct, cuts=np.asarray(cuts, int),
-                         acc=acc, conf=conf, phi=phi, kinds=tuple(kinds), oracle=oracle)
+  return ThinkingOutcome(
+    problem_id=pid,
+    n_tokens=n,
+    think_end=think_end,
+    correct=correct,
+    cuts=np.asarray(cuts, int),
+    acc=acc,
+    conf=conf,
+    phi=phi,
+    kinds=tuple(kinds),
+    oracle=oracle,
+  )
 
 
 def worked():
   """Eight trajectories, four problems, k = 2; every number of `summarise` below is worked out by hand."""
   return [
-      # correct, saturated at boundary 1 = the oracle: solving 30, checking 80 - 30 = 50, 2 reflects after it
-      outcome("p1", 100, 80, True, [0.1, 0.95, 0.97, 0.99], ["step", "step", "reflect", "reflect"], 1,
-              [9, 29, 49, 69]),
-      # correct, saturated at 0, oracle 1 (early by 1): solving 20, checking 30, 1 reflect after
-      outcome("p1", 60, 50, True, [0.95, 0.5], ["step", "reflect"], 1, [19, 39]),
-      # wrong although boundary 1 is saturated (R2W); its last boundary skipped (NaN)
-      outcome("p2", 40, None, False, [0.2, 0.92, NAN], ["step", "step", "other"], 2, [9, 19, 29]),
-      # correct, oracle 0, never saturated (a skipped boundary and 0.3)
-      outcome("p2", 200, 150, True, [NAN, 0.3], ["reflect", "step"], 0, [49, 99]),
-      # correct, oracle 0, saturated at 2 (late by 2): solving 30, checking 85 - 30 = 55, 1 reflect after
-      outcome("p3", 90, 85, True, [0.0, 0.5, 0.91, 0.95], ["step", "step", "step", "reflect"], 0, [9, 19, 29, 39]),
-      # correct without an oracle step (not in the agreement), saturated at 0: solving 5, checking 8 - 5 = 3
-      outcome("p3", 10, 8, True, [0.99], ["other"], None, [4]),
-      # wrong, no boundaries at all (never saturated)
-      outcome("p4", 30, None, False, [], [], None, []),
-      # wrong, never saturated (0.9 itself is not > eps_sat)
-      outcome("p4", 20, 18, False, [0.5, 0.9], ["step", "step"], 1, [5, 15]),
+    # correct, saturated at boundary 1 = the oracle: solving 30, checking 80 - 30 = 50, 2 reflects after it
+    outcome("p1", 100, 80, True, [0.1, 0.95, 0.97, 0.99], ["step", "step", "reflect", "reflect"], 1, [9, 29, 49, 69]),
+    # correct, saturated at 0, oracle 1 (early by 1): solving 20, checking 30, 1 reflect after
+    outcome("p1", 60, 50, True, [0.95, 0.5], ["step", "reflect"], 1, [19, 39]),
+    # wrong although boundary 1 is saturated (R2W); its last boundary skipped (NaN)
+    outcome("p2", 40, None, False, [0.2, 0.92, NAN], ["step", "step", "other"], 2, [9, 19, 29]),
+    # correct, oracle 0, never saturated (a skipped boundary and 0.3)
+    outcome("p2", 200, 150, True, [NAN, 0.3], ["reflect", "step"], 0, [49, 99]),
+    # correct, oracle 0, saturated at 2 (late by 2): solving 30, checking 85 - 30 = 55, 1 reflect after
+    outcome("p3", 90, 85, True, [0.0, 0.5, 0.91, 0.95], ["step", "step", "step", "reflect"], 0, [9, 19, 29, 39]),
+    # correct without an oracle step (not in the agreement), saturated at 0: solving 5, checking 8 - 5 = 3
+    outcome("p3", 10, 8, True, [0.99], ["other"], None, [4]),
+    # wrong, no boundaries at all (never saturated)
+    outcome("p4", 30, None, False, [], [], None, []),
+    # wrong, never saturated (0.9 itself is not > eps_sat)
+    outcome("p4", 20, 18, False, [0.5, 0.9], ["step", "step"], 1, [5, 15]),
   ]
 
 
@@ -93,8 +114,10 @@ def test_summarise_worked_example():
 
 def test_r2w_and_empty_populations_are_nan_not_errors():
   """All wrong and all saturated: R2W 1; nothing correct, so every correct-only number is NaN (JSON null)."""
-  outs = [outcome("q", 20, 10, False, [0.95], ["step"], 0, [4]), outcome("q", 20, None, False, [0.1, 0.99],
-                                                                         ["step", "reflect"], None, [4, 9])]
+  outs = [
+    outcome("q", 20, 10, False, [0.95], ["step"], 0, [4]),
+    outcome("q", 20, None, False, [0.1, 0.99], ["step", "reflect"], None, [4, 9]),
+  ]
   m = summarise(outs, 2)
   assert m.r2w == 1.0 and m.saturated_share == 1.0 and m.acc_at_k == 0.0
   for name in ("solving_tokens", "checking_tokens", "checking_share", "reflect_after_saturation", "oracle_agreement"):
@@ -103,17 +126,24 @@ def test_r2w_and_empty_populations_are_nan_not_errors():
   blob = json.loads(json.dumps(m.to_json(), allow_nan=False))
   assert blob["oracle_agreement"] is None and blob["solving_tokens"] is None
   # a right answer never saturated is no R2W, and a wrong one never saturated is none either
-  m = summarise([outcome("q", 20, 10, True, [0.2], ["step"], 0, [4]), outcome("q", 20, 10, False, [NAN], ["step"],
-                                                                              0, [4])], 2)
+  m = summarise(
+    [outcome("q", 20, 10, True, [0.2], ["step"], 0, [4]), outcome("q", 20, 10, False, [NAN], ["step"], 0, [4])], 2
+  )
   assert m.r2w == 0.0 and m.saturated_share == 0.0 and m.displacement_counts["never"] == 1
 
 
 def test_displacement_categories():
   def one(phi, oracle):
-    return outcome("d", 50, 45, True, phi, ["step"] * len(phi), oracle, [5, 15, 25, 35][:len(phi)])
+    return outcome("d", 50, 45, True, phi, ["step"] * len(phi), oracle, [5, 15, 25, 35][: len(phi)])
 
-  outs = [one([0.1, 0.95, 0.1, 0.1], 1), one([0.1, 0.1, 0.1, 0.95], 1), one([0.91, 0.1, 0.1, 0.1], 3),
-          one([0.1, 0.1, 0.1, 0.1], 2), one([0.1, 0.1, 0.1, 0.1], 0), one([0.1, 0.1, 0.95, 0.99], 2)]
+  outs = [
+    one([0.1, 0.95, 0.1, 0.1], 1),
+    one([0.1, 0.1, 0.1, 0.95], 1),
+    one([0.91, 0.1, 0.1, 0.1], 3),
+    one([0.1, 0.1, 0.1, 0.1], 2),
+    one([0.1, 0.1, 0.1, 0.1], 0),
+    one([0.1, 0.1, 0.95, 0.99], 2),
+  ]
   m = summarise(outs, 6)
   assert dict(m.displacement_counts) == {"synchronised": 2, "early": 1, "late": 1, "never": 2}
   assert m.displacements == (0, 2, -3, 0) and m.oracle_agreement == 2 / 6 and m.oracle_count == 6
@@ -149,13 +179,16 @@ def test_outcome_rejects_inconsistent_fields():
 
 # --- curves -------------------------------------------------------------------------------------------------------
 
+
 def test_potential_curves_worked_example():
   curves = potential_curves(worked(), bins=4)
   np.testing.assert_allclose(curves.edges, [0, 0.25, 0.5, 0.75, 1])
   # correct: p1 (4 boundaries -> bins 0..3), p1 (2 -> bins 1, 3), p2 (NaN skipped, 0.3 -> bin 3), p3 (0..3), p3 (3)
   np.testing.assert_array_equal(curves.correct.count, [2, 3, 2, 5])
-  np.testing.assert_allclose(curves.correct.phi, [(0.1 + 0.0) / 2, (0.95 + 0.95 + 0.5) / 3, (0.97 + 0.91) / 2,
-                                                  (0.99 + 0.5 + 0.3 + 0.95 + 0.99) / 5])
+  np.testing.assert_allclose(
+    curves.correct.phi,
+    [(0.1 + 0.0) / 2, (0.95 + 0.95 + 0.5) / 3, (0.97 + 0.91) / 2, (0.99 + 0.5 + 0.3 + 0.95 + 0.99) / 5],
+  )
   # wrong: p2 (3 boundaries at 1/3, 2/3, 1 -> bins 1, 2, [3 skipped]), p4 (none), p4 (2 -> bins 1, 3)
   np.testing.assert_array_equal(curves.wrong.count, [0, 2, 1, 1])
   assert math.isnan(curves.wrong.phi[0])
@@ -168,10 +201,12 @@ def test_potential_curves_worked_example():
 def test_curve_bins_are_exact_at_edges():
   """Boundary c of C lies at (c + 1) / C in (0, 1]: 10 of 10 fill the 10 bins one each (3/10 is bin 2, not bin 3 as
   ceil(0.3 * 10) in floats would say), 5 of 10 the odd bins, 3 of 10 bins 3, 6 and 9."""
+
   def one(c, values):
     values = np.asarray(values, float)
-    return outcome("c", 100, None, True, values, ["step"] * c, None, np.arange(c) * 5 + 1, acc=values / 2,
-                   conf=1 - values)
+    return outcome(
+      "c", 100, None, True, values, ["step"] * c, None, np.arange(c) * 5 + 1, acc=values / 2, conf=1 - values
+    )
 
   curves = potential_curves([one(10, np.arange(10) / 10)], bins=10)
   np.testing.assert_array_equal(curves.correct.count, [1] * 10)
@@ -180,8 +215,9 @@ def test_curve_bins_are_exact_at_edges():
   np.testing.assert_allclose(curves.correct.conf, 1 - np.arange(10) / 10)
   curves = potential_curves([one(5, [0.1, 0.2, 0.3, 0.4, 0.5]), one(3, [0.7, 0.8, 0.9])], bins=10)
   np.testing.assert_array_equal(curves.correct.count, [0, 1, 0, 2, 0, 1, 1, 1, 0, 2])
-  np.testing.assert_allclose(curves.correct.phi[[1, 3, 5, 6, 7, 9]], [0.1, (0.2 + 0.7) / 2, 0.3, 0.8, 0.4,
-                                                                       (0.5 + 0.9) / 2])
+  np.testing.assert_allclose(
+    curves.correct.phi[[1, 3, 5, 6, 7, 9]], [0.1, (0.2 + 0.7) / 2, 0.3, 0.8, 0.4, (0.5 + 0.9) / 2]
+  )
   assert np.isnan(curves.correct.phi[[0, 2, 4, 8]]).all() and np.isnan(curves.wrong.phi).all()
   for bad in (0, 2.5, None):
     with pytest.raises(ConfigError, match="bins"):
@@ -189,6 +225,7 @@ def test_curve_bins_are_exact_at_edges():
 
 
 # --- reports ------------------------------------------------------------------------------------------------------
+
 
 def test_markdown_table():
   m = summarise(worked(), 2)
@@ -207,9 +244,11 @@ def test_markdown_table():
 
 def test_plots_write_pngs(tmp_path):
   m = summarise(worked(), 2)
-  for name, write in (("curves.png", lambda p: plot_curves(potential_curves(worked()), p)),
-                      ("displacement.png", lambda p: plot_displacement(m, p)),
-                      ("empty.png", lambda p: plot_displacement(summarise([worked()[6]], 1), p))):
+  for name, write in (
+    ("curves.png", lambda p: plot_curves(potential_curves(worked()), p)),
+    ("displacement.png", lambda p: plot_displacement(m, p)),
+    ("empty.png", lambda p: plot_displacement(summarise([worked()[6]], 1), p)),
+  ):
     write(str(tmp_path / name))
     with open(tmp_path / name, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -218,18 +257,25 @@ def test_plots_write_pngs(tmp_path):
 
 # --- outcome_from -------------------------------------------------------------------------------------------------
 
+
 def _paragraphs():
   """ARITH's chain (established after paragraph 3, 'Step 4'), a conclusion, two re-checks."""
-  return [*(work_paragraph(s, k) for k, s in enumerate(ARITH_REF, 1)), conclude_paragraph("57"),
-          reflect_paragraph("17 * 3 = 51"), reflect_paragraph("12 + 5 = 17", 1)]
+  return [
+    *(work_paragraph(s, k) for k, s in enumerate(ARITH_REF, 1)),
+    conclude_paragraph("57"),
+    reflect_paragraph("17 * 3 = 51"),
+    reflect_paragraph("12 + 5 = 17", 1),
+  ]
 
 
 @functools.lru_cache(maxsize=None)
 def tokenizer():
   from reprobe_jax.synthetic.tokenizer import build_tokenizer
+
   problems = make_problems("arithmetic", 6, 0, 2)
   corpus = [render_thinking(_paragraphs(), "57")] + [
-      solve(p, "arithmetic", np.random.default_rng(i), "thinking").text for i, p in enumerate(problems)]
+    solve(p, "arithmetic", np.random.default_rng(i), "thinking").text for i, p in enumerate(problems)
+  ]
   return build_tokenizer(corpus * 4, 500)
 
 

@@ -1,7 +1,7 @@
-"""SPAE's step potential (docs/method.md §B1) and probe-truncated decoding (B3), held to direct forwards and to one-at-a-time
-runs. Two tiny models: `synthetic_lm` (random, the synthetic worlds' tokenizer) for the probe's arithmetic, and a
-model trained here for a few seconds to memorise four thinking traces, so that it writes paragraph boundaries by
-itself for the decoding tests."""
+"""SPAE's step potential (docs/method.md §B1) and probe-truncated decoding (B3), held to direct forwards and to
+one-at-a-time runs. Two tiny models: `synthetic_lm` (random, the synthetic worlds' tokenizer) for the probe's
+arithmetic, and a model trained here for a few seconds to memorise four thinking traces, so that it writes paragraph
+boundaries by itself for the decoding tests."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def test_step_potential_corners_and_a_worked_example():
 def _thinking_set(lm, n=6):
   """Prompt ids, response ids (the clean thinking trace up to and including '</think>') and answers."""
   from reprobe_jax.trajectories import prompt_text
+
   problems = make_problems("arithmetic", n, 11, 2)
   traces = solve_many(problems, "thinking", 0, TraceNoise.clean())
   tok = lm.tokenizer
@@ -47,7 +48,7 @@ def _thinking_set(lm, n=6):
   responses = []
   for t in traces:
     ids = tok(t.text, add_special_tokens=False)["input_ids"]
-    responses.append(ids[:ids.index(close) + 1])
+    responses.append(ids[: ids.index(close) + 1])
   return problems, prompts, responses, [p.answer for p in problems]
 
 
@@ -84,7 +85,7 @@ def test_acc_is_teacher_forced_on_the_answer_tokens(synthetic_lm):
   for p, r, a, pot in zip(prompts, responses, answers, pots):
     y = tok(a, add_special_tokens=False)["input_ids"]
     for c, cut in enumerate(pot.cuts):
-      ctx = list(p) + r[:cut + 1] + suffix
+      ctx = list(p) + r[: cut + 1] + suffix
       lp = _log_softmax(_logits(synthetic_lm, ctx + y))
       want = np.mean([np.exp(lp[len(ctx) - 1 + m, y[m]]) for m in range(len(y))])
       np.testing.assert_allclose(pot.acc[c], want, rtol=2e-4, atol=1e-6)
@@ -119,9 +120,9 @@ def test_conf_and_acc_against_a_direct_forward_of_the_sampled_path(synthetic_lm,
   for p, r, a, pot in zip(prompts, responses, answers, pots):
     y = tok(a, add_special_tokens=False)["input_ids"]
     for c, cut in enumerate(pot.cuts[:3]):
-      ctx = list(p) + r[:cut + 1] + suffix
+      ctx = list(p) + r[: cut + 1] + suffix
       path = _greedy_path(synthetic_lm, ctx, close, cfg.max_tokens)
-      lp = _log_softmax(_logits(synthetic_lm, ctx + path))[len(ctx) - 1:len(ctx) - 1 + len(path)]  # [L, V]
+      lp = _log_softmax(_logits(synthetic_lm, ctx + path))[len(ctx) - 1 : len(ctx) - 1 + len(path)]  # [L, V]
       probs = np.exp(lp)
       if reading == "paper":
         want_conf = np.exp(-np.mean([_entropy(q) for q in probs]))
@@ -204,18 +205,32 @@ def memoriser(tmp_path_factory):
   from reprobe_jax.models import ModelConfig, load_pretrained
   from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
   from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
+
   problems = make_problems("arithmetic", 4, 21, 1)
   traces = solve_many(problems, "thinking", 0, TraceNoise.clean())
   pairs = [(user_prompt(p, "thinking"), t.text) for p, t in zip(problems, traces)]
   tok = build_tokenizer([q + a for q, a in pairs], 400)
   data = encode_examples(tok, [(chat_prompt(tok, q), a) for q, a in pairs], (128, 192), prompt_weight=0.0)
-  cfg = ModelConfig(family="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_layers=2,
-                    num_heads=2, num_kv_heads=1, head_dim=32, tie_word_embeddings=True, max_position_embeddings=512,
-                    bos_token_id=tok.bos_token_id, eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id)
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=len(tok),
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=32,
+    tie_word_embeddings=True,
+    max_position_embeddings=512,
+    bos_token_id=tok.bos_token_id,
+    eos_token_ids=(tok.eos_token_id,),
+    pad_token_id=tok.pad_token_id,
+  )
   d = tmp_path_factory.mktemp("memoriser")
   opt = dataclasses.replace(TrainLMConfig().optimizer, learning_rate=1e-2, warmup_steps=10)
-  lm, losses = train_lm(cfg, data, TrainLMConfig(steps=200, batch_size=4, optimizer=opt, checkpoint_every=1000),
-                        str(d / "train"))
+  lm, losses = train_lm(
+    cfg, data, TrainLMConfig(steps=200, batch_size=4, optimizer=opt, checkpoint_every=1000), str(d / "train")
+  )
   lm.tokenizer = tok
   lm.save_pretrained(str(d / "model"))
   prompts = [chat_prompt(tok, q) for q, _ in pairs]
@@ -225,9 +240,21 @@ def memoriser(tmp_path_factory):
 def _decode(lm, problems, prompts, eps_sat, truncate, temperature=0.0, samples=1):
   prober = Prober(lm, ProbeConfig(samples=2, max_tokens=4, eps_sat=eps_sat))
   ids = lm.encode(prompts)
-  return prober, ids, decode_thinking(lm, prober, ids, [p.answer for p in problems], [7, 8, 9, 10][:len(ids)],
-                                      sampling=SamplingParams(temperature), max_new_tokens=96, samples=samples,
-                                      truncate=truncate)
+  return (
+    prober,
+    ids,
+    decode_thinking(
+      lm,
+      prober,
+      ids,
+      [p.answer for p in problems],
+      [7, 8, 9, 10][: len(ids)],
+      sampling=SamplingParams(temperature),
+      max_new_tokens=96,
+      samples=samples,
+      truncate=truncate,
+    ),
+  )
 
 
 @pytest.mark.slow  # trains the memoriser (about a minute) and decodes with probing
@@ -246,9 +273,12 @@ def test_plain_decoding_probes_every_boundary_as_the_post_hoc_prober_does(memori
   lm, problems, prompts, _ = memoriser
   prober, ids, rows = _decode(lm, problems, prompts, 0.9, False, temperature=1.0, samples=2)
   assert all(r.truncated_at is None for r in rows)
-  post = prober.potentials([ids[r.prompt_index] for r in rows], [list(r.response_ids) for r in rows],
-                           [problems[r.prompt_index].answer for r in rows],
-                           [trajectory_seed([7, 8, 9, 10][r.prompt_index], r.sample, 2) for r in rows])
+  post = prober.potentials(
+    [ids[r.prompt_index] for r in rows],
+    [list(r.response_ids) for r in rows],
+    [problems[r.prompt_index].answer for r in rows],
+    [trajectory_seed([7, 8, 9, 10][r.prompt_index], r.sample, 2) for r in rows],
+  )
   assert sum(len(p) for p in post) >= 8
   for r, p in zip(rows, post):
     np.testing.assert_array_equal(r.potentials.cuts, p.cuts)
@@ -271,12 +301,15 @@ def test_truncation_equals_decoding_the_truncated_prefix_and_think_close(memoris
     assert t.truncated_at == 0 and len(t.potentials) == 1
     k = int(t.potentials.cuts[0])
     assert k == int(p.potentials.cuts[0])
-    assert list(t.response_ids[:k + 1]) == list(p.response_ids[:k + 1])
-    assert list(t.response_ids[k + 1:k + 1 + len(close)]) == close
-    direct = lm.generate([list(ids[t.prompt_index]) + list(p.response_ids[:k + 1]) + close], SamplingParams(0.0),
-                         max_new_tokens=96 - (k + 1 + len(close)))
+    assert list(t.response_ids[: k + 1]) == list(p.response_ids[: k + 1])
+    assert list(t.response_ids[k + 1 : k + 1 + len(close)]) == close
+    direct = lm.generate(
+      [list(ids[t.prompt_index]) + list(p.response_ids[: k + 1]) + close],
+      SamplingParams(0.0),
+      max_new_tokens=96 - (k + 1 + len(close)),
+    )
     want = [x for x in direct.token_ids(0) if x != tok.eos_token_id]
-    assert list(t.response_ids[k + 1 + len(close):]) == want
+    assert list(t.response_ids[k + 1 + len(close) :]) == want
     assert len(t.potentials) < len(p.potentials)  # the plain row went on past its first boundary
     checked += 1
   assert checked >= 3

@@ -18,14 +18,22 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import load_tokenizer, smollm2_gguf_path
 from reprobe_jax.synthetic.tokenizer import build_tokenizer
 
-LINE = ("Reasoning Steps:\n- Step 1: 30 * 2 = 60\n- Step 2: 60 + 14 = 74\n\n- Step 3: 74 - 2 = 72\n"
-        "<Answer>: 72")
-THINK = ("<think>\nFirst, 30 * 2 = 60.\n\nNext, 60 + 14 = 74.\n\nWait, let me check: 60 + 14 = 74.\n\n</think>\n\n"
-         "**Final Answer**\n\\boxed{74}")
-PROSE = ("<think>\nThe value is 3.14 here, e.g. in the table. Then we add 2! Ok. Is that right? "
-         "Yes, it equals 5.14 exactly.</think> done")
-CORPUS = [LINE, THINK, PROSE, "- Step 1: move from attic to garage\n<Answer>: 1",
-          "the mentor of Ivan is Tara.\n\n"] * 20
+LINE = "Reasoning Steps:\n- Step 1: 30 * 2 = 60\n- Step 2: 60 + 14 = 74\n\n- Step 3: 74 - 2 = 72\n<Answer>: 72"
+THINK = (
+  "<think>\nFirst, 30 * 2 = 60.\n\nNext, 60 + 14 = 74.\n\nWait, let me check: 60 + 14 = 74.\n\n</think>\n\n"
+  "**Final Answer**\n\\boxed{74}"
+)
+PROSE = (
+  "<think>\nThe value is 3.14 here, e.g. in the table. Then we add 2! Ok. Is that right? "
+  "Yes, it equals 5.14 exactly.</think> done"
+)
+CORPUS = [
+  LINE,
+  THINK,
+  PROSE,
+  "- Step 1: move from attic to garage\n<Answer>: 1",
+  "the mentor of Ivan is Tara.\n\n",
+] * 20
 TOKENIZERS = ("bpe", "sentencepiece", "smollm2")
 
 
@@ -40,10 +48,12 @@ def tokenizer_named(name: str):
     sp = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
     sp.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     sp.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
-    sp.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                    decoders.Strip(" ", 1, 0)])
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"] + [f"<0x{i:02X}>" for i in range(256)],
-                                  show_progress=False)
+    sp.decoder = decoders.Sequence(
+      [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    trainer = trainers.BpeTrainer(
+      vocab_size=400, special_tokens=["<unk>"] + [f"<0x{i:02X}>" for i in range(256)], show_progress=False
+    )
     sp.train_from_iterator(CORPUS, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=sp, unk_token="<unk>")
   path = smollm2_gguf_path()
@@ -97,13 +107,23 @@ def _check_membership(tok, ids, steps, regions):
     assert in_spans == owners, (j, e, owners, in_spans)
 
 
-@pytest.mark.parametrize("text,mode,expected", [
+@pytest.mark.parametrize(
+  "text,mode,expected",
+  [
     (LINE, "line", ["- Step 1: 30 * 2 = 60", "- Step 2: 60 + 14 = 74", "- Step 3: 74 - 2 = 72", "<Answer>: 72"]),
     (THINK, "paragraph", ["First, 30 * 2 = 60.", "Next, 60 + 14 = 74.", "Wait, let me check: 60 + 14 = 74."]),
     # "Then we add 2!" and "Then we add 2! Ok." are shorter than min_chars=20: they join the sentences after them.
-    (PROSE, "sentence", ["The value is 3.14 here, e.g. in the table.", "Then we add 2! Ok. Is that right?",
-                         "Yes, it equals 5.14 exactly."]),
-])
+    (
+      PROSE,
+      "sentence",
+      [
+        "The value is 3.14 here, e.g. in the table.",
+        "Then we add 2! Ok. Is that right?",
+        "Yes, it equals 5.14 exactly.",
+      ],
+    ),
+  ],
+)
 def test_segmentation_and_alignment(tok, text, mode, expected):
   ids = tok(text, add_special_tokens=False)["input_ids"]
   steps = S.align(tok, ids, mode)
@@ -116,15 +136,15 @@ def test_segmentation_and_alignment(tok, text, mode, expected):
     assert a.end <= b.start
   for s in steps:
     assert s.num_tokens > 0
-    assert decoded[s.char_start:s.char_end].strip() == s.text
-    assert s.text.strip()[:3] in tok.decode(ids[s.start:s.end]) or s.text[-3:] in tok.decode(ids[s.start:s.end])
+    assert decoded[s.char_start : s.char_end].strip() == s.text
+    assert s.text.strip()[:3] in tok.decode(ids[s.start : s.end]) or s.text[-3:] in tok.decode(ids[s.start : s.end])
 
 
 def test_straddling_tokens_go_to_the_step_where_they_end(bpe):
   # A hand-made token sequence in which one token holds the end of step 1 and the start of step 2.
   text = "- Step 1: 4 + 3 = 7\n- Step 2: 7 * 2 = 14"
   cut = text.index("7\n- Step 2") + 1  # "\n- St" will be one piece
-  pieces = [text[:cut - 3], text[cut - 3:cut + 5], text[cut + 5:]]
+  pieces = [text[: cut - 3], text[cut - 3 : cut + 5], text[cut + 5 :]]
   ids = [i for p in pieces for i in bpe(p, add_special_tokens=False)["input_ids"]]
   assert bpe.decode(ids) == text
   steps = S.align(bpe, ids, "line")
@@ -153,11 +173,13 @@ def test_paragraph_boundaries_stop_at_think_close_and_split_tokens(sentencepiece
     steps = S.align(tok, ids, "paragraph", offset=10)
     assert len(steps) == 3
     assert all(s.start >= 10 for s in steps)
-    assert tok.decode(ids[steps[-1].start - 10:steps[-1].end - 10]).endswith(".\n\n")
+    assert tok.decode(ids[steps[-1].start - 10 : steps[-1].end - 10]).endswith(".\n\n")
   # '.' and '\n\n' as separate tokens still close a paragraph
-  ids = bpe("First, 1 + 1 = 2", add_special_tokens=False)["input_ids"] + \
-      bpe(".", add_special_tokens=False)["input_ids"] + bpe("\n\nNext, 2 + 2 = 4.\n\n", add_special_tokens=False)[
-          "input_ids"]
+  ids = (
+    bpe("First, 1 + 1 = 2", add_special_tokens=False)["input_ids"]
+    + bpe(".", add_special_tokens=False)["input_ids"]
+    + bpe("\n\nNext, 2 + 2 = 4.\n\n", add_special_tokens=False)["input_ids"]
+  )
   steps = S.align(bpe, ids, "paragraph")
   assert [s.text for s in steps] == ["First, 1 + 1 = 2.", "Next, 2 + 2 = 4."]
 
@@ -188,9 +210,15 @@ def test_character_definitions():
   # Sentences: no end after abbreviations, in decimals or before a non-space; a '<think>' drops what came before.
   text = "Skip this. <think>Dr. No is 3.5 m tall, etc. and more. Yes!Ok? A b c d e f g h i j k l.</think> x"
   assert [r[2] for r in S.sentence_regions(text, 0)] == [  # the first ended (at '<') before '<think>' was read
-      "Skip this.", "Dr. No is 3.5 m tall, etc. and more.", "Yes!Ok?", "A b c d e f g h i j k l."]
+    "Skip this.",
+    "Dr. No is 3.5 m tall, etc. and more.",
+    "Yes!Ok?",
+    "A b c d e f g h i j k l.",
+  ]
   assert [r[2] for r in S.sentence_regions(text, 40)] == [
-      "Dr. No is 3.5 m tall, etc. and more. Yes!Ok?", "A b c d e f g h i j k l."]
+    "Dr. No is 3.5 m tall, etc. and more. Yes!Ok?",
+    "A b c d e f g h i j k l.",
+  ]
   # Paragraphs: after '.\n\n', before '</think>'; text after the last boundary is no step.
   assert [r[2] for r in S.paragraph_regions("<think>\nA.\n\n\nB.\n\nC</think>D.\n\n")] == ["A.", "B."]
 
@@ -224,7 +252,7 @@ def test_a_token_that_completes_a_character_ends_where_the_character_does(tok):
   k = len(ids)
   ids += [by_bytes[bytes([b])] for b in euro] + tok("b", add_special_tokens=False)["input_ids"]
   text, ends = S.token_end_offsets(tok, ids)
-  assert "a€" in text and ends[k:k + 3] == [ends[k - 1], ends[k - 1], ends[k - 1] + 1]
+  assert "a€" in text and ends[k : k + 3] == [ends[k - 1], ends[k - 1], ends[k - 1] + 1]
   assert (text, ends) == prefix_decoding_ends(tok, ids)
 
 

@@ -1,4 +1,5 @@
-"""The built-in default's mechanics on a small, fast configuration (the quality gates are measured by the full build)."""
+"""The built-in default's mechanics on a small, fast configuration (the quality gates are measured by the full
+build)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,14 @@ from reprobe_jax.synthetic.tokenizer import build_tokenizer, chat_prompt
 from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
 
 SMALL = SyntheticBuildConfig(
-    train_problems_per_difficulty=12, eval_problems_per_family=6, vocab_size=600,
-    model=TinyLMShape(hidden_size=48, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2),
-    train=TrainLMConfig(steps=4, batch_size=8, checkpoint_every=2), buckets=(256, 512),
-    max_new_tokens=(("line", 24), ("thinking", 32)))
+  train_problems_per_difficulty=12,
+  eval_problems_per_family=6,
+  vocab_size=600,
+  model=TinyLMShape(hidden_size=48, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2),
+  train=TrainLMConfig(steps=4, batch_size=8, checkpoint_every=2),
+  buckets=(256, 512),
+  max_new_tokens=(("line", 24), ("thinking", 32)),
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +50,15 @@ def test_build_writes_model_samples_and_report(built):
       assert "recheck_after_answer_share" in g and "right_to_wrong_rate" in g
   assert {"train", "sample"} <= {e[0] for e in events}
   assert ("train", 4, 4) in events
-  for f in ("problems_train.jsonl", "problems_eval.jsonl", "samples_eval.jsonl", "report.md", "model/config.json",
-            "model/model.safetensors", "model/tokenizer.json"):
+  for f in (
+    "problems_train.jsonl",
+    "problems_eval.jsonl",
+    "samples_eval.jsonl",
+    "report.md",
+    "model/config.json",
+    "model/model.safetensors",
+    "model/tokenizer.json",
+  ):
     assert os.path.exists(os.path.join(out, f)), f
   with open(os.path.join(out, "samples_eval.jsonl")) as f:
     rec = json.loads(f.readline())
@@ -84,8 +96,18 @@ def test_training_resumes_to_the_same_result(tmp_path):
   tok = build_tokenizer([q + a for q, a in pairs], 300)
   data = encode_examples(tok, [(chat_prompt(tok, q), a) for q, a in pairs], (32,))
   from reprobe_jax.models import ModelConfig
-  cfg = ModelConfig(family="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=1,
-                    num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True)
+
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=len(tok),
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    tie_word_embeddings=True,
+  )
   tcfg = TrainLMConfig(steps=6, batch_size=4, checkpoint_every=3)
   whole, losses = train_lm(cfg, data, tcfg, str(tmp_path / "a"))
 
@@ -106,6 +128,7 @@ def test_training_resumes_to_the_same_result(tmp_path):
 
 def test_config_overrides_are_checked():
   from configs.target_synthetic import get_config
+
   c = get_config()
   cfg = config_from_dict(c)
   assert cfg.train.steps == c.train.steps and cfg.model.hidden_size == c.model.hidden_size
@@ -117,6 +140,7 @@ def test_config_overrides_are_checked():
 def test_thinking_subset_is_a_stable_share_of_the_problems():
   from reprobe_jax.jobs.target import thinking_subset
   from reprobe_jax.tasks import make_problems
+
   problems = make_problems("arithmetic", 400, seed=0, difficulty=1)
   chosen = thinking_subset(problems, 0.4)
   assert 0.3 < len(chosen) / len(problems) < 0.5

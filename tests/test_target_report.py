@@ -10,15 +10,25 @@ from reprobe_jax.jobs import target as build
 
 
 def _rec(pid, labels, aligned, min_prob, correct, mode="line"):
-  return {"id": pid, "domain": pid.split("-")[0], "mode": mode, "labels": labels, "aligned_labels": aligned,
-          "step_min_prob": min_prob, "correct": correct, "num_tokens": 10, "answer": "3", "finish_reason": "eos"}
+  return {
+    "id": pid,
+    "domain": pid.split("-")[0],
+    "mode": mode,
+    "labels": labels,
+    "aligned_labels": aligned,
+    "step_min_prob": min_prob,
+    "correct": correct,
+    "num_tokens": 10,
+    "answer": "3",
+    "finish_reason": "eos",
+  }
 
 
 RECORDS = [
-    _rec("planning-d1-s7-00000", [1.0, 0.0], [1.0, 0.0, 0.0], [0.9, 0.8, 0.7], True),
-    _rec("planning-d1-s7-00001", [1.0, 1.0], [1.0, 1.0, 1.0], [0.2, 0.6, 0.9], False),
-    _rec("planning-d2-s7-00000", [0.0, 0.0, None], [0.0, 0.0, 0.0, None], [0.9, 0.9, 0.9, 0.9], True),
-    _rec("arithmetic-d3-s7-00000", [0.0], [0.0, 1.0], [0.9, 0.4], False),
+  _rec("planning-d1-s7-00000", [1.0, 0.0], [1.0, 0.0, 0.0], [0.9, 0.8, 0.7], True),
+  _rec("planning-d1-s7-00001", [1.0, 1.0], [1.0, 1.0, 1.0], [0.2, 0.6, 0.9], False),
+  _rec("planning-d2-s7-00000", [0.0, 0.0, None], [0.0, 0.0, 0.0, None], [0.9, 0.9, 0.9, 0.9], True),
+  _rec("arithmetic-d3-s7-00000", [0.0], [0.0, 1.0], [0.9, 0.4], False),
 ]
 
 

@@ -1,4 +1,5 @@
-"""Task families: deterministic generators, exact checkers (docs/method.md §A2(a)), formats (A1, B1), noisy traces, JSONL."""
+"""Task families: deterministic generators, exact checkers (docs/method.md §A2(a)), formats (A1, B1), noisy traces,
+JSONL."""
 
 import dataclasses
 import json
@@ -14,9 +15,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reprobe_jax.errors import ConfigError, DataFormatError, ReprobeError
-from reprobe_jax.tasks import (FAMILIES, Problem, TraceNoise, check_response, check_thinking, classify_paragraph,
-                               first_error, get_family, make_problems, parse_line, parse_thinking, read_problems,
-                               render_line, render_thinking, solve, solve_many, step_texts_for_check, user_prompt)
+from reprobe_jax.tasks import (
+  FAMILIES,
+  Problem,
+  TraceNoise,
+  check_response,
+  check_thinking,
+  classify_paragraph,
+  first_error,
+  get_family,
+  make_problems,
+  parse_line,
+  parse_thinking,
+  read_problems,
+  render_line,
+  render_thinking,
+  solve,
+  solve_many,
+  step_texts_for_check,
+  user_prompt,
+)
 from reprobe_jax.io.atomic import write_jsonl
 from reprobe_jax.tasks import traces as traces_module
 from reprobe_jax.tasks.traces import BUG_KINDS
@@ -33,33 +51,63 @@ difficulties = st.sampled_from([1, 2, 3])
 def same(labels, expected):
   """Label lists equal, NaN matching NaN."""
   return len(labels) == len(expected) and all(
-      (math.isnan(a) and math.isnan(b)) or a == b for a, b in zip(labels, expected))
+    (math.isnan(a) and math.isnan(b)) or a == b for a, b in zip(labels, expected)
+  )
 
 
 # --- hand-made problems -----------------------------------------------------------------------------------------
 
 # 12 + 5 = 17, 17 * 3 = 51, 51 - 4 = 47, 47 + 10 = 57
-ARITH = Problem(id="arith", domain="arithmetic", question="Start with 12. Add 5. Multiply by 3. Subtract 4. Add 10.",
-                answer="57", data={"start": 12, "ops": [["+", 5], ["*", 3], ["-", 4], ["+", 10]]})
+ARITH = Problem(
+  id="arith",
+  domain="arithmetic",
+  question="Start with 12. Add 5. Multiply by 3. Subtract 4. Add 10.",
+  answer="57",
+  data={"start": 12, "ops": [["+", 5], ["*", 3], ["-", 4], ["+", 10]]},
+)
 ARITH_REF = ["12 + 5 = 17", "17 * 3 = 51", "51 - 4 = 47", "47 + 10 = 57"]
 
 # Distances to the cellar: attic 1, study 1, kitchen 2, hall 2, den 3. Shortest hall -> cellar: 2 moves.
-PLAN = Problem(id="plan", domain="planning", question="(walk from the hall to the cellar)", answer="2",
-               data={"rooms": ["attic", "cellar", "den", "hall", "kitchen", "study"],
-                     "doors": [["hall", "kitchen"], ["attic", "kitchen"], ["attic", "cellar"], ["hall", "study"],
-                               ["cellar", "study"], ["den", "kitchen"]],
-                     "start": "hall", "goal": "cellar"})
+PLAN = Problem(
+  id="plan",
+  domain="planning",
+  question="(walk from the hall to the cellar)",
+  answer="2",
+  data={
+    "rooms": ["attic", "cellar", "den", "hall", "kitchen", "study"],
+    "doors": [
+      ["hall", "kitchen"],
+      ["attic", "kitchen"],
+      ["attic", "cellar"],
+      ["hall", "study"],
+      ["cellar", "study"],
+      ["den", "kitchen"],
+    ],
+    "start": "hall",
+    "goal": "cellar",
+  },
+)
 PLAN_REF = ["move from hall to study", "move from study to cellar"]
 
 _BOSS = {"Alice": "Beth", "Beth": "Carl", "Carl": "Dana", "Dana": "Alice"}
 _FRIEND = {"Alice": "Carl", "Beth": "Dana", "Carl": "Alice", "Dana": "Beth"}
 _RIVAL = {"Alice": "Dana", "Beth": "Alice", "Carl": "Beth", "Dana": "Carl"}
 # boss of Alice = Beth, friend of Beth = Dana, boss of Dana = Alice
-QA = Problem(id="qa", domain="qa", question="(who is the boss of the friend of the boss of Alice?)", answer="Alice",
-             data={"people": ["Alice", "Beth", "Carl", "Dana"], "relations": ["boss", "friend", "rival"],
-                   "facts": [[s, r, o] for r, table in (("boss", _BOSS), ("friend", _FRIEND), ("rival", _RIVAL))
-                             for s, o in table.items()],
-                   "start": "Alice", "hops": ["boss", "friend", "boss"]})
+QA = Problem(
+  id="qa",
+  domain="qa",
+  question="(who is the boss of the friend of the boss of Alice?)",
+  answer="Alice",
+  data={
+    "people": ["Alice", "Beth", "Carl", "Dana"],
+    "relations": ["boss", "friend", "rival"],
+    "facts": [
+      [s, r, o] for r, table in (("boss", _BOSS), ("friend", _FRIEND), ("rival", _RIVAL)) for s, o in table.items()
+    ],
+    "start": "Alice",
+    "hops": ["boss", "friend", "boss"],
+  },
+)
 QA_REF = ["the boss of Alice is Beth", "the friend of Beth is Dana", "the boss of Dana is Alice"]
 
 
@@ -74,6 +122,7 @@ def test_hand_made_problems_are_valid_and_references_match():
 
 # --- determinism and generator properties -----------------------------------------------------------------------
 
+
 @settings(max_examples=60, deadline=None)
 @given(families, seeds, difficulties)
 def test_generate_is_deterministic_and_json_round_trips(name, seed, difficulty):
@@ -87,8 +136,10 @@ def test_generate_is_deterministic_and_json_round_trips(name, seed, difficulty):
 
 def test_generate_is_independent_of_the_process():
   """crc32 seeding: another interpreter with another string-hash salt makes the same problems."""
-  code = ("import json; from reprobe_jax.tasks import FAMILIES; "
-          "print(json.dumps([f.generate(7, d).to_json() for f in FAMILIES.values() for d in (1, 2, 3)]))")
+  code = (
+    "import json; from reprobe_jax.tasks import FAMILIES; "
+    "print(json.dumps([f.generate(7, d).to_json() for f in FAMILIES.values() for d in (1, 2, 3)]))"
+  )
   env = dict(os.environ, PYTHONHASHSEED="12345")
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
   here = [f.generate(7, d).to_json() for f in FAMILIES.values() for d in (1, 2, 3)]
@@ -163,6 +214,7 @@ def test_bad_arguments_raise_config_errors():
 
 # --- every checker accepts every reference solution -------------------------------------------------------------
 
+
 @settings(max_examples=150, deadline=None)
 @given(families, seeds, difficulties)
 def test_checkers_accept_reference_solutions_in_both_formats(name, seed, difficulty):
@@ -184,7 +236,10 @@ def test_checkers_accept_reference_solutions_in_both_formats(name, seed, difficu
 
 # --- hand-made wrong steps ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("steps,expected", [
+
+@pytest.mark.parametrize(
+  "steps,expected",
+  [
     (ARITH_REF, [0, 0, 0, 0]),
     # wrong result; the later steps build correctly on 50, so they are correct
     (["12 + 5 = 17", "17 * 3 = 50", "50 - 4 = 46", "46 + 10 = 56"], [0, 1, 0, 0]),
@@ -208,12 +263,15 @@ def test_checkers_accept_reference_solutions_in_both_formats(name, seed, difficu
     (["12 + 5 = 17", "I think so", "", "17 * 3 = 51", "51 - 4 = 47", "47 + 10 = 57"], [0, NAN, NAN, 0, 0, 0]),
     # tolerated spellings
     (["12+5=17.", "17 x 3 = 51", "51 − 4 = 47", "47 + 10 = 57"], [0, 0, 0, 0]),
-])
+  ],
+)
 def test_arithmetic_checker(steps, expected):
   assert same(get_family("arithmetic").check_steps(ARITH, steps), [float(x) for x in expected])
 
 
-@pytest.mark.parametrize("steps,expected", [
+@pytest.mark.parametrize(
+  "steps,expected",
+  [
     (PLAN_REF, [0, 0]),
     (["Move from the hall to the study.", "move from study to cellar"], [0, 0]),
     # illegal move (no door hall-attic), then a legal shortest move from where the walk says it is
@@ -229,12 +287,15 @@ def test_arithmetic_checker(steps, expected):
     # a move away from the goal once it is reached
     (PLAN_REF + ["move from cellar to attic"], [0, 0, 1]),
     (["walk to the study", "move from hall to study", "move from study to cellar"], [NAN, 0, 0]),
-])
+  ],
+)
 def test_planning_checker(steps, expected):
   assert same(get_family("planning").check_steps(PLAN, steps), [float(x) for x in expected])
 
 
-@pytest.mark.parametrize("steps,expected", [
+@pytest.mark.parametrize(
+  "steps,expected",
+  [
     (QA_REF, [0, 0, 0]),
     (["The boss of alice is beth.", "the friend of Beth is Dana", "the boss of Dana is Alice"], [0, 0, 0]),
     # wrong entity; later lookups from Carl are right lookups
@@ -252,7 +313,8 @@ def test_planning_checker(steps, expected):
     # a lookup after the chain is complete
     (QA_REF + ["the friend of Alice is Carl"], [0, 0, 0, 1]),
     (["Beth", "the boss of Alice is Beth"], [NAN, 0]),
-])
+  ],
+)
 def test_qa_checker(steps, expected):
   assert same(get_family("qa").check_steps(QA, steps), [float(x) for x in expected])
 
@@ -262,23 +324,40 @@ def _renumber(problem, steps, names):
   number = {n.lower(): str(i) for i, n in enumerate(names, start=1)}
   pattern = re.compile(r"\b(" + "|".join(number) + r")\b", re.IGNORECASE)
   sub = lambda text: pattern.sub(lambda m: number[m.group(1).lower()], text)
-  return (Problem.from_json(json.loads(sub(json.dumps(problem.to_json()))), where="renumbered"),
-          [sub(s) for s in steps])
+  return (
+    Problem.from_json(json.loads(sub(json.dumps(problem.to_json()))), where="renumbered"),
+    [sub(s) for s in steps],
+  )
 
 
-@pytest.mark.parametrize("family,problem,names,cases", [
-    ("planning", PLAN, ["attic", "cellar", "den", "hall", "kitchen", "study"], [
+@pytest.mark.parametrize(
+  "family,problem,names,cases",
+  [
+    (
+      "planning",
+      PLAN,
+      ["attic", "cellar", "den", "hall", "kitchen", "study"],
+      [
         (["move from hall to study", "move from study to cellar"], [0, 0]),
         (["move from room hall to room study", "Move from study to cellar."], [0, 0]),
         (["move from hall to attic", "move from attic to cellar"], [1, 0]),
         (["move from hall to kitchen", "move from study to cellar"], [1, 1]),
-        (["move from hall to kitchen", "move from kitchen to attic", "move from attic to cellar"], [1, 0, 0])]),
-    ("qa", QA, ["Alice", "Beth", "Carl", "Dana"], [
+        (["move from hall to kitchen", "move from kitchen to attic", "move from attic to cellar"], [1, 0, 0]),
+      ],
+    ),
+    (
+      "qa",
+      QA,
+      ["Alice", "Beth", "Carl", "Dana"],
+      [
         (QA_REF, [0, 0, 0]),
         (["the boss of Alice is Carl", "the friend of Carl is Alice", "the boss of Alice is Beth"], [1, 0, 0]),
         (["the boss of Alice is Beth", "the friend of Carl is Alice", "the boss of Alice is Beth"], [0, 1, 0]),
-        (["the boss of Alice is Beth", "the boss of Beth is Carl"], [0, 1])]),
-])
+        (["the boss of Alice is Beth", "the boss of Beth is Carl"], [0, 1]),
+      ],
+    ),
+  ],
+)
 def test_numbered_rooms_and_people_check_like_named_ones(family, problem, names, cases):
   """The generators number rooms and people; the checkers judge a numbered problem as they judge a named one."""
   fam = get_family(family)
@@ -307,6 +386,7 @@ def test_first_error():
 
 # --- thinking mode ----------------------------------------------------------------------------------------------
 
+
 def _think(*paragraphs):
   return check_thinking(ARITH, list(paragraphs))
 
@@ -324,60 +404,108 @@ def test_classify_paragraph():
   assert classify_paragraph(PLAN, "Next, move from hall to study.") == "step"
   assert classify_paragraph(QA, "Wait, let me check: the boss of Alice is Beth.") == "reflect"
   assert step_texts_for_check(QA, ["First, the boss of Alice is Beth.", "Hmm."]) == [
-      ("step", "the boss of Alice is Beth"), ("other", None)]
+    ("step", "the boss of Alice is Beth"),
+    ("other", None),
+  ]
   assert step_texts_for_check(QA, ["Step 3: the boss of Alice is Beth."]) == [("step", "the boss of Alice is Beth")]
 
 
 def test_thinking_redundant_rechecks_are_correct():
-  labels = _think("First, 12 + 5 = 17.", "Next, 17 * 3 = 51.", "Next, 51 - 4 = 47.", "Next, 47 + 10 = 57.",
-                  "So the answer is 57.", "Wait, let me check: 17 * 3 = 51.", "Let me double-check: 12 + 5 = 17.",
-                  "Let me think.")
+  labels = _think(
+    "First, 12 + 5 = 17.",
+    "Next, 17 * 3 = 51.",
+    "Next, 51 - 4 = 47.",
+    "Next, 47 + 10 = 57.",
+    "So the answer is 57.",
+    "Wait, let me check: 17 * 3 = 51.",
+    "Let me double-check: 12 + 5 = 17.",
+    "Let me think.",
+  )
   assert same(labels, [0, 0, 0, 0, 0, 0, 0, NAN])
 
 
 def test_thinking_right_to_wrong_flip():
   """A re-check that 'finds' an error is wrong; the redone steps build correctly on it; so does the conclusion."""
-  labels = _think("First, 12 + 5 = 17.", "Next, 17 * 3 = 51.", "Next, 51 - 4 = 47.", "Next, 47 + 10 = 57.",
-                  "So the answer is 57.", "Wait, let me check: 17 * 3 = 52.", "Next, 52 - 4 = 48.",
-                  "Next, 48 + 10 = 58.", "So the answer is 58.")
+  labels = _think(
+    "First, 12 + 5 = 17.",
+    "Next, 17 * 3 = 51.",
+    "Next, 51 - 4 = 47.",
+    "Next, 47 + 10 = 57.",
+    "So the answer is 57.",
+    "Wait, let me check: 17 * 3 = 52.",
+    "Next, 52 - 4 = 48.",
+    "Next, 48 + 10 = 58.",
+    "So the answer is 58.",
+  )
   assert same(labels, [0, 0, 0, 0, 0, 1, 0, 0, 0])
   assert not get_family("arithmetic").check_answer(ARITH, "58")
 
 
 def test_thinking_fix_and_repeated_error():
-  labels = _think("First, 12 + 5 = 18.", "Next, 18 * 3 = 54.", "Next, 54 - 4 = 50.", "Next, 50 + 10 = 60.",
-                  "So the answer is 60.", "Wait, let me check: 18 * 3 = 54.", "Wait, let me check: 12 + 5 = 18.",
-                  "Wait, let me check: 12 + 5 = 17.", "Next, 17 * 3 = 51.", "Next, 51 - 4 = 47.",
-                  "Next, 47 + 10 = 57.", "So the answer is 57.")
+  labels = _think(
+    "First, 12 + 5 = 18.",
+    "Next, 18 * 3 = 54.",
+    "Next, 54 - 4 = 50.",
+    "Next, 50 + 10 = 60.",
+    "So the answer is 60.",
+    "Wait, let me check: 18 * 3 = 54.",
+    "Wait, let me check: 12 + 5 = 18.",
+    "Wait, let me check: 12 + 5 = 17.",
+    "Next, 17 * 3 = 51.",
+    "Next, 51 - 4 = 47.",
+    "Next, 47 + 10 = 57.",
+    "So the answer is 57.",
+  )
   assert same(labels, [1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0])
 
 
 def test_thinking_conclusions_and_stray_rechecks():
   # A conclusion before the chain is complete, or one that disagrees with it, is wrong.
   assert same(_think("First, 12 + 5 = 17.", "So the answer is 17."), [0, 1])
-  assert same(_think(*[work_paragraph(s, k) for k, s in enumerate(ARITH_REF, 1)], "So the answer is 58."),
-              [0, 0, 0, 0, 1])
+  assert same(
+    _think(*[work_paragraph(s, k) for k, s in enumerate(ARITH_REF, 1)], "So the answer is 58."), [0, 0, 0, 0, 1]
+  )
   # A re-check of a step that was never written, a re-check before any step, an unparseable re-check.
-  assert same(_think("Wait, let me check: 12 + 5 = 17.", "First, 12 + 5 = 17.", "Wait, let me check: 3 + 3 = 6.",
-                     "Wait, let me check: it is fine."), [1, 0, 1, NAN])
+  assert same(
+    _think(
+      "Wait, let me check: 12 + 5 = 17.",
+      "First, 12 + 5 = 17.",
+      "Wait, let me check: 3 + 3 = 6.",
+      "Wait, let me check: it is fine.",
+    ),
+    [1, 0, 1, NAN],
+  )
 
 
 def test_thinking_in_planning_and_qa():
-  plan = ["First, move from hall to study.", "Next, move from study to cellar.", "So the answer is 2.",
-          "Wait, let me check: move from hall to kitchen.", "Next, move from kitchen to attic.",
-          "Next, move from attic to cellar.", "So the answer is 3."]
+  plan = [
+    "First, move from hall to study.",
+    "Next, move from study to cellar.",
+    "So the answer is 2.",
+    "Wait, let me check: move from hall to kitchen.",
+    "Next, move from kitchen to attic.",
+    "Next, move from attic to cellar.",
+    "So the answer is 3.",
+  ]
   assert same(check_thinking(PLAN, plan), [0, 0, 0, 1, 0, 0, 0])
-  qa = ["First, the boss of Alice is Beth.", "Next, the friend of Beth is Dana.", "Next, the boss of Dana is Alice.",
-        "So the answer is Alice.", "Wait, let me check: the friend of Beth is Carl.", "Next, the boss of Carl is Dana.",
-        "So the answer is Dana."]
+  qa = [
+    "First, the boss of Alice is Beth.",
+    "Next, the friend of Beth is Dana.",
+    "Next, the boss of Dana is Alice.",
+    "So the answer is Alice.",
+    "Wait, let me check: the friend of Beth is Carl.",
+    "Next, the boss of Carl is Dana.",
+    "So the answer is Dana.",
+  ]
   assert same(check_thinking(QA, qa), [0, 0, 0, 0, 1, 0, 0])
 
 
 # --- format parsers -----------------------------------------------------------------------------------------------
 
 _body_text = st.text(alphabet="abcxyz0123456789 +-*=", min_size=1, max_size=20).map(str.strip).filter(bool)
-_para_text = st.text(alphabet="abcXYZ019 ,.:+=", min_size=1, max_size=30).map(str.strip).filter(
-    lambda s: bool(s.strip(". ")))
+_para_text = (
+  st.text(alphabet="abcXYZ019 ,.:+=", min_size=1, max_size=30).map(str.strip).filter(lambda s: bool(s.strip(". ")))
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -419,6 +547,7 @@ def test_user_prompt_states_question_and_layout():
 
 
 # --- traces -------------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def noisy():
@@ -479,7 +608,7 @@ def test_thinking_traces_recheck_and_flip_at_the_expected_rates(noisy):
       w2r += t.w2r
       if t.answer_paragraph is not None:  # None only for a walk cut off before the goal
         assert t.kinds[t.answer_paragraph] == "step"
-        assert "reflect" not in t.kinds[:t.answer_paragraph + 1]
+        assert "reflect" not in t.kinds[: t.answer_paragraph + 1]
       assert t.rechecked == ("reflect" in t.kinds)
       if t.r2w:
         assert not t.correct and "r2w" in t.injected
@@ -516,6 +645,7 @@ def test_traces_are_deterministic_and_order_independent():
 
 # --- JSONL ---------------------------------------------------------------------------------------------------------
 
+
 def test_jsonl_round_trip(tmp_path):
   problems = [p for name in FAMILIES for p in make_problems(name, 5, seed=0, difficulty=1)]
   path = tmp_path / "sub" / "problems.jsonl"
@@ -549,7 +679,9 @@ def _record(**changes):
   return record
 
 
-@pytest.mark.parametrize("line3,message", [
+@pytest.mark.parametrize(
+  "line3,message",
+  [
     ('{"id": "x", "domain": ', "invalid JSON"),
     ("[1, 2]", "expected a JSON object"),
     ({k: v for k, v in _record().items() if k != "answer"}, "missing field 'answer'"),
@@ -561,7 +693,8 @@ def _record(**changes):
     (_record(data={**PLAN.data, "goal": "garage"}), "planning data: 'goal' must be one of the rooms"),
     ({**ARITH.to_json(), "id": "a2", "data": {"start": 12, "ops": [["/", 2]]}}, "arithmetic data: ops\\[0\\]"),
     ({**QA.to_json(), "id": "q2", "data": {**QA.data, "facts": QA.data["facts"][:-1]}}, "qa data: 'facts' has no"),
-])
+  ],
+)
 def test_malformed_records_name_file_and_line(tmp_path, line3, message):
   path = _broken(tmp_path, line3)
   with pytest.raises(DataFormatError, match=f"^{path}:3: .*{message}") as info:
@@ -572,6 +705,7 @@ def test_malformed_records_name_file_and_line(tmp_path, line3, message):
 def test_thinking_progress_agrees_with_the_solver():
   """Replaying a sampled-like trajectory finds where the scripted solver established its answer, and its R2W flips."""
   from reprobe_jax.tasks.formats import parse_thinking, thinking_progress
+
   for family in ("arithmetic", "planning", "qa"):
     problems = make_problems(family, 60, 3, 2)
     for problem, trace in zip(problems, solve_many(problems, "thinking", 3)):
@@ -592,6 +726,7 @@ def _bug_condition(problem, state):
 def test_buggy_procedures_fire_wherever_their_condition_holds():
   """With p_bug=1 and no slips every step under a bug condition is the bug (labelled wrong), every other right."""
   from reprobe_jax.tasks.arithmetic import apply
+
   fam = get_family("arithmetic")
   noise = dataclasses.replace(TraceNoise.clean(), p_bug=1.0, bugs=("carry", "borrow"))
   problems = [p for d in (1, 2, 3) for p in make_problems("arithmetic", 40, 7, d)]
@@ -612,6 +747,7 @@ def test_buggy_procedures_fire_wherever_their_condition_holds():
 
 def test_bug_rate_follows_p_bug_and_qa_reads_mentor_backwards():
   from reprobe_jax.tasks.qa import facts
+
   noise = dataclasses.replace(TraceNoise.clean(), p_bug=0.5, bugs=("inverse",))
   problems = [p for d in (1, 2, 3) for p in make_problems("qa", 200, 3, d)]
   fired = 0
@@ -664,8 +800,9 @@ def test_first_step_question_spells_out_where_the_first_step_starts():
   assert spelled.startswith("Start at 10. Step 1: the mentor of 10. Step 2: friend. Who is that?")
   plan = make_problems("planning", 1, 2_000_004, 1)[0]
   assert get_family("planning").first_step_question(plan) == (
-      "Start at 1. Go to room 9 by a shortest route, one door per move, the first from 1. Doors: from 2 to 1 or 6; "
-      "from 5 to 9; from 9 to 5 or 6; from 6 to 2 or 9 or 1; from 1 to 6 or 2. How many moves is that?")
+    "Start at 1. Go to room 9 by a shortest route, one door per move, the first from 1. Doors: from 2 to 1 or 6; "
+    "from 5 to 9; from 9 to 5 or 6; from 6 to 2 or 9 or 1; from 1 to 6 or 2. How many moves is that?"
+  )
   assert get_family("arithmetic").first_step_question(ARITH) == ARITH.question
   line = user_prompt(qa, "line", example=False, first_step=True)
   assert line == user_prompt(qa, "line", example=False).replace(qa.question, spelled)

@@ -29,7 +29,7 @@ def _loss(params, batch, rng, frozen):
   """Squared error on a random half of the rows (the key matters) scaled by `frozen` (it is passed through)."""
   keep = jax.random.bernoulli(rng, 0.5, batch["y"].shape)
   err = batch["x"] @ params["w"] + params["b"] - batch["y"]
-  return frozen * jnp.sum(jnp.where(keep, err ** 2, 0.0)) / jnp.maximum(jnp.sum(keep), 1)
+  return frozen * jnp.sum(jnp.where(keep, err**2, 0.0)) / jnp.maximum(jnp.sum(keep), 1)
 
 
 def _params():
@@ -54,7 +54,8 @@ def test_trains_and_resumes_exactly_after_a_kill(tmp_path):
   cfg = TrainerConfig(steps=12, seed=3, log_every=5, checkpoint_every=4)
   sched = optax.linear_schedule(0.3, 0.03, 12)
   whole = Trainer(_loss, optax.adam(sched), cfg, str(tmp_path / "a"), learning_rate=sched).fit(
-      _params(), _batch, frozen=1.0)
+    _params(), _batch, frozen=1.0
+  )
   losses = whole.metrics["loss"]
   assert len(losses) == 12 and np.linalg.norm(np.asarray(whole.params["w"]) - W_TRUE) < 0.5 * np.linalg.norm(W_TRUE)
   logged = read_scalars(str(tmp_path / "a" / "tb"))
@@ -70,14 +71,16 @@ def test_trains_and_resumes_exactly_after_a_kill(tmp_path):
     Trainer(_loss, optax.adam(sched), cfg, str(tmp_path / "b"), on_step=kill_at_7).fit(_params(), _batch, frozen=1.0)
   seen = []
   resumed = Trainer(_loss, optax.adam(sched), cfg, str(tmp_path / "b"), on_step=lambda s, m: seen.append(s)).fit(
-      _params(), _batch, frozen=1.0)
+    _params(), _batch, frozen=1.0
+  )
   assert seen == list(range(5, 13))  # resumed from the checkpoint at step 4
   assert resumed.metrics["loss"] == losses and resumed.step == 12
   for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # Done: a third call trains nothing and returns the same parameters.
   again = Trainer(_loss, optax.adam(sched), cfg, str(tmp_path / "b"), on_step=lambda s, m: seen.append(-s)).fit(
-      _params(), _batch, frozen=1.0)
+    _params(), _batch, frozen=1.0
+  )
   assert min(seen) > 0 and again.metrics["loss"] == losses
   np.testing.assert_array_equal(np.asarray(again.params["w"]), np.asarray(whole.params["w"]))
 
@@ -92,9 +95,14 @@ def test_metrics_stay_on_device_between_fetches(tmp_path):
 
   cfg = TrainerConfig(steps=8, log_every=4, checkpoint_every=100)
   Trainer(_loss, optax.sgd(0.05), cfg, str(tmp_path), on_step=lambda s, m: events.append(f"step {s}")).fit(
-      _params(), batches, frozen=1.0)
-  assert events == ([f"batch {i}" for i in range(4)] + [f"step {s}" for s in range(1, 5)]
-                    + [f"batch {i}" for i in range(4, 8)] + [f"step {s}" for s in range(5, 9)])
+    _params(), batches, frozen=1.0
+  )
+  assert events == (
+    [f"batch {i}" for i in range(4)]
+    + [f"step {s}" for s in range(1, 5)]
+    + [f"batch {i}" for i in range(4, 8)]
+    + [f"step {s}" for s in range(5, 9)]
+  )
 
 
 def test_aux_metrics_are_logged(tmp_path):
@@ -143,20 +151,25 @@ def test_min_mode_and_no_improvement(tmp_path):
   scores = iter([3.0, 1.0, 2.0])
   cfg = TrainerConfig(steps=3, checkpoint_every=100, eval_every=1, best_metric="loss", best_mode="min")
   r = Trainer(_loss, optax.sgd(0.05), cfg, str(tmp_path / "a"), evaluate=lambda p: {"loss": next(scores)}).fit(
-      _params(), _batch, frozen=1.0)
+    _params(), _batch, frozen=1.0
+  )
   assert [h["improved"] for h in r.history] == [True, True, False]
   cfg = TrainerConfig(steps=2, checkpoint_every=100, eval_every=1, best_metric="loss")
   r = Trainer(_loss, optax.sgd(0.05), cfg, str(tmp_path / "b"), evaluate=lambda p: {"loss": float("nan")}).fit(
-      _params(), _batch, frozen=1.0)
+    _params(), _batch, frozen=1.0
+  )
   assert r.best_params is None and not any(h["improved"] for h in r.history)
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     ({"steps": 0}, "steps must be >= 1"),
     ({"steps": 5, "eval_every": 2}, "set both or neither"),
     ({"steps": 5, "patience": 2}, "needs a best_metric"),
     ({"steps": 5, "eval_every": 1, "best_metric": "x", "best_mode": "up"}, "best_mode"),
-])
+  ],
+)
 def test_bad_config_names_the_field(kwargs, match):
   with pytest.raises(ConfigError, match=match):
     TrainerConfig(**kwargs)

@@ -14,13 +14,26 @@ from reprobe_jax.io.atomic import write_jsonl
 from reprobe_jax.trajectories import StepSpan, Trajectory, read_trajectories
 
 # A labelled record as sample_trajectories + annotate_rule have written it from the start (key order included).
-RECORD = {"id": "arithmetic-d1-s2000005-00000#1", "problem_id": "arithmetic-d1-s2000005-00000",
-          "domain": "arithmetic", "mode": "line", "sample": 1, "prompt_ids": [1, 57, 9], "response_ids": [4, 8, 15, 16],
-          "response": "- Step 1: 2 + 3 = 5\n<Answer>: 5", "finish_reason": "eos",
-          "logprobs": [-0.125, -2.5, 0.0, -0.031], "entropy": [0.5, 1.25, 0.0, 0.1],
-          "self_certainty": [3.0, 1.5, 7.25, 2], "steps": [{"text": "- Step 1: 2 + 3 = 5", "start": 0, "end": 3},
-                                                           {"text": "<Answer>: 5", "start": 3, "end": 3}],
-          "labels": [0.0, None], "first_error": None, "annotator": "rule", "answer": "5", "correct": True}
+RECORD = {
+  "id": "arithmetic-d1-s2000005-00000#1",
+  "problem_id": "arithmetic-d1-s2000005-00000",
+  "domain": "arithmetic",
+  "mode": "line",
+  "sample": 1,
+  "prompt_ids": [1, 57, 9],
+  "response_ids": [4, 8, 15, 16],
+  "response": "- Step 1: 2 + 3 = 5\n<Answer>: 5",
+  "finish_reason": "eos",
+  "logprobs": [-0.125, -2.5, 0.0, -0.031],
+  "entropy": [0.5, 1.25, 0.0, 0.1],
+  "self_certainty": [3.0, 1.5, 7.25, 2],
+  "steps": [{"text": "- Step 1: 2 + 3 = 5", "start": 0, "end": 3}, {"text": "<Answer>: 5", "start": 3, "end": 3}],
+  "labels": [0.0, None],
+  "first_error": None,
+  "annotator": "rule",
+  "answer": "5",
+  "correct": True,
+}
 UNLABELLED = {k: v for k, v in RECORD.items() if k not in ("labels", "first_error", "annotator", "answer", "correct")}
 UNLABELLED["id"] = "arithmetic-d1-s2000005-00000#0"
 
@@ -42,7 +55,9 @@ def test_todays_records_read_and_write_back_byte_for_byte(tmp_path):
   assert out.read_text() == src.read_text()
 
 
-@pytest.mark.parametrize("change,match", [
+@pytest.mark.parametrize(
+  "change,match",
+  [
     ({"logprobs": None}, "missing field 'logprobs'"),
     ({"response_ids": "4 8"}, "field 'response_ids' must be a list of integers >= 0 \\(token ids\\), found str"),
     ({"sample": True}, "field 'sample' must be an integer"),
@@ -51,7 +66,8 @@ def test_todays_records_read_and_write_back_byte_for_byte(tmp_path):
     ({"labels": [0.0]}, "1 labels for 2 steps"),
     ({"labels": ["wrong", 0]}, "field 'labels' must be a list of numbers or nulls"),
     ({"first_error": "0"}, "field 'first_error' must be an integer or null"),
-])
+  ],
+)
 def test_a_bad_record_names_file_line_trajectory_and_field(tmp_path, change, match):
   bad = dict(RECORD, id="t1", **{k: v for k, v in change.items() if v is not None})
   for k, v in change.items():
@@ -83,9 +99,11 @@ def test_a_record_built_in_code_is_held_to_the_file_schema():
   good = Trajectory.from_json(RECORD)
   good.check()
   good.check("<record 0>: ", fields=("id", "prompt_ids", "response_ids"))
-  for change, match in [({"prompt_ids": ()}, "field 'prompt_ids' must be a non-empty list of integers >= 0"),
-                        ({"response_ids": (4, -8)}, "field 'response_ids' must be a list of integers >= 0"),
-                        ({"mode": "essay"}, "field 'mode' must be one of line, thinking")]:
+  for change, match in [
+    ({"prompt_ids": ()}, "field 'prompt_ids' must be a non-empty list of integers >= 0"),
+    ({"response_ids": (4, -8)}, "field 'response_ids' must be a list of integers >= 0"),
+    ({"mode": "essay"}, "field 'mode' must be one of line, thinking"),
+  ]:
     bad = dataclasses.replace(good, id="t1", **change)
     with pytest.raises(DataFormatError, match=rf"<record 3>: trajectory 't1': {match}"):
       bad.check("<record 3>: ")

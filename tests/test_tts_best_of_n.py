@@ -1,5 +1,5 @@
-"""Best-of-N (docs/method.md §A7): its step scores equal the one-trajectory-at-a-time path on a fresh forward, a batch gives
-each prompt its result alone, N rows read one prefill, a second call in the same buckets compiles nothing, and bad
+"""Best-of-N (docs/method.md §A7): its step scores equal the one-trajectory-at-a-time path on a fresh forward, a batch
+gives each prompt its result alone, N rows read one prefill, a second call in the same buckets compiles nothing, and bad
 input fails before any decoding."""
 
 from __future__ import annotations
@@ -51,10 +51,13 @@ def test_step_scores_equal_each_trajectory_scored_alone_on_a_fresh_forward(lm, p
   by_probe = best_of_n(lm, probe, PROMPTS, CFG, prompt_seeds=[5, 6, 7])
   # the probe's capture for both: the same compiled decode, the same draws
   by_ppl = best_of_n(lm, ppl, PROMPTS, CFG, prompt_seeds=[5, 6, 7], feature_spec=probe.bundle.features)
-  cands = [(prompt, c, q) for prompt, rp, rq in zip(PROMPTS, by_probe, by_ppl) for c, q in zip(rp.candidates,
-                                                                                            rq.candidates)]
-  records = [Trajectory(f"t{i}", "", "", "line", (), prompt_ids=tuple(p), response_ids=tuple(c.response_ids))
-             for i, (p, c, _) in enumerate(cands)]
+  cands = [
+    (prompt, c, q) for prompt, rp, rq in zip(PROMPTS, by_probe, by_ppl) for c, q in zip(rp.candidates, rq.candidates)
+  ]
+  records = [
+    Trajectory(f"t{i}", "", "", "line", (), prompt_ids=tuple(p), response_ids=tuple(c.response_ids))
+    for i, (p, c, _) in enumerate(cands)
+  ]
   # One teacher-forced forward of each prompt + response: [n, 64 + 3] = the probe's last hidden state, then 'logit'
   # with top_k 1: [top-1 prob, log p(token), entropy]
   both = token_features(lm, records, FeatureSpec(("hidden", "logit"), top_k=1), batch_size=16)
@@ -66,7 +69,7 @@ def test_step_scores_equal_each_trajectory_scored_alone_on_a_fresh_forward(lm, p
   for (prompt, c, q), sp, a, b in zip(cands, spans, alone_probe, alone_ppl):
     assert c.response_ids == q.response_ids and c.steps == q.steps  # the same draws whatever the scorer
     full = [(s.start, s.end) for s in step_lib.align(lm.tokenizer, list(c.response_ids), "line")]
-    assert list(c.steps) == full[:CFG.max_steps] and 1 <= len(c.steps) <= CFG.max_steps
+    assert list(c.steps) == full[: CFG.max_steps] and 1 <= len(c.steps) <= CFG.max_steps
     if c.finish_reason == "max_steps":
       assert c.response_ids and c.steps[-1][1] == len(c.response_ids)
     seen[c.finish_reason] = seen.get(c.finish_reason, 0) + 1
@@ -108,14 +111,19 @@ def test_n_rows_read_one_prefill_of_their_prompt(lm):
 
 def test_greedy_is_temperature_zero_with_one_trajectory(lm):
   problems = make_problems("arithmetic", 3, 0, 1)  # prompted as trajectories.prompt_text; answers checked below
-  greedy = SearchConfig("best_of_n", n=1, sampling=SamplingParams(0.0, top_k=50, top_p=0.95), max_steps=40,
-                        max_new_tokens=20)
+  greedy = SearchConfig(
+    "best_of_n", n=1, sampling=SamplingParams(0.0, top_k=50, top_p=0.95), max_steps=40, max_new_tokens=20
+  )
   res = best_of_n(lm, get_scorer("maxprob"), problems, greedy)
-  ref = lm.generate([prompt_text(lm, p, "line") for p in problems], SamplingParams(0.0), max_new_tokens=20,
-                    capture=CaptureSpec(token_stats=True))
+  ref = lm.generate(
+    [prompt_text(lm, p, "line") for p in problems],
+    SamplingParams(0.0),
+    max_new_tokens=20,
+    capture=CaptureSpec(token_stats=True),
+  )
   for row, (p, r) in enumerate(zip(problems, res)):
     ids = ref.token_ids(row)
-    assert list(r.candidates[0].response_ids) == ids[:len(ids) - (ref.finish_reason[row] == "eos")]
+    assert list(r.candidates[0].response_ids) == ids[: len(ids) - (ref.finish_reason[row] == "eos")]
     out = select(p, r, lm.tokenizer, mode="line", aggregation="min", probabilities=False)
     assert out.n == 1 and out.first == out.best and not out.pass_at_n.correct  # a random model writes no answer
 
@@ -126,8 +134,15 @@ def test_a_second_search_in_the_same_buckets_compiles_nothing(lm, probe, compile
   before = compile_counter.count
   # new prompts of the same buckets, new seeds, temperature, top_p, budget and aggregation (top_k and whether
   # top-p is on are static)
-  other = SearchConfig("best_of_n", n=4, max_steps=3, max_new_tokens=36,
-                       sampling=SamplingParams(0.8, top_k=0, top_p=0.9), seed=3, aggregation="mean")
+  other = SearchConfig(
+    "best_of_n",
+    n=4,
+    max_steps=3,
+    max_new_tokens=36,
+    sampling=SamplingParams(0.8, top_k=0, top_p=0.9),
+    seed=3,
+    aggregation="mean",
+  )
   res = best_of_n(lm, probe, [rng.integers(3, 90, t).tolist() for t in (13, 3, 16)], other)
   assert compile_counter.count == before, f"{compile_counter.count - before} compilations on a same-bucket search"
   assert max(len(c.response_ids) for r in res for c in r.candidates) <= 36
@@ -141,8 +156,11 @@ def test_candidates_end_at_the_answer_line_and_after_max_steps():
   got, spans, reason = trajectory_steps(tok, ids, "length", mode="line", max_steps=1)
   assert reason == "max_steps" and tok.decode(got) == "- Step 1: 3 + 4 = 7\n" and spans == [(0, len(got))]
   end = tok("- Step 1: 3 + 4 = 7\n<Answer>: 7")["input_ids"]  # nothing after the answer: the row's own reason
-  assert trajectory_steps(tok, end, "eos", mode="line", max_steps=12) == (end, [(0, spans[0][1]), (spans[0][1],
-                                                                                                  len(end))], "eos")
+  assert trajectory_steps(tok, end, "eos", mode="line", max_steps=12) == (
+    end,
+    [(0, spans[0][1]), (spans[0][1], len(end))],
+    "eos",
+  )
   think = tok("Step 2: 7 * 2 = 14.\n\n<Answer>: 7\nStep 2: 7 * 2 = 14.\n\n")["input_ids"]  # no answer lines here
   assert trajectory_steps(tok, think, "length", mode="thinking", max_steps=12)[2] == "length"
 

@@ -22,8 +22,7 @@ from test_pipeline import STAGES, count_reads, count_stages
 
 
 def test_budget_shapes_multiply_to_the_budget():
-  assert [beam_shape(b) for b in (1, 2, 4, 8, 16, 32, 6)] == [(1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8),
-                                                                  (1, 6)]
+  assert [beam_shape(b) for b in (1, 2, 4, 8, 16, 32, 6)] == [(1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8), (1, 6)]
   assert [dvts_shape(b) for b in (1, 2, 4, 8, 16, 6)] == [(1, 1), (1, 2), (1, 4), (2, 4), (4, 4), (1, 6)]
 
 
@@ -39,19 +38,34 @@ def test_config_is_checked_whole():
 
 
 def _summary(acc: dict, steps=10.0) -> dict:
-  return {"first": acc.get("first", 0.0), "best": acc.get("best", 0.0), "majority": acc.get("majority", 0.0),
-          "weighted": acc.get("weighted", 0.0), "pass@n": acc.get("pass@n", 0.0), "sampled_steps": steps,
-          "generated_tokens": 10 * steps, "problems": 4, "seconds_per_problem": 0.5}
+  return {
+    "first": acc.get("first", 0.0),
+    "best": acc.get("best", 0.0),
+    "majority": acc.get("majority", 0.0),
+    "weighted": acc.get("weighted", 0.0),
+    "pass@n": acc.get("pass@n", 0.0),
+    "sampled_steps": steps,
+    "generated_tokens": 10 * steps,
+    "problems": 4,
+    "seconds_per_problem": 0.5,
+  }
 
 
 def _metrics(shift: float = 0.0) -> dict:
-  per = {"greedy": {"1": _summary({"first": 0.5 + shift})},
-         "best_of_n[maxprob]": {"1": _summary({"best": 0.25 + shift, "majority": 0.25}),
-                                "4": _summary({"best": 0.5 + shift, "majority": 0.75, "weighted": 0.5,
-                                               "pass@n": 1.0}, 40.0)},
-         "beam[maxprob]": {"4": _summary({"best": 0.75 + shift}, 38.0)}}
-  return {"results": {"arithmetic": per, "qa": per}, "config": {"budgets": [1, 4]}, "train_domains": ["arithmetic"],
-          "machine": "test cpu"}
+  per = {
+    "greedy": {"1": _summary({"first": 0.5 + shift})},
+    "best_of_n[maxprob]": {
+      "1": _summary({"best": 0.25 + shift, "majority": 0.25}),
+      "4": _summary({"best": 0.5 + shift, "majority": 0.75, "weighted": 0.5, "pass@n": 1.0}, 40.0),
+    },
+    "beam[maxprob]": {"4": _summary({"best": 0.75 + shift}, 38.0)},
+  }
+  return {
+    "results": {"arithmetic": per, "qa": per},
+    "config": {"budgets": [1, 4]},
+    "train_domains": ["arithmetic"],
+    "machine": "test cpu",
+  }
 
 
 def test_table_rows_read_their_selection_at_the_largest_budget():
@@ -87,9 +101,14 @@ def lm(synthetic_lm):
 
 @pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
 def test_a_tiny_grid_end_to_end_and_resumed(lm, tmp_path, monkeypatch):
-  cfg = ReprobeConfig(train_problems=4, val_problems=2, test_problems=3, difficulties=(1,),
-                               trajectories=TrajectoryConfig(samples=1, max_new_tokens=24, batch_size=8),
-                               train=ProbeTrainConfig(batch_size=4, epochs=1))
+  cfg = ReprobeConfig(
+    train_problems=4,
+    val_problems=2,
+    test_problems=3,
+    difficulties=(1,),
+    trajectories=TrajectoryConfig(samples=1, max_new_tokens=24, batch_size=8),
+    train=ProbeTrainConfig(batch_size=4, epochs=1),
+  )
   tcfg = TTSConfig(problems=2, domains=("arithmetic",), scorers=("perplexity",), budgets=(1, 2, 4), max_steps=4)
   calls = count_stages(monkeypatch, pipeline)
   metrics = job.evaluate(lm, cfg, tcfg, str(tmp_path))
@@ -119,9 +138,16 @@ def test_a_tiny_grid_end_to_end_and_resumed(lm, tmp_path, monkeypatch):
 def test_cascade_rows_and_their_mean_over_seeds():
   def with_cascade(shift):
     m = _metrics(shift)
-    m["cascade"] = {"arithmetic": {"probe": "probe[hidden]", "budget": 4, "fractions": [0.0, 0.5, 1.0], "steps": 9,
-                                   "prm": {"accuracy": [0.5 + shift, 0.6, 0.25], "prm_calls": [0.0, 5 / 9, 1.0]},
-                                   "fusion": {"accuracy": [0.5 + shift, 0.75, 0.75], "prm_calls": [0.0, 5 / 9, 1.0]}}}
+    m["cascade"] = {
+      "arithmetic": {
+        "probe": "probe[hidden]",
+        "budget": 4,
+        "fractions": [0.0, 0.5, 1.0],
+        "steps": 9,
+        "prm": {"accuracy": [0.5 + shift, 0.6, 0.25], "prm_calls": [0.0, 5 / 9, 1.0]},
+        "fusion": {"accuracy": [0.5 + shift, 0.75, 0.75], "prm_calls": [0.0, 5 / 9, 1.0]},
+      }
+    }
     return m
 
   table = report.table_markdown(with_cascade(0.0))
@@ -140,13 +166,25 @@ def test_the_prm_its_fusion_and_the_cascade_in_a_tiny_grid(lm, tmp_path, monkeyp
   score) or by the fusion; the same candidates (same seeds) in every Best-of-N cell. The grid's scorers and fusion
   come from one run of the ReProbe job, whose stages each run once."""
   from reprobe_jax.prm.train import PRMTrainConfig
-  cfg = ReprobeConfig(train_problems=6, val_problems=4, test_problems=3, difficulties=(1,),
-                               feature_sets=("hidden",), trajectories=TrajectoryConfig(samples=1, max_new_tokens=24,
-                                                                                      batch_size=8),
-                               train=ProbeTrainConfig(batch_size=4, epochs=1))
+
+  cfg = ReprobeConfig(
+    train_problems=6,
+    val_problems=4,
+    test_problems=3,
+    difficulties=(1,),
+    feature_sets=("hidden",),
+    trajectories=TrajectoryConfig(samples=1, max_new_tokens=24, batch_size=8),
+    train=ProbeTrainConfig(batch_size=4, epochs=1),
+  )
   prm = PRMTrainConfig(separator="<|pad|>", batch_size=4, epochs=1)
-  tcfg = TTSConfig(problems=2, domains=("arithmetic",), scorers=("probe[hidden]", "prm"),
-                       strategies=("best_of_n",), budgets=(1, 4), max_steps=4)
+  tcfg = TTSConfig(
+    problems=2,
+    domains=("arithmetic",),
+    scorers=("probe[hidden]", "prm"),
+    strategies=("best_of_n",),
+    budgets=(1, 4),
+    max_steps=4,
+  )
   with pytest.raises(ConfigError, match="config.prm.enabled is False"):
     job.evaluate(lm, cfg, tcfg, str(tmp_path))
   calls, reads = count_stages(monkeypatch, pipeline), count_reads(monkeypatch)
@@ -154,8 +192,9 @@ def test_the_prm_its_fusion_and_the_cascade_in_a_tiny_grid(lm, tmp_path, monkeyp
   metrics = job.evaluate(lm, cfg, tcfg, str(tmp_path), prm=prm)
   # the probes and the PRM for the scorers, the report for the step scores the fusion is fitted on: each stage once
   assert calls == {s: 1 for s in STAGES} and grid_calls == {s: 1 for s in job.GRAPH.stages}
-  assert reads == {f"{kind}_{split}.jsonl": 1 for kind in ("samples", "trajectories") for split in ("train", "val",
-                                                                                                      "test")}
+  assert reads == {
+    f"{kind}_{split}.jsonl": 1 for kind in ("samples", "trajectories") for split in ("train", "val", "test")
+  }
   per = metrics["results"]["arithmetic"]
   assert set(per) == {"greedy", "best_of_n[probe[hidden]]", "best_of_n[prm]", "best_of_n[fusion[hidden]]"}
   c = metrics["cascade"]["arithmetic"]

@@ -30,8 +30,12 @@ from reprobe_jax.tts.dvts import dvts
 
 # A word-level vocabulary in which a quarter of the words end a line and a few open an answer line, so a tiny random
 # model takes steps of a few tokens and now and then answers.
-WORDS = (["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(40)] + [f"w{i}.\n" for i in range(16)]
-         + ["<Answer>:", "<answer>", "<ANSWER>", "<Answer>", "x"])
+WORDS = (
+  ["<pad>", "<s>", "</s>"]
+  + [f"w{i}" for i in range(40)]
+  + [f"w{i}.\n" for i in range(16)]
+  + ["<Answer>:", "<answer>", "<ANSWER>", "<Answer>", "x"]
+)
 PROMPTS = [[1, 5, 6, 7], [1, 8, 9], [1, 10, 11, 12, 13]]
 SPEC = FeatureSpec(parts=("hidden",), hidden_layers=(0,))  # the embedding of the token before each response token
 
@@ -39,14 +43,26 @@ SPEC = FeatureSpec(parts=("hidden",), hidden_layers=(0,))  # the embedding of th
 def make_tokenizer():
   from tokenizers import Tokenizer, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
+
   tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<pad>"))
   tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
   return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
-MODEL = ModelConfig(family="llama", vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_layers=2,
-                    num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=256, bos_token_id=1,
-                    eos_token_ids=(2,), pad_token_id=0)
+MODEL = ModelConfig(
+  family="llama",
+  vocab_size=len(WORDS),
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=2,
+  num_heads=2,
+  num_kv_heads=1,
+  head_dim=16,
+  max_position_embeddings=256,
+  bos_token_id=1,
+  eos_token_ids=(2,),
+  pad_token_id=0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +128,7 @@ def reference_search(lm, scorer, prompts, cfg, *, groups, width, spec, seeds):
       row = read[r]
       if row.finish_reason != "stop":
         why[r] = row.finish_reason
-      elif _answer_in(lm, row.tokens[spans[r, 0]:spans[r, 1]]):
+      elif _answer_in(lm, row.tokens[spans[r, 0] : spans[r, 1]]):
         why[r] = "answer"
       elif len(hist[r]) + 1 >= cfg.max_steps:
         why[r] = "max_steps"
@@ -132,15 +148,25 @@ def reference_search(lm, scorer, prompts, cfg, *, groups, width, spec, seeds):
         extra_steps += new
         extra_tokens += np.asarray(scored.lengths) - la_before
         la = greedy.read(scored)
-        go = new & np.array([la[r].finish_reason == "stop" and len(la[r].tokens) < cfg.max_new_tokens
-                             and not _answer_in(lm, la[r].tokens[newest[r, 0]:newest[r, 1]]) for r in range(rows)])
-    score = np.asarray(score_newest(scorer, inputs_from_state(scored, spec, lm.config.num_layers),
-                                    jnp.asarray(score_spans)))
+        go = new & np.array(
+          [
+            la[r].finish_reason == "stop"
+            and len(la[r].tokens) < cfg.max_new_tokens
+            and not _answer_in(lm, la[r].tokens[newest[r, 0] : newest[r, 1]])
+            for r in range(rows)
+          ]
+        )
+    score = np.asarray(
+      score_newest(scorer, inputs_from_state(scored, spec, lm.config.num_layers), jnp.asarray(score_spans))
+    )
     src, kept_log = [], []
     for grp in range(rows // (width * n)):
       members = range(grp * width * n, (grp + 1) * width * n)
-      rank = lambda r: ((0 if primary[r] else 2) if ended[r] else 1,
-                        0.0 if ended[r] else (np.inf if np.isnan(score[r]) else score[r]), r)
+      rank = lambda r: (
+        (0 if primary[r] else 2) if ended[r] else 1,
+        0.0 if ended[r] else (np.inf if np.isnan(score[r]) else score[r]),
+        r,
+      )
       kept = sorted(members, key=rank)[:width]
       kept_log.append(kept)
       src += [r for r in kept for _ in range(n)]
@@ -195,8 +221,11 @@ def test_beam_of_one_with_one_greedy_candidate_is_greedy_step_by_step_decoding(l
   cfg = SearchConfig(n=1, beams=1, max_steps=5, max_new_tokens=24, sampling=SamplingParams(0.0, top_k=50, top_p=0.95))
   scorer = get_scorer("perplexity")
   results = beam_search(lm, scorer, PROMPTS, cfg)
-  smp = lm.sampler(SamplingParams(0.0), capture=union_capture([], token_stats=True),
-                   stop=StepBoundary("line").compile(lm.tokenizer, lm.config.vocab_size))
+  smp = lm.sampler(
+    SamplingParams(0.0),
+    capture=union_capture([], token_stats=True),
+    stop=StepBoundary("line").compile(lm.tokenizer, lm.config.vocab_size),
+  )
   for prompt, res in zip(PROMPTS, results):
     state = smp.prefill([prompt], max_new_tokens=24)
     spans, scores = [], []
@@ -206,7 +235,7 @@ def test_beam_of_one_with_one_greedy_candidate_is_greedy_step_by_step_decoding(l
       spans.append(tuple(int(v) for v in np.asarray(span)[0]))
       scores.append(float(np.asarray(score_newest(scorer, inputs_from_state(state), span))[0]))
       row = smp.read(state, [0])[0]
-      if row.finish_reason != "stop" or _answer_in(lm, row.tokens[spans[-1][0]:spans[-1][1]]):
+      if row.finish_reason != "stop" or _answer_in(lm, row.tokens[spans[-1][0] : spans[-1][1]]):
         break
       state = smp.resume(state)
     tokens = smp.read(state, [0])[0].tokens
@@ -225,8 +254,9 @@ def test_beam_of_one_with_one_greedy_candidate_is_greedy_step_by_step_decoding(l
 def beam_runs(lm):
   """Beam search B=3, N=2 over 3 prompts (batch bucket 4) with a scorer that prefers answer lines, and its host
   reference."""
-  cfg = SearchConfig(n=2, beams=3, max_steps=5, max_new_tokens=24, sampling=SamplingParams(1.0, top_k=0, top_p=1.0),
-                     seed=3)
+  cfg = SearchConfig(
+    n=2, beams=3, max_steps=5, max_new_tokens=24, sampling=SamplingParams(1.0, top_k=0, top_p=1.0), seed=3
+  )
   scorer = word_scorer(lm, "<Answer>:")
   seeds = [11, 12, 13]
   results = beam_search(lm, scorer, PROMPTS, cfg, feature_spec=SPEC, prompt_seeds=seeds)
@@ -287,10 +317,16 @@ def test_a_prompt_gets_the_same_result_alone_as_in_a_batch(lm, beam_runs):
 def test_a_second_search_in_the_same_buckets_compiles_nothing(lm, beam_runs, compile_counter):
   cfg, scorer, _, results, _, _ = beam_runs
   before = compile_counter.count
-  again = beam_search(lm, word_scorer(lm, "w3"), [[1, 30, 31], [1, 32, 33, 34, 35], [1, 36]],
-                      SearchConfig(n=2, beams=3, max_steps=4, max_new_tokens=20,
-                                   sampling=SamplingParams(0.7, top_k=0, top_p=1.0), seed=9),
-                      feature_spec=SPEC, prompt_seeds=[1, 2, 3])
+  again = beam_search(
+    lm,
+    word_scorer(lm, "w3"),
+    [[1, 30, 31], [1, 32, 33, 34, 35], [1, 36]],
+    SearchConfig(
+      n=2, beams=3, max_steps=4, max_new_tokens=20, sampling=SamplingParams(0.7, top_k=0, top_p=1.0), seed=9
+    ),
+    feature_spec=SPEC,
+    prompt_seeds=[1, 2, 3],
+  )
   assert compile_counter.count == before, f"{compile_counter.count - before} compilations in a same-bucket search"
   assert len(again) == 3 and again != results
 
@@ -315,8 +351,16 @@ def test_dvts_keeps_each_subtrees_best_candidate_after_a_lookahead(lm):
   """DVTS B=2 subtrees, N=3 candidates, lookahead 1: equal to the host loop; every kept step is its subtree's argmin
   among its own N candidates of that round (scored on the lookahead step); candidates, not lookahead steps, are
   kept; sampled_steps counts the lookahead steps too."""
-  cfg = SearchConfig(strategy="dvts", n=3, beams=2, max_steps=4, max_new_tokens=24, lookahead=1,
-                     sampling=SamplingParams(1.0, top_k=0, top_p=1.0), seed=5)
+  cfg = SearchConfig(
+    strategy="dvts",
+    n=3,
+    beams=2,
+    max_steps=4,
+    max_new_tokens=24,
+    lookahead=1,
+    sampling=SamplingParams(1.0, top_k=0, top_p=1.0),
+    seed=5,
+  )
   scorer = word_scorer(lm, "w7")
   seeds = [4, 5, 6]
   results = dvts(lm, scorer, PROMPTS, cfg, feature_spec=SPEC, prompt_seeds=seeds)
@@ -325,7 +369,7 @@ def test_dvts_keeps_each_subtrees_best_candidate_after_a_lookahead(lm):
   for p, res in enumerate(results):
     assert len(res.candidates) == 2
     for g, cand in enumerate(res.candidates):
-      for k, s in enumerate(cand.step_scores[:len(log)]):
+      for k, s in enumerate(cand.step_scores[: len(log)]):
         rows = range((p * 2 + g) * 3, (p * 2 + g) * 3 + 3)
         assert s == pytest.approx(min(log[k]["score"][r] for r in rows if log[k]["live"][r]))
       assert len(cand.steps) <= len(log)
@@ -336,11 +380,19 @@ def test_dvts_keeps_each_subtrees_best_candidate_after_a_lookahead(lm):
 
 def test_the_answer_table_finds_answer_lines_as_the_task_parser_does():
   from reprobe_jax.synthetic.tokenizer import build_tokenizer
+
   corpus = ["- Step 1: 12 + 5 = 17\n<Answer>: 17\n", "Think. <answer> 3\n  <ANSWER>:4", "x <Answer>: no\n"] * 20
   tok = build_tokenizer(corpus, vocab_size=300)
   table = search.answer_table(tok, len(tok))
-  texts = ["- Step 1: 12 + 5 = 17\n<Answer>: 17\n", "x <Answer>: no\n", "  <answer> 3", "\n\t<ANSWER>:4", "<Answ",
-           "- Step 2: <answer>\n", "a\n<answer>"]
+  texts = [
+    "- Step 1: 12 + 5 = 17\n<Answer>: 17\n",
+    "x <Answer>: no\n",
+    "  <answer> 3",
+    "\n\t<ANSWER>:4",
+    "<Answ",
+    "- Step 2: <answer>\n",
+    "a\n<answer>",
+  ]
   rows, spans, want = [], [], []
   for text in texts:  # every span of every text, as one batch
     ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -372,9 +424,13 @@ def test_bad_input_gets_one_clear_error_before_any_work(lm, compile_counter):
   before = compile_counter.count
   with pytest.raises(CacheFullError, match="max_position_embeddings=256"):
     beam_search(lm, get_scorer("perplexity"), PROMPTS, SearchConfig(max_new_tokens=252))  # 5 + 252 > 256
-  with pytest.raises(ConfigError, match=r"scorer 'probe' reads hidden features this target cannot capture.*index 5 is outside"):
+  with pytest.raises(
+    ConfigError, match=r"scorer 'probe' reads hidden features this target cannot capture.*index 5 is outside"
+  ):
     beam_search(lm, deep, PROMPTS, ok)
-  with pytest.raises(ConfigError, match=r"scorer 'probe' reads 6 features per token; this target's hidden features have 32"):
+  with pytest.raises(
+    ConfigError, match=r"scorer 'probe' reads 6 features per token; this target's hidden features have 32"
+  ):
     beam_search(lm, narrow, PROMPTS, ok)
   with pytest.raises(ConfigError, match="scorer 'word'.*reads ScoreInputs.features, which is None"):
     beam_search(lm, word, PROMPTS, ok)  # a scorer that reads features, given no feature spec
@@ -386,14 +442,16 @@ def test_bad_input_gets_one_clear_error_before_any_work(lm, compile_counter):
     dvts(lm, get_scorer("perplexity"), PROMPTS, ok)
   with pytest.raises(ConfigError, match="mode must be one of"):
     beam_search(lm, get_scorer("perplexity"), PROMPTS, ok, mode="sentence")
-  with pytest.raises(ConfigError, match=r"prompt_seeds: need one integer in \[0, 2\*\*32\) per prompt \(3\), got \[-1, 0, 0\]"):
+  with pytest.raises(
+    ConfigError, match=r"prompt_seeds: need one integer in \[0, 2\*\*32\) per prompt \(3\), got \[-1, 0, 0\]"
+  ):
     beam_search(lm, get_scorer("perplexity"), PROMPTS, ok, prompt_seeds=[-1, 0, 0])
   assert compile_counter.count == before, "a bad input was found only after work had started"
 
 
 # ------------------------------------------------------------------------------------------------ 8-device parity
 
-_SHARDED = textwrap.dedent('''
+_SHARDED = textwrap.dedent("""
     import sys, tempfile
     import jax
     import numpy as np
@@ -440,7 +498,7 @@ _SHARDED = textwrap.dedent('''
                     np.asarray([spans], np.int32))
       np.testing.assert_allclose(np.asarray(fresh)[0], c.step_scores, atol=1e-5)
     print("SHARDED SEARCH OK")
-''')
+""")
 
 
 @pytest.mark.slow  # a subprocess on 8 host devices (about 35 s)
@@ -455,7 +513,9 @@ def test_sharded_search_on_8_devices_makes_the_same_selections(tmp_path):
   env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
   for k in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS"):
     env.pop(k, None)
-  proc = subprocess.run([sys.executable, str(script), os.path.dirname(__file__)], env=env, capture_output=True,
-                        text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, str(script), os.path.dirname(__file__)], env=env, capture_output=True, text=True, timeout=300
+  )
   assert proc.returncode == 0 and "SHARDED SEARCH OK" in proc.stdout, (
-      f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+    f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+  )

@@ -11,18 +11,32 @@ import pytest
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.tasks import Problem, make_problems
 from reprobe_jax.tts import Candidate, PromptResult
-from reprobe_jax.tts.select import (Choice, Outcome, answer_checker, check_aggregation, choose, first_k,
-                                    log_vote_weight, select, selection_auroc, summarize, trajectory_score)
+from reprobe_jax.tts.select import (
+  Choice,
+  Outcome,
+  answer_checker,
+  check_aggregation,
+  choose,
+  first_k,
+  log_vote_weight,
+  select,
+  selection_auroc,
+  summarize,
+  trajectory_score,
+)
 
 STEPS = [0.2, math.nan, 0.5, 0.1]  # P(step incorrect); the NaN step had no tokens
 
 
-@pytest.mark.parametrize("aggregation, expected", [
+@pytest.mark.parametrize(
+  "aggregation, expected",
+  [
     ("min", 0.5),  # min over steps of P(correct) = 1 - 0.5: the worst step's score
     ("mean", (0.2 + 0.5 + 0.1) / 3),
     ("last", 0.1),  # the last scored step (the NaN one is skipped)
     ("product", 1 - 0.8 * 0.5 * 0.9),  # 1 - P(every step correct) = 0.64
-])
+  ],
+)
 def test_each_aggregation_on_a_worked_example(aggregation, expected):
   assert trajectory_score(STEPS, aggregation, probabilities=True) == pytest.approx(expected, abs=1e-12)
 
@@ -72,8 +86,9 @@ def test_every_selection_on_a_worked_example():
 
 def test_vote_ties_go_to_the_better_best_score_then_the_first_seen():
   # 2 votes each; '9' holds the best score (0.3 < 0.35)
-  assert choose(["5", "9", "9", "5"], [False] * 4, [0.4, 0.3, 0.5, 0.35], probabilities=True)["majority"] == \
-      Choice("9", False, 1)
+  assert choose(["5", "9", "9", "5"], [False] * 4, [0.4, 0.3, 0.5, 0.35], probabilities=True)["majority"] == Choice(
+    "9", False, 1
+  )
   # equal counts, equal best scores: the answer seen first; equal scores for best-of-N: the lowest index
   tie = choose(["5", "9"], [False, True], [0.3, 0.3], probabilities=True)
   assert tie["majority"] == Choice("5", False, 0) and tie["weighted"] == Choice("5", False, 0)
@@ -110,15 +125,22 @@ class _Pieces:
 
 
 def _candidate(i, scores, finish="eos"):
-  return Candidate(response_ids=(i,), steps=tuple((0, 1) for _ in scores), step_scores=tuple(scores),
-                   finish_reason=finish)
+  return Candidate(
+    response_ids=(i,), steps=tuple((0, 1) for _ in scores), step_scores=tuple(scores), finish_reason=finish
+  )
 
 
 def test_select_votes_on_the_familys_normalised_answers():
   problem = make_problems("arithmetic", 1, 0, 1)[0]
   a, b = problem.answer, str(int(problem.answer) + 1)
-  texts = [f"- Step 1: x\n<Answer>: {a}", f"<Answer>:  {a}.", f"<Answer>: {b}", f"<Answer>: {b}", f"<Answer>: {a},",
-           "no answer line"]
+  texts = [
+    f"- Step 1: x\n<Answer>: {a}",
+    f"<Answer>:  {a}.",
+    f"<Answer>: {b}",
+    f"<Answer>: {b}",
+    f"<Answer>: {a},",
+    "no answer line",
+  ]
   scores = [[0.6], [0.5], [0.1], [0.2], [0.4], [0.0]]
   result = PromptResult(tuple(_candidate(i, s) for i, s in enumerate(scores)), sampled_steps=6, generated_tokens=12)
   out = select(problem, result, _Pieces(texts), mode="line", aggregation="min", probabilities=True)
@@ -134,13 +156,25 @@ def test_summarize_and_unknown_families():
   right, wrong = Choice("1", True, 0), Choice("2", False, 0)
   # p1's scores rank its wrong candidates (1, 3) above its right ones: 3 of the 4 (wrong, right) pairs in order and
   # one tie -> AUROC 3.5 / 4; p2's all-right candidates say nothing about ranking and are left out.
-  o1 = Outcome("p1", right, wrong, right, wrong, right, 4, 10, 100, scores=(0.1, 0.9, 0.5, 0.5),
-               correct=(True, False, True, False))
-  o2 = Outcome("p2", wrong, wrong, right, right, right, 4, 20, 300, scores=(0.1, 0.2, 0.3, 0.4),
-               correct=(True, True, True, True))
+  o1 = Outcome(
+    "p1", right, wrong, right, wrong, right, 4, 10, 100, scores=(0.1, 0.9, 0.5, 0.5), correct=(True, False, True, False)
+  )
+  o2 = Outcome(
+    "p2", wrong, wrong, right, right, right, 4, 20, 300, scores=(0.1, 0.2, 0.3, 0.4), correct=(True, True, True, True)
+  )
   s = summarize([o1, o2])
-  assert s == {"first": 0.5, "best": 0.0, "majority": 1.0, "weighted": 0.5, "pass@n": 1.0, "sampled_steps": 15.0,
-               "generated_tokens": 200.0, "problems": 2, "selection_auroc": 0.875, "mixed_problems": 1}
+  assert s == {
+    "first": 0.5,
+    "best": 0.0,
+    "majority": 1.0,
+    "weighted": 0.5,
+    "pass@n": 1.0,
+    "sampled_steps": 15.0,
+    "generated_tokens": 200.0,
+    "problems": 2,
+    "selection_auroc": 0.875,
+    "mixed_problems": 1,
+  }
   assert selection_auroc([o2]) == (pytest.approx(float("nan"), nan_ok=True), 0)
   with pytest.raises(DataFormatError, match="no outcomes"):
     summarize([])
@@ -149,8 +183,12 @@ def test_summarize_and_unknown_families():
 
 
 def test_first_k_is_the_run_at_n_equal_k():
-  cands = (_candidate(0, [0.1, 0.2]), _candidate(1, [0.3], "length"), _candidate(2, [0.5, 0.1, 0.2], "eos"),
-           _candidate(3, [0.9]))
+  cands = (
+    _candidate(0, [0.1, 0.2]),
+    _candidate(1, [0.3], "length"),
+    _candidate(2, [0.5, 0.1, 0.2], "eos"),
+    _candidate(3, [0.9]),
+  )
   result = PromptResult(cands, sampled_steps=7, generated_tokens=4 + 3)
   two = first_k(result, 2)
   assert two.candidates == cands[:2]

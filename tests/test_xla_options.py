@@ -12,8 +12,13 @@ import pytest
 
 from reprobe_jax.models import SamplingParams, load_pretrained
 from reprobe_jax.models import xla_options
-from reprobe_jax.models.xla_options import (DECODE_COMPILER_OPTIONS, YNN_DOTS_ONLY, YNN_FUSION_OPTION,
-                                            decode_compiler_options, decode_jit)
+from reprobe_jax.models.xla_options import (
+  DECODE_COMPILER_OPTIONS,
+  YNN_DOTS_ONLY,
+  YNN_FUSION_OPTION,
+  decode_compiler_options,
+  decode_jit,
+)
 
 ON_MEASURED_LINE = bool(DECODE_COMPILER_OPTIONS)
 
@@ -38,12 +43,14 @@ def _ynn_ops(compiled_text: str) -> list[str]:
   return ops
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu" or not ON_MEASURED_LINE,
-                    reason="XLA:CPU on the measured jaxlib line only")
+@pytest.mark.skipif(
+  jax.default_backend() != "cpu" or not ON_MEASURED_LINE, reason="XLA:CPU on the measured jaxlib line only"
+)
 def test_decode_jit_entry_keeps_only_dots_in_ynnpack_and_its_twin_nests():
   """An RMSNorm then a projection at decode shapes ([32, 576] x [576, 1536]) through `decode_jit`: the jit without
   options (XLA's defaults) makes the norm's reduction a YNNPACK fusion of its own, the entry only the dot; the twin
   runs inside another jit, where JAX refuses compiler options."""
+
   def f(x, w):
     x = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-5)
     return jax.nn.silu(x @ w)
@@ -54,8 +61,9 @@ def test_decode_jit_entry_keeps_only_dots_in_ynnpack_and_its_twin_nests():
   ours = _ynn_ops(entry.lower(*args).compile().as_text())
   assert "reduce_sum" in default  # if XLA stops doing this, the option may no longer be needed
   assert "dot_general" in ours and "reduce_sum" not in ours
-  np.testing.assert_allclose(np.asarray(entry(*args)), np.asarray(jax.jit(lambda *a: in_jit(*a) * 1.0)(*args)),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(entry(*args)), np.asarray(jax.jit(lambda *a: in_jit(*a) * 1.0)(*args)), rtol=1e-6
+  )
   with pytest.raises(ValueError, match="compiler_options"):
     jax.jit(lambda *a: entry(*a))(*args)
 
@@ -80,12 +88,19 @@ def test_greedy_tokens_and_logprobs_equal_under_xla_defaults(tiny_llama_dir):
   import os
   import subprocess
   import sys
+
   prompts = [[1, 10, 11, 12, 13], [1, 20, 21], [1, 30, 31, 32, 33, 34, 35]]
   lm = load_pretrained(tiny_llama_dir)
   ours = lm.generate(prompts, SamplingParams(temperature=0), max_new_tokens=12)
   env = dict(os.environ, REPROBE_JAX_XLA_DEFAULTS="1")
-  run = subprocess.run([sys.executable, "-c", GREEDY, tiny_llama_dir, json.dumps(prompts)], env=env,
-                       capture_output=True, text=True, timeout=300, check=True)
+  run = subprocess.run(
+    [sys.executable, "-c", GREEDY, tiny_llama_dir, json.dumps(prompts)],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=True,
+  )
   ref = json.loads(run.stdout.strip().splitlines()[-1])
   assert ref["options"] == {}
   np.testing.assert_array_equal(np.asarray(ours.tokens), np.asarray(ref["tokens"]))

@@ -14,14 +14,50 @@ copied) with these fields set:
 from __future__ import annotations
 
 from reprobe_jax.annotate.importer import import_labels
-from reprobe_jax.annotate.judge import (JudgeBackendError, JudgePrompts, OpenAICompatibleJudge, SelfJudge,
-                                        annotate_judge, parse_verdict, parse_verdict_list, reference_solution)
+from reprobe_jax.annotate.judge import (
+  JudgeBackendError,
+  JudgePrompts,
+  OpenAICompatibleJudge,
+  SelfJudge,
+  annotate_judge,
+  parse_verdict,
+  parse_verdict_list,
+  reference_solution,
+)
 from reprobe_jax.annotate.records import as_trajectory, has_tokens, label_array, labelled, record_id, record_steps
 from reprobe_jax.annotate.rule import annotate_rule
-from reprobe_jax.annotate.select import ANNOTATORS, JudgeAPI, JudgeSettings, SelfJudgeSampling, annotate, \
-    annotator_key, check_annotator
+from reprobe_jax.annotate.select import (
+  ANNOTATORS,
+  JudgeAPI,
+  JudgeSettings,
+  SelfJudgeSampling,
+  annotate,
+  annotator_key,
+  check_annotator,
+)
 
-__all__ = ["ANNOTATORS", "JudgeAPI", "JudgeBackendError", "JudgePrompts", "JudgeSettings", "OpenAICompatibleJudge",
-           "SelfJudge", "SelfJudgeSampling", "annotate", "annotate_judge", "annotate_rule", "annotator_key",
-           "as_trajectory", "check_annotator", "has_tokens", "import_labels", "label_array", "labelled",
-           "parse_verdict", "parse_verdict_list", "record_id", "record_steps", "reference_solution"]
+__all__ = [
+  "ANNOTATORS",
+  "JudgeAPI",
+  "JudgeBackendError",
+  "JudgePrompts",
+  "JudgeSettings",
+  "OpenAICompatibleJudge",
+  "SelfJudge",
+  "SelfJudgeSampling",
+  "annotate",
+  "annotate_judge",
+  "annotate_rule",
+  "annotator_key",
+  "as_trajectory",
+  "check_annotator",
+  "has_tokens",
+  "import_labels",
+  "label_array",
+  "labelled",
+  "parse_verdict",
+  "parse_verdict_list",
+  "record_id",
+  "record_steps",
+  "reference_solution",
+]

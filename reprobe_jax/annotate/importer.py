@@ -1,5 +1,5 @@
-"""Step labels imported from a file (docs/method.md §A2(c)): per-step labels, a ProcessBench first-error index, or PRM800K
-ratings.
+"""Step labels imported from a file (docs/method.md §A2(c)): per-step labels, a ProcessBench first-error index, or
+PRM800K ratings.
 
 The file is JSONL, one object per trajectory: {"id": <trajectory id>} plus exactly one of
   "labels": [0 | 1 | null, ...]   one per step; 1 = incorrect, 0 = correct, null = unknown (our convention).
@@ -46,8 +46,9 @@ def import_labels(records: Sequence[Record], path: str | os.PathLike, *, strict:
     num_steps.append(len(record_steps(record, index)))
     rid = record_id(record, index)
     if rid in by_id:
-      raise DataFormatError(f"trajectory {rid}: the id is used by records {by_id[rid]} and {index}; imported labels "
-                            "are matched by id")
+      raise DataFormatError(
+        f"trajectory {rid}: the id is used by records {by_id[rid]} and {index}; imported labels are matched by id"
+      )
     by_id[rid] = index
   entries: dict[int, tuple[list[float], str]] = {}
   seen: dict[str, int] = {}
@@ -71,13 +72,17 @@ def import_labels(records: Sequence[Record], path: str | os.PathLike, *, strict:
   if unknown:
     if strict:
       where, rid = unknown[0]
-      raise DataFormatError(f"{where}: trajectory {rid!r} is not among the {len(records)} records given "
-                            f"({len(unknown)} unknown id(s) in the file; strict=False ignores them)")
+      raise DataFormatError(
+        f"{where}: trajectory {rid!r} is not among the {len(records)} records given "
+        f"({len(unknown)} unknown id(s) in the file; strict=False ignores them)"
+      )
     logging.warning("%s: %d id(s) not among the records were ignored, e.g. %r", path, len(unknown), unknown[0][1])
   missing = [record_id(r, i) for i, r in enumerate(records) if i not in entries]
   if missing and strict:
-    raise DataFormatError(f"{path}: {len(missing)} of {len(records)} trajectories have no labels in the file, "
-                          f"e.g. {missing[:3]} (strict=False keeps them with unknown labels)")
+    raise DataFormatError(
+      f"{path}: {len(missing)} of {len(records)} trajectories have no labels in the file, "
+      f"e.g. {missing[:3]} (strict=False keeps them with unknown labels)"
+    )
 
   out = []
   for index, record in enumerate(records):
@@ -93,16 +98,19 @@ def _parse(obj: dict, where: str, rid: str, n: int) -> tuple[list[float], str]:
   """(labels, format) of one line for a trajectory of `n` steps."""
   present = [f for f in FORMATS if f in obj]
   if len(present) != 1:
-    raise DataFormatError(f"{where}: trajectory {rid!r} needs exactly one of {', '.join(FORMATS)}, found "
-                          f"{present or 'none'}")
+    raise DataFormatError(
+      f"{where}: trajectory {rid!r} needs exactly one of {', '.join(FORMATS)}, found {present or 'none'}"
+    )
   fmt = present[0]
   value = obj[fmt]
   if fmt == "first_error":
     if value is None or (_is_int(value) and value == -1):
       return [0.0] * n, fmt
     if not _is_int(value) or not 0 <= value < n:
-      raise DataFormatError(f"{where}: trajectory {rid!r} has {n} steps; first_error must be -1, null or an index "
-                            f"in 0..{n - 1}, found {value!r}")
+      raise DataFormatError(
+        f"{where}: trajectory {rid!r} has {n} steps; first_error must be -1, null or an index "
+        f"in 0..{n - 1}, found {value!r}"
+      )
     return [0.0] * value + [1.0] + [math.nan] * (n - value - 1), fmt
   if not isinstance(value, list):
     raise DataFormatError(f"{where}: field {fmt!r} must be a list, found {type(value).__name__}")

@@ -1,4 +1,5 @@
-"""The two-stage LLM judge of docs/method.md §A2(b), with the target model as its own judge or an OpenAI-compatible server.
+"""The two-stage LLM judge of docs/method.md §A2(b), with the target model as its own judge or an OpenAI-compatible
+server.
 
 Line mode (two calls per trajectory): stage 1 shows the judge the problem, a reference solution and the numbered
 student steps and asks for a free-form critique of each step; stage 2 shows the critique again and asks for a
@@ -41,16 +42,15 @@ class JudgeBackend(Protocol):
 
   name: str
 
-  def complete(self, prompts: list[str]) -> list[str]:
-    ...
+  def complete(self, prompts: list[str]) -> list[str]: ...
 
 
 # ------------------------------------------------------------------------------------------------ prompts
 
 _FIELDS = {
-    "critique": ({"problem", "reference", "steps", "num_steps"}, {"steps"}),
-    "verdict": ({"problem", "reference", "steps", "num_steps", "critique"}, {"critique"}),
-    "step": ({"problem", "reference", "previous", "step", "step_number"}, {"step"}),
+  "critique": ({"problem", "reference", "steps", "num_steps"}, {"steps"}),
+  "verdict": ({"problem", "reference", "steps", "num_steps", "critique"}, {"critique"}),
+  "step": ({"problem", "reference", "previous", "step", "step_number"}, {"step"}),
 }
 
 
@@ -77,13 +77,15 @@ class JudgePrompts:
       try:
         fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
       except ValueError as e:
-        raise ConfigError(f"JudgePrompts.{name} is not a valid format string ({e}); write literal braces as "
-                          "'{{' and '}}'") from None
+        raise ConfigError(
+          f"JudgePrompts.{name} is not a valid format string ({e}); write literal braces as '{{{{' and '}}}}'"
+        ) from None
       if "" in fields or any(not f.isidentifier() for f in fields):
         raise ConfigError(f"JudgePrompts.{name}: use named fields only, found {sorted(fields)}")
       if fields - allowed:
-        raise ConfigError(f"JudgePrompts.{name} uses unknown field(s) {sorted(fields - allowed)}; allowed: "
-                          f"{sorted(allowed)}")
+        raise ConfigError(
+          f"JudgePrompts.{name} uses unknown field(s) {sorted(fields - allowed)}; allowed: {sorted(allowed)}"
+        )
       if required - fields:
         raise ConfigError(f"JudgePrompts.{name} must contain {sorted(required)}")
 
@@ -130,7 +132,7 @@ _DIGIT = re.compile(r"(?<![\w.])([01])(?!\w|\.\d)")
 def _after_thinking(reply: str) -> str:
   """The reply after a reasoning model's last '</think>' (lists inside the thinking are drafts)."""
   cut = reply.rfind("</think>")
-  return reply if cut < 0 else reply[cut + len("</think>"):]
+  return reply if cut < 0 else reply[cut + len("</think>") :]
 
 
 def parse_verdict_list(reply: str, n: int) -> list[int] | None:
@@ -169,6 +171,7 @@ def _label(verdict: int | None) -> float:
 
 class _Item(NamedTuple):
   """One trajectory to judge."""
+
   record: Record
   texts: list[str]  # the aligned steps' texts
   question: str
@@ -176,10 +179,16 @@ class _Item(NamedTuple):
   per_step: bool
 
 
-def annotate_judge(records: Sequence[Record], problems: Mapping[str, Problem | str],
-                   backend: JudgeBackend, prompts: JudgePrompts, *,
-                   reference_fn: Callable[[Problem | str], str] = reference_solution, per_step: bool | None = None,
-                   keep_replies: bool = False) -> list[Record]:
+def annotate_judge(
+  records: Sequence[Record],
+  problems: Mapping[str, Problem | str],
+  backend: JudgeBackend,
+  prompts: JudgePrompts,
+  *,
+  reference_fn: Callable[[Problem | str], str] = reference_solution,
+  per_step: bool | None = None,
+  keep_replies: bool = False,
+) -> list[Record]:
   """New records labelled by an LLM judge (docs/method.md §A2(b)); `annotator` = 'judge:<backend name>'.
 
   problems: problem id -> Problem, or -> question text (for data without checker data). reference_fn gives the
@@ -225,8 +234,9 @@ def _complete(backend: JudgeBackend, prompts: list[str]) -> list[str]:
     return []
   replies = list(backend.complete(prompts))
   if len(replies) != len(prompts):
-    raise JudgeBackendError(f"judge backend {getattr(backend, 'name', backend)!r} returned {len(replies)} replies "
-                            f"for {len(prompts)} prompts")
+    raise JudgeBackendError(
+      f"judge backend {getattr(backend, 'name', backend)!r} returned {len(replies)} replies for {len(prompts)} prompts"
+    )
   return [r if isinstance(r, str) else "" for r in replies]
 
 
@@ -235,12 +245,14 @@ def _two_stage(items: list[_Item], backend, prompts: JudgePrompts, labels, repli
   fields = {}
   for i in todo:
     item = items[i]
-    fields[i] = dict(problem=item.question, reference=item.reference, steps=_numbered(item.texts),
-                     num_steps=len(item.texts))
+    fields[i] = dict(
+      problem=item.question, reference=item.reference, steps=_numbered(item.texts), num_steps=len(item.texts)
+    )
   critiques = _complete(backend, [prompts.critique.format(**fields[i]) for i in todo])
   # A reasoning judge's thinking is left out of stage 2: the critique is what it concluded.
-  verdicts = _complete(backend, [prompts.verdict.format(critique=_after_thinking(c).strip(), **fields[i])
-                                 for i, c in zip(todo, critiques)])
+  verdicts = _complete(
+    backend, [prompts.verdict.format(critique=_after_thinking(c).strip(), **fields[i]) for i, c in zip(todo, critiques)]
+  )
   for i, critique, verdict in zip(todo, critiques, verdicts):
     n = len(items[i].texts)
     parsed = parse_verdict_list(verdict, n)
@@ -257,8 +269,15 @@ def _per_step(items: list[_Item], backend, prompts: JudgePrompts, labels, replie
     replies[i] = {"steps": [""] * len(item.texts)}
     for k, text in enumerate(item.texts):
       previous = _numbered(item.texts[:k]) if k else prompts.no_previous
-      batch.append(prompts.step.format(problem=item.question, reference=item.reference, previous=previous,
-                                       step=_STEP_PREFIX.sub("", text, count=1), step_number=k + 1))
+      batch.append(
+        prompts.step.format(
+          problem=item.question,
+          reference=item.reference,
+          previous=previous,
+          step=_STEP_PREFIX.sub("", text, count=1),
+          step_number=k + 1,
+        )
+      )
       where.append((i, k))
   for (i, k), reply in zip(where, _complete(backend, batch)):
     labels[i][k] = _label(parse_verdict(reply))
@@ -275,13 +294,19 @@ class SelfJudge:
 
   name = "self"
 
-  def __init__(self, lm: LanguageModel, sampling: SamplingParams = SamplingParams(0.7, 20, 0.95), *,
-               max_new_tokens: int = 1024, seed: int = 0, batch_size: int = 8):
+  def __init__(
+    self,
+    lm: LanguageModel,
+    sampling: SamplingParams = SamplingParams(0.7, 20, 0.95),
+    *,
+    max_new_tokens: int = 1024,
+    seed: int = 0,
+    batch_size: int = 8,
+  ):
     if lm.tokenizer is None:
       raise ConfigError("SelfJudge needs a LanguageModel with a tokenizer")
     if max_new_tokens < 1 or batch_size < 1:
-      raise ConfigError(f"SelfJudge: max_new_tokens and batch_size must be >= 1, found {max_new_tokens}, "
-                        f"{batch_size}")
+      raise ConfigError(f"SelfJudge: max_new_tokens and batch_size must be >= 1, found {max_new_tokens}, {batch_size}")
     self.lm, self.sampling, self.max_new_tokens, self.batch_size = lm, sampling, max_new_tokens, batch_size
     self.seed = seed
     self._calls = 0  # each call samples with fresh seeds, the same ones on every run
@@ -289,8 +314,7 @@ class SelfJudge:
   def chat(self, prompt: str) -> str:
     tok = self.lm.tokenizer
     if getattr(tok, "chat_template", None):
-      return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                     add_generation_prompt=True)
+      return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
     return prompt
 
   def complete(self, prompts: list[str]) -> list[str]:
@@ -298,10 +322,9 @@ class SelfJudge:
     base = self.seed + 1_000_003 * self._calls
     self._calls += 1
     for start in range(0, len(prompts), self.batch_size):
-      chunk = [self.chat(p) for p in prompts[start:start + self.batch_size]]
+      chunk = [self.chat(p) for p in prompts[start : start + self.batch_size]]
       gen = self.lm.generate(chunk, self.sampling, max_new_tokens=self.max_new_tokens, seed=base + start)
-      out.extend(self.lm.tokenizer.decode(gen.token_ids(row), skip_special_tokens=True)
-                 for row in range(len(chunk)))
+      out.extend(self.lm.tokenizer.decode(gen.token_ids(row), skip_special_tokens=True) for row in range(len(chunk)))
     return out
 
 
@@ -313,14 +336,26 @@ class OpenAICompatibleJudge:
   with exponential backoff; other HTTP errors fail at once. `max_workers` requests run at the same time.
   """
 
-  def __init__(self, base_url: str, model: str, api_key: str | None = None, *, temperature: float = 0.7,
-               top_p: float = 0.95, max_tokens: int | None = None, timeout: float = 120.0, retries: int = 3,
-               backoff: float = 1.0, max_workers: int = 4):
+  def __init__(
+    self,
+    base_url: str,
+    model: str,
+    api_key: str | None = None,
+    *,
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    max_tokens: int | None = None,
+    timeout: float = 120.0,
+    retries: int = 3,
+    backoff: float = 1.0,
+    max_workers: int = 4,
+  ):
     if not base_url or not base_url.startswith(("http://", "https://")):
       raise ConfigError(f"judge base_url must start with http:// or https://, found {base_url!r}")
     if retries < 1 or max_workers < 1 or timeout <= 0:
-      raise ConfigError(f"judge: retries and max_workers must be >= 1 and timeout > 0, found {retries}, "
-                        f"{max_workers}, {timeout}")
+      raise ConfigError(
+        f"judge: retries and max_workers must be >= 1 and timeout > 0, found {retries}, {max_workers}, {timeout}"
+      )
     self.url = base_url.rstrip("/") + "/chat/completions"
     self.model, self.api_key = model, api_key
     self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
@@ -328,8 +363,12 @@ class OpenAICompatibleJudge:
     self.name = f"openai:{model}"
 
   def _request(self, prompt: str) -> str:
-    body: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                            "temperature": self.temperature, "top_p": self.top_p}
+    body: dict[str, Any] = {
+      "model": self.model,
+      "messages": [{"role": "user", "content": prompt}],
+      "temperature": self.temperature,
+      "top_p": self.top_p,
+    }
     if self.max_tokens is not None:
       body["max_tokens"] = self.max_tokens
     headers = {"Content-Type": "application/json"}
@@ -356,8 +395,7 @@ class OpenAICompatibleJudge:
       try:
         content = json.loads(payload)["choices"][0]["message"]["content"]
       except (ValueError, KeyError, IndexError, TypeError):
-        raise JudgeBackendError(f"judge response from {self.url} is not a chat completion: "
-                                f"{payload[:300]!r}") from None
+        raise JudgeBackendError(f"judge response from {self.url} is not a chat completion: {payload[:300]!r}") from None
       return content or ""
     raise JudgeBackendError(f"judge request to {self.url} failed after {self.retries} tries: {last}")
 

@@ -25,8 +25,9 @@ def as_trajectory(record: Record, index: int) -> Trajectory:
   if isinstance(record, Trajectory):
     return record
   if not isinstance(record, Mapping):
-    raise DataFormatError(f"<record {index}>: expected a trajectory record (Trajectory or dict), found "
-                          f"{type(record).__name__}")
+    raise DataFormatError(
+      f"<record {index}>: expected a trajectory record (Trajectory or dict), found {type(record).__name__}"
+    )
   return Trajectory.from_json(record, required=_ANNOTATE_FIELDS)
 
 
@@ -60,8 +61,9 @@ def labelled(record: Record, labels: Sequence[float | None], annotator: str, **e
   first = first_error(values)
   values = [v if has_tokens(s) else math.nan for v, s in zip(values, steps)]
   if isinstance(record, Trajectory):
-    return dataclasses.replace(record, labels=tuple(values), first_error=first, annotator=annotator,
-                               extra={**record.extra, **extra})
+    return dataclasses.replace(
+      record, labels=tuple(values), first_error=first, annotator=annotator, extra={**record.extra, **extra}
+    )
   out = dict(record)
   out["labels"] = labels_to_json(values)
   out["first_error"] = first

@@ -1,4 +1,5 @@
-"""Rule-based step labels for the synthetic task families (docs/method.md §A2(a)), mapped onto aligned steps (docs/method.md §A1).
+"""Rule-based step labels for the synthetic task families (docs/method.md §A2(a)), mapped onto aligned steps
+(docs/method.md §A1).
 
 Line mode: the aligned steps are the non-empty lines, the final '<Answer>: X' line included. The lines before the
 answer line are the steps `formats.parse_line` reads (a '- Step k:' prefix is removed where present), labelled by
@@ -27,7 +28,8 @@ ANNOTATOR = "rule"
 
 
 def annotate_rule(records: Sequence[Record], problems: Mapping[str, Problem]) -> list[Record]:
-  """New records with rule-based `labels`, `first_error`, `annotator`='rule', `answer` and `correct` (docs/method.md §A2(a)).
+  """New records with rule-based `labels`, `first_error`, `annotator`='rule', `answer` and `correct` (docs/method.md
+  §A2(a)).
 
   `problems` maps problem id -> Problem; each record's `problem_id` must be among them (DataFormatError naming the
   record otherwise). `answer` is the final answer parsed from the response (None if there is none) and `correct`
@@ -64,8 +66,9 @@ def _problem(traj: Trajectory, rid: str, problems: Mapping[str, Problem]) -> Pro
   try:
     return problems[pid]
   except KeyError:
-    raise DataFormatError(f"trajectory {rid}: problem {pid!r} is not among the {len(problems)} problems "
-                          "given") from None
+    raise DataFormatError(
+      f"trajectory {rid}: problem {pid!r} is not among the {len(problems)} problems given"
+    ) from None
 
 
 def line_labels(problem: Problem, texts: Sequence[str]) -> tuple[list[float], str | None]:

@@ -1,5 +1,5 @@
-"""The annotator a job asks for by name (docs/method.md §A2): 'rule' (exact checkers), 'self' (the target model as its own
-two-stage judge), 'judge' (an OpenAI-compatible server as the judge), 'import' (labels from a file).
+"""The annotator a job asks for by name (docs/method.md §A2): 'rule' (exact checkers), 'self' (the target model as its
+own two-stage judge), 'judge' (an OpenAI-compatible server as the judge), 'import' (labels from a file).
 
 A job's config carries `annotator` (the name), `judge` (`JudgeSettings`, read by 'self' and 'judge') and
 `labels_path` (read by 'import'). `check_annotator` validates them before any work starts; `annotator_key` is what
@@ -68,8 +68,10 @@ def check_annotator(annotator: str, judge: JudgeSettings, labels_path: str) -> N
   if annotator not in ANNOTATORS:
     raise ConfigError(f"config.annotator must be one of {', '.join(ANNOTATORS.names())}, found {annotator!r}")
   if annotator in ("self", "judge") and not isinstance(judge.prompts, JudgePrompts):
-    raise ConfigError(f"config.judge.prompts: annotator {annotator!r} needs the judge's prompt templates (see "
-                      "configs/judge_prompts.py), found none")
+    raise ConfigError(
+      f"config.judge.prompts: annotator {annotator!r} needs the judge's prompt templates (see "
+      "configs/judge_prompts.py), found none"
+    )
   if annotator == "self":
     s = judge.self_judge
     for name in ("max_new_tokens", "batch_size"):
@@ -100,16 +102,25 @@ def annotator_key(annotator: str, judge: JudgeSettings, labels_path: str) -> dic
   key: dict[str, Any] = {"annotator": annotator}
   if annotator in ("self", "judge"):
     api = {k: v for k, v in dataclasses.asdict(judge.api).items() if k != "api_key_env"}
-    key.update(prompts=dataclasses.asdict(judge.prompts), per_step=judge.per_step,
-               backend=dataclasses.asdict(judge.self_judge) if annotator == "self" else api)
+    key.update(
+      prompts=dataclasses.asdict(judge.prompts),
+      per_step=judge.per_step,
+      backend=dataclasses.asdict(judge.self_judge) if annotator == "self" else api,
+    )
   else:
     with open(labels_path, "rb") as f:
       key["labels_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
   return key
 
 
-def annotate(records: Sequence[Record], problems: Mapping[str, Problem], annotator: str, judge: JudgeSettings,
-             labels_path: str, lm: LanguageModel | None = None) -> list[Record]:
+def annotate(
+  records: Sequence[Record],
+  problems: Mapping[str, Problem],
+  annotator: str,
+  judge: JudgeSettings,
+  labels_path: str,
+  lm: LanguageModel | None = None,
+) -> list[Record]:
   """`records` labelled by the chosen annotator ('self' judges with `lm`, the target); `problems` maps problem id
   -> Problem for the rule checkers and the judge's reference solutions. 'import' is strict: the file must label
   every record and name no other."""
@@ -134,9 +145,17 @@ def _self(records, problems, judge, labels_path, lm) -> list[Record]:
 @ANNOTATORS.register("judge")
 def _judge(records, problems, judge, labels_path, lm) -> list[Record]:
   api = judge.api
-  backend = OpenAICompatibleJudge(api.base_url, api.model, os.environ.get(api.api_key_env) or None,
-                                  temperature=api.temperature, top_p=api.top_p, max_tokens=api.max_tokens,
-                                  timeout=api.timeout, retries=api.retries, max_workers=api.max_workers)
+  backend = OpenAICompatibleJudge(
+    api.base_url,
+    api.model,
+    os.environ.get(api.api_key_env) or None,
+    temperature=api.temperature,
+    top_p=api.top_p,
+    max_tokens=api.max_tokens,
+    timeout=api.timeout,
+    retries=api.retries,
+    max_workers=api.max_workers,
+  )
   return annotate_judge(records, problems, backend, judge.prompts, per_step=judge.per_step)
 
 

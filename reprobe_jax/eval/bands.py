@@ -25,9 +25,38 @@ from reprobe_jax.io.readers import read_json
 
 
 # Student's t 0.975 quantiles by degrees of freedom (the standard table); beyond 30 the normal's 1.96 is within 4%.
-_T_975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604,
-          2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
-          2.0518, 2.0484, 2.0452, 2.0423)
+_T_975 = (
+  12.7062,
+  4.3027,
+  3.1824,
+  2.7764,
+  2.5706,
+  2.4469,
+  2.3646,
+  2.3060,
+  2.2622,
+  2.2281,
+  2.2010,
+  2.1788,
+  2.1604,
+  2.1448,
+  2.1314,
+  2.1199,
+  2.1098,
+  2.1009,
+  2.0930,
+  2.0860,
+  2.0796,
+  2.0739,
+  2.0687,
+  2.0639,
+  2.0595,
+  2.0555,
+  2.0518,
+  2.0484,
+  2.0452,
+  2.0423,
+)
 
 
 def t_975(df: int) -> float:
@@ -40,8 +69,9 @@ def t_975(df: int) -> float:
 @dataclasses.dataclass(frozen=True)
 class Band:
   """One number over seeds."""
+
   mean: float
-  sd: float    # sample standard deviation (ddof=1); 0 for one seed
+  sd: float  # sample standard deviation (ddof=1); 0 for one seed
   min: float
   max: float
   n: int
@@ -73,8 +103,7 @@ def summarise(values: Sequence[float]) -> Band:
   v = np.asarray([x for x in values if x is not None and not math.isnan(x)], float)
   if v.size == 0:
     return Band(math.nan, math.nan, math.nan, math.nan, 0)
-  return Band(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0, float(v.min()), float(v.max()),
-              int(v.size))
+  return Band(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0, float(v.min()), float(v.max()), int(v.size))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -86,8 +115,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
       out.update(flatten(v, key))
     elif isinstance(v, (int, float)) and not isinstance(v, bool):
       out[key] = float(v)
-    elif isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                    for x in v):
+    elif isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
       out.update({f"{key}.{i}": float(x) for i, x in enumerate(v)})  # e.g. an interval: key.0, key.1
   return out
 
@@ -102,6 +130,7 @@ def over_seeds(results: Sequence[Mapping[str, Any]], keys: Sequence[str] | None 
 @dataclasses.dataclass(frozen=True)
 class BandFile:
   """What a README table was made from: the job, its seeds, the machine, and the band of every number."""
+
   job: str
   seeds: tuple[int, ...]
   machine: str
@@ -109,18 +138,33 @@ class BandFile:
   bands: Mapping[str, Band]
 
   def save(self, path: str) -> None:
-    write_json(path, {"job": self.job, "seeds": list(self.seeds), "machine": self.machine,
-                      "config_key": self.config_key,
-                      "bands": {k: dataclasses.asdict(b) for k, b in self.bands.items()}}, indent=1)
+    write_json(
+      path,
+      {
+        "job": self.job,
+        "seeds": list(self.seeds),
+        "machine": self.machine,
+        "config_key": self.config_key,
+        "bands": {k: dataclasses.asdict(b) for k, b in self.bands.items()},
+      },
+      indent=1,
+    )
 
   @classmethod
   def load(cls, path: str) -> BandFile:
     d = read_json(path, "band file")
     try:
-      bands = {k: Band(**{f: (float(b[f]) if f != "n" else int(b[f])) for f in ("mean", "sd", "min", "max", "n")})
-               for k, b in d["bands"].items()}
-      return cls(job=str(d["job"]), seeds=tuple(int(s) for s in d["seeds"]), machine=str(d["machine"]),
-                 config_key=str(d["config_key"]), bands=bands)
+      bands = {
+        k: Band(**{f: (float(b[f]) if f != "n" else int(b[f])) for f in ("mean", "sd", "min", "max", "n")})
+        for k, b in d["bands"].items()
+      }
+      return cls(
+        job=str(d["job"]),
+        seeds=tuple(int(s) for s in d["seeds"]),
+        machine=str(d["machine"]),
+        config_key=str(d["config_key"]),
+        bands=bands,
+      )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
       raise DataFormatError(f"{path}: not a band file ({type(e).__name__}: {e})") from None
 
@@ -136,8 +180,14 @@ def _cell_state(b: Band | None, v: float | None) -> bool | None:
   return b.holds(v)
 
 
-def grid_markdown(rows: Sequence[str], cols: Sequence[str], key: Callable[[str, str], str],
-                  bands: Mapping[str, Band], values: Mapping[str, float] | None = None, corner: str = "") -> str:
+def grid_markdown(
+  rows: Sequence[str],
+  cols: Sequence[str],
+  key: Callable[[str, str], str],
+  bands: Mapping[str, Band],
+  values: Mapping[str, float] | None = None,
+  corner: str = "",
+) -> str:
   """A Markdown grid whose cell (row, col) shows the band of `key(row, col)` as `mean +- sd`, or, given `values`
   (a single run's flattened numbers), that value beside its band, `value (mean +- sd)`, with `!` after a value
   outside the band. Cells without a band or a value are empty."""
@@ -160,8 +210,14 @@ def grid_markdown(rows: Sequence[str], cols: Sequence[str], key: Callable[[str, 
   return "\n".join(lines) + "\n"
 
 
-TARGET_COLUMNS = ("step_error_rate", "aligned_error_rate", "confident_error_share", "final_accuracy", "mean_tokens",
-                  "recheck_after_answer_share")
+TARGET_COLUMNS = (
+  "step_error_rate",
+  "aligned_error_rate",
+  "confident_error_share",
+  "final_accuracy",
+  "mean_tokens",
+  "recheck_after_answer_share",
+)
 
 
 def _grid_specs(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[str], Callable[[str, str], str], str]]:
@@ -170,8 +226,15 @@ def _grid_specs(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[st
   specs = []
   groups = list(result.get("target", {}).get("groups", {}))
   if groups:
-    specs.append(("Target model, its own samples on held-out problems:\n", groups, list(TARGET_COLUMNS),
-                  lambda r, c: f"target.groups.{r}.{c}", "family/format"))
+    specs.append(
+      (
+        "Target model, its own samples on held-out problems:\n",
+        groups,
+        list(TARGET_COLUMNS),
+        lambda r, c: f"target.groups.{r}.{c}",
+        "family/format",
+      )
+    )
   reprobe = result.get("reprobe", {})
   methods, datasets = list(reprobe.get("methods", {})), list(reprobe.get("datasets", {}))
   if methods:
@@ -180,10 +243,10 @@ def _grid_specs(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[st
     def key(m, c):
       return f"reprobe.methods.{m}.{means[c]}" if c in means else f"reprobe.methods.{m}.{c}.pr_auc"
 
-    specs.append(("Step-level PR-AUC (positive = incorrect step):\n", methods, datasets + list(means), key,
-                  "method"))
-    specs.append(("", ["incorrect share"], datasets, lambda r, c: f"reprobe.datasets.{c}.incorrect_share",
-                  "test steps"))
+    specs.append(("Step-level PR-AUC (positive = incorrect step):\n", methods, datasets + list(means), key, "method"))
+    specs.append(
+      ("", ["incorrect share"], datasets, lambda r, c: f"reprobe.datasets.{c}.incorrect_share", "test steps")
+    )
   return specs
 
 
@@ -216,13 +279,15 @@ def outside(result: Mapping[str, Any], bands: Mapping[str, Band]) -> tuple[list[
 
 def summary_markdown(band_file: BandFile, example: Mapping[str, Any]) -> str:
   """The README's tables: every number of the job as `mean +- sd` over the band file's seeds, with the machine."""
-  return (f"Mean +- standard deviation over seeds {', '.join(map(str, band_file.seeds))} (config "
-          f"{band_file.config_key}), on {band_file.machine}.\n\n" + grids(example, band_file.bands, None))
+  return (
+    f"Mean +- standard deviation over seeds {', '.join(map(str, band_file.seeds))} (config "
+    f"{band_file.config_key}), on {band_file.machine}.\n\n" + grids(example, band_file.bands, None)
+  )
 
 
 def welch_t(a: Band, b: Band) -> float:
   """Welch's t of two bands' means (b minus a); +-inf where both have no spread and the means differ."""
-  se = math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n)
+  se = math.sqrt(a.sd**2 / a.n + b.sd**2 / b.n)
   d = b.mean - a.mean
   if se > 0:
     return d / se

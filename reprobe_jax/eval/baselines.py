@@ -1,4 +1,5 @@
-"""Step-level uncertainty baselines (docs/method.md §A6) for one trajectory on the host: higher score = more likely wrong.
+"""Step-level uncertainty baselines (docs/method.md §A6) for one trajectory on the host: higher score = more likely
+wrong.
 
 A thin wrapper over the vectorised scorers of `reprobe_jax.scorers.uncertainty` (masked reductions on device);
 score many trajectories at once with `reprobe_jax.scorers.score_rows` instead.
@@ -17,8 +18,9 @@ from reprobe_jax.scorers.uncertainty import BASELINES, UncertaintyScorer
 __all__ = ["BASELINES", "step_scores"]
 
 
-def step_scores(name: str, logprobs, entropy, self_certainty, spans: Sequence[tuple[int, int]],
-                rng: np.random.Generator | None = None) -> np.ndarray:
+def step_scores(
+  name: str, logprobs, entropy, self_certainty, spans: Sequence[tuple[int, int]], rng: np.random.Generator | None = None
+) -> np.ndarray:
   """Scores [S] of one trajectory's steps; spans index the per-token arrays [T] (next-token aligned: entry j is
   about token j). Empty spans get NaN.
 
@@ -34,6 +36,9 @@ def step_scores(name: str, logprobs, entropy, self_certainty, spans: Sequence[tu
     nonempty = spans[:, 1] > spans[:, 0]
     out[nonempty] = (rng or np.random.default_rng(0)).random(int(nonempty.sum()))
     return out
-  row = {"logprobs": np.asarray(logprobs, np.float32), "entropy": np.asarray(entropy, np.float32),
-         "self_certainty": np.asarray(self_certainty, np.float32)}
+  row = {
+    "logprobs": np.asarray(logprobs, np.float32),
+    "entropy": np.asarray(entropy, np.float32),
+    "self_certainty": np.asarray(self_certainty, np.float32),
+  }
   return score_rows(UncertaintyScorer.create(name), [row], [spans], batch_size=1)[0].astype(np.float64)

@@ -11,18 +11,24 @@ import platform
 import jax
 
 # Widest first: the first of these whose flags the CPU reports names its instruction set.
-_ISA = (("AVX-512+AMX", ("avx512f", "amx_tile")), ("AVX-512", ("avx512f",)), ("AVX2", ("avx2",)),
-        ("AVX", ("avx",)), ("SSE4.2", ("sse4_2",)), ("NEON", ("asimd",)))
+_ISA = (
+  ("AVX-512+AMX", ("avx512f", "amx_tile")),
+  ("AVX-512", ("avx512f",)),
+  ("AVX2", ("avx2",)),
+  ("AVX", ("avx",)),
+  ("SSE4.2", ("sse4_2",)),
+  ("NEON", ("asimd",)),
+)
 # The flags that decide which matmul kernels XLA and oneDNN pick (fp32 FMA width, bf16 dot products, AMX tiles).
 EXTENSIONS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve")
 
 
 @dataclasses.dataclass(frozen=True)
 class Machine:
-  cpu: str       # `lscpu` model name, e.g. 'Intel(R) Xeon(R) Processor'
-  isa: str       # widest vector instruction set, e.g. 'AVX-512+AMX', 'AVX2'
-  cores: int     # logical CPUs this process sees
-  backend: str   # JAX default backend: 'cpu', 'gpu', 'tpu'
+  cpu: str  # `lscpu` model name, e.g. 'Intel(R) Xeon(R) Processor'
+  isa: str  # widest vector instruction set, e.g. 'AVX-512+AMX', 'AVX2'
+  cores: int  # logical CPUs this process sees
+  backend: str  # JAX default backend: 'cpu', 'gpu', 'tpu'
   extensions: tuple[str, ...] = ()  # the EXTENSIONS the CPU reports, e.g. ('avx2', 'fma', 'avx512f')
   llc_bytes: int | None = None  # last-level cache size: a bandwidth buffer smaller than it times the cache, not DRAM
 
@@ -84,6 +90,11 @@ def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
 def describe() -> Machine:
   """This machine (Linux reads /proc/cpuinfo; elsewhere the platform module's processor name)."""
   model, flags = _cpuinfo()
-  return Machine(cpu=model or platform.processor() or platform.machine() or "unknown CPU",
-                 isa=isa_from_flags(flags), cores=os.cpu_count() or 1, backend=jax.default_backend(),
-                 extensions=extensions_from_flags(flags), llc_bytes=_llc_bytes())
+  return Machine(
+    cpu=model or platform.processor() or platform.machine() or "unknown CPU",
+    isa=isa_from_flags(flags),
+    cores=os.cpu_count() or 1,
+    backend=jax.default_backend(),
+    extensions=extensions_from_flags(flags),
+    llc_bytes=_llc_bytes(),
+  )

@@ -1,4 +1,5 @@
-"""Step-level detection metrics (docs/method.md §A6): PR-AUC as average precision and ROC-AUC, positive = incorrect step.
+"""Step-level detection metrics (docs/method.md §A6): PR-AUC as average precision and ROC-AUC, positive = incorrect
+step.
 
 Both match scikit-learn (`average_precision_score`, `roc_auc_score`) exactly, ties included; NaN labels (unknown
 steps) are skipped. Pure numpy, so they run anywhere without scikit-learn.
@@ -84,8 +85,9 @@ def _weighted_ap(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
   return np.sum(np.diff(np.c_[np.zeros(len(w)), recall], axis=1) * precision, axis=1)
 
 
-def bootstrap_pr_auc(labels, scores, groups, *, samples: int = 1000, seed: int = 0,
-                     level: float = 0.95) -> tuple[float, float]:
+def bootstrap_pr_auc(
+  labels, scores, groups, *, samples: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
   """Percentile bootstrap interval of PR-AUC, resampling `groups` (e.g. the problem of each step) with
   replacement, so the steps of one problem, which are not independent, move together. (lo, hi); NaN when there
   is no labelled step. Resamples with no incorrect step are left out of the percentiles."""

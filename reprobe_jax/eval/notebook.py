@@ -1,7 +1,7 @@
 """What the Colab notebooks (colab/) show that a terminal does not: a trajectory with each step coloured by its score.
 
-    html = steps_html(["Start at 3.", "3 + 4 = 8", "<Answer>8</Answer>"], [0.1, 0.9, 0.8], labels=[0, 1, 1])
-    show(html)  # IPython's display inside a notebook; the plain text (one line per step) elsewhere
+html = steps_html(["Start at 3.", "3 + 4 = 8", "<Answer>8</Answer>"], [0.1, 0.9, 0.8], labels=[0, 1, 1])
+show(html)  # IPython's display inside a notebook; the plain text (one line per step) elsewhere
 """
 
 from __future__ import annotations
@@ -38,9 +38,17 @@ def _as_risk(score: float, low: float, high: float, higher_is_worse: bool) -> fl
   return r if higher_is_worse else 1.0 - r
 
 
-def steps_html(texts: Sequence[str], scores: Sequence[float], labels: Sequence[float | None] | None = None, *,
-               title: str = "", score_name: str = "P(wrong)", low: float = 0.0, high: float = 1.0,
-               higher_is_worse: bool = True) -> str:
+def steps_html(
+  texts: Sequence[str],
+  scores: Sequence[float],
+  labels: Sequence[float | None] | None = None,
+  *,
+  title: str = "",
+  score_name: str = "P(wrong)",
+  low: float = 0.0,
+  high: float = 1.0,
+  higher_is_worse: bool = True,
+) -> str:
   """One trajectory as HTML: each step on its own line, its background coloured by its score (by default a step
   scorer's P(incorrect) on [0, 1]; e.g. SPAE's potential with score_name='Phi', low=-1, high=1,
   higher_is_worse=False), with the score and, where given, the step's label (0 right, 1 wrong, None/NaN
@@ -57,9 +65,11 @@ def steps_html(texts: Sequence[str], scores: Sequence[float], labels: Sequence[f
     score = "no score" if r is None or not math.isfinite(r) else f"{score_name} {r:.2f}"
     tag = f"{score}, {_label(labels[i])}" if labels is not None else score
     colour = risk_colour(_as_risk(r, low, high, higher_is_worse))
-    rows.append(f'<div style="background:{colour};padding:2px 6px;margin:1px 0;font-family:monospace;'
-                f'white-space:pre-wrap"><span style="float:right;color:#444">{html_lib.escape(tag)}</span>'
-                f"{html_lib.escape(text.strip())}</div>")
+    rows.append(
+      f'<div style="background:{colour};padding:2px 6px;margin:1px 0;font-family:monospace;'
+      f'white-space:pre-wrap"><span style="float:right;color:#444">{html_lib.escape(tag)}</span>'
+      f"{html_lib.escape(text.strip())}</div>"
+    )
   head = f"<div><b>{html_lib.escape(title)}</b></div>" if title else ""
   return f'<div style="max-width:900px">{head}{"".join(rows)}</div>'
 

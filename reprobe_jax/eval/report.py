@@ -18,9 +18,16 @@ from reprobe_jax.eval.metrics import bootstrap_pr_auc, pr_auc, pr_curve, roc_auc
 Scores = Mapping[str, Mapping[str, np.ndarray]]
 
 
-def scorer_metrics(scores: Scores, labels: Mapping[str, np.ndarray], id_domains: Sequence[str],
-                   ood_domains: Sequence[str], groups: Mapping[str, np.ndarray] | None = None, *,
-                   bootstrap: int = 1000, seed: int = 0) -> dict:
+def scorer_metrics(
+  scores: Scores,
+  labels: Mapping[str, np.ndarray],
+  id_domains: Sequence[str],
+  ood_domains: Sequence[str],
+  groups: Mapping[str, np.ndarray] | None = None,
+  *,
+  bootstrap: int = 1000,
+  seed: int = 0,
+) -> dict:
   """{'datasets': {domain: {steps, incorrect_share}}, 'methods': {scorer: {domain: {pr_auc, roc_auc[, pr_auc_ci]},
   id_mean_pr_auc, ood_mean_pr_auc, overall_pr_auc, (the same for roc_auc)}}}; JSON-ready (a domain whose steps all
   went unlabelled has a null incorrect share; no OOD domain gives NaN OOD means).
@@ -64,9 +71,11 @@ def table_markdown(metrics: dict) -> str:
     cells = [cell(m[d]) for d in datasets]
     cells += [f"{m['id_mean_pr_auc']:.3f}", f"{m['ood_mean_pr_auc']:.3f}", f"{m['overall_pr_auc']:.3f}"]
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
-  share = ", ".join(f"{d}: {v['steps']} steps, " + ("none labelled" if v["incorrect_share"] is None else
-                                                      f"{100 * v['incorrect_share']:.0f}% incorrect")
-                    for d, v in metrics["datasets"].items())
+  share = ", ".join(
+    f"{d}: {v['steps']} steps, "
+    + ("none labelled" if v["incorrect_share"] is None else f"{100 * v['incorrect_share']:.0f}% incorrect")
+    for d, v in metrics["datasets"].items()
+  )
   ci = any("pr_auc_ci" in v for m in metrics["methods"].values() for v in m.values() if isinstance(v, dict))
   note = " In brackets: the 95% bootstrap interval over test problems." if ci else ""
   return "\n".join(lines) + f"\n\nTest steps ({share}).{note}\n"

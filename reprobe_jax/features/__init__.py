@@ -8,5 +8,15 @@ from reprobe_jax.features.spec import FeatureSpec, forward_values, union_capture
 from reprobe_jax.features.store import FeatureMismatchError, FeatureStore
 from reprobe_jax.features.extraction import extract, model_fingerprint, token_features, tokenizer_hash
 
-__all__ = ["FeatureMismatchError", "FeatureSpec", "FeatureStore", "extract", "forward_values", "model_fingerprint",
-           "token_features", "tokenizer_hash", "union_capture", "with_logprobs"]
+__all__ = [
+  "FeatureMismatchError",
+  "FeatureSpec",
+  "FeatureStore",
+  "extract",
+  "forward_values",
+  "model_fingerprint",
+  "token_features",
+  "tokenizer_hash",
+  "union_capture",
+  "with_logprobs",
+]

@@ -31,9 +31,20 @@ from absl import logging
 
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, DistributedError, ReprobeError
 from reprobe_jax.features.spec import FeatureSpec, forward_values
-from reprobe_jax.features.store import (DTYPES, FORMAT, FORMAT_VERSION, HEADER_KEYS, MANIFEST, FeatureMismatchError,
-                                        FeatureStore, load_shard, read_manifest, record_hash, shard_blob,
-                                        shard_entry)
+from reprobe_jax.features.store import (
+  DTYPES,
+  FORMAT,
+  FORMAT_VERSION,
+  HEADER_KEYS,
+  MANIFEST,
+  FeatureMismatchError,
+  FeatureStore,
+  load_shard,
+  read_manifest,
+  record_hash,
+  shard_blob,
+  shard_entry,
+)
 from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.forward import forward, positions_from_mask
@@ -50,7 +61,7 @@ def model_fingerprint(lm: LanguageModel) -> str:
   samples = []
   for _, leaf in leaves:
     flat = jnp.ravel(leaf)
-    samples.append(flat[::max(flat.size // 256, 1)][:256])
+    samples.append(flat[:: max(flat.size // 256, 1)][:256])
   for (path, leaf), sample in zip(leaves, to_host(samples)):  # one gather when the parameters span processes
     h.update(f"{jax.tree_util.keystr(path)}{leaf.shape}{leaf.dtype}".encode())
     h.update(np.asarray(sample, np.float32).tobytes())
@@ -90,8 +101,9 @@ def _atomic_bytes(path: str, data: bytes) -> None:
     f.write(data)
 
 
-def token_features(lm: LanguageModel, records: Sequence[Trajectory], spec: FeatureSpec, *,
-                   batch_size: int = 8) -> list[np.ndarray]:
+def token_features(
+  lm: LanguageModel, records: Sequence[Trajectory], spec: FeatureSpec, *, batch_size: int = 8
+) -> list[np.ndarray]:
   """[n_response_tokens, F] per record, next-token aligned (token j from position prompt_len + j - 1); records are
   checked first (`check_records`)."""
   check_records(lm, records)
@@ -100,7 +112,7 @@ def token_features(lm: LanguageModel, records: Sequence[Trajectory], spec: Featu
   order = sorted(range(len(records)), key=lambda i: len(records[i].prompt_ids) + len(records[i].response_ids))
   pad = lm.pad_id()
   for s in range(0, len(order), batch_size):
-    idx = order[s:s + batch_size]
+    idx = order[s : s + batch_size]
     seqs = [list(records[i].prompt_ids) + list(records[i].response_ids) for i in idx]
     t = bucket(max(map(len, seqs)))
     if t > lm.config.max_position_embeddings:
@@ -109,26 +121,30 @@ def token_features(lm: LanguageModel, records: Sequence[Trajectory], spec: Featu
     ids = np.full((batch_size, t), pad, np.int32)  # right-padded; rows past the chunk are padding
     mask = np.zeros((batch_size, t), np.int32)
     for r, seq in enumerate(seqs):
-      ids[r, :len(seq)], mask[r, :len(seq)] = seq, 1
+      ids[r, : len(seq)], mask[r, : len(seq)] = seq, 1
     m = jnp.asarray(mask)
-    res = forward(lm.static_graph, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture,
-                  shard=lm.shard)
+    res = forward(
+      lm.static_graph, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture, shard=lm.shard
+    )
     feats = to_host(spec.assemble(forward_values(res), lm.config.num_layers))  # rows may live on other processes
     for r, i in enumerate(idx):
       p, n = len(records[i].prompt_ids), len(records[i].response_ids)
-      out[i] = feats[r, p - 1:p - 1 + n]
+      out[i] = feats[r, p - 1 : p - 1 + n]
   return out  # type: ignore[return-value]
 
 
 def _check_shape(record: Trajectory, features, dim: int, spec: FeatureSpec) -> None:
   shape = np.shape(features)
   if shape != (len(record.response_ids), dim):
-    raise FeatureMismatchError(f"trajectory {record.id!r}: captured features have shape {shape}, expected "
-                               f"({len(record.response_ids)}, {dim}) for spec {spec.name!r}")
+    raise FeatureMismatchError(
+      f"trajectory {record.id!r}: captured features have shape {shape}, expected "
+      f"({len(record.response_ids)}, {dim}) for spec {spec.name!r}"
+    )
 
 
-def _chunk_features(lm: LanguageModel, chunk: Sequence[Trajectory], spec: FeatureSpec, batch_size: int,
-                    captured: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+def _chunk_features(
+  lm: LanguageModel, chunk: Sequence[Trajectory], spec: FeatureSpec, batch_size: int, captured: Mapping[str, np.ndarray]
+) -> list[np.ndarray]:
   """Features per record of a chunk: the captured ones where there are, a teacher-forced forward for the rest."""
   dim = spec.dim(lm.config)
   missing = [r for r in chunk if r.id not in captured]
@@ -143,13 +159,25 @@ def _chunk_features(lm: LanguageModel, chunk: Sequence[Trajectory], spec: Featur
 
 def _header(lm: LanguageModel, spec: FeatureSpec, dtype: str) -> dict:
   """What a store's features depend on besides the records, as the manifest stores it (tuples become lists)."""
-  header = {"model_fingerprint": model_fingerprint(lm), "tokenizer_hash": tokenizer_hash(lm.tokenizer),
-            "spec": dataclasses.asdict(spec), "feature_dim": spec.dim(lm.config), "dtype": dtype}
+  header = {
+    "model_fingerprint": model_fingerprint(lm),
+    "tokenizer_hash": tokenizer_hash(lm.tokenizer),
+    "spec": dataclasses.asdict(spec),
+    "feature_dim": spec.dim(lm.config),
+    "dtype": dtype,
+  }
   return json.loads(json.dumps(header))
 
 
-def _check_job(lm: LanguageModel, records: Sequence[Trajectory], spec: FeatureSpec, shard_size, batch_size, dtype,
-               captured: Mapping[str, np.ndarray]) -> None:
+def _check_job(
+  lm: LanguageModel,
+  records: Sequence[Trajectory],
+  spec: FeatureSpec,
+  shard_size,
+  batch_size,
+  dtype,
+  captured: Mapping[str, np.ndarray],
+) -> None:
   """ConfigError / DataFormatError / FeatureMismatchError for an extraction that cannot run, before any write."""
   for name, v in (("shard_size", shard_size), ("batch_size", batch_size)):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -157,15 +185,17 @@ def _check_job(lm: LanguageModel, records: Sequence[Trajectory], spec: FeatureSp
   if dtype not in DTYPES:
     raise ConfigError(f"extract: dtype must be one of {', '.join(DTYPES)}, found {dtype!r}")
   if "logit" in spec.parts and spec.top_k > lm.config.vocab_size:
-    raise ConfigError(f"feature part 'logit': top_k={spec.top_k} is more than the model's vocabulary of "
-                      f"{lm.config.vocab_size} tokens")
+    raise ConfigError(
+      f"feature part 'logit': top_k={spec.top_k} is more than the model's vocabulary of {lm.config.vocab_size} tokens"
+    )
   spec.capture().resolve_layers(lm.config.num_layers)  # ConfigError naming a layer outside the model
   check_records(lm, records)
   seen: dict[str, int] = {}
   for index, r in enumerate(records):
     if r.id in seen:
-      raise DataFormatError(f"<record {index}>: trajectory {r.id!r} is also record {seen[r.id]}; a feature "
-                            "store is keyed by id")
+      raise DataFormatError(
+        f"<record {index}>: trajectory {r.id!r} is also record {seen[r.id]}; a feature store is keyed by id"
+      )
     seen[r.id] = index
     if r.id in captured:
       _check_shape(r, captured[r.id], spec.dim(lm.config), spec)
@@ -176,14 +206,17 @@ def _resumable(directory: str, header: dict, records: Sequence[Trajectory]) -> l
   old = read_manifest(directory)
   for key in HEADER_KEYS:
     if old[key] != header[key]:
-      raise FeatureMismatchError(f"{directory}: holds features with {key}={old[key]!r}, but this run has "
-                                 f"{header[key]!r}; use another directory")
+      raise FeatureMismatchError(
+        f"{directory}: holds features with {key}={old[key]!r}, but this run has {header[key]!r}; use another directory"
+      )
   wanted = {r.id: record_hash(r) for r in records}
   for entry in old["shards"]:  # a stored record must have been made from the same tokens
     for tid, h in zip(entry["ids"], entry["hashes"]):
       if tid in wanted and wanted[tid] != h:
-        raise FeatureMismatchError(f"{directory}: the features stored for trajectory {tid!r} were made from other "
-                                   "tokens than it now has; use another directory")
+        raise FeatureMismatchError(
+          f"{directory}: the features stored for trajectory {tid!r} were made from other "
+          "tokens than it now has; use another directory"
+        )
   kept = []
   for entry in old["shards"]:
     if any(tid in wanted for tid in entry["ids"]):
@@ -196,10 +229,18 @@ def _resumable(directory: str, header: dict, records: Sequence[Trajectory]) -> l
   return kept
 
 
-def extract(lm: LanguageModel, records: Sequence[Trajectory], spec: FeatureSpec, directory: str, *,
-            shard_size: int = 256, batch_size: int = 8, dtype: str = "float32",
-            on_shard: Callable[[int, int], None] | None = None,
-            captured: Mapping[str, np.ndarray] | None = None) -> FeatureStore:
+def extract(
+  lm: LanguageModel,
+  records: Sequence[Trajectory],
+  spec: FeatureSpec,
+  directory: str,
+  *,
+  shard_size: int = 256,
+  batch_size: int = 8,
+  dtype: str = "float32",
+  on_shard: Callable[[int, int], None] | None = None,
+  captured: Mapping[str, np.ndarray] | None = None,
+) -> FeatureStore:
   """Stores features of every record (a `Trajectory`) into `directory`, resuming finished shards; returns the store.
 
   captured: {record id: [n_response_tokens, F]} features the sampler recorded while it generated the record (so no
@@ -221,9 +262,14 @@ def extract(lm: LanguageModel, records: Sequence[Trajectory], spec: FeatureSpec,
   barrier("features.extract: manifest read")  # no process writes before every one has read what is there
   procs, me = jax.process_count(), jax.process_index()
   os.makedirs(directory, exist_ok=True)
-  manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **header,
-              "alignment": "next-token: token j from position j-1; response tokens only", "shards": shards,
-              "complete": False}
+  manifest = {
+    "format": FORMAT,
+    "format_version": FORMAT_VERSION,
+    **header,
+    "alignment": "next-token: token j from position j-1; response tokens only",
+    "shards": shards,
+    "complete": False,
+  }
   kept = list(shards)  # manifest["shards"] grows with process 0's new shards
   done = {tid for s in kept for tid in s["ids"]}
   used = {s["file"] for s in kept}
@@ -237,7 +283,7 @@ def extract(lm: LanguageModel, records: Sequence[Trajectory], spec: FeatureSpec,
     for k in range(total):
       if k % procs != me and not together:
         continue
-      chunk = todo[k * shard_size:(k + 1) * shard_size]
+      chunk = todo[k * shard_size : (k + 1) * shard_size]
       blob = shard_blob(chunk, _chunk_features(lm, chunk, spec, batch_size, captured), dtype, embedded)
       if k % procs == me:
         _atomic_bytes(os.path.join(directory, names[k]), blob)
@@ -254,16 +300,23 @@ def extract(lm: LanguageModel, records: Sequence[Trajectory], spec: FeatureSpec,
     _all_or_none(failure, f"{directory}: feature extraction failed on process(es) {{}} (see their logs)")
     if me == 0:
       try:
-        manifest["shards"] = kept + [_written_entry(directory, names[k], todo[k * shard_size:(k + 1) * shard_size],
-                                                      header, k % procs) for k in range(total)]
+        manifest["shards"] = kept + [
+          _written_entry(directory, names[k], todo[k * shard_size : (k + 1) * shard_size], header, k % procs)
+          for k in range(total)
+        ]
       except ReprobeError as e:
         failure = e
-    _all_or_none(failure, f"{directory}: process(es) {{}} could not list every process's shards; is the folder "
-                          "on a file system every process shares?")
+    _all_or_none(
+      failure,
+      f"{directory}: process(es) {{}} could not list every process's shards; is the folder "
+      "on a file system every process shares?",
+    )
   if me == 0:
     manifest["complete"] = True
-    manifest["counts"] = {"trajectories": sum(len(s["ids"]) for s in manifest["shards"]),
-                          "tokens": sum(s["tokens"] for s in manifest["shards"])}
+    manifest["counts"] = {
+      "trajectories": sum(len(s["ids"]) for s in manifest["shards"]),
+      "tokens": sum(s["tokens"] for s in manifest["shards"]),
+    }
     _atomic_bytes(path, json.dumps(manifest, indent=1).encode())
   barrier("features.extract: manifest written")
   return FeatureStore(directory)
@@ -275,9 +328,11 @@ def _written_entry(directory: str, name: str, chunk: Sequence[Trajectory], heade
     with open(os.path.join(directory, name), "rb") as f:
       entry = shard_entry(name, chunk, f.read())
   except OSError as e:
-    raise DataFormatError(f"{os.path.join(directory, name)}: process {writer} wrote this shard, but process 0 "
-                          f"cannot read it ({e.strerror or e}); is {directory} on a file system every process "
-                          "shares?") from None
+    raise DataFormatError(
+      f"{os.path.join(directory, name)}: process {writer} wrote this shard, but process 0 "
+      f"cannot read it ({e.strerror or e}); is {directory} on a file system every process "
+      "shares?"
+    ) from None
   load_shard(directory, entry, header)
   return entry
 

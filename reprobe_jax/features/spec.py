@@ -36,15 +36,25 @@ class FeatureSpec:
 
   def __post_init__(self):
     parts = self.parts
-    if (isinstance(parts, str) or not isinstance(parts, (tuple, list)) or not parts
-        or not all(isinstance(p, str) for p in parts) or set(parts) - set(PARTS) or len(set(parts)) != len(parts)):
+    if (
+      isinstance(parts, str)
+      or not isinstance(parts, (tuple, list))
+      or not parts
+      or not all(isinstance(p, str) for p in parts)
+      or set(parts) - set(PARTS)
+      or len(set(parts)) != len(parts)
+    ):
       raise ConfigError(f"feature parts {parts!r} must be a non-empty subset of {', '.join(PARTS)} (each once)")
     object.__setattr__(self, "parts", tuple(parts))
     layers = self.hidden_layers
-    if (isinstance(layers, (str, bytes)) or not isinstance(layers, (tuple, list))
-        or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in layers)):
-      raise ConfigError(f"feature part 'hidden': hidden_layers must be a sequence of layer indices (integers), "
-                        f"found {layers!r}")
+    if (
+      isinstance(layers, (str, bytes))
+      or not isinstance(layers, (tuple, list))
+      or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in layers)
+    ):
+      raise ConfigError(
+        f"feature part 'hidden': hidden_layers must be a sequence of layer indices (integers), found {layers!r}"
+      )
     if "hidden" in parts and not layers:
       raise ConfigError("feature part 'hidden': hidden_layers is empty; name at least one layer")
     object.__setattr__(self, "hidden_layers", tuple(int(i) for i in layers))
@@ -66,9 +76,12 @@ class FeatureSpec:
     return "+".join(self.parts)
 
   def capture(self) -> CaptureSpec:
-    return CaptureSpec(hidden_layers=self.hidden_layers if "hidden" in self.parts else (),
-                       attn_window=self.attn_window if "attn" in self.parts else 0,
-                       top_k_probs=self.top_k if "logit" in self.parts else 0, token_stats="logit" in self.parts)
+    return CaptureSpec(
+      hidden_layers=self.hidden_layers if "hidden" in self.parts else (),
+      attn_window=self.attn_window if "attn" in self.parts else 0,
+      top_k_probs=self.top_k if "logit" in self.parts else 0,
+      token_stats="logit" in self.parts,
+    )
 
   def assemble(self, values, num_layers: int):
     """The feature vectors [..., F] from captured per-token values, in the spec's part order (docs/method.md §A3).
@@ -84,11 +97,14 @@ class FeatureSpec:
     if "hidden" in self.parts:
       parts += [values[f"hidden_{i}"] for i in self.capture().resolve_layers(num_layers)]
     if "attn" in self.parts:
-      aw = values["attn_window"][..., :self.attn_window]  # [..., L, H, W]
+      aw = values["attn_window"][..., : self.attn_window]  # [..., L, H, W]
       parts.append(aw.reshape(aw.shape[:-3] + (-1,)))
     if "logit" in self.parts:
-      parts += [values["top_probs"][..., :self.top_k], values["token_logprobs"][..., None],
-                values["token_entropy"][..., None]]
+      parts += [
+        values["top_probs"][..., : self.top_k],
+        values["token_logprobs"][..., None],
+        values["token_entropy"][..., None],
+      ]
     return jnp.concatenate([jnp.asarray(p, jnp.float32) for p in parts], axis=-1)
 
   def dim(self, cfg) -> int:
@@ -107,8 +123,12 @@ def union_capture(specs, *, token_stats: bool = True) -> CaptureSpec:
   records all feature sets in one pass; `FeatureSpec.assemble` slices what each needs."""
   specs = list(specs)
   layers = tuple(dict.fromkeys(i for s in specs for i in s.capture().hidden_layers))
-  return CaptureSpec(hidden_layers=layers, attn_window=max([s.capture().attn_window for s in specs] + [0]),
-                     top_k_probs=max([s.capture().top_k_probs for s in specs] + [0]), token_stats=token_stats)
+  return CaptureSpec(
+    hidden_layers=layers,
+    attn_window=max([s.capture().attn_window for s in specs] + [0]),
+    top_k_probs=max([s.capture().top_k_probs for s in specs] + [0]),
+    token_stats=token_stats,
+  )
 
 
 def forward_values(out: dict) -> dict:

@@ -48,7 +48,6 @@ class FeatureMismatchError(ReprobeError):
   """Stored features were made by another model, tokenizer or feature spec than the one asked for."""
 
 
-
 def record_hash(record: Trajectory) -> str:
   """What a record's features depend on: its prompt and response token ids."""
   blob = json.dumps([list(map(int, record.prompt_ids)), list(map(int, record.response_ids))])
@@ -57,26 +56,30 @@ def record_hash(record: Trajectory) -> str:
 
 # ------------------------------------------------------------------------------------------------ manifest
 
+
 def _str_list(v: Any) -> bool:
   return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
 
 
 _MANIFEST_FIELDS = (  # (key, check, what it must be)
-    ("model_fingerprint", lambda v: isinstance(v, str), "a string"),
-    ("tokenizer_hash", lambda v: isinstance(v, str), "a string"),
-    ("spec", lambda v: isinstance(v, dict), "an object (a FeatureSpec)"),
-    ("feature_dim", Int(1).ok, "an integer >= 1"),
-    ("dtype", lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
-    ("shards", lambda v: isinstance(v, list), "a list of shard entries"),
-    ("complete", lambda v: isinstance(v, bool), "true or false"),
+  ("model_fingerprint", lambda v: isinstance(v, str), "a string"),
+  ("tokenizer_hash", lambda v: isinstance(v, str), "a string"),
+  ("spec", lambda v: isinstance(v, dict), "an object (a FeatureSpec)"),
+  ("feature_dim", Int(1).ok, "an integer >= 1"),
+  ("dtype", lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
+  ("shards", lambda v: isinstance(v, list), "a list of shard entries"),
+  ("complete", lambda v: isinstance(v, bool), "true or false"),
 )
 _SHARD_FIELDS = (
-    ("file", lambda v: isinstance(v, str) and bool(_SHARD_NAME.fullmatch(v)),
-     "a file name shard_<digits>.npz inside the folder"),
-    ("ids", _str_list, "a list of non-empty strings (trajectory ids)"),
-    ("hashes", _str_list, "a list of record hashes"),
-    ("tokens", Int(0).ok, "an integer >= 0"),
-    ("sha256", lambda v: isinstance(v, str) and bool(re.fullmatch(r"[0-9a-f]{64}", v)), "a sha256 hex digest"),
+  (
+    "file",
+    lambda v: isinstance(v, str) and bool(_SHARD_NAME.fullmatch(v)),
+    "a file name shard_<digits>.npz inside the folder",
+  ),
+  ("ids", _str_list, "a list of non-empty strings (trajectory ids)"),
+  ("hashes", _str_list, "a list of record hashes"),
+  ("tokens", Int(0).ok, "an integer >= 0"),
+  ("sha256", lambda v: isinstance(v, str) and bool(re.fullmatch(r"[0-9a-f]{64}", v)), "a sha256 hex digest"),
 )
 
 
@@ -86,9 +89,11 @@ def read_manifest(directory: str) -> dict:
   path = os.path.join(directory, MANIFEST)
   m = read_json(path, "feature manifest")
   if m.get("format") != FORMAT or m.get("format_version") != FORMAT_VERSION:
-    raise DataFormatError(f"{path}: format {m.get('format')!r} version {m.get('format_version')!r}; this reader "
-                          f"knows {FORMAT!r} version {FORMAT_VERSION} (stores from before shards carried hashes "
-                          "are not read: extract into a new folder)")
+    raise DataFormatError(
+      f"{path}: format {m.get('format')!r} version {m.get('format_version')!r}; this reader "
+      f"knows {FORMAT!r} version {FORMAT_VERSION} (stores from before shards carried hashes "
+      "are not read: extract into a new folder)"
+    )
   for key, check, expected in _MANIFEST_FIELDS:
     if key not in m:
       raise DataFormatError(f"{path}: missing field {key!r}")
@@ -122,8 +127,19 @@ def read_manifest(directory: str) -> dict:
 
 _SHARD_ARRAYS = ("features", "offsets", "ids", "hashes", "header")
 # What numpy's npz reader raises on bytes that are not a well-formed archive of plain arrays.
-_NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, struct.error, KeyError, ValueError, OSError, EOFError, IndexError,
-               NotImplementedError, OverflowError, MemoryError)
+_NPZ_ERRORS = (
+  zipfile.BadZipFile,
+  zlib.error,
+  struct.error,
+  KeyError,
+  ValueError,
+  OSError,
+  EOFError,
+  IndexError,
+  NotImplementedError,
+  OverflowError,
+  MemoryError,
+)
 
 
 def load_shard(directory: str, entry: dict, header: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -138,8 +154,10 @@ def load_shard(directory: str, entry: dict, header: dict) -> tuple[np.ndarray, n
     raise DataFormatError(f"{path}: cannot read feature shard ({e.strerror or e})") from None
   digest = hashlib.sha256(data).hexdigest()
   if digest != entry["sha256"]:
-    raise DataFormatError(f"{path}: {len(data)} bytes whose sha256 {digest[:16]}... is not the manifest's "
-                          f"{entry['sha256'][:16]}... (the shard was changed, truncated or replaced)")
+    raise DataFormatError(
+      f"{path}: {len(data)} bytes whose sha256 {digest[:16]}... is not the manifest's "
+      f"{entry['sha256'][:16]}... (the shard was changed, truncated or replaced)"
+    )
   try:
     z = np.load(io.BytesIO(data), allow_pickle=False)
     if not isinstance(z, np.lib.npyio.NpzFile):
@@ -157,21 +175,30 @@ def load_shard(directory: str, entry: dict, header: dict) -> tuple[np.ndarray, n
     raise DataFormatError(f"{path}: the shard's 'header' is not the JSON object extraction writes")
   for key in HEADER_KEYS:
     if made_for.get(key) != header[key]:
-      raise FeatureMismatchError(f"{path}: the shard was made with {key}={made_for.get(key)!r}, but this store "
-                                 f"holds {header[key]!r} (copied in from another store?)")
+      raise FeatureMismatchError(
+        f"{path}: the shard was made with {key}={made_for.get(key)!r}, but this store "
+        f"holds {header[key]!r} (copied in from another store?)"
+      )
   for name, arr, want in (("ids", ids, entry["ids"]), ("hashes", hashes, entry["hashes"])):
     if arr.dtype.kind != "U" or arr.shape != (len(want),) or arr.tolist() != want:
       raise FeatureMismatchError(f"{path}: the shard's {name} are not the {len(want)} the manifest lists for it")
   n, n_tok = len(entry["ids"]), entry["tokens"]
   if feats.dtype != np.dtype(header["dtype"]) or feats.shape != (n_tok, header["feature_dim"]):
-    raise DataFormatError(f"{path}: features are {feats.dtype} {list(feats.shape)}, the manifest says "
-                          f"{header['dtype']} [{n_tok}, {header['feature_dim']}]")
-  if (offsets.dtype.kind not in "iu" or offsets.shape != (n + 1,) or offsets[0] != 0 or offsets[-1] != n_tok
-      or np.any(np.diff(offsets) < 0)):
-    raise DataFormatError(f"{path}: offsets {shown(offsets.tolist())} are not {n + 1} ascending token "
-                          f"offsets from 0 to {n_tok}")
+    raise DataFormatError(
+      f"{path}: features are {feats.dtype} {list(feats.shape)}, the manifest says "
+      f"{header['dtype']} [{n_tok}, {header['feature_dim']}]"
+    )
+  if (
+    offsets.dtype.kind not in "iu"
+    or offsets.shape != (n + 1,)
+    or offsets[0] != 0
+    or offsets[-1] != n_tok
+    or np.any(np.diff(offsets) < 0)
+  ):
+    raise DataFormatError(
+      f"{path}: offsets {shown(offsets.tolist())} are not {n + 1} ascending token offsets from 0 to {n_tok}"
+    )
   return feats, offsets
-
 
 
 class FeatureStore:
@@ -211,7 +238,7 @@ class FeatureStore:
     if k not in self._cache:
       self._cache = {k: load_shard(self.directory, self.manifest["shards"][k], self._header)}
     feats, offsets = self._cache[k]
-    return feats[offsets[j]:offsets[j + 1]].astype(np.float32)
+    return feats[offsets[j] : offsets[j + 1]].astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------------------ writing shards
@@ -225,16 +252,29 @@ def shard_blob(chunk: Sequence[Trajectory], feats: Sequence[np.ndarray], dtype: 
   for r, f, lo, hi in zip(chunk, feats, offsets[:-1], offsets[1:]):
     if not np.isfinite(data[lo:hi]).all():
       if np.isfinite(f).all():
-        raise ConfigError(f"trajectory {r.id!r}: its features reach {np.abs(f).max():.4g}, past what {dtype} "
-                          "holds; extract with dtype='float32'")
+        raise ConfigError(
+          f"trajectory {r.id!r}: its features reach {np.abs(f).max():.4g}, past what {dtype} "
+          "holds; extract with dtype='float32'"
+        )
       raise DataFormatError(f"trajectory {r.id!r}: the model's features for it are not finite (NaN or inf)")
   buf = io.BytesIO()
-  np.savez(buf, features=data, offsets=offsets, ids=np.asarray([r.id for r in chunk], str),
-           hashes=np.asarray([record_hash(r) for r in chunk], str), header=embedded)
+  np.savez(
+    buf,
+    features=data,
+    offsets=offsets,
+    ids=np.asarray([r.id for r in chunk], str),
+    hashes=np.asarray([record_hash(r) for r in chunk], str),
+    header=embedded,
+  )
   return buf.getvalue()
 
 
 def shard_entry(name: str, chunk: Sequence[Trajectory], blob: bytes) -> dict:
   """A shard's manifest entry: its records, their hashes and token count, and the hash of its bytes."""
-  return {"file": name, "ids": [r.id for r in chunk], "hashes": [record_hash(r) for r in chunk],
-          "tokens": sum(len(r.response_ids) for r in chunk), "sha256": hashlib.sha256(blob).hexdigest()}
+  return {
+    "file": name,
+    "ids": [r.id for r in chunk],
+    "hashes": [record_hash(r) for r in chunk],
+    "tokens": sum(len(r.response_ids) for r in chunk),
+    "sha256": hashlib.sha256(blob).hexdigest(),
+  }

@@ -5,5 +5,4 @@ artifact and user file goes through here."""
 from reprobe_jax.io.atomic import atomic_folder, atomic_open, write_json, write_jsonl
 from reprobe_jax.io.readers import read_json, read_jsonl, read_text, shown
 
-__all__ = ["atomic_folder", "atomic_open", "read_json", "read_jsonl", "read_text", "shown", "write_json",
-           "write_jsonl"]
+__all__ = ["atomic_folder", "atomic_open", "read_json", "read_jsonl", "read_text", "shown", "write_json", "write_jsonl"]

@@ -23,8 +23,9 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
     return data.decode("utf-8")
   except UnicodeDecodeError as e:
     line = data.count(b"\n", 0, e.start) + 1
-    raise DataFormatError(f"{path}:{line}: {what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                          f"{e.start})") from None
+    raise DataFormatError(
+      f"{path}:{line}: {what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+    ) from None
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file", *, kind: type | None = dict) -> Any:
@@ -39,8 +40,9 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", *, kind: type | 
   except ValueError as e:  # e.g. an integer longer than Python's int-string conversion limit
     raise DataFormatError(f"{path}: {what} is not readable JSON ({e})") from None
   if kind is not None and not isinstance(obj, kind):
-    raise DataFormatError(f"{path}: {what} must hold a JSON {_KIND_NAMES.get(kind, kind.__name__)}, "
-                          f"got {type(obj).__name__}")
+    raise DataFormatError(
+      f"{path}: {what} must hold a JSON {_KIND_NAMES.get(kind, kind.__name__)}, got {type(obj).__name__}"
+    )
   return obj
 
 
@@ -71,4 +73,4 @@ def shown(value: Any, limit: int = 60) -> str:
     text = repr(value)
   except ValueError:
     text = "(too long to show)"
-  return f"{type(value).__name__} {text if len(text) <= limit else text[:limit - 3] + '...'}"
+  return f"{type(value).__name__} {text if len(text) <= limit else text[: limit - 3] + '...'}"

@@ -19,8 +19,12 @@ from reprobe_jax.jobs.target_config import config_from_dict, without_unused_inte
 
 def check_seeds(seeds) -> tuple[int, ...]:
   """`config.seeds` as a tuple: at least two distinct non-negative integers (ConfigError naming it otherwise)."""
-  ok = (isinstance(seeds, (tuple, list)) and len(seeds) >= 2 and len(set(seeds)) == len(seeds)
-        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds))
+  ok = (
+    isinstance(seeds, (tuple, list))
+    and len(seeds) >= 2
+    and len(set(seeds)) == len(seeds)
+    and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)
+  )
   if not ok:
     raise ConfigError(f"config.seeds: expected two or more distinct non-negative integers, got {seeds!r}")
   return tuple(seeds)
@@ -56,11 +60,14 @@ def beside_bands(config, result: Mapping[str, Any], *, machine: str) -> str:
   band_file = BandFile.load(path)
   key = band_key(config)
   if band_file.config_key != key:
-    return (f"(The bands in {path} were made with another config ({band_file.config_key}, this one "
-            f"{key}); not compared.)")
-  out = (f"\nThis run ({machine}) beside the README's bands (mean +- sd over seeds "
-         f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside the 95% prediction interval "
-         f"of one more seed and the seeds' range):\n\n" + grids(result, band_file.bands, flatten(result)))
+    return (
+      f"(The bands in {path} were made with another config ({band_file.config_key}, this one {key}); not compared.)"
+    )
+  out = (
+    f"\nThis run ({machine}) beside the README's bands (mean +- sd over seeds "
+    f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside the 95% prediction interval "
+    f"of one more seed and the seeds' range):\n\n" + grids(result, band_file.bands, flatten(result))
+  )
   for other in config.get("machine_bands", ()) or ():
     if not os.path.exists(other):
       continue
@@ -68,9 +75,10 @@ def beside_bands(config, result: Mapping[str, Any], *, machine: str) -> str:
     if own.machine != machine or own.config_key != key:
       continue
     flagged, n = outside(result, own.bands)
-    out += (f"\nBeside the bands made on this machine kind ({other}, seeds {', '.join(map(str, own.seeds))} on "
-            f"{own.machine}): {len(flagged)} of {n} numbers outside" + (": " + ", ".join(flagged) if flagged else "")
-            + ".\n")
+    out += (
+      f"\nBeside the bands made on this machine kind ({other}, seeds {', '.join(map(str, own.seeds))} on "
+      f"{own.machine}): {len(flagged)} of {n} numbers outside" + (": " + ", ".join(flagged) if flagged else "") + ".\n"
+    )
   return out
 
 
@@ -80,8 +88,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   p = argparse.ArgumentParser(prog="python -m reprobe_jax.jobs.bands", description=main.__doc__)
   p.add_argument("a")
   p.add_argument("b")
-  p.add_argument("--limit", type=float, default=None, help="Welch |t| above which a number differs "
-                 "(default t(0.975, seeds - 1))")
+  p.add_argument(
+    "--limit", type=float, default=None, help="Welch |t| above which a number differs (default t(0.975, seeds - 1))"
+  )
   args = p.parse_args(argv)
   a, b = BandFile.load(args.a), BandFile.load(args.b)
   diff = differing(a, b, args.limit)

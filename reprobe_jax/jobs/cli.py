@@ -27,20 +27,38 @@ from reprobe_jax.models import LanguageModel, load_pretrained, make_mesh
 from reprobe_jax.models.sharding import DistributedConfig, maybe_initialize_distributed
 
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "Multi-process jobs: host:port of process 0 (default: $JAX_COORDINATOR_ADDRESS; on "
-    "Cloud TPU pods and SLURM jax finds it).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process jobs: how many processes take part "
-                                      "(default: $JAX_NUM_PROCESSES).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process jobs: this process's id in [0, num_processes) "
-                                   "(default: $JAX_PROCESS_ID).")
-_LOCAL_DEVICE_IDS = flags.DEFINE_list("local_device_ids", None, "Multi-process jobs: the accelerators this process "
-                                      "drives, e.g. 0 or 0,1 (default: $JAX_LOCAL_DEVICE_IDS, else all it sees).")
-_DISTRIBUTED_TIMEOUT = flags.DEFINE_integer("distributed_timeout", 300, "Multi-process jobs: seconds for every "
-                                            "process to reach the coordinator before the job stops.", lower_bound=1)
-_MESH = flags.DEFINE_list("mesh", None, "Shard the target model over a (data, fsdp, tensor) mesh of all devices, "
-                          "e.g. 1,1,4 or -1,1,8 (-1: what the others leave); default: no mesh (one device).")
-_TARGET_DTYPE = flags.DEFINE_enum("target_dtype", "float32", ["float32", "bfloat16"],
-                                  "dtype of the target model's parameters and activations.")
+  "coordinator_address",
+  None,
+  "Multi-process jobs: host:port of process 0 (default: $JAX_COORDINATOR_ADDRESS; on "
+  "Cloud TPU pods and SLURM jax finds it).",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+  "num_processes", None, "Multi-process jobs: how many processes take part (default: $JAX_NUM_PROCESSES)."
+)
+_PROCESS_ID = flags.DEFINE_integer(
+  "process_id", None, "Multi-process jobs: this process's id in [0, num_processes) (default: $JAX_PROCESS_ID)."
+)
+_LOCAL_DEVICE_IDS = flags.DEFINE_list(
+  "local_device_ids",
+  None,
+  "Multi-process jobs: the accelerators this process "
+  "drives, e.g. 0 or 0,1 (default: $JAX_LOCAL_DEVICE_IDS, else all it sees).",
+)
+_DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
+  "distributed_timeout",
+  300,
+  "Multi-process jobs: seconds for every process to reach the coordinator before the job stops.",
+  lower_bound=1,
+)
+_MESH = flags.DEFINE_list(
+  "mesh",
+  None,
+  "Shard the target model over a (data, fsdp, tensor) mesh of all devices, "
+  "e.g. 1,1,4 or -1,1,8 (-1: what the others leave); default: no mesh (one device).",
+)
+_TARGET_DTYPE = flags.DEFINE_enum(
+  "target_dtype", "float32", ["float32", "bfloat16"], "dtype of the target model's parameters and activations."
+)
 
 
 class ProgressBars:
@@ -117,9 +135,14 @@ def distributed_config() -> DistributedConfig:
   if not flags.FLAGS.is_parsed():
     return DistributedConfig(where="--")
   ids = _LOCAL_DEVICE_IDS.value
-  return DistributedConfig(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-                           process_id=_PROCESS_ID.value, local_device_ids=tuple(ids) if ids else None,
-                           timeout_s=_DISTRIBUTED_TIMEOUT.value, where="--")
+  return DistributedConfig(
+    coordinator_address=_COORDINATOR.value,
+    num_processes=_NUM_PROCESSES.value,
+    process_id=_PROCESS_ID.value,
+    local_device_ids=tuple(ids) if ids else None,
+    timeout_s=_DISTRIBUTED_TIMEOUT.value,
+    where="--",
+  )
 
 
 def target_placement() -> dict:
@@ -144,8 +167,9 @@ def build_target(config) -> LanguageModel:
   if config.get("target_path"):
     return load_pretrained(config.target_path, **target_placement())
   with ProgressBars() as bars:
-    out = target.build(target_config.config_from_dict(config.target, "config.target"), config.target.workdir,
-                       progress=bars.update)
+    out = target.build(
+      target_config.config_from_dict(config.target, "config.target"), config.target.workdir, progress=bars.update
+    )
   print(f"\nTarget model {out}/model, its own samples on held-out problems (T=1.0):\n")
   print(target.report_markdown(target.load_report(out)))
   return load_pretrained(f"{out}/model", **target_placement())
@@ -155,8 +179,9 @@ def target_report(config) -> dict | None:
   """The built-in target's report (`jobs.target.build`, reused from its cache), or None for a `target_path` job."""
   if config.get("target_path"):
     return None
-  return target.load_report(target.build(target_config.config_from_dict(config.target, "config.target"),
-                                         config.target.workdir))
+  return target.load_report(
+    target.build(target_config.config_from_dict(config.target, "config.target"), config.target.workdir)
+  )
 
 
 def run_dir(config, lm: LanguageModel) -> str:
@@ -174,13 +199,15 @@ def reprobe_setup(config) -> tuple[LanguageModel, ReprobeConfig, str]:
   workdir = workdir_of(config)
   target_path = config.get("target_path")
   if not isinstance(target_path, str):
-    raise ConfigError(f"config.target_path: expected a path or hub id (empty = the built-in target), got "
-                      f"{target_path!r}")
+    raise ConfigError(
+      f"config.target_path: expected a path or hub id (empty = the built-in target), got {target_path!r}"
+    )
   if not target_path:
     built = target_config.config_from_dict(config.target, "config.target")
     workdir_of(config.target, "config.target")
-    check_model(cfg, num_layers=built.model.num_layers, context=built.model.max_position_embeddings,
-                vocab_size=built.vocab_size)
+    check_model(
+      cfg, num_layers=built.model.num_layers, context=built.model.max_position_embeddings, vocab_size=built.vocab_size
+    )
   lm = build_target(config)
   check_target(cfg, lm)
   return lm, cfg, run_folder(workdir, lm, cfg)

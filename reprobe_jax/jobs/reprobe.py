@@ -31,12 +31,23 @@ from reprobe_jax.features import FeatureMismatchError, FeatureStore, extract, mo
 from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
 from reprobe_jax.io.readers import read_json
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
-from reprobe_jax.jobs.reprobe_config import (ReprobeConfig, Splits, check_target, feature_specs, prm_folder,
-                                             split_problems)
-from reprobe_jax.jobs.reprobe_records import (PRM_ID, PRMComparison, ScorerId, TestScores, TrainedPRM,
-                                              TrainedProbe)
-from reprobe_jax.jobs.reprobe_scores import (baseline_scores, probe_scores, prm_step_scores, test_steps, val_scores,
-                                             write_step_scores)
+from reprobe_jax.jobs.reprobe_config import (
+  ReprobeConfig,
+  Splits,
+  check_target,
+  feature_specs,
+  prm_folder,
+  split_problems,
+)
+from reprobe_jax.jobs.reprobe_records import PRM_ID, PRMComparison, ScorerId, TestScores, TrainedPRM, TrainedProbe
+from reprobe_jax.jobs.reprobe_scores import (
+  baseline_scores,
+  probe_scores,
+  prm_step_scores,
+  test_steps,
+  val_scores,
+  write_step_scores,
+)
 from reprobe_jax.jobs.runs import Progress, Run, no_progress
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.prm import report as prm_report
@@ -88,8 +99,9 @@ def samples(job: ReprobeJob, problems: Splits[Problem]) -> Splits[Trajectory] | 
 
   def store(batch, feats):  # features captured while sampling go straight into the stores: no second forward
     for spec in specs:
-      extract(lm, batch, spec, run.path("features", spec.name), shard_size=max(len(batch), 1),
-              captured=feats[spec.name])
+      extract(
+        lm, batch, spec, run.path("features", spec.name), shard_size=max(len(batch), 1), captured=feats[spec.name]
+      )
 
   def one(split: str, ps: list[Problem]) -> list[Trajectory]:
     name, done = f"samples_{split}.jsonl", 0
@@ -99,28 +111,34 @@ def samples(job: ReprobeJob, problems: Splits[Problem]) -> Splits[Trajectory] | 
       done += n
       job.tick(f"sample {split}", done, len(ps))
 
-    run.stage(f"sample_{split}", [name], lambda: write_jsonl(
-        run.path(name), sample_trajectories(lm, ps, cfg.mode, cfg.trajectories, on_batch=on_batch,
-                                            feature_specs=specs, on_features=store)))
+    run.stage(
+      f"sample_{split}",
+      [name],
+      lambda: write_jsonl(
+        run.path(name),
+        sample_trajectories(
+          lm, ps, cfg.mode, cfg.trajectories, on_batch=on_batch, feature_specs=specs, on_features=store
+        ),
+      ),
+    )
     return read_trajectories(run.path(name))
 
   return Splits(*(one(split, ps) for split, ps in problems.items()))
 
 
-def trajectories(job: ReprobeJob, problems: Splits[Problem], samples: Splits[Trajectory] | None
-                 ) -> Splits[Trajectory]:
+def trajectories(job: ReprobeJob, problems: Splits[Problem], samples: Splits[Trajectory] | None) -> Splits[Trajectory]:
   """Every split's labelled trajectories (`trajectories_<split>.jsonl`): the samples of all splits labelled in one
   annotator call (a judge batches its prompts; an imported file must cover every trajectory)."""
   cfg, run = job.cfg, job.run
   if samples is not None:
+
     def label():
       every = [t for split in samples for t in split]
       job.tick(f"annotate ({cfg.annotator})", 0, len(every))
-      out = annotate(every, {p.id: p for ps in problems for p in ps}, cfg.annotator, cfg.judge, cfg.labels_path,
-                     job.lm)
+      out = annotate(every, {p.id: p for ps in problems for p in ps}, cfg.annotator, cfg.judge, cfg.labels_path, job.lm)
       start = 0
       for name, split in zip(LABELLED, samples):
-        write_jsonl(run.path(name), out[start:start + len(split)])
+        write_jsonl(run.path(name), out[start : start + len(split)])
         start += len(split)
       job.tick(f"annotate ({cfg.annotator})", len(every), len(every))
 
@@ -137,15 +155,21 @@ def features(job: ReprobeJob, trajectories: Splits[Trajectory]) -> dict[str, Fea
   for spec in feature_specs(job.cfg):
     name = spec.name
     with run.timed(f"features_{name}", record=not run.exists(f"features/{name}/manifest.json")):
-      stores[name] = extract(job.lm, every, spec, run.path("features", name),
-                             on_shard=lambda k, n, name=name: job.tick(f"features {name}", k, n))
+      stores[name] = extract(
+        job.lm,
+        every,
+        spec,
+        run.path("features", name),
+        on_shard=lambda k, n, name=name: job.tick(f"features {name}", k, n),
+      )
     if stores[name].manifest["model_fingerprint"] != job.fingerprint:
       raise ConfigError(f"features {name} were made by another model")
   return stores
 
 
-def probes(job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str, FeatureStore]
-           ) -> dict[str, TrainedProbe]:
+def probes(
+  job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str, FeatureStore]
+) -> dict[str, TrainedProbe]:
   """One probe per feature set, trained on the train split and early-stopped on val (docs/method.md §A5)."""
   cfg, run = job.cfg, job.run
   specs = {s.name: s for s in feature_specs(cfg)}
@@ -154,14 +178,28 @@ def probes(job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str
     train_ex, val_ex = examples(trajectories.train, store), examples(trajectories.val, store)
     pcfg = ProbeConfig(feature_dim=store.dim, **dataclasses.asdict(cfg.probe))
     pdir = run.path("probe", name)
-    _check_probe_spec(pdir, {"probe": dataclasses.asdict(pcfg), "features": store.manifest["spec"],
-                             "model_fingerprint": store.manifest["model_fingerprint"]})
+    _check_probe_spec(
+      pdir,
+      {
+        "probe": dataclasses.asdict(pcfg),
+        "features": store.manifest["spec"],
+        "model_fingerprint": store.manifest["model_fingerprint"],
+      },
+    )
     with run.timed(f"probe_{name}", record=not os.path.exists(os.path.join(pdir, "history.json"))):
       graphdef, params, rest, history = train_probe(
-          pcfg, train_ex, val_ex, cfg.train, pdir, on_epoch=lambda e, entry, name=name: job.tick(
-              f"probe {name} (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, cfg.train.epochs))
-    out[name] = TrainedProbe(name, pcfg, graphdef, params, rest, history,
-                             ProbeBundle.create(pcfg, params, specs[name], job.fingerprint))
+        pcfg,
+        train_ex,
+        val_ex,
+        cfg.train,
+        pdir,
+        on_epoch=lambda e, entry, name=name: job.tick(
+          f"probe {name} (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, cfg.train.epochs
+        ),
+      )
+    out[name] = TrainedProbe(
+      name, pcfg, graphdef, params, rest, history, ProbeBundle.create(pcfg, params, specs[name], job.fingerprint)
+    )
   return out
 
 
@@ -175,8 +213,10 @@ def _check_probe_spec(pdir: str, spec: dict) -> None:
     old = read_json(spec_path, "probe spec")
     for key in spec:
       if old.get(key) != spec[key]:
-        raise FeatureMismatchError(f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
-                                   f"data has {spec[key]!r}; use another workdir")
+        raise FeatureMismatchError(
+          f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
+          f"data has {spec[key]!r}; use another workdir"
+        )
   write_json(spec_path, spec)
 
 
@@ -190,19 +230,20 @@ def prm(job: ReprobeJob, trajectories: Splits[Trajectory]) -> TrainedPRM | None:
   made: dict[str, TrainedPRM] = {}
 
   def train(on_epoch=None) -> TrainedPRM:
-    return TrainedPRM(prm_cfg, folder, train_prm(job.lm, prm_cfg, trajectories.train, trajectories.val, folder,
-                                                 on_epoch=on_epoch))
+    return TrainedPRM(
+      prm_cfg, folder, train_prm(job.lm, prm_cfg, trajectories.train, trajectories.val, folder, on_epoch=on_epoch)
+    )
 
   def make():
-    made["prm"] = train(lambda e, entry: job.tick(f"prm (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1,
-                                                  prm_cfg.epochs))
+    made["prm"] = train(lambda e, entry: job.tick(f"prm (val PR-AUC {entry['val_pr_auc']:.3f})", e + 1, prm_cfg.epochs))
 
   run.stage("prm", [os.path.relpath(os.path.join(folder, PRM_MODEL, "config.json"), run.directory)], make)
   return made["prm"] if "prm" in made else train()  # a finished folder: loaded
 
 
-def scores(job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str, FeatureStore],
-           probes: dict[str, TrainedProbe]) -> TestScores:
+def scores(
+  job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str, FeatureStore], probes: dict[str, TrainedProbe]
+) -> TestScores:
   """Every test step's labels, and its scores by the uncertainty baselines, the probes and their linear
   baselines."""
   by_scorer = baseline_scores(job.cfg, trajectories.test)
@@ -210,9 +251,14 @@ def scores(job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str
   return TestScores(test_steps(job.cfg, trajectories.test), by_scorer)
 
 
-def prm_comparison(job: ReprobeJob, trajectories: Splits[Trajectory], features: dict[str, FeatureStore],
-                   probes: dict[str, TrainedProbe], prm: TrainedPRM | None, scores: TestScores
-                   ) -> PRMComparison | None:
+def prm_comparison(
+  job: ReprobeJob,
+  trajectories: Splits[Trajectory],
+  features: dict[str, FeatureStore],
+  probes: dict[str, TrainedProbe],
+  prm: TrainedPRM | None,
+  scores: TestScores,
+) -> PRMComparison | None:
   """With the PRM: its val and test step scores and every probe's go to `<prm folder>/step_scores.npz`
   (`write_step_scores`), and from them (`prm.report.combine`) the 'fusion[<set>]' scores (fitted on val) and the
   cascade. None without the PRM."""
@@ -223,8 +269,14 @@ def prm_comparison(job: ReprobeJob, trajectories: Splits[Trajectory], features: 
   val = val_scores(cfg, prm, trajectories, features, probes)
   test = {**{sid: per for sid, per in scores.scores.items() if sid in val}, PRM_ID: test_prm}
   step_file = os.path.join(prm.folder, "step_scores.npz")
-  write_step_scores(step_file, trajectories.val, {str(k): v for k, v in val.items()}, trajectories.test,
-                    cfg.domains, {str(k): v for k, v in test.items()})
+  write_step_scores(
+    step_file,
+    trajectories.val,
+    {str(k): v for k, v in val.items()},
+    trajectories.test,
+    cfg.domains,
+    {str(k): v for k, v in test.items()},
+  )
   # Fusion (fitted on val) and the cascade (from the probe best on val) read the stored scores back.
   combined = prm_report.combine(prm_report.read_step_scores(step_file), cfg.domains)
   fusion = {ScorerId.parse(name): per for name, per in combined.fusion_scores.items()}
@@ -244,39 +296,54 @@ def report(job: ReprobeJob, scores: TestScores, comparison: PRMComparison | None
   if comparison is not None:
     hist = prm_history(comparison.prm.folder)
     best = [h["val_pr_auc"] for h in hist if h["improved"]]
-    metrics["prm_training"] = {"folder": os.path.relpath(comparison.prm.folder, run.directory), "epochs": len(hist),
-                               "best_val_pr_auc": best[-1] if best else math.nan}
+    metrics["prm_training"] = {
+      "folder": os.path.relpath(comparison.prm.folder, run.directory),
+      "epochs": len(hist),
+      "best_val_pr_auc": best[-1] if best else math.nan,
+    }
     metrics["prm_combined"] = comparison.combined.to_json()
   timings = run.timings()
   if timings:
     metrics["timings_s"] = timings
   write_json(run.path("metrics.json"), metrics)
   with atomic_open(run.path("table.md")) as f:
-    f.write(table_markdown(metrics) + ("" if comparison is None
-                                       else "\n" + prm_report.cascade_markdown(comparison.combined)))
+    f.write(
+      table_markdown(metrics) + ("" if comparison is None else "\n" + prm_report.cascade_markdown(comparison.combined))
+    )
   plot_pr_curves(named, {d: steps.labels[d] for d in cfg.domains}, run.path("pr_curves.png"))
   if comparison is not None:
-    plot_cascade({f"{d} ({'PRM' if kind == 'prm' else 'fusion'})": curve
-                  for d, per in comparison.combined.cascades.items() for kind, curve in per.items()},
-                 run.path("cascade.png"))
+    plot_cascade(
+      {
+        f"{d} ({'PRM' if kind == 'prm' else 'fusion'})": curve
+        for d, per in comparison.combined.cascades.items()
+        for kind, curve in per.items()
+      },
+      run.path("cascade.png"),
+    )
   return metrics
 
 
 GRAPH = Graph(
-    Stage("problems", problems),
-    Stage("samples", samples, needs=("problems",)),
-    Stage("trajectories", trajectories, needs=("problems", "samples")),
-    Stage("features", features, needs=("trajectories",)),
-    Stage("probes", probes, needs=("trajectories", "features")),
-    Stage("prm", prm, needs=("trajectories",)),
-    Stage("scores", scores, needs=("trajectories", "features", "probes")),
-    Stage("prm_comparison", prm_comparison, needs=("trajectories", "features", "probes", "prm", "scores")),
-    Stage("report", report, needs=("scores", "prm_comparison")),
+  Stage("problems", problems),
+  Stage("samples", samples, needs=("problems",)),
+  Stage("trajectories", trajectories, needs=("problems", "samples")),
+  Stage("features", features, needs=("trajectories",)),
+  Stage("probes", probes, needs=("trajectories", "features")),
+  Stage("prm", prm, needs=("trajectories",)),
+  Stage("scores", scores, needs=("trajectories", "features", "probes")),
+  Stage("prm_comparison", prm_comparison, needs=("trajectories", "features", "probes", "prm", "scores")),
+  Stage("report", report, needs=("scores", "prm_comparison")),
 )
 
 
-def start(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, prm: PRMTrainConfig | None = None,
-          progress: Progress | None = None) -> GraphRun:
+def start(
+  lm: LanguageModel,
+  cfg: ReprobeConfig,
+  workdir: str,
+  *,
+  prm: PRMTrainConfig | None = None,
+  progress: Progress | None = None,
+) -> GraphRun:
   """A run of the job in the run folder `workdir` (`run_folder`), its stages computed when first asked for
   (`run["probes"]`, `run["report"]`). The config is checked against the target, and the PRM's separator against its
   tokenizer, before anything is made."""
@@ -286,27 +353,36 @@ def start(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, prm: PRMTrainC
   return GraphRun(GRAPH, ReprobeJob(lm, cfg, Run(workdir), prm, progress or no_progress))
 
 
-def evaluate(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, prm: PRMTrainConfig | None = None,
-             progress: Progress | None = None) -> dict:
+def evaluate(
+  lm: LanguageModel,
+  cfg: ReprobeConfig,
+  workdir: str,
+  *,
+  prm: PRMTrainConfig | None = None,
+  progress: Progress | None = None,
+) -> dict:
   """The whole job: the metrics of `report` (every stage before it run or reused). With `prm`, the PRM baseline
   trained here is scored beside the probes ('prm'), with the fusion rows and the cascade."""
   return start(lm, cfg, workdir, prm=prm, progress=progress)["report"]
 
 
-def labelled_trajectories(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *,
-                    progress: Progress | None = None) -> Splits[Trajectory]:
+def labelled_trajectories(
+  lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Progress | None = None
+) -> Splits[Trajectory]:
   """The run's labelled trajectories of every split (sampled and labelled first where missing)."""
   return start(lm, cfg, workdir, progress=progress)["trajectories"]
 
 
-def train_probes(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *,
-                 progress: Progress | None = None) -> dict[str, TrainedProbe]:
+def train_probes(
+  lm: LanguageModel, cfg: ReprobeConfig, workdir: str, *, progress: Progress | None = None
+) -> dict[str, TrainedProbe]:
   """The run's probe of every feature set (trained first where missing)."""
   return start(lm, cfg, workdir, progress=progress)["probes"]
 
 
-def train_prm_stage(lm: LanguageModel, cfg: ReprobeConfig, prm: PRMTrainConfig, workdir: str, *,
-                    progress: Progress | None = None) -> TrainedPRM:
+def train_prm_stage(
+  lm: LanguageModel, cfg: ReprobeConfig, prm: PRMTrainConfig, workdir: str, *, progress: Progress | None = None
+) -> TrainedPRM:
   """The run's PRM baseline for `prm` (trained first where missing)."""
   return start(lm, cfg, workdir, prm=prm, progress=progress)["prm"]
 
@@ -323,7 +399,13 @@ def bundles(run: GraphRun, names: Sequence[str] | None = None) -> dict[str, Prob
   return {name: trained[name].bundle for name in names}
 
 
-def probe_bundles(lm: LanguageModel, cfg: ReprobeConfig, workdir: str, names: Sequence[str] | None = None, *,
-                  progress: Progress | None = None) -> dict[str, ProbeBundle]:
+def probe_bundles(
+  lm: LanguageModel,
+  cfg: ReprobeConfig,
+  workdir: str,
+  names: Sequence[str] | None = None,
+  *,
+  progress: Progress | None = None,
+) -> dict[str, ProbeBundle]:
   """`bundles` of a run of the job in `workdir`."""
   return bundles(start(lm, cfg, workdir, progress=progress), names)

@@ -81,15 +81,28 @@ class ReprobeConfig:
   labels_path: str = ""
 
   def __post_init__(self):
-    check_fields(self, {"seed": Int(0), "mode": OneOf(MODES), "train_domains": Seq(OneOf(DOMAINS)),
-                        "ood_domains": Seq(OneOf(DOMAINS), nonempty=False), "train_problems": Int(1),
-                        "val_problems": Int(1), "test_problems": Int(1), "difficulties": Seq(OneOf(DIFFICULTIES)),
-                        "ood_difficulties": Seq(OneOf(DIFFICULTIES), nonempty=False),
-                        "feature_sets": Seq(FeatureSetName()), "hidden_layers": Seq(Int(), distinct=False)})
+    check_fields(
+      self,
+      {
+        "seed": Int(0),
+        "mode": OneOf(MODES),
+        "train_domains": Seq(OneOf(DOMAINS)),
+        "ood_domains": Seq(OneOf(DOMAINS), nonempty=False),
+        "train_problems": Int(1),
+        "val_problems": Int(1),
+        "test_problems": Int(1),
+        "difficulties": Seq(OneOf(DIFFICULTIES)),
+        "ood_difficulties": Seq(OneOf(DIFFICULTIES), nonempty=False),
+        "feature_sets": Seq(FeatureSetName()),
+        "hidden_layers": Seq(Int(), distinct=False),
+      },
+    )
     both = sorted(set(self.train_domains) & set(self.ood_domains))
     if both:
-      raise ConfigError(f"{field_name(self, 'ood_domains')}: {both} also in train_domains; a domain is either "
-                        "trained on (in domain) or held out")
+      raise ConfigError(
+        f"{field_name(self, 'ood_domains')}: {both} also in train_domains; a domain is either "
+        "trained on (in domain) or held out"
+      )
     for name in ("trajectories", "probe", "train", "judge"):
       cls = type(getattr(ReprobeConfig, name))
       if not isinstance(getattr(self, name), cls):
@@ -109,24 +122,29 @@ def check_model(cfg: ReprobeConfig, *, num_layers: int, context: int, vocab_size
   try:
     CaptureSpec(hidden_layers=cfg.hidden_layers).resolve_layers(num_layers)
   except ConfigError as e:
-    raise ConfigError(f"config.hidden_layers={cfg.hidden_layers}: the target has {num_layers} layers "
-                      f"({e})") from None
+    raise ConfigError(f"config.hidden_layers={cfg.hidden_layers}: the target has {num_layers} layers ({e})") from None
   t = cfg.trajectories
   if t.max_new_tokens >= context:
-    raise ConfigError(f"config.trajectories.max_new_tokens={t.max_new_tokens} leaves no room for a prompt in the "
-                      f"target's context of {context} tokens")
+    raise ConfigError(
+      f"config.trajectories.max_new_tokens={t.max_new_tokens} leaves no room for a prompt in the "
+      f"target's context of {context} tokens"
+    )
   if t.sampling.top_k > vocab_size:
-    raise ConfigError(f"config.trajectories.sampling.top_k={t.sampling.top_k} is above the target's vocabulary of "
-                      f"{vocab_size}")
+    raise ConfigError(
+      f"config.trajectories.sampling.top_k={t.sampling.top_k} is above the target's vocabulary of {vocab_size}"
+    )
   if cfg.annotator == "self" and cfg.judge.self_judge.max_new_tokens >= context:
-    raise ConfigError(f"config.judge.self_judge.max_new_tokens={cfg.judge.self_judge.max_new_tokens} leaves no "
-                      f"room for a prompt in the target's context of {context} tokens")
+    raise ConfigError(
+      f"config.judge.self_judge.max_new_tokens={cfg.judge.self_judge.max_new_tokens} leaves no "
+      f"room for a prompt in the target's context of {context} tokens"
+    )
 
 
 def check_target(cfg: ReprobeConfig, lm: LanguageModel) -> None:
   """`check_model` for a loaded target."""
-  check_model(cfg, num_layers=lm.config.num_layers, context=lm.config.max_position_embeddings,
-              vocab_size=lm.config.vocab_size)
+  check_model(
+    cfg, num_layers=lm.config.num_layers, context=lm.config.max_position_embeddings, vocab_size=lm.config.vocab_size
+  )
 
 
 def config_from_dict(c) -> ReprobeConfig:
@@ -172,12 +190,16 @@ class Splits(NamedTuple, Generic[T]):
 def split_problems(cfg: ReprobeConfig) -> Splits[Problem]:
   """train / val in the training domains, test in every domain; difficulties mixed evenly (the held-out domains'
   test problems at `ood_difficulties` when it is set)."""
+
   def take(domains, n, split, difficulties=cfg.difficulties):
     return [p for d in domains for p in spread(d, n, split, cfg.seed, difficulties)]
-  return Splits(train=take(cfg.train_domains, cfg.train_problems, "train"),
-                val=take(cfg.train_domains, cfg.val_problems, "val"),
-                test=take(cfg.train_domains, cfg.test_problems, "test")
-                     + take(cfg.ood_domains, cfg.test_problems, "test", cfg.ood_difficulties or cfg.difficulties))
+
+  return Splits(
+    train=take(cfg.train_domains, cfg.train_problems, "train"),
+    val=take(cfg.train_domains, cfg.val_problems, "val"),
+    test=take(cfg.train_domains, cfg.test_problems, "test")
+    + take(cfg.ood_domains, cfg.test_problems, "test", cfg.ood_difficulties or cfg.difficulties),
+  )
 
 
 def data_fingerprint(lm: LanguageModel, cfg: ReprobeConfig) -> str:
@@ -187,8 +209,9 @@ def data_fingerprint(lm: LanguageModel, cfg: ReprobeConfig) -> str:
   h = hashlib.sha256()
   for split, problems in split_problems(cfg).items():
     for p in problems:
-      prompt = prompt_text(lm, p, cfg.mode, cfg.trajectories.few_shot, cfg.trajectories.first_step,
-                           cfg.trajectories.goal_mark)
+      prompt = prompt_text(
+        lm, p, cfg.mode, cfg.trajectories.few_shot, cfg.trajectories.first_step, cfg.trajectories.goal_mark
+      )
       h.update(json.dumps([split, p.to_json(), prompt]).encode())
   return h.hexdigest()
 

@@ -31,8 +31,10 @@ class ScorerId:
 
   def __post_init__(self):
     if bool(self.feature_set) != (self.kind in PER_FEATURE_SET):
-      raise ValueError(f"ScorerId: a {self.kind!r} scorer {'needs' if not self.feature_set else 'has no'} feature "
-                       f"set, got {self.feature_set!r}")
+      raise ValueError(
+        f"ScorerId: a {self.kind!r} scorer {'needs' if not self.feature_set else 'has no'} feature "
+        f"set, got {self.feature_set!r}"
+      )
 
   def __str__(self) -> str:
     return f"{self.kind}[{self.feature_set}]" if self.feature_set else self.kind

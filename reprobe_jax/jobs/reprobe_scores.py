@@ -46,10 +46,14 @@ def baseline_scores(cfg: ReprobeConfig, test: list[Trajectory]) -> DomainScores:
   for d in cfg.domains:
     recs = of_domain(test, d)
     for b in baselines.BASELINES:
-      out.setdefault(ScorerId(b), {})[d] = np.concatenate([
-          baselines.step_scores(b, np.asarray(r.logprobs), np.asarray(r.entropy), np.asarray(r.self_certainty),
-                                r.spans, rng)
-          for r in recs])
+      out.setdefault(ScorerId(b), {})[d] = np.concatenate(
+        [
+          baselines.step_scores(
+            b, np.asarray(r.logprobs), np.asarray(r.entropy), np.asarray(r.self_certainty), r.spans, rng
+          )
+          for r in recs
+        ]
+      )
   return out
 
 
@@ -58,8 +62,9 @@ def predict(probe: TrainedProbe, exs: list[Example], batch_size: int) -> list[np
   return predict_examples(probe.graphdef, probe.params, probe.rest, exs, batch_size, probe.config.feature_dim)
 
 
-def probe_scores(cfg: ReprobeConfig, trajs: Splits[Trajectory], stores: dict[str, FeatureStore],
-                 probes: dict[str, TrainedProbe]) -> DomainScores:
+def probe_scores(
+  cfg: ReprobeConfig, trajs: Splits[Trajectory], stores: dict[str, FeatureStore], probes: dict[str, TrainedProbe]
+) -> DomainScores:
   """Each probe's test step scores, and those of a logistic regression on the same features, mean-pooled per step
   and fitted on the train split (the probe's linear baseline)."""
   out: DomainScores = {}
@@ -79,8 +84,13 @@ def prm_step_scores(cfg: ReprobeConfig, prm: TrainedPRM, test: list[Trajectory])
   return {d: np.concatenate([s for s, r in zip(per_traj, test) if r.domain == d]) for d in cfg.domains}
 
 
-def val_scores(cfg: ReprobeConfig, prm: TrainedPRM, trajs: Splits[Trajectory], stores: dict[str, FeatureStore],
-               probes: dict[str, TrainedProbe]) -> dict[ScorerId, list[np.ndarray]]:
+def val_scores(
+  cfg: ReprobeConfig,
+  prm: TrainedPRM,
+  trajs: Splits[Trajectory],
+  stores: dict[str, FeatureStore],
+  probes: dict[str, TrainedProbe],
+) -> dict[ScorerId, list[np.ndarray]]:
   """The PRM's and every probe's val step scores, per trajectory (what a fusion is fitted on)."""
   out = {PRM_ID: prm_scores(prm.model, trajs.val, prm.config.batch_size)}
   for name, probe in probes.items():
@@ -88,9 +98,14 @@ def val_scores(cfg: ReprobeConfig, prm: TrainedPRM, trajs: Splits[Trajectory], s
   return out
 
 
-def write_step_scores(path: str, val: list[Trajectory], val_scores: dict[str, list[np.ndarray]],
-                      test: list[Trajectory], domains: list[str], test_scores: dict[str, dict[str, np.ndarray]]
-                      ) -> None:
+def write_step_scores(
+  path: str,
+  val: list[Trajectory],
+  val_scores: dict[str, list[np.ndarray]],
+  test: list[Trajectory],
+  domains: list[str],
+  test_scores: dict[str, dict[str, np.ndarray]],
+) -> None:
   """Every val and test step's scores, for fitting a fusion on val and drawing a cascade on test without rescoring:
   an .npz with, per split ('val', 'test'), one entry per step in the same order: `<split>/labels` (1 incorrect,
   0 correct, NaN unknown), `<split>/trajectory_id`, `<split>/problem_id`, `<split>/domain`, `<split>/step` (its
@@ -100,16 +115,19 @@ def write_step_scores(path: str, val: list[Trajectory], val_scores: dict[str, li
 
   def columns(recs: list[Trajectory]) -> dict[str, np.ndarray]:
     steps = [(r, k, s) for r in recs for k, s in enumerate(r.steps)]
-    return {"labels": np.concatenate([r.label_array() for r in recs] + [np.zeros(0, np.float32)]),
-            "trajectory_id": np.asarray([r.id for r, _, _ in steps], str),
-            "problem_id": np.asarray([r.problem_id for r, _, _ in steps], str),
-            "domain": np.asarray([r.domain for r, _, _ in steps], str),
-            "step": np.asarray([k for _, k, _ in steps], np.int32),
-            "answer": np.asarray([r.mode == "line" and formats.is_answer_line(s.text) for r, _, s in steps], bool)}
+    return {
+      "labels": np.concatenate([r.label_array() for r in recs] + [np.zeros(0, np.float32)]),
+      "trajectory_id": np.asarray([r.id for r, _, _ in steps], str),
+      "problem_id": np.asarray([r.problem_id for r, _, _ in steps], str),
+      "domain": np.asarray([r.domain for r, _, _ in steps], str),
+      "step": np.asarray([k for _, k, _ in steps], np.int32),
+      "answer": np.asarray([r.mode == "line" and formats.is_answer_line(s.text) for r, _, s in steps], bool),
+    }
 
   arrays = {f"val/{k}": v for k, v in columns(val).items()}
-  arrays.update({f"val/score/{name}": np.concatenate(list(per) + [np.zeros(0, np.float32)])
-                 for name, per in val_scores.items()})
+  arrays.update(
+    {f"val/score/{name}": np.concatenate(list(per) + [np.zeros(0, np.float32)]) for name, per in val_scores.items()}
+  )
   ordered = [r for d in domains for r in test if r.domain == d]
   arrays.update({f"test/{k}": v for k, v in columns(ordered).items()})
   arrays.update({f"test/score/{name}": np.concatenate([per[d] for d in domains]) for name, per in test_scores.items()})

@@ -43,8 +43,9 @@ def run_folder(root: str, lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobCon
   return os.path.join(root, run_key({**signature(lm, cfg, pcfg), "eval": dataclasses.asdict(ecfg)}))
 
 
-def evaluate_policy(lm, params, ecfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str,
-                    progress: Progress | None = None) -> dict:
+def evaluate_policy(
+  lm, params, ecfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str, progress: Progress | None = None
+) -> dict:
   """docs/method.md §B3's metrics of the policy with `params` on ecfg's held-out problems (plain decoding, every
   boundary probed): {'in_domain' / 'out_of_domain': TrajectoryMetrics JSON}; cached in workdir by the policy's
   fingerprint."""
@@ -75,33 +76,42 @@ def policy(job: RLJob) -> RLResult:
 
 def evaluation(job: RLJob, policy: RLResult) -> dict:
   """The trained policy's held-out metrics (`evaluate_policy`, cached in `<folder>/eval`)."""
-  return evaluate_policy(job.lm, policy.params, job.ecfg, job.pcfg, os.path.join(job.folder, "eval"),
-                         progress=job.tick)
+  return evaluate_policy(job.lm, policy.params, job.ecfg, job.pcfg, os.path.join(job.folder, "eval"), progress=job.tick)
 
 
 def summary(job: RLJob, policy: RLResult, evaluation: dict) -> dict:
   """The run's summary (also summary.json): the method, seed, evaluation metrics, per-step training metrics and
   the median stage times per step."""
-  out = {"method": job.cfg.advantage, "seed": job.cfg.seed, "steps": policy.step, "machine": str(describe()),
-         "eval": evaluation, "train": policy.metrics, "stage_seconds": report_lib.stage_seconds(policy.metrics)}
+  out = {
+    "method": job.cfg.advantage,
+    "seed": job.cfg.seed,
+    "steps": policy.step,
+    "machine": str(describe()),
+    "eval": evaluation,
+    "train": policy.metrics,
+    "stage_seconds": report_lib.stage_seconds(policy.metrics),
+  }
   write_json(os.path.join(job.folder, "summary.json"), out)
   return out
 
 
 GRAPH = Graph(
-    Stage("policy", policy),
-    Stage("evaluation", evaluation, needs=("policy",)),
-    Stage("summary", summary, needs=("policy", "evaluation")),
+  Stage("policy", policy),
+  Stage("evaluation", evaluation, needs=("policy",)),
+  Stage("summary", summary, needs=("policy", "evaluation")),
 )
 
 
-def run(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, workdir: str, *,
-        progress: Progress | None = None) -> dict:
+def run(
+  lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, workdir: str, *, progress: Progress | None = None
+) -> dict:
   """Trains (or resumes) one method and evaluates the result; returns (and writes summary.json) the run's summary."""
   folder = run_folder(workdir, lm, cfg, pcfg, ecfg)
   os.makedirs(folder, exist_ok=True)
-  write_json(os.path.join(folder, "config.json"), {"rl": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg),
-                                                   "eval": dataclasses.asdict(ecfg)})
+  write_json(
+    os.path.join(folder, "config.json"),
+    {"rl": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg), "eval": dataclasses.asdict(ecfg)},
+  )
   return GraphRun(GRAPH, RLJob(lm, cfg, pcfg, ecfg, folder, progress or no_progress))["summary"]
 
 
@@ -122,8 +132,9 @@ class CompareJob:
 
 def start_eval(job: CompareJob) -> dict:
   """The start policy's held-out metrics (evaluated once for every method)."""
-  return evaluate_policy(job.lm, job.lm.params, job.ecfg, job.pcfg, os.path.join(job.workdir, "start_eval"),
-                         progress=job.tick)
+  return evaluate_policy(
+    job.lm, job.lm.params, job.ecfg, job.pcfg, os.path.join(job.workdir, "start_eval"), progress=job.tick
+  )
 
 
 def runs(job: CompareJob) -> dict[str, list[dict]]:
@@ -131,20 +142,37 @@ def runs(job: CompareJob) -> dict[str, list[dict]]:
   per: dict[str, list[dict]] = {m: [] for m in job.methods}
   for seed in job.seeds:
     for m in job.methods:
-      per[m].append(run(job.lm, dataclasses.replace(job.cfg, advantage=m, seed=seed), job.pcfg, job.ecfg,
-                        job.workdir, progress=job.tick))
+      per[m].append(
+        run(
+          job.lm,
+          dataclasses.replace(job.cfg, advantage=m, seed=seed),
+          job.pcfg,
+          job.ecfg,
+          job.workdir,
+          progress=job.tick,
+        )
+      )
   return per
 
 
 def comparison(job: CompareJob, start_eval: dict, runs: dict[str, list[dict]]) -> dict:
   """Writes `<workdir>/compare_<key>/{table.md, summary.json, curves.png}` and returns the summary (with its
   folder and table)."""
-  out = os.path.join(job.workdir, "compare_" + run_key({"rl": dataclasses.asdict(job.cfg), "methods": job.methods,
-                                                        "seeds": job.seeds, "eval": dataclasses.asdict(job.ecfg)}))
+  out = os.path.join(
+    job.workdir,
+    "compare_"
+    + run_key(
+      {
+        "rl": dataclasses.asdict(job.cfg),
+        "methods": job.methods,
+        "seeds": job.seeds,
+        "eval": dataclasses.asdict(job.ecfg),
+      }
+    ),
+  )
   os.makedirs(out, exist_ok=True)
   table = report_lib.compare_markdown(start_eval, runs, k=job.ecfg.samples)
-  result = {"machine": str(describe()), "start": start_eval, "runs": runs, "methods": job.methods,
-            "seeds": job.seeds}
+  result = {"machine": str(describe()), "start": start_eval, "runs": runs, "methods": job.methods, "seeds": job.seeds}
   write_json(os.path.join(out, "summary.json"), result)
   with atomic_open(os.path.join(out, "table.md")) as f:
     f.write(table)
@@ -153,14 +181,21 @@ def comparison(job: CompareJob, start_eval: dict, runs: dict[str, list[dict]]) -
 
 
 COMPARE_GRAPH = Graph(
-    Stage("start_eval", start_eval),
-    Stage("runs", runs),
-    Stage("comparison", comparison, needs=("start_eval", "runs")),
+  Stage("start_eval", start_eval), Stage("runs", runs), Stage("comparison", comparison, needs=("start_eval", "runs"))
 )
 
 
-def compare(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, methods: Sequence[str], seeds: Sequence[int],
-            workdir: str, *, progress: Progress | None = None) -> dict:
+def compare(
+  lm,
+  cfg: RLConfig,
+  pcfg: ProbeConfig,
+  ecfg: SPAEJobConfig,
+  methods: Sequence[str],
+  seeds: Sequence[int],
+  workdir: str,
+  *,
+  progress: Progress | None = None,
+) -> dict:
   """Every method x seed from the same start policy, prompts and steps; the start policy evaluated once; writes
   <workdir>/compare_<key>/{table.md, summary.json, curves.png} and returns the summary."""
   methods, seeds = tuple(methods), tuple(seeds)

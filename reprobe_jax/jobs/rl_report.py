@@ -13,8 +13,12 @@ from reprobe_jax.eval.bands import summarise
 from reprobe_jax.io.atomic import atomic_open
 
 STAGES = ("time_rollout", "time_probe", "time_update")
-EVAL_COLUMNS = (("acc_at_k", "Acc@{k}", 100.0, ".1f"), ("len_at_k", "Len@{k}", 1.0, ".1f"),
-                ("checking_tokens", "checking", 1.0, ".1f"), ("r2w", "R2W (%)", 100.0, ".1f"))
+EVAL_COLUMNS = (
+  ("acc_at_k", "Acc@{k}", 100.0, ".1f"),
+  ("len_at_k", "Len@{k}", 1.0, ".1f"),
+  ("checking_tokens", "checking", 1.0, ".1f"),
+  ("r2w", "R2W (%)", 100.0, ".1f"),
+)
 
 
 def _value(x) -> float:
@@ -54,8 +58,10 @@ def compare_markdown(start: Mapping[str, dict], per: Mapping[str, Sequence[dict]
     cells += [_cell([r["stage_seconds"][s[5:]] for r in runs], ".2f") for s in STAGES]
     lines.append("| " + " | ".join(cells) + " |")
   seeds = sorted({r["seed"] for runs in per.values() for r in runs})
-  return "\n".join(lines) + f"\n\n(mean +- sd over seeds {seeds}; checking tokens over correct trajectories with a " \
-                            "saturated boundary)\n"
+  return (
+    "\n".join(lines) + f"\n\n(mean +- sd over seeds {seeds}; checking tokens over correct trajectories with a "
+    "saturated boundary)\n"
+  )
 
 
 def plot_curves(per: Mapping[str, Sequence[dict]], path: str) -> None:

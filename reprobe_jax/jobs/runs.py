@@ -84,6 +84,5 @@ class Run:
     times = read_json(path, "stage timings")
     bad = [k for k, v in times.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
     if bad:
-      raise DataFormatError(f"{path}: stage timings must be numbers of seconds, found {bad[0]!r}: "
-                            f"{times[bad[0]]!r}")
+      raise DataFormatError(f"{path}: stage timings must be numbers of seconds, found {bad[0]!r}: {times[bad[0]]!r}")
     return times

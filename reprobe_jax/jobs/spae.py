@@ -59,9 +59,21 @@ class SPAEJobConfig:
   seed: int = 0
 
   def __post_init__(self):
-    check_fields(self, {"problems": Int(1), "domains": Seq(OneOf(DOMAINS)), "in_domain": Seq(OneOf(DOMAINS)),
-                        "difficulties": Seq(OneOf(DIFFICULTIES)), "samples": Int(1), "max_new_tokens": Int(1),
-                        "few_shot": Int(0), "batch_size": Int(1), "split": OneOf(("val", "test")), "seed": Int(0)})
+    check_fields(
+      self,
+      {
+        "problems": Int(1),
+        "domains": Seq(OneOf(DOMAINS)),
+        "in_domain": Seq(OneOf(DOMAINS)),
+        "difficulties": Seq(OneOf(DIFFICULTIES)),
+        "samples": Int(1),
+        "max_new_tokens": Int(1),
+        "few_shot": Int(0),
+        "batch_size": Int(1),
+        "split": OneOf(("val", "test")),
+        "seed": Int(0),
+      },
+    )
     check_fields(self.sampling, {"temperature": Real(0.0, low_open=True)}, field_name(self, "sampling"))
     if not self.domains or not self.difficulties:
       raise ConfigError(f"{field_name(self, 'domains')} and difficulties must not be empty")
@@ -90,15 +102,23 @@ def prompt_seed(problem) -> int:
 
 def run_folder(root: str, lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig) -> str:
   """`<root>/<key>`, the key a hash of the job's and the probe's configs and of the target model."""
-  return os.path.join(root, run_key({"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)},
-                                    model_fingerprint(lm)))
+  return os.path.join(
+    root, run_key({"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)}, model_fingerprint(lm))
+  )
 
 
 def _row_json(row: ThinkingRow) -> dict:
   p = row.potentials
-  return {"prompt_index": row.prompt_index, "sample": row.sample, "response_ids": list(row.response_ids),
-          "finish_reason": row.finish_reason, "truncated_at": row.truncated_at, "cuts": p.cuts.tolist(),
-          "acc": [_num(x) for x in p.acc], "conf": [_num(x) for x in p.conf]}
+  return {
+    "prompt_index": row.prompt_index,
+    "sample": row.sample,
+    "response_ids": list(row.response_ids),
+    "finish_reason": row.finish_reason,
+    "truncated_at": row.truncated_at,
+    "cuts": p.cuts.tolist(),
+    "acc": [_num(x) for x in p.acc],
+    "conf": [_num(x) for x in p.conf],
+  }
 
 
 def _num(x) -> float | None:
@@ -108,22 +128,36 @@ def _num(x) -> float | None:
 def _row_from(obj: dict, eps_sat: float) -> ThinkingRow:
   nan = lambda v: np.nan if v is None else v
   pot = StepPotentials.of(obj["cuts"], [nan(v) for v in obj["acc"]], [nan(v) for v in obj["conf"]], eps_sat)
-  return ThinkingRow(prompt_index=obj["prompt_index"], sample=obj["sample"], response_ids=tuple(obj["response_ids"]),
-                     finish_reason=obj["finish_reason"], potentials=pot, truncated_at=obj["truncated_at"])
+  return ThinkingRow(
+    prompt_index=obj["prompt_index"],
+    sample=obj["sample"],
+    response_ids=tuple(obj["response_ids"]),
+    finish_reason=obj["finish_reason"],
+    potentials=pot,
+    truncated_at=obj["truncated_at"],
+  )
 
 
-def decode_domain(lm, prober: Prober, cfg: SPAEJobConfig, problems, truncate: bool,
-                  progress=None) -> list[ThinkingRow]:
+def decode_domain(lm, prober: Prober, cfg: SPAEJobConfig, problems, truncate: bool, progress=None) -> list[ThinkingRow]:
   """All trajectories of a domain, in chunks of `batch_size` rows (whole problems per chunk)."""
   per_call = max(1, cfg.batch_size // cfg.samples)
   prompts = lm.encode([prompt_text(lm, p, "thinking", cfg.few_shot) for p in problems])
   out = []
   for start in range(0, len(problems), per_call):
-    chunk = problems[start:start + per_call]
-    rows = decode_thinking(lm, prober, prompts[start:start + per_call], [p.answer for p in chunk],
-                           [prompt_seed(p) for p in chunk], sampling=cfg.sampling,
-                           max_new_tokens=cfg.max_new_tokens, samples=cfg.samples, seed=cfg.seed,
-                           truncate=truncate, progress=progress)
+    chunk = problems[start : start + per_call]
+    rows = decode_thinking(
+      lm,
+      prober,
+      prompts[start : start + per_call],
+      [p.answer for p in chunk],
+      [prompt_seed(p) for p in chunk],
+      sampling=cfg.sampling,
+      max_new_tokens=cfg.max_new_tokens,
+      samples=cfg.samples,
+      seed=cfg.seed,
+      truncate=truncate,
+      progress=progress,
+    )
     out += [dataclasses.replace(r, prompt_index=r.prompt_index + start) for r in rows]
   return out
 
@@ -170,8 +204,9 @@ def decoded(job: SPAEJob) -> Outcomes:
 
       run.stage(f"{domain}_{mode}_s", [name], make)
       rows = [_row_from(o, job.pcfg.eps_sat) for _, o in read_jsonl(run.path(name), name)]
-      out[domain][mode] = [spae_metrics.outcome_from(problems[r.prompt_index], r.response_ids, lm.tokenizer,
-                                                     r.potentials) for r in rows]
+      out[domain][mode] = [
+        spae_metrics.outcome_from(problems[r.prompt_index], r.response_ids, lm.tokenizer, r.potentials) for r in rows
+      ]
   return out
 
 
@@ -180,8 +215,10 @@ def report(job: SPAEJob, decoded: Outcomes) -> dict:
   returns the metrics."""
   cfg, run, modes = job.cfg, job.run, job.modes
   result = {"directory": run.directory, "machine": str(describe()), "domains": {}, "groups": {}}
-  groups = {"in_domain": [d for d in cfg.domains if d in cfg.in_domain],
-            "out_of_domain": [d for d in cfg.domains if d not in cfg.in_domain]}
+  groups = {
+    "in_domain": [d for d in cfg.domains if d in cfg.in_domain],
+    "out_of_domain": [d for d in cfg.domains if d not in cfg.in_domain],
+  }
   table_rows = {}
   for domain in cfg.domains:
     for m in modes:
@@ -195,8 +232,9 @@ def report(job: SPAEJob, decoded: Outcomes) -> dict:
     curves = spae_metrics.potential_curves(pooled["plain"])
     spae_metrics.plot_curves(curves, run.path(f"curves_{g}.png"))
     result["groups"][g]["curves"] = curves.to_json()
-    spae_metrics.plot_displacement(spae_metrics.summarise(pooled["plain"], cfg.samples),
-                                   run.path(f"displacement_{g}.png"))
+    spae_metrics.plot_displacement(
+      spae_metrics.summarise(pooled["plain"], cfg.samples), run.path(f"displacement_{g}.png")
+    )
   with atomic_open(run.path("table.md")) as f:
     f.write(spae_metrics.metrics_markdown(table_rows))
   write_json(run.path("metrics.json"), result)
@@ -206,8 +244,15 @@ def report(job: SPAEJob, decoded: Outcomes) -> dict:
 GRAPH = Graph(Stage("decoded", decoded), Stage("report", report, needs=("decoded",)))
 
 
-def start(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str, *,
-          progress: Progress | None = None, modes: tuple[str, ...] = MODES) -> GraphRun:
+def start(
+  lm: LanguageModel,
+  cfg: SPAEJobConfig,
+  pcfg: ProbeConfig,
+  workdir: str,
+  *,
+  progress: Progress | None = None,
+  modes: tuple[str, ...] = MODES,
+) -> GraphRun:
   """A run of the job in `<workdir>/<key>` (`run_folder`, its config.json written now); stages computed when first
   asked for. modes: which of MODES to decode ('plain' always: the curves read it; the RL loop's evaluation decodes
   only it)."""
@@ -219,7 +264,14 @@ def start(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str
   return GraphRun(GRAPH, SPAEJob(lm, cfg, pcfg, prober, run, modes, progress or no_progress))
 
 
-def evaluate(lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig, workdir: str, *,
-             progress: Progress | None = None, modes: tuple[str, ...] = MODES) -> dict:
+def evaluate(
+  lm: LanguageModel,
+  cfg: SPAEJobConfig,
+  pcfg: ProbeConfig,
+  workdir: str,
+  *,
+  progress: Progress | None = None,
+  modes: tuple[str, ...] = MODES,
+) -> dict:
   """Runs (or resumes) the job in `<workdir>/<key>`; returns the metrics (also written to metrics.json)."""
   return start(lm, cfg, pcfg, workdir, progress=progress, modes=modes)["report"]

@@ -7,10 +7,16 @@ from typing import Sequence
 
 from reprobe_jax.eval.bands import summarise
 
-COLUMNS = (("acc_at_k", "Acc@k", 100.0, ".1f"), ("len_at_k", "Len@k", 1.0, ".1f"),
-           ("solving_tokens", "solving", 1.0, ".1f"), ("checking_tokens", "checking", 1.0, ".1f"),
-           ("r2w", "R2W (%)", 100.0, ".1f"), ("saturated_share", "saturated (%)", 100.0, ".1f"),
-           ("reflect_steps", "reflect steps", 1.0, ".2f"), ("oracle_agreement", "oracle agreement (%)", 100.0, ".1f"))
+COLUMNS = (
+  ("acc_at_k", "Acc@k", 100.0, ".1f"),
+  ("len_at_k", "Len@k", 1.0, ".1f"),
+  ("solving_tokens", "solving", 1.0, ".1f"),
+  ("checking_tokens", "checking", 1.0, ".1f"),
+  ("r2w", "R2W (%)", 100.0, ".1f"),
+  ("saturated_share", "saturated (%)", 100.0, ".1f"),
+  ("reflect_steps", "reflect steps", 1.0, ".2f"),
+  ("oracle_agreement", "oracle agreement (%)", 100.0, ".1f"),
+)
 
 
 def _value(x) -> float:

@@ -42,8 +42,9 @@ def _problems(cfg: SyntheticBuildConfig):
   weights = dict(cfg.family_weights)
   for family in FAMILIES:
     for d in cfg.difficulties:
-      train += make_problems(family, int(round(cfg.train_problems_per_difficulty * weights.get(family, 1.0))),
-                             cfg.seed, d)
+      train += make_problems(
+        family, int(round(cfg.train_problems_per_difficulty * weights.get(family, 1.0))), cfg.seed, d
+      )
   seen = {p.question for p in train}
   per = -(-cfg.eval_problems_per_family // len(cfg.difficulties))
   for family in FAMILIES:
@@ -51,7 +52,7 @@ def _problems(cfg: SyntheticBuildConfig):
     for d in cfg.difficulties:  # a disjoint seed, and no question that training saw
       # Short arithmetic chains are a small space that training covers densely, so draw candidates generously.
       fam += [p for p in make_problems(family, 8 * per, cfg.seed + 1_000_003, d) if p.question not in seen][:per]
-    held += fam[:cfg.eval_problems_per_family]
+    held += fam[: cfg.eval_problems_per_family]
   return train, held
 
 
@@ -109,25 +110,49 @@ def model(job: TargetJob, problems: BuildProblems) -> str:
       traces = solve_many(chosen, mode, cfg.seed, cfg.noise)
       pairs += [(user_prompt(p, mode), t.text) for p, t in zip(chosen, traces)]
       if mode == "thinking" and cfg.interrupt_share:
-        interrupted = interrupted_examples(chosen, [t.text for t in traces], share=cfg.interrupt_share,
-                                           seed=cfg.seed, guess_share=cfg.interrupt_guess_share)
+        interrupted = interrupted_examples(
+          chosen,
+          [t.text for t in traces],
+          share=cfg.interrupt_share,
+          seed=cfg.seed,
+          guess_share=cfg.interrupt_guess_share,
+        )
     tokenizer = build_tokenizer((chat_prompt_text(q) + a for q, a in pairs), cfg.vocab_size)
     examples = [(chat_prompt(tokenizer, q), a) for q, a in pairs]
     examples += [(chat_prompt(tokenizer, e.user) + e.prefix, e.answer + "}") for e in interrupted]
     weights = [cfg.prompt_loss_weight] * len(pairs) + [0.0] * len(interrupted)
-    data = encode_examples(tokenizer, examples, cfg.buckets, prompt_weight=weights,
-                           response_weight=[1.0] * len(pairs) + [cfg.interrupt_loss_weight] * len(interrupted))
+    data = encode_examples(
+      tokenizer,
+      examples,
+      cfg.buckets,
+      prompt_weight=weights,
+      response_weight=[1.0] * len(pairs) + [cfg.interrupt_loss_weight] * len(interrupted),
+    )
   shape = cfg.model
   model_cfg = ModelConfig(
-      family="llama", vocab_size=len(tokenizer), hidden_size=shape.hidden_size,
-      intermediate_size=shape.intermediate_size, num_layers=shape.num_layers, num_heads=shape.num_heads,
-      num_kv_heads=shape.num_kv_heads, head_dim=shape.hidden_size // shape.num_heads,
-      max_position_embeddings=shape.max_position_embeddings, tie_word_embeddings=True,
-      rms_norm_eps=1e-5, bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,),
-      pad_token_id=tokenizer.pad_token_id)
+    family="llama",
+    vocab_size=len(tokenizer),
+    hidden_size=shape.hidden_size,
+    intermediate_size=shape.intermediate_size,
+    num_layers=shape.num_layers,
+    num_heads=shape.num_heads,
+    num_kv_heads=shape.num_kv_heads,
+    head_dim=shape.hidden_size // shape.num_heads,
+    max_position_embeddings=shape.max_position_embeddings,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-5,
+    bos_token_id=tokenizer.bos_token_id,
+    eos_token_ids=(tokenizer.eos_token_id,),
+    pad_token_id=tokenizer.pad_token_id,
+  )
   with run.timed("train_s"):
-    lm, losses = train_lm(model_cfg, data, cfg.train, run.path("train"),
-                          on_step=lambda i, loss: job.tick(f"train (loss {loss:.3f})", i, cfg.train.steps))
+    lm, losses = train_lm(
+      model_cfg,
+      data,
+      cfg.train,
+      run.path("train"),
+      on_step=lambda i, loss: job.tick(f"train (loss {loss:.3f})", i, cfg.train.steps),
+    )
   write_json(run.path("train_losses.json"), losses, indent=None)
   lm.tokenizer = tokenizer
   lm.save_pretrained(model_dir)
@@ -152,9 +177,9 @@ def report(job: TargetJob, problems: BuildProblems, model: str) -> str:
 
 
 GRAPH = Graph(
-    Stage("problems", problems),
-    Stage("model", model, needs=("problems",)),
-    Stage("report", report, needs=("problems", "model")),
+  Stage("problems", problems),
+  Stage("model", model, needs=("problems",)),
+  Stage("report", report, needs=("problems", "model")),
 )
 
 
@@ -184,8 +209,15 @@ def _sample_all(lm: LanguageModel, held, cfg: SyntheticBuildConfig, tick: Progre
         done += n
         tick("sample held-out problems", done, total)
 
-      samples = evaluate.sample_responses(lm, problems, mode, temperature=cfg.eval_temperature,
-                                          max_new_tokens=limits[mode], seed=cfg.seed, on_batch=on_batch)
+      samples = evaluate.sample_responses(
+        lm,
+        problems,
+        mode,
+        temperature=cfg.eval_temperature,
+        max_new_tokens=limits[mode],
+        seed=cfg.seed,
+        on_batch=on_batch,
+      )
       records += evaluate.label_samples(problems, samples)
   return records
 
@@ -196,14 +228,27 @@ def make_report(records: list[dict], cfg: SyntheticBuildConfig, lm: LanguageMode
     for family in FAMILIES:
       rs = [r for r in records if r["mode"] == mode and r["domain"] == family]
       groups[f"{family}/{mode}"] = evaluate.summarise_samples(rs)
-  return {"config_key": cfg.key(), "model_parameters": lm.config.num_params, "temperature": cfg.eval_temperature,
-          "machine": str(describe()), "groups": groups,
-          "by_difficulty": evaluate.summarise_by_difficulty(records)}
+  return {
+    "config_key": cfg.key(),
+    "model_parameters": lm.config.num_params,
+    "temperature": cfg.eval_temperature,
+    "machine": str(describe()),
+    "groups": groups,
+    "by_difficulty": evaluate.summarise_by_difficulty(records),
+  }
 
 
 def report_markdown(report: dict) -> str:
-  cols = ["samples", "step_error_rate", "aligned_error_rate", "confident_error_share", "final_accuracy",
-          "mean_tokens", "recheck_after_answer_share", "right_to_wrong_rate"]
+  cols = [
+    "samples",
+    "step_error_rate",
+    "aligned_error_rate",
+    "confident_error_share",
+    "final_accuracy",
+    "mean_tokens",
+    "recheck_after_answer_share",
+    "right_to_wrong_rate",
+  ]
   lines = ["| family/format | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
   for name, g in report["groups"].items():
     cells = []
@@ -222,8 +267,10 @@ DIFFICULTY_COLUMNS = ("step_error_rate", "aligned_error_rate", "confident_error_
 def difficulty_markdown(reports: Sequence[Mapping[str, Mapping]]) -> str:
   """The per-difficulty table of one or more builds' `summarise_by_difficulty` (mean +- sd over builds, with
   `samples` per build), rows in the first build's order."""
-  lines = ["| family/format/difficulty | samples | " + " | ".join(DIFFICULTY_COLUMNS) + " |",
-           "|" + "---|" * (len(DIFFICULTY_COLUMNS) + 2)]
+  lines = [
+    "| family/format/difficulty | samples | " + " | ".join(DIFFICULTY_COLUMNS) + " |",
+    "|" + "---|" * (len(DIFFICULTY_COLUMNS) + 2),
+  ]
   for name in reports[0]:
     rows = [r[name] for r in reports if name in r]
     cells = [str(rows[0]["samples"])]
@@ -243,8 +290,9 @@ def load_report(out: str) -> dict:
   if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
     raise DataFormatError(f"{path}: target report needs a 'groups' object of objects, found {groups!r:.80}")
   if isinstance(report.get("model_parameters"), bool) or not isinstance(report.get("model_parameters"), int):
-    raise DataFormatError(f"{path}: target report needs an integer 'model_parameters', found "
-                          f"{report.get('model_parameters')!r:.80}")
+    raise DataFormatError(
+      f"{path}: target report needs an integer 'model_parameters', found {report.get('model_parameters')!r:.80}"
+    )
   return report
 
 

@@ -9,8 +9,18 @@ import json
 from typing import Mapping
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.fields import Int, OneOf, Pairs, Real, Seq, check_fields, field_name, plain, replace_fields, \
-    sorted_pairs
+from reprobe_jax.fields import (
+  Int,
+  OneOf,
+  Pairs,
+  Real,
+  Seq,
+  check_fields,
+  field_name,
+  plain,
+  replace_fields,
+  sorted_pairs,
+)
 from reprobe_jax.jobs.runs import run_key
 from reprobe_jax.synthetic.train_lm import TrainLMConfig
 from reprobe_jax.tasks import DIFFICULTIES, make_problems
@@ -33,11 +43,14 @@ class TinyLMShape:
     check_fields(self, {name: Int(1) for name in (f.name for f in dataclasses.fields(self))})
     head_dim, rest = divmod(self.hidden_size, self.num_heads)
     if rest or head_dim % 2:  # rotary embeddings rotate pairs of a head's dimensions
-      raise ConfigError(f"{field_name(self, 'num_heads')}: expected a divisor of hidden_size={self.hidden_size} "
-                        f"that leaves an even head size, got {self.num_heads}")
+      raise ConfigError(
+        f"{field_name(self, 'num_heads')}: expected a divisor of hidden_size={self.hidden_size} "
+        f"that leaves an even head size, got {self.num_heads}"
+      )
     if self.num_heads % self.num_kv_heads:
-      raise ConfigError(f"{field_name(self, 'num_kv_heads')}: expected a divisor of num_heads={self.num_heads}, "
-                        f"got {self.num_kv_heads}")
+      raise ConfigError(
+        f"{field_name(self, 'num_kv_heads')}: expected a divisor of num_heads={self.num_heads}, got {self.num_kv_heads}"
+      )
 
 
 # What TrainLMConfig's fields must be (checked where the build config holds one).
@@ -75,13 +88,25 @@ class SyntheticBuildConfig:
   max_new_tokens: tuple[tuple[str, int], ...] = (("line", 96), ("thinking", 192))
 
   def __post_init__(self):
-    check_fields(self, {"seed": Int(0), "train_problems_per_difficulty": Int(1),
-                        "family_weights": Pairs(OneOf(FAMILIES), Real(0.0)), "prompt_loss_weight": Real(0.0),
-                        "thinking_fraction": Real(0.0, 1.0, low_open=True), "eval_problems_per_family": Int(1),
-                        "interrupt_share": Real(0.0, 1.0), "interrupt_guess_share": Real(0.0, 1.0),
-                        "interrupt_loss_weight": Real(0.0, low_open=True),
-                        "difficulties": Seq(OneOf(DIFFICULTIES)), "vocab_size": Int(1), "buckets": Seq(Int(1)),
-                        "eval_temperature": Real(0.0), "max_new_tokens": Pairs(OneOf(MODES), Int(1), MODES)})
+    check_fields(
+      self,
+      {
+        "seed": Int(0),
+        "train_problems_per_difficulty": Int(1),
+        "family_weights": Pairs(OneOf(FAMILIES), Real(0.0)),
+        "prompt_loss_weight": Real(0.0),
+        "thinking_fraction": Real(0.0, 1.0, low_open=True),
+        "eval_problems_per_family": Int(1),
+        "interrupt_share": Real(0.0, 1.0),
+        "interrupt_guess_share": Real(0.0, 1.0),
+        "interrupt_loss_weight": Real(0.0, low_open=True),
+        "difficulties": Seq(OneOf(DIFFICULTIES)),
+        "vocab_size": Int(1),
+        "buckets": Seq(Int(1)),
+        "eval_temperature": Real(0.0),
+        "max_new_tokens": Pairs(OneOf(MODES), Int(1), MODES),
+      },
+    )
     for name, cls in (("noise", TraceNoise), ("model", TinyLMShape), ("train", TrainLMConfig)):
       if not isinstance(getattr(self, name), cls):
         raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
@@ -128,5 +153,9 @@ def config_from_dict(c, root: str = "config") -> SyntheticBuildConfig:
   train = d.pop("train", {})
   if isinstance(train, Mapping):  # the training seed follows the build's seed unless the config sets it
     train = {"seed": d.get("seed", SyntheticBuildConfig.seed), **train}
-  return replace_fields(SyntheticBuildConfig(), {**d, "train": train},
-                        convert={"family_weights": sorted_pairs, "max_new_tokens": sorted_pairs}, root=root)
+  return replace_fields(
+    SyntheticBuildConfig(),
+    {**d, "train": train},
+    convert={"family_weights": sorted_pairs, "max_new_tokens": sorted_pairs},
+    root=root,
+  )

@@ -26,8 +26,7 @@ from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.reprobe_config import ReprobeConfig, prm_folder, split_problems
 from reprobe_jax.jobs.reprobe_records import PRM_ID, ScorerId
 from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
-from reprobe_jax.jobs.tts_cells import Domain, FusionCells, fusion_and_cascade, greedy_cell, stored_cell, \
-    strategy_cell
+from reprobe_jax.jobs.tts_cells import Domain, FusionCells, fusion_and_cascade, greedy_cell, stored_cell, strategy_cell
 from reprobe_jax.jobs.tts_config import TTSConfig, check_prm
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.prm import report as prm_report
@@ -75,8 +74,7 @@ def scorers(job: TTSJob) -> dict[ScorerId, StepScorer]:
   wanted = [sid.feature_set for sid in job.tcfg.scorer_ids if sid.kind == "probe"]
   unknown = sorted(set(wanted) - set(job.cfg.feature_sets))
   if unknown:
-    raise ConfigError(f"config.tts.scorers: probes {unknown} are not among config.feature_sets "
-                      f"{job.cfg.feature_sets}")
+    raise ConfigError(f"config.tts.scorers: probes {unknown} are not among config.feature_sets {job.cfg.feature_sets}")
   out: dict[ScorerId, StepScorer] = {}
   if wanted:
     for name, bundle in reprobe.bundles(job.reprobe_run, wanted).items():
@@ -124,8 +122,13 @@ def grid(job: TTSJob, scorers: dict[ScorerId, StepScorer], fusion: FusionPick | 
     if not problems:
       raise ConfigError(f"config.tts.domains: the {tcfg.split} split has no {domain!r} problems")
     t = cfg.trajectories
-    dom = Domain(job.lm, cfg, tcfg, problems,
-                 [prompt_text(job.lm, p, cfg.mode, t.few_shot, t.first_step, t.goal_mark) for p in problems])
+    dom = Domain(
+      job.lm,
+      cfg,
+      tcfg,
+      problems,
+      [prompt_text(job.lm, p, cfg.mode, t.few_shot, t.first_step, t.goal_mark) for p in problems],
+    )
     per = results.setdefault(domain, {})
     any_scorer = next(iter(scorers.values()))
     per["greedy"] = stored_cell(run, f"{domain}.greedy", lambda: greedy_cell(dom, any_scorer))
@@ -133,8 +136,9 @@ def grid(job: TTSJob, scorers: dict[ScorerId, StepScorer], fusion: FusionPick | 
     job.tick(f"tts {domain}", done, total)
     for sid, scorer in scorers.items():
       for strategy in tcfg.strategies:
-        per[f"{strategy}[{sid}]"] = stored_cell(run, f"{domain}.{strategy}.{tag[sid]}",
-                                                lambda: strategy_cell(dom, strategy, scorer))
+        per[f"{strategy}[{sid}]"] = stored_cell(
+          run, f"{domain}.{strategy}.{tag[sid]}", lambda: strategy_cell(dom, strategy, scorer)
+        )
         done += 1
         job.tick(f"tts {domain}", done, total)
     if fusion is not None:
@@ -146,18 +150,23 @@ def grid(job: TTSJob, scorers: dict[ScorerId, StepScorer], fusion: FusionPick | 
         return made[0]
 
       fname = str(ScorerId("fusion", fusion.probe.feature_set))
-      per[f"best_of_n[{fname}]"] = stored_cell(run, f"{domain}.best_of_n.{fname}.{tag[PRM_ID]}",
-                                               lambda: both().fusion)
-      cascades[domain] = {"probe": str(fusion.probe),
-                          **stored_cell(run, f"{domain}.cascade.{fname}.{tag[PRM_ID]}", lambda: both().cascade)}
+      per[f"best_of_n[{fname}]"] = stored_cell(run, f"{domain}.best_of_n.{fname}.{tag[PRM_ID]}", lambda: both().fusion)
+      cascades[domain] = {
+        "probe": str(fusion.probe),
+        **stored_cell(run, f"{domain}.cascade.{fname}.{tag[PRM_ID]}", lambda: both().cascade),
+      }
   return Grid(results, cascades)
 
 
 def report(job: TTSJob, grid: Grid) -> dict:
   """Writes metrics.json, table.md and accuracy.png (and cascade.png with the PRM) to the grid's folder and returns
   the metrics: {domain: {method: {budget: summary}}} under 'results', the grid's settings, and 'directory'."""
-  metrics = {"results": grid.results, "config": dataclasses.asdict(job.tcfg),
-             "train_domains": list(job.cfg.train_domains), "machine": str(describe())}
+  metrics = {
+    "results": grid.results,
+    "config": dataclasses.asdict(job.tcfg),
+    "train_domains": list(job.cfg.train_domains),
+    "machine": str(describe()),
+  }
   if grid.cascades:
     metrics["cascade"] = grid.cascades
   run = Run(job.folder)
@@ -171,33 +180,55 @@ def report(job: TTSJob, grid: Grid) -> dict:
 
 
 GRAPH = Graph(
-    Stage("scorers", scorers),
-    Stage("fusion", fusion, needs=("scorers",)),
-    Stage("grid", grid, needs=("scorers", "fusion")),
-    Stage("report", report, needs=("grid",)),
+  Stage("scorers", scorers),
+  Stage("fusion", fusion, needs=("scorers",)),
+  Stage("grid", grid, needs=("scorers", "fusion")),
+  Stage("report", report, needs=("grid",)),
 )
 
 
-def start(lm: LanguageModel, cfg: ReprobeConfig, tcfg: TTSConfig, workdir: str, *,
-          prm: PRMTrainConfig | None = None, progress: Progress | None = None) -> GraphRun:
+def start(
+  lm: LanguageModel,
+  cfg: ReprobeConfig,
+  tcfg: TTSConfig,
+  workdir: str,
+  *,
+  prm: PRMTrainConfig | None = None,
+  progress: Progress | None = None,
+) -> GraphRun:
   """A run of the grid over the ReProbe run in `workdir`, in `<workdir>/tts/<key>/` (the key a hash of what every
   cell depends on); its stages computed when first asked for."""
   check_prm(tcfg, prm)
   uses_prm = PRM_ID in tcfg.scorer_ids
   reprobe_run = reprobe.start(lm, cfg, workdir, prm=prm if uses_prm else None, progress=progress)
   key = run_key({k: v for k, v in dataclasses.asdict(tcfg).items() if k not in ("scorers", "strategies")})
-  return GraphRun(GRAPH, TTSJob(lm, cfg, tcfg, reprobe_run, prm, os.path.join(workdir, "tts", key),
-                                progress or no_progress))
+  return GraphRun(
+    GRAPH, TTSJob(lm, cfg, tcfg, reprobe_run, prm, os.path.join(workdir, "tts", key), progress or no_progress)
+  )
 
 
-def scorers_for(lm: LanguageModel, cfg: ReprobeConfig, tcfg: TTSConfig, workdir: str, *,
-                prm: PRMTrainConfig | None = None, progress: Progress | None = None) -> dict[ScorerId, StepScorer]:
+def scorers_for(
+  lm: LanguageModel,
+  cfg: ReprobeConfig,
+  tcfg: TTSConfig,
+  workdir: str,
+  *,
+  prm: PRMTrainConfig | None = None,
+  progress: Progress | None = None,
+) -> dict[ScorerId, StepScorer]:
   """The grid's step scorers (`scorers`), from the ReProbe run in `workdir`."""
   return start(lm, cfg, tcfg, workdir, prm=prm, progress=progress)["scorers"]
 
 
-def evaluate(lm: LanguageModel, cfg: ReprobeConfig, tcfg: TTSConfig, workdir: str, *,
-             prm: PRMTrainConfig | None = None, progress: Progress | None = None) -> dict:
+def evaluate(
+  lm: LanguageModel,
+  cfg: ReprobeConfig,
+  tcfg: TTSConfig,
+  workdir: str,
+  *,
+  prm: PRMTrainConfig | None = None,
+  progress: Progress | None = None,
+) -> dict:
   """Runs (or resumes) the grid and returns its metrics (`report`). With the PRM and a probe among the scorers and
   Best-of-N among the strategies, also 'best_of_n[fusion[<set>]]' and the cascade (metrics['cascade'],
   cascade.png), from the probe the ReProbe job's val split ranks best."""

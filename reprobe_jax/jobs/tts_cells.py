@@ -47,16 +47,27 @@ class Domain:
       beams, n = beam_shape(budget)
     else:
       beams, n = dvts_shape(budget)
-    return SearchConfig(strategy=strategy, n=n, beams=beams, max_steps=tcfg.max_steps,
-                        max_new_tokens=t.max_new_tokens, lookahead=0 if strategy == "best_of_n" else tcfg.lookahead,
-                        aggregation=tcfg.aggregation,
-                        sampling=dataclasses.replace(t.sampling, temperature=0.0 if greedy else tcfg.temperature),
-                        seed=self.cfg.seed, dedupe=tcfg.dedupe and strategy == "beam")
+    return SearchConfig(
+      strategy=strategy,
+      n=n,
+      beams=beams,
+      max_steps=tcfg.max_steps,
+      max_new_tokens=t.max_new_tokens,
+      lookahead=0 if strategy == "best_of_n" else tcfg.lookahead,
+      aggregation=tcfg.aggregation,
+      sampling=dataclasses.replace(t.sampling, temperature=0.0 if greedy else tcfg.temperature),
+      seed=self.cfg.seed,
+      dedupe=tcfg.dedupe and strategy == "beam",
+    )
 
   def summaries(self, results: Sequence[PromptResult], probabilities: bool, seconds: float) -> dict:
     """`select.summarize` of the answers picked from each problem's result, with the seconds per problem."""
-    outcomes = [select.select(p, r, self.lm.tokenizer, mode=self.cfg.mode, aggregation=self.tcfg.aggregation,
-                              probabilities=probabilities) for p, r in zip(self.problems, results)]
+    outcomes = [
+      select.select(
+        p, r, self.lm.tokenizer, mode=self.cfg.mode, aggregation=self.tcfg.aggregation, probabilities=probabilities
+      )
+      for p, r in zip(self.problems, results)
+    ]
     out = select.summarize(outcomes)
     out["seconds_per_problem"] = seconds / len(self.problems)
     return out
@@ -68,8 +79,9 @@ def run_search(strategy: str, lm, scorer, prompts, scfg: SearchConfig, mode: str
   return STRATEGIES.get(strategy)(lm, scorer, prompts, scfg, mode=mode)
 
 
-def timed_search(dom: Domain, strategy: str, scorer: StepScorer, scfg: SearchConfig
-                 ) -> tuple[list[PromptResult], float]:
+def timed_search(
+  dom: Domain, strategy: str, scorer: StepScorer, scfg: SearchConfig
+) -> tuple[list[PromptResult], float]:
   """`run_search` over the domain's prompts and its wall time in seconds."""
   t0 = time.perf_counter()
   res = run_search(strategy, dom.lm, scorer, dom.prompts, scfg, dom.cfg.mode)
@@ -111,8 +123,9 @@ def strategy_cell(dom: Domain, strategy: str, scorer: StepScorer) -> dict:
   return cell
 
 
-def rescore(scorer: StepScorer, prompt_ids: Sequence[Sequence[int]], results: Sequence[PromptResult]
-            ) -> list[list[np.ndarray]]:
+def rescore(
+  scorer: StepScorer, prompt_ids: Sequence[Sequence[int]], results: Sequence[PromptResult]
+) -> list[list[np.ndarray]]:
   """[prompt][candidate] the scorer's step scores [S] of every candidate of every prompt, on its whole text (prompt
   + response; for a scorer that reads the token ids and the prompt, such as the PRM, not the probe), one prompt's
   candidates per jitted call in bucketed shapes."""
@@ -125,22 +138,32 @@ def rescore(scorer: StepScorer, prompt_ids: Sequence[Sequence[int]], results: Se
     mask = np.zeros((len(cands), t), bool)
     spans = np.zeros((len(cands), s, 2), np.int32)  # [candidates, S, 2]
     for i, c in enumerate(cands):
-      tokens[i, :len(c.response_ids)], mask[i, :len(c.response_ids)] = c.response_ids, True
+      tokens[i, : len(c.response_ids)], mask[i, : len(c.response_ids)] = c.response_ids, True
       if c.steps:
-        spans[i, :len(c.steps)] = c.steps
+        spans[i, : len(c.steps)] = c.steps
     pids, pmask = prompt_rows([list(ids)], len(cands), len(cands))
-    inputs = ScoreInputs(token_mask=jnp.asarray(mask), tokens=jnp.asarray(tokens), prompt_ids=jnp.asarray(pids),
-                         prompt_mask=jnp.asarray(pmask))
+    inputs = ScoreInputs(
+      token_mask=jnp.asarray(mask),
+      tokens=jnp.asarray(tokens),
+      prompt_ids=jnp.asarray(pids),
+      prompt_mask=jnp.asarray(pmask),
+    )
     got = np.asarray(score_jit(scorer, inputs, jnp.asarray(spans)))
-    out.append([got[i, :len(c.steps)] for i, c in enumerate(cands)])
+    out.append([got[i, : len(c.steps)] for i, c in enumerate(cands)])
   return out
 
 
 def with_scores(results: Sequence[PromptResult], scores: Sequence[Sequence[np.ndarray]]) -> list[PromptResult]:
   """The results with every candidate's step scores replaced ([prompt][candidate] arrays of its steps)."""
-  return [dataclasses.replace(r, candidates=tuple(dataclasses.replace(c, step_scores=tuple(float(x) for x in s))
-                                                  for c, s in zip(r.candidates, per)))
-          for r, per in zip(results, scores)]
+  return [
+    dataclasses.replace(
+      r,
+      candidates=tuple(
+        dataclasses.replace(c, step_scores=tuple(float(x) for x in s)) for c, s in zip(r.candidates, per)
+      ),
+    )
+    for r, per in zip(results, scores)
+  ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +186,9 @@ def fusion_and_cascade(dom: Domain, probe: StepScorer, prm: StepScorer, fusion: 
   q_scores = rescore(prm, dom.lm.encode(dom.prompts), res)
   fused = [[fusion(a, b) for a, b in zip(pa, qa)] for pa, qa in zip(p_scores, q_scores)]
   fused_res = with_scores(res, fused)
-  fusion_cell = {str(b): dom.summaries([select.first_k(r, b) for r in fused_res], True, seconds * b / top)
-                 for b in dom.tcfg.budgets}
+  fusion_cell = {
+    str(b): dom.summaries([select.first_k(r, b) for r in fused_res], True, seconds * b / top) for b in dom.tcfg.budgets
+  }
   sizes = [[len(x) for x in row] for row in p_scores]
   p_flat, q_flat = _flat(p_scores), _flat(q_scores)
   ok = np.isfinite(p_flat) & np.isfinite(q_flat)
@@ -191,6 +215,6 @@ def _unflat(v: np.ndarray, sizes: list[list[int]]) -> list[list[np.ndarray]]:
   for row in sizes:
     out.append([])
     for n in row:
-      out[-1].append(v[k:k + n])
+      out[-1].append(v[k : k + n])
       k += n
   return out

@@ -42,8 +42,7 @@ class TTSConfig:
 
   problems: int = 60
   domains: tuple[str, ...] = ("arithmetic", "planning", "qa")
-  scorers: tuple[str, ...] = ("probe[attn+logit]", "probe[hidden]", "maxprob", "perplexity", "mean_entropy",
-                              "random")
+  scorers: tuple[str, ...] = ("probe[attn+logit]", "probe[hidden]", "maxprob", "perplexity", "mean_entropy", "random")
   strategies: tuple[str, ...] = STRATEGIES.names()  # ('best_of_n', 'beam', 'dvts')
   budgets: tuple[int, ...] = (1, 2, 4, 8, 16)
   aggregation: str = "min"
@@ -54,11 +53,22 @@ class TTSConfig:
   dedupe: bool = False
 
   def __post_init__(self):
-    check_fields(self, {"problems": Int(1), "domains": Seq(OneOf(DOMAINS)), "scorers": Seq(ScorerName()),
-                        "strategies": Seq(OneOf(STRATEGIES.names())), "budgets": Seq(Int(1)),
-                        "aggregation": OneOf(AGGREGATIONS), "max_steps": Int(1), "lookahead": Int(0),
-                        "temperature": Real(0.0, low_open=True), "split": OneOf(("val", "test")),
-                        "dedupe": OneOf((False, True))})
+    check_fields(
+      self,
+      {
+        "problems": Int(1),
+        "domains": Seq(OneOf(DOMAINS)),
+        "scorers": Seq(ScorerName()),
+        "strategies": Seq(OneOf(STRATEGIES.names())),
+        "budgets": Seq(Int(1)),
+        "aggregation": OneOf(AGGREGATIONS),
+        "max_steps": Int(1),
+        "lookahead": Int(0),
+        "temperature": Real(0.0, low_open=True),
+        "split": OneOf(("val", "test")),
+        "dedupe": OneOf((False, True)),
+      },
+    )
     if tuple(sorted(self.budgets)) != self.budgets:
       raise ConfigError(f"{field_name(self, 'budgets')}: expected increasing budgets, got {self.budgets}")
 
@@ -91,5 +101,7 @@ def tts_config_from_dict(d) -> TTSConfig:
 def check_prm(tcfg: TTSConfig, prm: PRMTrainConfig | None) -> None:
   """ConfigError when the grid names 'prm' but the run has no PRM config (config.prm.enabled)."""
   if PRM_ID in tcfg.scorer_ids and prm is None:
-    raise ConfigError("config.tts.scorers names 'prm', but config.prm.enabled is False: the PRM baseline is the one "
-                      "the ReProbe job trains (config.prm)")
+    raise ConfigError(
+      "config.tts.scorers names 'prm', but config.prm.enabled is False: the PRM baseline is the one "
+      "the ReProbe job trains (config.prm)"
+    )

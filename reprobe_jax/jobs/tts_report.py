@@ -20,12 +20,12 @@ def _rows(per: dict) -> Iterator[tuple[str, str, str]]:
   if bon:
     yield "Majority vote", bon[0], "majority"
   for cell in bon:
-    yield f"Best-of-N, {cell[len('best_of_n['):-1]}", cell, "best"
+    yield f"Best-of-N, {cell[len('best_of_n[') : -1]}", cell, "best"
   for cell in bon:
-    yield f"Weighted vote, {cell[len('best_of_n['):-1]}", cell, "weighted"
+    yield f"Weighted vote, {cell[len('best_of_n[') : -1]}", cell, "weighted"
   for strategy in ("beam", "dvts"):
     for cell in sorted(k for k in per if k.startswith(f"{strategy}[")):
-      yield f"{STRATEGY_TITLES[strategy]}, {cell[len(strategy) + 1:-1]}", cell, "best"
+      yield f"{STRATEGY_TITLES[strategy]}, {cell[len(strategy) + 1 : -1]}", cell, "best"
   if bon:
     yield "pass@N (upper bound)", bon[0], "pass@n"
 
@@ -52,13 +52,23 @@ def over_seeds(per_seed: Sequence[dict]) -> dict:
     for cell, budgets in per.items():
       for b, summary in budgets.items():
         results.setdefault(domain, {}).setdefault(cell, {})[b] = {
-            k: summarise([m["results"][domain][cell][b][k] for m in per_seed]) for k in summary}
+          k: summarise([m["results"][domain][cell][b][k] for m in per_seed]) for k in summary
+        }
   out = {**first, "results": results, "seeds": len(per_seed)}
   if "cascade" in first:
-    out["cascade"] = {d: {**c, **{kind: {k: [summarise([m["cascade"][d][kind][k][i] for m in per_seed])
-                                             for i in range(len(c[kind][k]))] for k in c[kind]}
-                                  for kind in CASCADE_KINDS}}
-                      for d, c in first["cascade"].items()}
+    out["cascade"] = {
+      d: {
+        **c,
+        **{
+          kind: {
+            k: [summarise([m["cascade"][d][kind][k][i] for m in per_seed]) for i in range(len(c[kind][k]))]
+            for k in c[kind]
+          }
+          for kind in CASCADE_KINDS
+        },
+      }
+      for d, c in first["cascade"].items()
+    }
   return out
 
 
@@ -77,9 +87,14 @@ def cascade_markdown(metrics: dict) -> str:
     return ""
   any_c = next(iter(cascades.values()))
   head = ["domain", "PRM asked"] + [f"{f:.0%}" for f in any_c["fractions"]]
-  lines = [f"Cascade, Best-of-N at N = {any_c['budget']} from {any_c['probe']}: accuracy as the PRM is asked about "
-           "the share of candidate steps where the probe is least certain (0% = the probe alone, 100% = the PRM "
-           "alone or the fusion):", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+  lines = [
+    f"Cascade, Best-of-N at N = {any_c['budget']} from {any_c['probe']}: accuracy as the PRM is asked about "
+    "the share of candidate steps where the probe is least certain (0% = the probe alone, 100% = the PRM "
+    "alone or the fusion):",
+    "",
+    "| " + " | ".join(head) + " |",
+    "|---" * len(head) + "|",
+  ]
   for d, c in cascades.items():
     for kind, title in CASCADE_KINDS.items():
       lines.append(f"| {d} | {title} | " + " | ".join(_fmt(a) for a in c[kind]["accuracy"]) + " |")
@@ -95,10 +110,11 @@ def plot_cascade(metrics: dict, path: str) -> None:
     for kind, title in CASCADE_KINDS.items():
       xs = [_mean(x) for x in c[kind]["prm_calls"]]
       ys = c[kind]["accuracy"]
-      line, = ax.plot(xs, [_mean(y) for y in ys], marker="o", ms=3, label=f"PRM {title}")
+      (line,) = ax.plot(xs, [_mean(y) for y in ys], marker="o", ms=3, label=f"PRM {title}")
       if ys and isinstance(ys[0], Band):
-        ax.fill_between(xs, [y.mean - y.sd for y in ys], [y.mean + y.sd for y in ys], color=line.get_color(),
-                        alpha=0.12)
+        ax.fill_between(
+          xs, [y.mean - y.sd for y in ys], [y.mean + y.sd for y in ys], color=line.get_color(), alpha=0.12
+        )
     ax.set(xlabel="PRM calls per candidate step", ylabel=f"accuracy (Best-of-N, N = {c['budget']})", title=d)
     ax.legend(fontsize=7)
   fig.tight_layout()
@@ -115,8 +131,12 @@ def table_markdown(metrics: dict) -> str:
   top = max(budgets)
   ids = set(metrics.get("train_domains", ()))
   head = [f"{d} ({'ID' if d in ids else 'OOD'})" for d in domains]
-  lines = [f"Accuracy at N = {top} sampled trajectories per problem (beam search and DVTS: B x N = {top}):", "",
-           "| method | " + " | ".join(head) + " |", "|---" * (len(domains) + 1) + "|"]
+  lines = [
+    f"Accuracy at N = {top} sampled trajectories per problem (beam search and DVTS: B x N = {top}):",
+    "",
+    "| method | " + " | ".join(head) + " |",
+    "|---" * (len(domains) + 1) + "|",
+  ]
   first = results[domains[0]]
   for title, cell, sel in _rows(first):
     vals = []
@@ -125,15 +145,22 @@ def table_markdown(metrics: dict) -> str:
       vals.append("" if s is None else _fmt(s[sel]))
     lines.append(f"| {title} | " + " | ".join(vals) + " |")
   ref = domains[0]
-  lines += ["", f"{ref}: accuracy by budget (sampled steps per problem at the largest budget, seconds per problem):",
-            "", "| method | " + " | ".join(f"N={b}" for b in budgets) + " | steps | tokens | s/problem | "
-            "selection AUROC |", "|---" * (len(budgets) + 5) + "|"]
+  lines += [
+    "",
+    f"{ref}: accuracy by budget (sampled steps per problem at the largest budget, seconds per problem):",
+    "",
+    "| method | " + " | ".join(f"N={b}" for b in budgets) + " | steps | tokens | s/problem | selection AUROC |",
+    "|---" * (len(budgets) + 5) + "|",
+  ]
   for title, cell, sel in _rows(results[ref]):
     c = results[ref].get(cell, {})
     vals = ["" if _at(c, b) is None else _fmt(_at(c, b)[sel]) for b in budgets]
     last = _at(c, top) or {}
-    cost = [_fmt(last["sampled_steps"], 1), _fmt(last["generated_tokens"], 0), _fmt(last["seconds_per_problem"], 2)] \
-        if last else ["", "", ""]
+    cost = (
+      [_fmt(last["sampled_steps"], 1), _fmt(last["generated_tokens"], 0), _fmt(last["seconds_per_problem"], 2)]
+      if last
+      else ["", "", ""]
+    )
     auroc = last.get("selection_auroc") if sel in ("best", "weighted") else None
     value = auroc.mean if isinstance(auroc, Band) else auroc
     cost.append("" if value is None or math.isnan(value) else _fmt(auroc))
@@ -142,9 +169,14 @@ def table_markdown(metrics: dict) -> str:
   cascade = cascade_markdown(metrics)
   if cascade:
     lines += ["", cascade.rstrip("\n")]
-  lines += ["", "selection AUROC: how well the scorer's trajectory scores rank each problem's own candidates (wrong "
-            "answers above right ones), averaged over problems with both; 0.5 is chance.", "",
-            f"Machine: {metrics.get('machine', '?')}.{seeds}", ""]
+  lines += [
+    "",
+    "selection AUROC: how well the scorer's trajectory scores rank each problem's own candidates (wrong "
+    "answers above right ones), averaged over problems with both; 0.5 is chance.",
+    "",
+    f"Machine: {metrics.get('machine', '?')}.{seeds}",
+    "",
+  ]
   return "\n".join(lines)
 
 
@@ -163,14 +195,16 @@ def plot_budgets(metrics: dict, path: str) -> None:
       style = "--" if sel in ("majority", "pass@n") else "-"
       ys = [_at(c, b)[sel] for b in xs]
       mean = [y.mean if isinstance(y, Band) else y for y in ys]
-      line, = ax.plot(xs, mean, style, marker="o", ms=3, label=title)
+      (line,) = ax.plot(xs, mean, style, marker="o", ms=3, label=title)
       if ys and isinstance(ys[0], Band):  # over seeds: the spread as a shaded band
-        ax.fill_between(xs, [y.mean - y.sd for y in ys], [y.mean + y.sd for y in ys], color=line.get_color(),
-                        alpha=0.12)
+        ax.fill_between(
+          xs, [y.mean - y.sd for y in ys], [y.mean + y.sd for y in ys], color=line.get_color(), alpha=0.12
+        )
     g = _at(per.get("greedy", {}), 1)
     if g is not None:
-      ax.axhline(g["first"].mean if isinstance(g["first"], Band) else g["first"], color="k", lw=0.8, ls=":",
-                 label="Greedy")
+      ax.axhline(
+        g["first"].mean if isinstance(g["first"], Band) else g["first"], color="k", lw=0.8, ls=":", label="Greedy"
+      )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("sampled trajectories per problem (B x N)")
     ax.set_ylabel("accuracy")

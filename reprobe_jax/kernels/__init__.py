@@ -3,8 +3,24 @@ weights (`packed_matmul`) and the two attention products (`attention`); `build` 
 use and registers it with XLA's FFI.
 """
 
-from reprobe_jax.kernels.packed_matmul import (MAX_ROWS, MIN_MODEL_BYTES, PANEL, available, pack, packed_matmul,
-                                               reference_packed_matmul, unavailable_reason)
+from reprobe_jax.kernels.packed_matmul import (
+  MAX_ROWS,
+  MIN_MODEL_BYTES,
+  PANEL,
+  available,
+  pack,
+  packed_matmul,
+  reference_packed_matmul,
+  unavailable_reason,
+)
 
-__all__ = ["MAX_ROWS", "MIN_MODEL_BYTES", "PANEL", "available", "pack", "packed_matmul", "reference_packed_matmul",
-           "unavailable_reason"]
+__all__ = [
+  "MAX_ROWS",
+  "MIN_MODEL_BYTES",
+  "PANEL",
+  "available",
+  "pack",
+  "packed_matmul",
+  "reference_packed_matmul",
+  "unavailable_reason",
+]

@@ -33,8 +33,9 @@ def _target(which) -> str:
 
 def _check(a, b, what: str):
   if a.ndim < 3 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]:
-    raise ValueError(f"{what}: [..., Q, .] and [..., S, D] with the same leading dimensions expected, got {a.shape} "
-                     f"and {b.shape}")
+    raise ValueError(
+      f"{what}: [..., Q, .] and [..., S, D] with the same leading dimensions expected, got {a.shape} and {b.shape}"
+    )
   if a.dtype != jnp.float32 or b.dtype != jnp.float32:
     raise ValueError(f"{what}: float32 only, got {a.dtype} and {b.dtype}")
 

@@ -32,6 +32,7 @@ CACHE_ENV = "REPROBE_JAX_KERNEL_CACHE"
 @dataclass(frozen=True)
 class Built:
   """A registered kernel (`target` is its FFI name) or the reason there is none (`target` None)."""
+
   target: str | None
   reason: str = ""
   library: str = ""
@@ -82,8 +83,17 @@ def build(source: str, symbol: str, target: str) -> Built:
     text = f.read()
   version = _run([cxx, "--version"]).stdout.splitlines()[:1]
   flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w", "-I", jax.ffi.include_dir()]
-  key = hashlib.sha256(b"\0".join([text, repr(version).encode(), jaxlib.__version__.encode(),
-                                   _cpu_signature().encode(), " ".join(flags[:-2]).encode()])).hexdigest()[:16]
+  key = hashlib.sha256(
+    b"\0".join(
+      [
+        text,
+        repr(version).encode(),
+        jaxlib.__version__.encode(),
+        _cpu_signature().encode(),
+        " ".join(flags[:-2]).encode(),
+      ]
+    )
+  ).hexdigest()[:16]
   directory = os.path.join(_cache_dir(), key)
   library = os.path.join(directory, os.path.splitext(source)[0] + ".so")
   if not os.path.exists(library):

@@ -7,9 +7,9 @@ contiguous stream per panel, by all cores, once per call whatever B is.
 
 `pack(w)` turns a [K, N] weight into [P, K, PANEL] panels (P = ceil(N / PANEL), zero-padded); `packed_matmul(x, wp,
 n)` runs the compiled kernel (float32, CPU) on x [..., K] with at most MAX_ROWS rows; `reference_packed_matmul` is
-the same product in XLA, for tests (without the kernel the model multiplies its own unpacked weights). Who packs what is decided in
-`reprobe_jax.models.transformer.with_packed_weights` (models whose matmul weights exceed MIN_MODEL_BYTES, float32,
-one CPU device).
+the same product in XLA, for tests (without the kernel the model multiplies its own unpacked weights). Who packs what is
+decided in `reprobe_jax.models.transformer.with_packed_weights` (models whose matmul weights exceed MIN_MODEL_BYTES,
+float32, one CPU device).
 """
 
 from __future__ import annotations

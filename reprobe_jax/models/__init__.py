@@ -10,11 +10,30 @@ from reprobe_jax.models.language_model import Generation, LanguageModel
 from reprobe_jax.models.loading import load_pretrained, load_tokenizer, resolve_path, smollm2_gguf_path
 from reprobe_jax.models.rope_config import RopeConfig
 from reprobe_jax.models.sampling import SamplingParams
-from reprobe_jax.models.sharding import (DEFAULT_RULES, DistributedConfig, ShardingCtx, make_mesh,
-                                         maybe_initialize_distributed)
+from reprobe_jax.models.sharding import (
+  DEFAULT_RULES,
+  DistributedConfig,
+  ShardingCtx,
+  make_mesh,
+  maybe_initialize_distributed,
+)
 
 __all__ = [
-    "CaptureSpec", "ForwardOutput", "ModelConfig", "RopeConfig", "KVCache", "Generation", "LanguageModel",
-    "load_pretrained", "load_tokenizer", "resolve_path", "smollm2_gguf_path", "SamplingParams", "DEFAULT_RULES", "ShardingCtx",
-    "make_mesh", "maybe_initialize_distributed", "DistributedConfig",
+  "CaptureSpec",
+  "ForwardOutput",
+  "ModelConfig",
+  "RopeConfig",
+  "KVCache",
+  "Generation",
+  "LanguageModel",
+  "load_pretrained",
+  "load_tokenizer",
+  "resolve_path",
+  "smollm2_gguf_path",
+  "SamplingParams",
+  "DEFAULT_RULES",
+  "ShardingCtx",
+  "make_mesh",
+  "maybe_initialize_distributed",
+  "DistributedConfig",
 ]

@@ -22,6 +22,7 @@ from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.layers import Linear, fused_matmul, norm_for
 from reprobe_jax.models.rope import apply_rope
 
+
 def attention_window(probs, window_idx, window_ok):
   """Reads probabilities [B, H, T, K] at key indices window_idx [B, T, W] -> [B, T, H, W]; 0 where not window_ok.
 
@@ -93,9 +94,16 @@ class AttentionEnv:
     layers, prefix_valid = prefix  # prefix_valid [B, Sp]
     sp = prefix_valid.shape[1]
     rank, q_rank, idx, ok = key_layout(jnp.concatenate([prefix_valid, key_valid], axis=1), q_slots + sp, width)
-    return cls(key_rank=rank, q_rank=q_rank, window_idx=idx, window_ok=ok, prefix_slots=sp,
-               prefix_mask=jnp.broadcast_to(prefix_valid[:, None, :], (prefix_valid.shape[0], t, sp)),
-               prefix_layers=layers, **common)
+    return cls(
+      key_rank=rank,
+      q_rank=q_rank,
+      window_idx=idx,
+      window_ok=ok,
+      prefix_slots=sp,
+      prefix_mask=jnp.broadcast_to(prefix_valid[:, None, :], (prefix_valid.shape[0], t, sp)),
+      prefix_layers=layers,
+      **common,
+    )
 
   def for_layer(self, i: int, cos, sin) -> "AttentionEnv":
     """The environment of layer i, whose RoPE is (cos, sin)."""
@@ -118,7 +126,6 @@ def write_cache(kv_cache, k, v, env: AttentionEnv):
 
 
 class Attention(nnx.Module):
-
   def __init__(self, cfg: ModelConfig, layer: int, *, dtype, rngs: nnx.Rngs):
     d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     self.q_proj = Linear(d, h * hd, ("embed", "heads"), bias=cfg.attention_bias, dtype=dtype, rngs=rngs)

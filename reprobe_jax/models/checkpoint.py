@@ -56,7 +56,7 @@ def _split_qkv(x, cfg):  # Phi-3 qkv_proj [(H + 2 KV) * Dh, D]
   kv = cfg.num_kv_heads * cfg.head_dim
   if x.shape[0] != q + 2 * kv:
     raise CheckpointError(f"qkv_proj has {x.shape[0]} rows, expected {q + 2 * kv}")
-  return tuple(np.ascontiguousarray(p.T) for p in (x[:q], x[q:q + kv], x[q + kv:]))
+  return tuple(np.ascontiguousarray(p.T) for p in (x[:q], x[q : q + kv], x[q + kv :]))
 
 
 def _join_rows(xs, cfg):
@@ -73,29 +73,32 @@ def _split_gate_up(x, cfg):  # Phi-3 gate_up_proj [2 F, D], gate first
 L = "layers.{i}."
 M = "model.layers.{i}."
 _COMMON = [
-    Rule("model.embed_tokens.weight", ("embed_tokens",), _same, _unsame),
-    Rule("model.norm.weight", ("norm.scale",), _same, _unsame),
-    Rule("lm_head.weight", ("lm_head",), _t, _untranspose),
-    Rule(M + "input_layernorm.weight", (L + "input_layernorm.scale",), _same, _unsame),
-    Rule(M + "post_attention_layernorm.weight", (L + "post_attention_layernorm.scale",), _same, _unsame),
-    Rule(M + "self_attn.o_proj.weight", (L + "self_attn.o_proj.kernel",), _t, _untranspose),
-    Rule(M + "mlp.down_proj.weight", (L + "mlp.down_proj.kernel",), _t, _untranspose),
+  Rule("model.embed_tokens.weight", ("embed_tokens",), _same, _unsame),
+  Rule("model.norm.weight", ("norm.scale",), _same, _unsame),
+  Rule("lm_head.weight", ("lm_head",), _t, _untranspose),
+  Rule(M + "input_layernorm.weight", (L + "input_layernorm.scale",), _same, _unsame),
+  Rule(M + "post_attention_layernorm.weight", (L + "post_attention_layernorm.scale",), _same, _unsame),
+  Rule(M + "self_attn.o_proj.weight", (L + "self_attn.o_proj.kernel",), _t, _untranspose),
+  Rule(M + "mlp.down_proj.weight", (L + "mlp.down_proj.kernel",), _t, _untranspose),
 ]
-_SEPARATE_QKV = [Rule(M + f"self_attn.{p}_proj.weight", (L + f"self_attn.{p}_proj.kernel",), _t, _untranspose)
-                 for p in "qkv"]
+_SEPARATE_QKV = [
+  Rule(M + f"self_attn.{p}_proj.weight", (L + f"self_attn.{p}_proj.kernel",), _t, _untranspose) for p in "qkv"
+]
 _QKV_BIAS = [Rule(M + f"self_attn.{p}_proj.bias", (L + f"self_attn.{p}_proj.bias",), _same, _unsame) for p in "qkv"]
-_SEPARATE_MLP = [Rule(M + f"mlp.{p}_proj.weight", (L + f"mlp.{p}_proj.kernel",), _t, _untranspose)
-                 for p in ("gate", "up")]
-_QK_NORM = [Rule(M + f"self_attn.{p}_norm.weight", (L + f"self_attn.{p}_norm.scale",), _same, _unsame)
-            for p in "qk"]
+_SEPARATE_MLP = [
+  Rule(M + f"mlp.{p}_proj.weight", (L + f"mlp.{p}_proj.kernel",), _t, _untranspose) for p in ("gate", "up")
+]
+_QK_NORM = [Rule(M + f"self_attn.{p}_norm.weight", (L + f"self_attn.{p}_norm.scale",), _same, _unsame) for p in "qk"]
 # Gemma 3 (weights zero-centred, as HF stores them: the module computes 1 + w).
-_SANDWICH_NORMS = [Rule(M + f"{p}_feedforward_layernorm.weight", (L + f"{p}_feedforward_layernorm.scale",), _same,
-                        _unsame) for p in ("pre", "post")]
+_SANDWICH_NORMS = [
+  Rule(M + f"{p}_feedforward_layernorm.weight", (L + f"{p}_feedforward_layernorm.scale",), _same, _unsame)
+  for p in ("pre", "post")
+]
 _PHI3 = [
-    Rule(M + "self_attn.qkv_proj.weight", tuple(L + f"self_attn.{p}_proj.kernel" for p in "qkv"), _split_qkv,
-         _join_rows),
-    Rule(M + "mlp.gate_up_proj.weight", (L + "mlp.gate_proj.kernel", L + "mlp.up_proj.kernel"), _split_gate_up,
-         _join_rows),
+  Rule(M + "self_attn.qkv_proj.weight", tuple(L + f"self_attn.{p}_proj.kernel" for p in "qkv"), _split_qkv, _join_rows),
+  Rule(
+    M + "mlp.gate_up_proj.weight", (L + "mlp.gate_proj.kernel", L + "mlp.up_proj.kernel"), _split_gate_up, _join_rows
+  ),
 ]
 
 
@@ -117,8 +120,11 @@ def family_rules(cfg: ModelConfig) -> list[Rule]:
 # A multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration) holds the language model under other prefixes:
 # transformers >= 4.52 names it model.language_model.*, and writes (and older versions named) language_model.model.*
 # and language_model.lm_head.*. The vision tower and projector are not part of the LM.
-_MULTIMODAL_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                        ("language_model.lm_head.", "lm_head."))
+_MULTIMODAL_PREFIXES = (
+  ("model.language_model.", "model."),
+  ("language_model.model.", "model."),
+  ("language_model.lm_head.", "lm_head."),
+)
 _MULTIMODAL_SKIP = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
 
 
@@ -129,7 +135,7 @@ def language_model_tensors(tensors: Iterable[tuple[str, Callable[[], np.ndarray]
       continue
     for old, new in _MULTIMODAL_PREFIXES:
       if name.startswith(old):
-        name = new + name[len(old):]
+        name = new + name[len(old) :]
         break
     yield name, get, shape
 
@@ -159,8 +165,14 @@ def _placement(var, ctx: ShardingCtx | None, shape):
   return ctx.sharding(var.get_metadata().get("logical_axes", (None,) * len(shape)), shape)
 
 
-def load_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, Callable[[], np.ndarray], tuple[int, ...]]], *,
-                 dtype=jnp.float32, shard: ShardingCtx | None = None, source: str = "checkpoint"):
+def load_tensors(
+  cfg: ModelConfig,
+  tensors: Iterable[tuple[str, Callable[[], np.ndarray], tuple[int, ...]]],
+  *,
+  dtype=jnp.float32,
+  shard: ShardingCtx | None = None,
+  source: str = "checkpoint",
+):
   """Streams HF-named tensors into a Decoder. Returns (graphdef, state). Errors name the offending tensor."""
   graphdef, abstract = abstract_model(cfg, dtype)
   compiled = _compile(family_rules(cfg))
@@ -183,27 +195,33 @@ def load_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, Callable[[], np.
       if cfg.tie_word_embeddings and name == "lm_head.weight":
         tied_head = get  # some tied checkpoints store the head anyway; it must equal the embedding
         continue
-      raise CheckpointError(f"{source}: unexpected tensor {name!r} {list(shape)} for a {cfg.family} model "
-                            f"(mismatched checkpoint or config?)")
+      raise CheckpointError(
+        f"{source}: unexpected tensor {name!r} {list(shape)} for a {cfg.family} model "
+        f"(mismatched checkpoint or config?)"
+      )
     if layer is not None and int(layer) >= cfg.num_layers:
-      raise CheckpointError(f"{source}: tensor {name!r} belongs to layer {layer}, but the config has "
-                            f"{cfg.num_layers} layers")
+      raise CheckpointError(
+        f"{source}: tensor {name!r} belongs to layer {layer}, but the config has {cfg.num_layers} layers"
+      )
     parts = rule.load(np.asarray(get()), cfg)
     for template, arr in zip(rule.ours, parts):
       path = template.format(i=layer)
       var = abstract[path]
       want = tuple(var.get_value().shape)
       if tuple(arr.shape) != want:
-        raise CheckpointError(f"{source}: tensor {name!r} has shape {list(shape)}, which maps to {list(arr.shape)} "
-                              f"for {path}; the config expects {list(want)}")
+        raise CheckpointError(
+          f"{source}: tensor {name!r} has shape {list(shape)}, which maps to {list(arr.shape)} "
+          f"for {path}; the config expects {list(want)}"
+        )
       host = np.asarray(arr).astype(dtype) if np.dtype(arr.dtype) != np.dtype(dtype) else arr
       placement = _placement(var, shard, want)
       values[path] = jax.device_put(host, placement) if placement is not None else jnp.asarray(host)
   missing = sorted(set(abstract) - set(values))
   if missing:
     names = [_hf_name_for(cfg, p) for p in missing]
-    raise CheckpointError(f"{source}: missing tensors {names[:8]}{' ...' if len(names) > 8 else ''} "
-                          f"({len(names)} in all)")
+    raise CheckpointError(
+      f"{source}: missing tensors {names[:8]}{' ...' if len(names) > 8 else ''} ({len(names)} in all)"
+    )
   if tied_head is not None:
     head = np.asarray(tied_head()).astype(np.float32)
     if not np.allclose(head, np.asarray(values["embed_tokens"], np.float32)):
@@ -233,9 +251,10 @@ def _hf_name_for(cfg: ModelConfig, path: str) -> str:
 
 def export_tensors(cfg: ModelConfig, state, dtype=np.float32) -> dict[str, np.ndarray]:
   """Our state -> {HF name: array}, the tables run backwards."""
-  flat = {".".join(str(p) for p in path): np.asarray(jax.device_get(v.get_value() if hasattr(v, "get_value")
-                                                                   else v))
-          for path, v in nnx.to_flat_state(state)}
+  flat = {
+    ".".join(str(p) for p in path): np.asarray(jax.device_get(v.get_value() if hasattr(v, "get_value") else v))
+    for path, v in nnx.to_flat_state(state)
+  }
   out = {}
   for rule in family_rules(cfg):
     layers = range(cfg.num_layers) if "{i}" in rule.hf else [None]

@@ -15,28 +15,35 @@ from typing import Any, Mapping
 from reprobe_jax.errors import ConfigError, UnsupportedModelError
 from reprobe_jax.fields import Int, Real
 from reprobe_jax.io.readers import read_json
-from reprobe_jax.models.hf_config import (GEMMA3_DEFAULTS, ConfigFields, built, check_gemma3_options,
-                                          gemma3_text_config, read_ropes, sliding_windows)
+from reprobe_jax.models.hf_config import (
+  GEMMA3_DEFAULTS,
+  ConfigFields,
+  built,
+  check_gemma3_options,
+  gemma3_text_config,
+  read_ropes,
+  sliding_windows,
+)
 from reprobe_jax.models.rope_config import POSITIVE, RopeConfig
 
 # Hugging Face `model_type` -> our family name. Mistral and SmolLM2 are Llama-shaped. "gemma3" is the multimodal
 # Gemma 3 config, read for its `text_config` (the language model); we export the text model as "gemma3_text".
 FAMILIES = {
-    "llama": "llama",
-    "mistral": "mistral",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "phi3": "phi3",
-    "gemma3_text": "gemma3",
-    "gemma3": "gemma3",
+  "llama": "llama",
+  "mistral": "mistral",
+  "qwen2": "qwen2",
+  "qwen3": "qwen3",
+  "phi3": "phi3",
+  "gemma3_text": "gemma3",
+  "gemma3": "gemma3",
 }
 _ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
+  "llama": "LlamaForCausalLM",
+  "mistral": "MistralForCausalLM",
+  "qwen2": "Qwen2ForCausalLM",
+  "qwen3": "Qwen3ForCausalLM",
+  "phi3": "Phi3ForCausalLM",
+  "gemma3": "Gemma3ForCausalLM",
 }
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
@@ -74,9 +81,18 @@ class ModelConfig:
   def __post_init__(self):
     if self.family not in FAMILIES.values():
       raise UnsupportedModelError(
-          f"model family {self.family!r} is not supported; supported: {sorted(set(FAMILIES.values()))}")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                 "head_dim", "max_position_embeddings"):
+        f"model family {self.family!r} is not supported; supported: {sorted(set(FAMILIES.values()))}"
+      )
+    for name in (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "max_position_embeddings",
+    ):
       v = getattr(self, name)
       if not Int(1).ok(v):
         raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
@@ -85,8 +101,10 @@ class ModelConfig:
     if not Real(0.0, 1.0, low_open=True).ok(self.partial_rotary_factor):
       raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}")
     if self.rotary_dim < 2 or self.rotary_dim % 2:
-      raise ConfigError(f"head_dim={self.head_dim} x partial_rotary_factor={self.partial_rotary_factor} gives "
-                        f"{self.rotary_dim} rotary dimensions; RoPE needs an even number >= 2")
+      raise ConfigError(
+        f"head_dim={self.head_dim} x partial_rotary_factor={self.partial_rotary_factor} gives "
+        f"{self.rotary_dim} rotary dimensions; RoPE needs an even number >= 2"
+      )
     for rope in (self.rope, self.local_rope):
       if rope is None:
         continue
@@ -95,13 +113,18 @@ class ModelConfig:
       for name in ("short_factor", "long_factor"):
         v = getattr(rope, name)
         if rope.rope_type == "longrope" and (v is None or len(v) != self.rotary_dim // 2):
-          raise ConfigError(f"rope type 'longrope' needs {name} with rotary_dim / 2 = {self.rotary_dim // 2} "
-                            f"entries, got {None if v is None else len(v)}")
+          raise ConfigError(
+            f"rope type 'longrope' needs {name} with rotary_dim / 2 = {self.rotary_dim // 2} "
+            f"entries, got {None if v is None else len(v)}"
+          )
     for name in ("tie_word_embeddings", "attention_bias", "qk_norm"):
       if not isinstance(getattr(self, name), bool):
         raise ConfigError(f"{name} must be a boolean, got {getattr(self, name)!r}")
-    for name, ids in (("bos_token_id", (self.bos_token_id,)), ("pad_token_id", (self.pad_token_id,)),
-                      ("eos_token_ids", self.eos_token_ids)):
+    for name, ids in (
+      ("bos_token_id", (self.bos_token_id,)),
+      ("pad_token_id", (self.pad_token_id,)),
+      ("eos_token_ids", self.eos_token_ids),
+    ):
       for i in ids:
         if i is not None and not Int(0, self.vocab_size - 1).ok(i):
           raise ConfigError(f"{name}: {i!r} is not a token id in [0, vocab_size={self.vocab_size})")
@@ -119,11 +142,14 @@ class ModelConfig:
           raise ConfigError(f"{name} is a Gemma 3 option; family {self.family!r} has no such field")
     else:
       if self.partial_rotary_factor != 1.0:
-        raise ConfigError(f"family 'gemma3' rotates the whole head (partial_rotary_factor 1), got "
-                          f"{self.partial_rotary_factor}")
+        raise ConfigError(
+          f"family 'gemma3' rotates the whole head (partial_rotary_factor 1), got {self.partial_rotary_factor}"
+        )
       if not self.qk_norm or self.attention_bias:  # what Gemma3ForCausalLM has, and what its config.json can say
-        raise ConfigError(f"family 'gemma3' has q/k norms and no attention biases (qk_norm=True, "
-                          f"attention_bias=False), got qk_norm={self.qk_norm}, attention_bias={self.attention_bias}")
+        raise ConfigError(
+          f"family 'gemma3' has q/k norms and no attention biases (qk_norm=True, "
+          f"attention_bias=False), got qk_norm={self.qk_norm}, attention_bias={self.attention_bias}"
+        )
       # Spelled out, so that a config built in code equals the same config read back from its config.json.
       if self.local_rope is None:
         object.__setattr__(self, "local_rope", self.rope)
@@ -181,7 +207,8 @@ class ModelConfig:
     model_type = d.get("model_type")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
       raise UnsupportedModelError(
-          f"{source}: model_type {model_type!r} is not supported; supported: {sorted(FAMILIES)}")
+        f"{source}: model_type {model_type!r} is not supported; supported: {sorted(FAMILIES)}"
+      )
     family = FAMILIES[model_type]
     prefix = ""
     if model_type == "gemma3":
@@ -210,7 +237,9 @@ class ModelConfig:
     gemma = family == "gemma3"
     if gemma:
       check_gemma3_options(f)
-    return built(source, lambda: cls(
+    return built(
+      source,
+      lambda: cls(
         family=family,
         vocab_size=f.integer("vocab_size"),
         hidden_size=hidden,
@@ -234,7 +263,8 @@ class ModelConfig:
         bos_token_id=f.integer("bos_token_id", None, low=0),
         eos_token_ids=eos_ids,
         pad_token_id=f.integer("pad_token_id", None, low=0),
-    ))
+      ),
+    )
 
   @classmethod
   def from_json_file(cls, path: str | os.PathLike) -> "ModelConfig":
@@ -245,26 +275,29 @@ class ModelConfig:
     """A `config.json` dict that PyTorch `transformers` reads back into the same model."""
     model_type = next(k for k, v in FAMILIES.items() if v == self.family)
     d: dict[str, Any] = {
-        "architectures": [_ARCHITECTURES[self.family]],
-        "model_type": model_type,
-        "vocab_size": self.vocab_size,
-        "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads,
-        "head_dim": self.head_dim,
-        "rms_norm_eps": self.rms_norm_eps,
-        "max_position_embeddings": self.max_position_embeddings,
-        "tie_word_embeddings": self.tie_word_embeddings,
-        "hidden_act": self.hidden_act,
-        "rope_parameters": self.rope.to_hf(self.partial_rotary_factor),
-        "rope_theta": self.rope.theta,
-        "bos_token_id": self.bos_token_id,
-        "eos_token_id": (list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else
-                         (self.eos_token_ids[0] if self.eos_token_ids else None)),
-        "pad_token_id": self.pad_token_id,
-        "torch_dtype": "float32",
+      "architectures": [_ARCHITECTURES[self.family]],
+      "model_type": model_type,
+      "vocab_size": self.vocab_size,
+      "hidden_size": self.hidden_size,
+      "intermediate_size": self.intermediate_size,
+      "num_hidden_layers": self.num_layers,
+      "num_attention_heads": self.num_heads,
+      "num_key_value_heads": self.num_kv_heads,
+      "head_dim": self.head_dim,
+      "rms_norm_eps": self.rms_norm_eps,
+      "max_position_embeddings": self.max_position_embeddings,
+      "tie_word_embeddings": self.tie_word_embeddings,
+      "hidden_act": self.hidden_act,
+      "rope_parameters": self.rope.to_hf(self.partial_rotary_factor),
+      "rope_theta": self.rope.theta,
+      "bos_token_id": self.bos_token_id,
+      "eos_token_id": (
+        list(self.eos_token_ids)
+        if len(self.eos_token_ids) > 1
+        else (self.eos_token_ids[0] if self.eos_token_ids else None)
+      ),
+      "pad_token_id": self.pad_token_id,
+      "torch_dtype": "float32",
     }
     if self.rope.original_max_position_embeddings is not None:
       d["original_max_position_embeddings"] = self.rope.original_max_position_embeddings
@@ -276,7 +309,8 @@ class ModelConfig:
     if self.family == "gemma3":
       d.pop("hidden_act")
       scalar = self.query_pre_attn_scalar
-      d.update({
+      d.update(
+        {
           "hidden_activation": self.hidden_act,
           "rope_parameters": {"full_attention": self.rope.to_hf(1.0), "sliding_attention": self.local_rope.to_hf(1.0)},
           "rope_local_base_freq": self.local_rope.theta,
@@ -287,7 +321,8 @@ class ModelConfig:
           "use_bidirectional_attention": False,
           "sliding_window": next(iter(windows)) if windows else None,
           "layer_types": ["sliding_attention" if w else "full_attention" for w in self.sliding_windows],
-      })
+        }
+      )
     if self.family in ("qwen2", "qwen3"):
       d["use_sliding_window"] = bool(windows)
       d["sliding_window"] = next(iter(windows)) if windows else None
@@ -298,4 +333,3 @@ class ModelConfig:
     if len(windows) > 1:
       raise UnsupportedModelError(f"cannot export several sliding-window sizes {sorted(windows)} to config.json")
     return d
-

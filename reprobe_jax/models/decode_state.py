@@ -29,7 +29,10 @@ FINISH_LENGTH, FINISH_EOS, FINISH_STOP, FINISH_CACHE_FULL = 0, 1, 2, 3
 FINISH_NAMES = {FINISH_LENGTH: "length", FINISH_EOS: "eos", FINISH_STOP: "stop", FINISH_CACHE_FULL: "cache_full"}
 
 
-ENDS_BEFORE, ENDS_AFTER = 1, 2  # a stop rule's codes: the step ended before / after the token (reprobe_jax.steps.boundary)
+ENDS_BEFORE, ENDS_AFTER = (
+  1,
+  2,
+)  # a stop rule's codes: the step ended before / after the token (reprobe_jax.steps.boundary)
 
 
 @struct.dataclass
@@ -92,15 +95,32 @@ def resume(state: DecodeState, rows) -> DecodeState:
   paused = rows & state.done & (state.finish == FINISH_STOP)
   go = paused & ~state.again & (state.lengths < state.budget)
   spent = paused & ~state.again & ~go  # its step ended on its last budgeted token: nothing more to decode
-  return state.replace(done=state.done & ~go, step_start=jnp.where(paused, state.step_end, state.step_start),
-                       finish=jnp.where(spent, FINISH_LENGTH, state.finish),
-                       step_end=jnp.where(paused & state.again, state.lengths, state.step_end),
-                       again=state.again & ~paused)
+  return state.replace(
+    done=state.done & ~go,
+    step_start=jnp.where(paused, state.step_end, state.step_start),
+    finish=jnp.where(spent, FINISH_LENGTH, state.finish),
+    step_end=jnp.where(paused & state.again, state.lengths, state.step_end),
+    again=state.again & ~paused,
+  )
 
 
 # Every per-row field of DecodeState but the cache (which has its own take / share).
-_ROW_FIELDS = ("logits", "pending", "tokens", "logprobs", "features", "slots", "lengths", "step_start", "step_end",
-               "again", "budget", "done", "finish", "stop_state")
+_ROW_FIELDS = (
+  "logits",
+  "pending",
+  "tokens",
+  "logprobs",
+  "features",
+  "slots",
+  "lengths",
+  "step_start",
+  "step_end",
+  "again",
+  "budget",
+  "done",
+  "finish",
+  "stop_state",
+)
 
 
 def map_row_keys(rng, f):
@@ -137,7 +157,8 @@ def row_keys(keys, n: int) -> jax.Array:
   """[P * n] keys: row p * n + s draws from fold_in(keys[p], s) (keys [P], e.g. `prompt_keys`, or those folded
   with a search round: every copy of a row gets its own stream, the same in any batch)."""
   return jax.vmap(lambda k: jax.vmap(lambda s: jax.random.fold_in(k, s))(jnp.arange(n, dtype=jnp.uint32)))(
-      keys).reshape(-1)
+    keys
+  ).reshape(-1)
 
 
 def rekey(state: DecodeState, keys) -> DecodeState:
@@ -163,8 +184,11 @@ def flatten(state: DecodeState) -> DecodeState:
   layers, seen = c.prefix_view()
   rep = c.batch // c.prefix.batch
   cat = lambda p, own: jnp.concatenate([jnp.repeat(p, rep, axis=0), own], axis=2)
-  cache = KVCache(k=tuple(cat(pk, k) for (pk, _), k in zip(layers, c.k)),
-                  v=tuple(cat(pv, v) for (_, pv), v in zip(layers, c.v)),
-                  valid=jnp.concatenate([seen, c.valid], axis=1), positions=c.positions,
-                  index=c.index + c.prefix.size)
+  cache = KVCache(
+    k=tuple(cat(pk, k) for (pk, _), k in zip(layers, c.k)),
+    v=tuple(cat(pv, v) for (_, pv), v in zip(layers, c.v)),
+    valid=jnp.concatenate([seen, c.valid], axis=1),
+    positions=c.positions,
+    index=c.index + c.prefix.size,
+  )
   return state.replace(cache=cache, slots=jnp.where(state.slots >= 0, state.slots + c.prefix.size, -1))

@@ -26,8 +26,17 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from reprobe_jax.models.capture import CaptureSpec, TokenFeatures
-from reprobe_jax.models.decode_state import (ENDS_AFTER, ENDS_BEFORE, FINISH_CACHE_FULL, FINISH_EOS, FINISH_LENGTH,
-                                             FINISH_STOP, DecodeState, StopRule, map_row_keys)
+from reprobe_jax.models.decode_state import (
+  ENDS_AFTER,
+  ENDS_BEFORE,
+  FINISH_CACHE_FULL,
+  FINISH_EOS,
+  FINISH_LENGTH,
+  FINISH_STOP,
+  DecodeState,
+  StopRule,
+  map_row_keys,
+)
 from reprobe_jax.models.forward import logit_stats
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sampling import extend_in_jit, sample_token
@@ -61,21 +70,34 @@ def _bmask(mask, x):
   return mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
 
 
-def _prefill_impl(graphdef, params, cache: KVCache, input_ids, attention_mask, budget, rng, *, buffer_len: int,
-                  capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
+def _prefill_impl(
+  graphdef,
+  params,
+  cache: KVCache,
+  input_ids,
+  attention_mask,
+  budget,
+  rng,
+  *,
+  buffer_len: int,
+  capture: CaptureSpec = CaptureSpec(),
+  shard: ShardingCtx | None = None,
+) -> DecodeState:
   """Prompts [B, P] (left-padded: mask 0 = padding) written into an empty `cache` (donated; its free slots hold the
   response and forced text) -> a state whose rows wait for their first token.
 
   buffer_len: N, the response tokens a row can hold; budget [B]: per-row token budget (<= N; 0 makes a row start
   finished, e.g. batch padding).
   """
-  logits, captured, cache = extend_in_jit(graphdef, params, cache, input_ids, attention_mask, capture=capture,
-                                          shard=shard, lockstep=True, last_only=True)
+  logits, captured, cache = extend_in_jit(
+    graphdef, params, cache, input_ids, attention_mask, capture=capture, shard=shard, lockstep=True, last_only=True
+  )
   return _fresh_state(cache, logits[:, -1], _last(captured), budget, rng, buffer_len, capture)
 
 
 prefill, prefill_in_jit = decode_jit(
-    static_argnames=("graphdef", "capture", "shard", "buffer_len"), donate_argnames=("cache",))(_prefill_impl)
+  static_argnames=("graphdef", "capture", "shard", "buffer_len"), donate_argnames=("cache",)
+)(_prefill_impl)
 
 
 def _fresh_state(cache, logits, pending, budget, rng, buffer_len, capture):
@@ -83,13 +105,23 @@ def _fresh_state(cache, logits, pending, budget, rng, buffer_len, capture):
   feats0 = _features_of(logits, pending, capture)
   budget = jnp.minimum(jnp.asarray(budget, jnp.int32), buffer_len)
   return DecodeState(
-      cache=cache, logits=logits, pending=pending,
-      tokens=jnp.zeros((b, buffer_len), jnp.int32), logprobs=jnp.zeros((b, buffer_len), jnp.float32),
-      features=_feature_buffers(feats0, b, buffer_len), slots=jnp.full((b, buffer_len), -1, jnp.int32),
-      lengths=jnp.zeros((b,), jnp.int32),
-      step_start=jnp.zeros((b,), jnp.int32), step_end=jnp.zeros((b,), jnp.int32), again=jnp.zeros((b,), bool),
-      budget=budget, done=budget <= 0,
-      finish=jnp.full((b,), FINISH_LENGTH, jnp.int32), stop_state=jnp.zeros((b,), jnp.int32), rng=rng)
+    cache=cache,
+    logits=logits,
+    pending=pending,
+    tokens=jnp.zeros((b, buffer_len), jnp.int32),
+    logprobs=jnp.zeros((b, buffer_len), jnp.float32),
+    features=_feature_buffers(feats0, b, buffer_len),
+    slots=jnp.full((b, buffer_len), -1, jnp.int32),
+    lengths=jnp.zeros((b,), jnp.int32),
+    step_start=jnp.zeros((b,), jnp.int32),
+    step_end=jnp.zeros((b,), jnp.int32),
+    again=jnp.zeros((b,), bool),
+    budget=budget,
+    done=budget <= 0,
+    finish=jnp.full((b,), FINISH_LENGTH, jnp.int32),
+    stop_state=jnp.zeros((b,), jnp.int32),
+    rng=rng,
+  )
 
 
 def start_rule(state: DecodeState) -> DecodeState:
@@ -111,12 +143,26 @@ class _DecodeLoop(NamedTuple):
   steps: Int[Array, ""]
 
 
-def _decode_impl(graphdef, params, state: DecodeState, rule: StopRule, eos_mask, temperature, top_p, max_steps, *,
-                 greedy: bool, top_k: int, filtered: bool = True, capture: CaptureSpec = CaptureSpec(),
-                 shard: ShardingCtx | None = None) -> DecodeState:
+def _decode_impl(
+  graphdef,
+  params,
+  state: DecodeState,
+  rule: StopRule,
+  eos_mask,
+  temperature,
+  top_p,
+  max_steps,
+  *,
+  greedy: bool,
+  top_k: int,
+  filtered: bool = True,
+  capture: CaptureSpec = CaptureSpec(),
+  shard: ShardingCtx | None = None,
+) -> DecodeState:
   """Samples tokens for every live row until each is done (EOS, step boundary, budget, cache end) or `max_steps`
   (traced) loop iterations have run. eos_mask [V] bool. `filtered` (static): whether top-p is applied (top_p < 1);
   top_k 0 = off. Token log-probs and entropies are of the unfiltered distribution at temperature 1."""
+
   def cond(c: _DecodeLoop):
     return (c.steps < max_steps) & jnp.any(~c.state.done)
 
@@ -128,8 +174,9 @@ def _decode_impl(graphdef, params, state: DecodeState, rule: StopRule, eos_mask,
     else:  # [B] keys: each row splits its own key per token and draws alone, whatever the batch
       pair = jax.vmap(jax.random.split)(s.rng)  # [B, 2]
       rng = pair[:, 0]
-      draw = lambda lg, k: sample_token(lg[None], k, temperature, top_p, greedy=greedy, top_k=top_k,
-                                        filtered=filtered)[0]
+      draw = lambda lg, k: sample_token(lg[None], k, temperature, top_p, greedy=greedy, top_k=top_k, filtered=filtered)[
+        0
+      ]
       tok = jax.vmap(draw)(s.logits, pair[:, 1])  # [B]
     live = ~s.done
     z = s.logits.astype(jnp.float32)
@@ -161,8 +208,9 @@ def _decode_impl(graphdef, params, state: DecodeState, rule: StopRule, eos_mask,
     again = jnp.where(ended, before & ((ends & ENDS_AFTER) != 0), s.again)
 
     def step(cache):
-      lg, capt, cache = extend_in_jit(graphdef, params, cache, tok[:, None], feed[:, None], capture=capture,
-                                      shard=shard)
+      lg, capt, cache = extend_in_jit(
+        graphdef, params, cache, tok[:, None], feed[:, None], capture=capture, shard=shard
+      )
       return lg[:, -1], _last(capt), cache
 
     slots = _write(s.slots, s.lengths, s.cache.index, feed)
@@ -171,21 +219,45 @@ def _decode_impl(graphdef, params, state: DecodeState, rule: StopRule, eos_mask,
     keep = lambda new, old: jnp.where(_bmask(feed, new), new, old)
     new_logits = keep(new_logits, s.logits)
     new_pending = jax.tree.map(keep, new_pending, s.pending)
-    return _DecodeLoop(s.replace(cache=cache, logits=new_logits, pending=new_pending, tokens=tokens,
-                                 logprobs=logprobs, features=bufs, slots=slots, lengths=lengths, done=done,
-                                 finish=finish, stop_state=stop_state, step_end=step_end, again=again, rng=rng),
-                       c.steps + 1)
+    return _DecodeLoop(
+      s.replace(
+        cache=cache,
+        logits=new_logits,
+        pending=new_pending,
+        tokens=tokens,
+        logprobs=logprobs,
+        features=bufs,
+        slots=slots,
+        lengths=lengths,
+        done=done,
+        finish=finish,
+        stop_state=stop_state,
+        step_end=step_end,
+        again=again,
+        rng=rng,
+      ),
+      c.steps + 1,
+    )
 
   return jax.lax.while_loop(cond, body, _DecodeLoop(state, jnp.zeros((), jnp.int32))).state
 
 
 decode, decode_in_jit = decode_jit(
-    static_argnames=("graphdef", "capture", "shard", "greedy", "top_k", "filtered"),
-    donate_argnames=("state",))(_decode_impl)
+  static_argnames=("graphdef", "capture", "shard", "greedy", "top_k", "filtered"), donate_argnames=("state",)
+)(_decode_impl)
 
 
-def _force_impl(graphdef, params, state: DecodeState, rule: StopRule, forced_ids, forced_mask, *,
-                capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None) -> DecodeState:
+def _force_impl(
+  graphdef,
+  params,
+  state: DecodeState,
+  rule: StopRule,
+  forced_ids,
+  forced_mask,
+  *,
+  capture: CaptureSpec = CaptureSpec(),
+  shard: ShardingCtx | None = None,
+) -> DecodeState:
   """Appends forced tokens [B, K] (left-padded per row: mask 0 = none; a row with no forced token is untouched) to
   the response of each row, through the model, recording their log-probs (teacher-forced, docs/method.md §B1's Acc) and
   features like sampled tokens. Forced tokens move the stop automaton but never end a step. A row whose tokens do
@@ -218,8 +290,10 @@ def _force_impl(graphdef, params, state: DecodeState, rule: StopRule, forced_ids
   prev_logits = jnp.concatenate([state.logits[:, None], logits[:, :-1]], axis=1)  # [B, K, V]
   src_logits = jnp.where(is_first[..., None], state.logits[:, None], prev_logits)
   src_capt = jax.tree.map(
-      lambda p, a: jnp.where(_bmask(is_first, a), p[:, None], jnp.concatenate([p[:, None], a[:, :-1]], axis=1)),
-      state.pending, at)
+    lambda p, a: jnp.where(_bmask(is_first, a), p[:, None], jnp.concatenate([p[:, None], a[:, :-1]], axis=1)),
+    state.pending,
+    at,
+  )
   z = src_logits.astype(jnp.float32)
   tok_logp = jnp.take_along_axis(z, forced_ids[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(z, axis=-1)
   feats = src_capt.with_stats(logit_stats(z, forced_ids, capture))  # [B, K, ...]
@@ -240,19 +314,37 @@ def _force_impl(graphdef, params, state: DecodeState, rule: StopRule, forced_ids
   stop_state, _ = jax.lax.scan(adv, state.stop_state, jnp.arange(k))
   last = lambda new, old: jnp.where(_bmask(chosen, old), new[:, -1], old)
   return state.replace(
-      cache=cache, logits=last(logits, state.logits), pending=jax.tree.map(last, at, state.pending),
-      tokens=tokens, logprobs=logprobs, features=bufs, slots=slots,
-      lengths=state.lengths + jnp.where(chosen, count, 0),
-      done=state.done | full, finish=finish, stop_state=stop_state)
+    cache=cache,
+    logits=last(logits, state.logits),
+    pending=jax.tree.map(last, at, state.pending),
+    tokens=tokens,
+    logprobs=logprobs,
+    features=bufs,
+    slots=slots,
+    lengths=state.lengths + jnp.where(chosen, count, 0),
+    done=state.done | full,
+    finish=finish,
+    stop_state=stop_state,
+  )
 
 
-force, force_in_jit = decode_jit(
-    static_argnames=("graphdef", "capture", "shard"), donate_argnames=("state",))(_force_impl)
+force, force_in_jit = decode_jit(static_argnames=("graphdef", "capture", "shard"), donate_argnames=("state",))(
+  _force_impl
+)
 
 
-def _fork_impl(graphdef, params, state: DecodeState, cut_token, *, n: int, suffix_size: int,
-               capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None,
-               buffer_len: int | None = None) -> DecodeState:
+def _fork_impl(
+  graphdef,
+  params,
+  state: DecodeState,
+  cut_token,
+  *,
+  n: int,
+  suffix_size: int,
+  capture: CaptureSpec = CaptureSpec(),
+  shard: ShardingCtx | None = None,
+  buffer_len: int | None = None,
+) -> DecodeState:
   """n new rows per cut of every row, each continuing the row's context up to and including its response token
   cut_token[b, c] (cut_token [B, C] >= 0; C * n rows per row, in (row, cut, sample) order), with empty responses.
 
@@ -272,12 +364,14 @@ def _fork_impl(graphdef, params, state: DecodeState, cut_token, *, n: int, suffi
   slot = state.slots[rows, tok]
   cache = state.cache.share(per, suffix_size, cut=slot)
   ids = state.tokens[rows, tok][:, None]
-  logits, captured, cache = extend_in_jit(graphdef, params, cache, ids, jnp.ones_like(ids), capture=capture,
-                                          shard=shard)
+  logits, captured, cache = extend_in_jit(
+    graphdef, params, cache, ids, jnp.ones_like(ids), capture=capture, shard=shard
+  )
   bn, nbuf = rows.shape[0], state.buffer_len if buffer_len is None else buffer_len
   rng = map_row_keys(state.rng, lambda r: r[rows])  # per-row keys: each new row starts from its source row's key
   return _fresh_state(cache, logits[:, -1], _last(captured), jnp.full((bn,), nbuf, jnp.int32), rng, nbuf, capture)
 
 
-fork, fork_in_jit = decode_jit(
-    static_argnames=("graphdef", "capture", "shard", "n", "suffix_size", "buffer_len"))(_fork_impl)
+fork, fork_in_jit = decode_jit(static_argnames=("graphdef", "capture", "shard", "n", "suffix_size", "buffer_len"))(
+  _fork_impl
+)

@@ -78,17 +78,37 @@ def collect_intermediates(inter: nnx.State, num_layers: int, capture: CaptureSpe
   return out
 
 
-def run_decoder(graphdef, params, input_ids, positions, key_valid, *, kv_caches=None, write_index=0,
-                write_slots=None, capture: CaptureSpec, shard: ShardingCtx | None, prefix=None,
-                last_only: bool = False):
+def run_decoder(
+  graphdef,
+  params,
+  input_ids,
+  positions,
+  key_valid,
+  *,
+  kv_caches=None,
+  write_index=0,
+  write_slots=None,
+  capture: CaptureSpec,
+  shard: ShardingCtx | None,
+  prefix=None,
+  last_only: bool = False,
+):
   """Merges the module and runs it, capturing intermediates. Returns logits, new caches, captured dict.
   `prefix`: a shared read-only context (`KVCache.prefix_view()`), or None. last_only: logits [B, 1, V] of the last
   position only (`Decoder.__call__`)."""
   model = nnx.merge(graphdef.value if isinstance(graphdef, StaticGraph) else graphdef, params)
 
   def call(m, *args):
-    return m(*args, kv_caches=kv_caches, write_index=write_index, write_slots=write_slots, capture=capture,
-             shard=shard, prefix=prefix, last_only=last_only)
+    return m(
+      *args,
+      kv_caches=kv_caches,
+      write_index=write_index,
+      write_slots=write_slots,
+      capture=capture,
+      shard=shard,
+      prefix=prefix,
+      last_only=last_only,
+    )
 
   if capture.hidden_layers or capture.attn_window:
     (logits, caches), inter = nnx.capture(call, nnx.Intermediate)(model, input_ids, positions, key_valid)
@@ -100,12 +120,12 @@ def run_decoder(graphdef, params, input_ids, positions, key_valid, *, kv_caches=
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "capture", "shard"))
-def forward(graphdef, params, input_ids, attention_mask, position_ids, *, capture: CaptureSpec,
-            shard: ShardingCtx | None = None):
+def forward(
+  graphdef, params, input_ids, attention_mask, position_ids, *, capture: CaptureSpec, shard: ShardingCtx | None = None
+):
   """Full forward over [B, T] tokens; returns a dict of ForwardOutput fields."""
   key_valid = attention_mask.astype(bool)
-  logits, _, captured = run_decoder(graphdef, params, input_ids, position_ids, key_valid, capture=capture,
-                                    shard=shard)
+  logits, _, captured = run_decoder(graphdef, params, input_ids, position_ids, key_valid, capture=capture, shard=shard)
   next_ids = jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1)
   next_valid = jnp.concatenate([key_valid[:, 1:], jnp.zeros_like(key_valid[:, :1])], axis=1)
   stats = logit_stats(logits, next_ids, capture)

@@ -26,8 +26,19 @@ _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 # GGUF value type id -> numpy dtype of its scalars; 8 is STRING, 9 is ARRAY.
-_SCALAR_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8",
-                  11: "<i8", 12: "<f8"}
+_SCALAR_DTYPES = {
+  0: "<u1",
+  1: "<i1",
+  2: "<u2",
+  3: "<i2",
+  4: "<u4",
+  5: "<i4",
+  6: "<f4",
+  7: "<u1",
+  10: "<u8",
+  11: "<i8",
+  12: "<f8",
+}
 _STRING, _ARRAY, _BOOL = 8, 9, 7
 _INT_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)
 _FLOAT_TYPES = (6, 12)
@@ -73,8 +84,9 @@ class _Cursor:
   def take(self, n: int, what: str) -> int:
     """The offset of the next n bytes, which must lie in the file."""
     if n > self.size - self.pos:
-      raise CheckpointError(f"{self.path}: truncated GGUF file: {what} at byte {self.pos} needs {n} bytes, the file "
-                            f"has {self.size}")
+      raise CheckpointError(
+        f"{self.path}: truncated GGUF file: {what} at byte {self.pos} needs {n} bytes, the file has {self.size}"
+      )
     at, self.pos = self.pos, self.pos + n
     return at
 
@@ -83,7 +95,7 @@ class _Cursor:
 
   def raw_string(self, what: str) -> bytes:
     n = self.scalar("Q", f"length of {what}")
-    return bytes(self.buf[self.take(n, what):self.pos])
+    return bytes(self.buf[self.take(n, what) : self.pos])
 
   def string(self, what: str) -> str:
     raw = self.raw_string(what)
@@ -95,8 +107,10 @@ class _Cursor:
   def count(self, n: int, item_bytes: int, what: str) -> int:
     """n, if n items of at least `item_bytes` each fit in the rest of the file (before anything is allocated)."""
     if n * item_bytes > self.size - self.pos:
-      raise CheckpointError(f"{self.path}: corrupt GGUF file: {what} is {n}, but {n} x {item_bytes} bytes do not fit "
-                            f"the {self.size - self.pos} bytes left after byte {self.pos}")
+      raise CheckpointError(
+        f"{self.path}: corrupt GGUF file: {what} is {n}, but {n} x {item_bytes} bytes do not fit "
+        f"the {self.size - self.pos} bytes left after byte {self.pos}"
+      )
     return n
 
 
@@ -177,8 +191,10 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     except (ValueError, KeyError):
       raise CheckpointError(f"{path}: tensor {name!r} has unknown ggml type {raw_type}") from None
     if not all(d >= 1 for d in dims) or dims[0] % block:
-      raise CheckpointError(f"{path}: tensor {name!r} has shape {list(dims)}; dimensions must be >= 1 and the first "
-                            f"a multiple of {qtype.name}'s block of {block}")
+      raise CheckpointError(
+        f"{path}: tensor {name!r} has shape {list(dims)}; dimensions must be >= 1 and the first "
+        f"a multiple of {qtype.name}'s block of {block}"
+      )
     if offset % alignment:
       raise CheckpointError(f"{path}: tensor {name!r} offset {offset} is not a multiple of the alignment {alignment}")
     infos.append((name, qtype, dims, offset, math.prod(dims) // block * type_size, dims[0] // block * type_size))
@@ -190,18 +206,20 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
       raise CheckpointError(f"{path}: tensor {name!r} appears twice")
     seen.add(name)
     if offset < end:
-      raise CheckpointError(f"{path}: tensor {name!r} (bytes {offset}..{offset + nbytes} of the data) overlaps "
-                            f"tensor {previous!r}")
+      raise CheckpointError(
+        f"{path}: tensor {name!r} (bytes {offset}..{offset + nbytes} of the data) overlaps tensor {previous!r}"
+      )
     if data_start + offset + nbytes > len(buf):
-      raise CheckpointError(f"{path}: truncated GGUF file: tensor {name!r} needs bytes {data_start + offset}.."
-                            f"{data_start + offset + nbytes}, the file has {len(buf)}")
+      raise CheckpointError(
+        f"{path}: truncated GGUF file: tensor {name!r} needs bytes {data_start + offset}.."
+        f"{data_start + offset + nbytes}, the file has {len(buf)}"
+      )
     end, previous = offset + nbytes, name
     byte_shape = (*reversed(dims[1:]), row_bytes)  # HF order, the last axis in bytes
     data = np.frombuffer(buf, np.uint8, nbytes, data_start + offset).reshape(byte_shape)
     tensors.append(GGUFTensor(name, qtype, dims, data))
   order = {name: i for i, (name, *_) in enumerate(infos)}
   return GGUFFile(path, fields, tuple(sorted(tensors, key=lambda t: order[t.name])))
-
 
 
 def has_tokenizer(g: GGUFFile) -> bool:
@@ -222,8 +240,9 @@ class GGUFMeta:
     """The value, or None if the key is absent; ConfigError if it has another GGUF type."""
     f = self.g.fields.get(key)
     if f is not None and f.type not in types:
-      raise ConfigError(f"{self.g.path}: GGUF metadata {key!r} must be {want}, got a "
-                        f"{GGUFValueType(f.type).name.lower()}")
+      raise ConfigError(
+        f"{self.g.path}: GGUF metadata {key!r} must be {want}, got a {GGUFValueType(f.type).name.lower()}"
+      )
     return None if f is None else f.value
 
   def _default(self, key, default):
@@ -283,6 +302,6 @@ def check_dequantisable(path: str, tensors) -> None:
     try:
       quants.dequantize(probe, qtype)
     except NotImplementedError as e:
-      raise UnsupportedModelError(f"{path}: tensor {t.name!r} has quant type {qtype.name}, which the installed "
-                                  f"gguf package cannot dequantise") from e
-
+      raise UnsupportedModelError(
+        f"{path}: tensor {t.name!r} has quant type {qtype.name}, which the installed gguf package cannot dequantise"
+      ) from e

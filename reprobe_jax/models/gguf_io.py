@@ -40,29 +40,33 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
 
 # Global tensors, then per-block ones (blk.N.<name>.<weight|bias>), GGUF -> HF.
 _GLOBAL = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
+  "token_embd.weight": "model.embed_tokens.weight",
+  "output_norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight",
 }
 _BLOCK = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_qkv": "self_attn.qkv_proj",  # Phi-3 keeps q, k and v fused
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+  "attn_norm": "input_layernorm",
+  "ffn_norm": "post_attention_layernorm",
+  "attn_q": "self_attn.q_proj",
+  "attn_k": "self_attn.k_proj",
+  "attn_v": "self_attn.v_proj",
+  "attn_qkv": "self_attn.qkv_proj",  # Phi-3 keeps q, k and v fused
+  "attn_output": "self_attn.o_proj",
+  "attn_q_norm": "self_attn.q_norm",
+  "attn_k_norm": "self_attn.k_norm",
+  "ffn_gate": "mlp.gate_proj",
+  "ffn_up": "mlp.up_proj",
+  "ffn_down": "mlp.down_proj",
 }
 # Phi-3's fused gate+up projection is stored as ffn_up.
 _PHI3_BLOCK = dict(_BLOCK, ffn_up="mlp.gate_up_proj")
 # Gemma 3 normalises each sublayer's input and output; its ffn_norm is the MLP's input norm.
-_GEMMA3_BLOCK = dict(_BLOCK, post_attention_norm="post_attention_layernorm", ffn_norm="pre_feedforward_layernorm",
-                     post_ffw_norm="post_feedforward_layernorm")
+_GEMMA3_BLOCK = dict(
+  _BLOCK,
+  post_attention_norm="post_attention_layernorm",
+  ffn_norm="pre_feedforward_layernorm",
+  post_ffw_norm="post_feedforward_layernorm",
+)
 _BLOCK_TABLES = {"phi3": _PHI3_BLOCK, "gemma3": _GEMMA3_BLOCK}
 _GEMMA_NORM_SHIFT = 1.0
 _GEMMA3_GLOBAL_EVERY = 6  # llama.cpp: hparams.set_swa_pattern(6)
@@ -87,11 +91,11 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 def reverse_llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
   """llama.cpp -> HF row order; the exact inverse of `llama_cpp_permute` (transformers' `_reverse_permute_weights`)."""
   if w.shape[0] % (2 * n_head):
-    raise CheckpointError(f"cannot un-permute {list(w.shape)} rows over {n_head} heads: rows are not a multiple "
-                          f"of 2 * heads")
+    raise CheckpointError(
+      f"cannot un-permute {list(w.shape)} rows over {n_head} heads: rows are not a multiple of 2 * heads"
+    )
   half = w.shape[0] // n_head // 2
   return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
 
 
 # -------------------------------------------------------------------------------------- metadata
@@ -116,23 +120,23 @@ def _config_dict(g: GGUFFile, arch: str) -> dict[str, Any]:
       raise ConfigError(f"{path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens is present")
 
   d: dict[str, Any] = {
-      "model_type": ARCHITECTURES[arch],
-      "vocab_size": vocab,
-      "hidden_size": hidden,
-      "intermediate_size": m.integer(f"{arch}.feed_forward_length"),
-      "num_hidden_layers": m.integer(f"{arch}.block_count"),
-      "num_attention_heads": num_heads,
-      "num_key_value_heads": m.integer(f"{arch}.attention.head_count_kv", num_heads),
-      "head_dim": head_dim,
-      "rms_norm_eps": m.number(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-      "rope_theta": m.number(f"{arch}.rope.freq_base", 10000.0),
-      "max_position_embeddings": m.integer(f"{arch}.context_length", 4096),
-      # transformers' rule: no output.weight means the head is the embedding.
-      "tie_word_embeddings": "output.weight" not in tensor_names,
-      "attention_bias": any(n.endswith(".attn_q.bias") for n in tensor_names),
-      "bos_token_id": m.integer("tokenizer.ggml.bos_token_id", None, low=0),
-      "eos_token_id": m.integer("tokenizer.ggml.eos_token_id", None, low=0),
-      "pad_token_id": m.integer("tokenizer.ggml.padding_token_id", None, low=0),
+    "model_type": ARCHITECTURES[arch],
+    "vocab_size": vocab,
+    "hidden_size": hidden,
+    "intermediate_size": m.integer(f"{arch}.feed_forward_length"),
+    "num_hidden_layers": m.integer(f"{arch}.block_count"),
+    "num_attention_heads": num_heads,
+    "num_key_value_heads": m.integer(f"{arch}.attention.head_count_kv", num_heads),
+    "head_dim": head_dim,
+    "rms_norm_eps": m.number(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+    "rope_theta": m.number(f"{arch}.rope.freq_base", 10000.0),
+    "max_position_embeddings": m.integer(f"{arch}.context_length", 4096),
+    # transformers' rule: no output.weight means the head is the embedding.
+    "tie_word_embeddings": "output.weight" not in tensor_names,
+    "attention_bias": any(n.endswith(".attn_q.bias") for n in tensor_names),
+    "bos_token_id": m.integer("tokenizer.ggml.bos_token_id", None, low=0),
+    "eos_token_id": m.integer("tokenizer.ggml.eos_token_id", None, low=0),
+    "pad_token_id": m.integer("tokenizer.ggml.padding_token_id", None, low=0),
   }
   if rope_dims and arch not in ("llama", "gemma3") and rope_dims != head_dim:
     d["partial_rotary_factor"] = rope_dims / head_dim
@@ -143,11 +147,15 @@ def _config_dict(g: GGUFFile, arch: str) -> dict[str, Any]:
       d["use_sliding_window"] = True
   d["rope_scaling"] = _rope_scaling(g, m, arch)
   if arch == "gemma3":  # what llama.cpp fixes for the architecture (see the module docstring)
-    d.update(sliding_window_pattern=_GEMMA3_GLOBAL_EVERY, rope_local_base_freq=_GEMMA3_LOCAL_ROPE_BASE,
-             query_pre_attn_scalar=hidden // num_heads if d["num_hidden_layers"] == 62 else head_dim)
+    d.update(
+      sliding_window_pattern=_GEMMA3_GLOBAL_EVERY,
+      rope_local_base_freq=_GEMMA3_LOCAL_ROPE_BASE,
+      query_pre_attn_scalar=hidden // num_heads if d["num_hidden_layers"] == 62 else head_dim,
+    )
     if not window:
-      raise ConfigError(f"{path}: GGUF metadata key 'gemma3.attention.sliding_window' is missing (Gemma 3's local "
-                        f"layers need it)")
+      raise ConfigError(
+        f"{path}: GGUF metadata key 'gemma3.attention.sliding_window' is missing (Gemma 3's local layers need it)"
+      )
   return d
 
 
@@ -157,8 +165,10 @@ def _rope_scaling(g: GGUFFile, m: GGUFMeta, arch: str) -> dict[str, Any] | None:
   by_name = {t.name: t for t in g.tensors}
   if "rope_freqs.weight" in by_name:
     # llama3-style scaling is stored only as precomputed per-frequency divisors, which RopeConfig cannot express.
-    raise UnsupportedModelError(f"{path}: tensor 'rope_freqs.weight' (llama3-style rope scaling baked into "
-                                f"frequencies) is not supported; load the Hugging Face safetensors checkpoint")
+    raise UnsupportedModelError(
+      f"{path}: tensor 'rope_freqs.weight' (llama3-style rope scaling baked into "
+      f"frequencies) is not supported; load the Hugging Face safetensors checkpoint"
+    )
   key = lambda s: f"{arch}.rope.scaling.{s}"
   orig = m.integer(key("original_context_length"), None)
   if all(n in by_name for n in _ROPE_FACTORS):
@@ -168,11 +178,16 @@ def _rope_scaling(g: GGUFFile, m: GGUFMeta, arch: str) -> dict[str, Any] | None:
     for n in _ROPE_FACTORS:
       t = by_name[n]
       if t.tensor_type.name != "F32" or len(t.shape) != 1:
-        raise CheckpointError(f"{path}: tensor {n!r} must be a 1-D F32 tensor, got {t.tensor_type.name} "
-                              f"{list(t.shape)}")
+        raise CheckpointError(
+          f"{path}: tensor {n!r} must be a 1-D F32 tensor, got {t.tensor_type.name} {list(t.shape)}"
+        )
       factors[n] = [float(x) for x in t.data.view(np.float32)]
-    out = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"],
-           "short_factor": factors["rope_factors_short.weight"], "original_max_position_embeddings": orig}
+    out = {
+      "rope_type": "longrope",
+      "long_factor": factors["rope_factors_long.weight"],
+      "short_factor": factors["rope_factors_short.weight"],
+      "original_max_position_embeddings": orig,
+    }
     attn = m.number(key("attn_factor"), None)
     if attn is not None:
       out["attention_factor"] = attn
@@ -205,8 +220,9 @@ def _hf_name(name: str, arch: str) -> str | None:
   return None
 
 
-def _loader(t: GGUFTensor, hf_shape: tuple[int, ...], unpermute_heads: int | None,
-            shift: float | None = None) -> Callable[[], np.ndarray]:
+def _loader(
+  t: GGUFTensor, hf_shape: tuple[int, ...], unpermute_heads: int | None, shift: float | None = None
+) -> Callable[[], np.ndarray]:
   """A zero-arg loader of one tensor in HF layout: float types as stored (memory-mapped), quantised -> float32;
   `shift` is subtracted (in float32) where given."""
 
@@ -231,8 +247,9 @@ def read_gguf(path: str | os.PathLike | GGUFFile) -> tuple[ModelConfig, TensorSt
   path = g.path
   arch = GGUFMeta(g).text("general.architecture", None)
   if arch not in ARCHITECTURES:
-    raise UnsupportedModelError(f"{path}: GGUF general.architecture {arch!r} is not supported; supported: "
-                                f"{sorted(ARCHITECTURES)}")
+    raise UnsupportedModelError(
+      f"{path}: GGUF general.architecture {arch!r} is not supported; supported: {sorted(ARCHITECTURES)}"
+    )
   cfg = ModelConfig.from_hf_dict(_config_dict(g, arch), source=path)
 
   plan = []
@@ -241,11 +258,13 @@ def read_gguf(path: str | os.PathLike | GGUFFile) -> tuple[ModelConfig, TensorSt
       continue
     hf = _hf_name(t.name, arch)
     if hf is None:
-      raise UnsupportedModelError(f"{path}: GGUF tensor {t.name!r} of a {arch} model has no Hugging Face "
-                                  f"counterpart here")
+      raise UnsupportedModelError(
+        f"{path}: GGUF tensor {t.name!r} of a {arch} model has no Hugging Face counterpart here"
+      )
     if arch == "phi3" and re.search(r"\.attn_[qkv]\.", t.name):
-      raise UnsupportedModelError(f"{path}: tensor {t.name!r}: Phi-3 with separate q/k/v projections is not "
-                                  f"supported (expected fused attn_qkv)")
+      raise UnsupportedModelError(
+        f"{path}: tensor {t.name!r}: Phi-3 with separate q/k/v projections is not supported (expected fused attn_qkv)"
+      )
     heads = None
     if arch == "llama" and re.search(r"\.attn_q\.", t.name):
       heads = cfg.num_heads

@@ -19,25 +19,25 @@ T = TypeVar("T")
 
 # transformers' `Gemma3TextConfig` defaults: a config.json may leave any of these out and mean them.
 GEMMA3_DEFAULTS = {
-    "vocab_size": 262_208,
-    "hidden_size": 2304,
-    "intermediate_size": 9216,
-    "num_hidden_layers": 26,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "hidden_activation": "gelu_pytorch_tanh",
-    "max_position_embeddings": 131_072,
-    "rms_norm_eps": 1e-6,
-    "pad_token_id": 0,
-    "eos_token_id": 1,
-    "bos_token_id": 2,
-    "tie_word_embeddings": True,
-    "rope_theta": 1_000_000.0,
-    "rope_local_base_freq": 10_000.0,
-    "query_pre_attn_scalar": 256,
-    "sliding_window": 4096,
-    "sliding_window_pattern": 6,
+  "vocab_size": 262_208,
+  "hidden_size": 2304,
+  "intermediate_size": 9216,
+  "num_hidden_layers": 26,
+  "num_attention_heads": 8,
+  "num_key_value_heads": 4,
+  "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh",
+  "max_position_embeddings": 131_072,
+  "rms_norm_eps": 1e-6,
+  "pad_token_id": 0,
+  "eos_token_id": 1,
+  "bos_token_id": 2,
+  "tie_word_embeddings": True,
+  "rope_theta": 1_000_000.0,
+  "rope_local_base_freq": 10_000.0,
+  "query_pre_attn_scalar": 256,
+  "sliding_window": 4096,
+  "sliding_window_pattern": 6,
 }
 
 _MISSING = object()
@@ -143,8 +143,9 @@ def _either(first, second):
   return second if first is None else first
 
 
-def read_rope(f: ConfigFields, params: Mapping[str, Any], where: str, theta_key: str,
-              theta_default: float) -> tuple[RopeConfig, float]:
+def read_rope(
+  f: ConfigFields, params: Mapping[str, Any], where: str, theta_key: str, theta_default: float
+) -> tuple[RopeConfig, float]:
   """(RoPE, partial_rotary_factor) from one HF rope dict `params` (found at `where` in the config), with the
   top-level fields of older configs (`theta_key`, partial_rotary_factor, original_max_position_embeddings) as
   fallbacks; the rope dict wins."""
@@ -160,9 +161,12 @@ def read_rope(f: ConfigFields, params: Mapping[str, Any], where: str, theta_key:
     raise UnsupportedModelError(f"{source}: rope type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
   theta = _either(r.number("rope_theta", None), f.number(theta_key, theta_default))
   partial = _either(r.number("partial_rotary_factor", None), f.number("partial_rotary_factor", 1.0))
-  orig_max = _either(r.integer("original_max_position_embeddings", None),
-                     f.integer("original_max_position_embeddings", None))
-  rope = built(source, lambda: RopeConfig(
+  orig_max = _either(
+    r.integer("original_max_position_embeddings", None), f.integer("original_max_position_embeddings", None)
+  )
+  rope = built(
+    source,
+    lambda: RopeConfig(
       rope_type=rope_type,
       theta=theta,
       factor=r.number("factor", None),
@@ -177,7 +181,8 @@ def read_rope(f: ConfigFields, params: Mapping[str, Any], where: str, theta_key:
       truncate=r.flag("truncate", True),
       short_factor=r.numbers("short_factor"),
       long_factor=r.numbers("long_factor"),
-  ))
+    ),
+  )
   return rope, partial
 
 
@@ -200,14 +205,17 @@ def _gemma3_ropes(f: ConfigFields) -> Ropes:
   params = f.mapping("rope_parameters")
   stray = sorted(set(params) - {"full_attention", "sliding_attention"})
   if stray:
-    raise ConfigError(f"{f.source}: field {f.prefix + 'rope_parameters'!r} of a Gemma 3 config must map "
-                      f"'full_attention' / 'sliding_attention' to rope dicts, got keys {stray}")
+    raise ConfigError(
+      f"{f.source}: field {f.prefix + 'rope_parameters'!r} of a Gemma 3 config must map "
+      f"'full_attention' / 'sliding_attention' to rope dicts, got keys {stray}"
+    )
   nested = ConfigFields(params, f.source, f.prefix + "rope_parameters.")
   full = dict(nested.mapping("full_attention"))
   full.update(f.mapping("rope_scaling"))
   rope, partial = read_rope(f, full, "rope_parameters.full_attention.", "rope_theta", 1_000_000.0)
-  local, local_partial = read_rope(f, nested.mapping("sliding_attention"), "rope_parameters.sliding_attention.",
-                                   "rope_local_base_freq", 10_000.0)
+  local, local_partial = read_rope(
+    f, nested.mapping("sliding_attention"), "rope_parameters.sliding_attention.", "rope_local_base_freq", 10_000.0
+  )
   return Ropes(rope, min(partial, local_partial), local)  # ModelConfig refuses a partial rotary factor for Gemma 3
 
 
@@ -220,8 +228,10 @@ def gemma3_text_config(d: Mapping[str, Any], source: str) -> dict[str, Any]:
   text = ConfigFields(d, source).mapping("text_config")
   inner = text.get("model_type", "gemma3_text")
   if inner != "gemma3_text":
-    raise UnsupportedModelError(f"{source}: text_config.model_type {inner!r} is not supported; a 'gemma3' config "
-                                f"is read for its 'gemma3_text' language model")
+    raise UnsupportedModelError(
+      f"{source}: text_config.model_type {inner!r} is not supported; a 'gemma3' config "
+      f"is read for its 'gemma3_text' language model"
+    )
   text = dict(text)
   text["model_type"] = "gemma3_text"
   tie = d.get("tie_word_embeddings")
@@ -234,14 +244,17 @@ def check_gemma3_options(f: ConfigFields) -> None:
   softcap = f.number("attn_logit_softcapping", None)
   if softcap is not None:
     raise UnsupportedModelError(
-        f"{f.source}: {f.prefix}attn_logit_softcapping={softcap}: transformers' Gemma 3 reads this field but never "
-        f"applies it, so a checkpoint that sets it has no reference behaviour; set it to null")
+      f"{f.source}: {f.prefix}attn_logit_softcapping={softcap}: transformers' Gemma 3 reads this field but never "
+      f"applies it, so a checkpoint that sets it has no reference behaviour; set it to null"
+    )
   if f.flag("use_bidirectional_attention", False):
-    raise UnsupportedModelError(f"{f.source}: {f.prefix}use_bidirectional_attention=true (an encoder) is not "
-                                f"supported; this is a causal decoder")
+    raise UnsupportedModelError(
+      f"{f.source}: {f.prefix}use_bidirectional_attention=true (an encoder) is not supported; this is a causal decoder"
+    )
   if f.flag("attention_bias", False):
-    raise UnsupportedModelError(f"{f.source}: {f.prefix}attention_bias=true is not supported for Gemma 3 (it "
-                                f"would bias o_proj too)")
+    raise UnsupportedModelError(
+      f"{f.source}: {f.prefix}attention_bias=true is not supported for Gemma 3 (it would bias o_proj too)"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ sliding windows
@@ -275,6 +288,8 @@ def _layer_windows(f: ConfigFields, layer_types, num_layers: int, window) -> tup
   """Per-layer windows from HF `layer_types` ('full_attention' / 'sliding_attention' for every layer)."""
   bad = sorted({t for t in layer_types if t not in ("sliding_attention", "full_attention")})
   if bad or len(layer_types) != num_layers:
-    raise ConfigError(f"{f.source}: {f.prefix}layer_types must list 'full_attention' / 'sliding_attention' for "
-                      f"each of the {num_layers} layers, got {len(layer_types)} entries{f' with {bad}' if bad else ''}")
+    raise ConfigError(
+      f"{f.source}: {f.prefix}layer_types must list 'full_attention' / 'sliding_attention' for "
+      f"each of the {num_layers} layers, got {len(layer_types)} entries{f' with {bad}' if bad else ''}"
+    )
   return tuple(window if t == "sliding_attention" else None for t in layer_types)

@@ -46,11 +46,11 @@ class KVCache:
   def zeros(cls, cfg: ModelConfig, batch: int, size: int, dtype=jnp.float32) -> "KVCache":
     shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
     return cls(
-        k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
-        v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
-        valid=jnp.zeros((batch, size), bool),
-        positions=jnp.zeros((batch,), jnp.int32),
-        index=jnp.zeros((batch,), jnp.int32),
+      k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+      v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+      valid=jnp.zeros((batch, size), bool),
+      positions=jnp.zeros((batch,), jnp.int32),
+      index=jnp.zeros((batch,), jnp.int32),
     )
 
   def take(self, rows) -> "KVCache":
@@ -58,9 +58,14 @@ class KVCache:
     prefix, rows must stay with their prefix (row b' = rows[b'] reads prefix row b' // (B' // P)), which the caller
     guarantees (a traced gather cannot check it)."""
     g = lambda x: jnp.take(x, rows, axis=0)
-    return self.replace(k=tuple(map(g, self.k)), v=tuple(map(g, self.v)), valid=g(self.valid),
-                        positions=g(self.positions), index=g(self.index),
-                        prefix_cut=None if self.prefix_cut is None else g(self.prefix_cut))
+    return self.replace(
+      k=tuple(map(g, self.k)),
+      v=tuple(map(g, self.v)),
+      valid=g(self.valid),
+      positions=g(self.positions),
+      index=g(self.index),
+      prefix_cut=None if self.prefix_cut is None else g(self.prefix_cut),
+    )
 
   def share(self, n: int, size: int, cut=None) -> "KVCache":
     """A cache of P * n rows whose read-only prefix is this cache (P rows) and whose own buffers are `size` empty
@@ -74,10 +79,15 @@ class KVCache:
     seen = jnp.repeat(self.valid, n, axis=0) & (jnp.arange(self.size)[None, :] < cut[:, None])  # [B, Sp]
     kv, hd = self.k[0].shape[1], self.k[0].shape[3]
     dtype = self.k[0].dtype
-    return KVCache(k=tuple(jnp.zeros((b, kv, size, hd), dtype) for _ in self.k),
-                   v=tuple(jnp.zeros((b, kv, size, hd), dtype) for _ in self.v),
-                   valid=jnp.zeros((b, size), bool), positions=jnp.sum(seen, axis=1, dtype=jnp.int32),
-                   index=jnp.zeros((b,), jnp.int32), prefix=self, prefix_cut=cut)
+    return KVCache(
+      k=tuple(jnp.zeros((b, kv, size, hd), dtype) for _ in self.k),
+      v=tuple(jnp.zeros((b, kv, size, hd), dtype) for _ in self.v),
+      valid=jnp.zeros((b, size), bool),
+      positions=jnp.sum(seen, axis=1, dtype=jnp.int32),
+      index=jnp.zeros((b,), jnp.int32),
+      prefix=self,
+      prefix_cut=cut,
+    )
 
   def prefix_view(self):
     """(per-layer (k, v) [P, KV, Sp, Dh], valid [B, Sp]) for the decoder, or None without a shared prefix."""

@@ -62,7 +62,7 @@ class Generation:
   features: TokenFeatures
 
   def token_ids(self, row: int) -> list[int]:
-    return self.tokens[row, :self.lengths[row]].tolist()
+    return self.tokens[row, : self.lengths[row]].tolist()
 
 
 def _strings(name: str, values) -> tuple[str, ...]:
@@ -80,6 +80,7 @@ KEEP = object()  # `sharing_weights`: keep this model's tokenizer
 @dataclasses.dataclass(frozen=True)
 class _DecodeView:
   """`LanguageModel.decode_view`'s cache: what it was made from, what it is, and why it is not packed ('' if it is)."""
+
   graphdef: Any
   params: Any
   packed_decode: bool | None
@@ -91,8 +92,9 @@ class _DecodeView:
 class LanguageModel:
   """A frozen decoder: `forward` with capture, `generate`, `save_pretrained`; params split once for jit."""
 
-  def __init__(self, config: ModelConfig, graphdef, params, tokenizer=None, *, shard: ShardingCtx | None = None,
-               dtype=jnp.float32):
+  def __init__(
+    self, config: ModelConfig, graphdef, params, tokenizer=None, *, shard: ShardingCtx | None = None, dtype=jnp.float32
+  ):
     self.config = config
     self.graphdef = graphdef
     self.params = params
@@ -121,8 +123,12 @@ class LanguageModel:
     model's own. Made once per params object (replacing `params` makes a new one); the packed copies hold as many
     bytes again as the matmul weights. `decode_kernel` says which."""
     c = self._decode
-    if (c is not None and c.graphdef is self.graphdef and c.params is self.params
-        and c.packed_decode == self.packed_decode):
+    if (
+      c is not None
+      and c.graphdef is self.graphdef
+      and c.params is self.params
+      and c.packed_decode == self.packed_decode
+    ):
       return c.graph, c.view_params
     if self.packed_decode is False:
       why = "off (packed_decode=False)"
@@ -143,8 +149,14 @@ class LanguageModel:
     decode view: the packed copies are made once per params object, not once per `LanguageModel` (each holds as
     many bytes as the matmul weights). The config must describe the same architecture; only token ids and the like
     may differ."""
-    lm = LanguageModel(config or self.config, self.graphdef, self.params,
-                       self.tokenizer if tokenizer is KEEP else tokenizer, shard=self.shard, dtype=self.dtype)
+    lm = LanguageModel(
+      config or self.config,
+      self.graphdef,
+      self.params,
+      self.tokenizer if tokenizer is KEEP else tokenizer,
+      shard=self.shard,
+      dtype=self.dtype,
+    )
     lm.packed_decode = self.packed_decode
     self.decode_view()
     lm._decode = self._decode  # checked by graphdef, params and packed_decode identity on each use: valid for both
@@ -169,8 +181,9 @@ class LanguageModel:
 
   # ------------------------------------------------------------------------------------------ forward
 
-  def forward(self, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec(),
-              position_ids=None) -> ForwardOutput:
+  def forward(
+    self, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec(), position_ids=None
+  ) -> ForwardOutput:
     """Full forward of [B, T] tokens. Positions default to HF generate's cumsum(mask) - 1 (padding-invariant)."""
     if input_ids.ndim != 2 if hasattr(input_ids, "ndim") else np.ndim(input_ids) != 2:
       raise ConfigError(f"input_ids must be [batch, seq], got shape {np.shape(input_ids)}")
@@ -186,15 +199,21 @@ class LanguageModel:
       chex.assert_equal_shape([pos, input_ids])
     capture.resolve_layers(self.config.num_layers)
     out = _forward(self.static_graph, self.params, input_ids, mask, pos, capture=capture, shard=self.shard)
-    return ForwardOutput(logits=out["logits"], hidden_states=out["hidden_states"],
-                         attn_window=out.get("attn_window"), top_probs=out.get("top_probs"),
-                         token_logprobs=out.get("token_logprobs"), token_entropy=out.get("token_entropy"),
-                         token_self_certainty=out.get("token_self_certainty"))
+    return ForwardOutput(
+      logits=out["logits"],
+      hidden_states=out["hidden_states"],
+      attn_window=out.get("attn_window"),
+      top_probs=out.get("top_probs"),
+      token_logprobs=out.get("token_logprobs"),
+      token_entropy=out.get("token_entropy"),
+      token_self_certainty=out.get("token_self_certainty"),
+    )
 
   def _check_length(self, n: int):
     if n > self.config.max_position_embeddings:
-      raise CacheFullError(f"sequence of {n} tokens exceeds the model's max_position_embeddings="
-                           f"{self.config.max_position_embeddings}")
+      raise CacheFullError(
+        f"sequence of {n} tokens exceeds the model's max_position_embeddings={self.config.max_position_embeddings}"
+      )
 
   def check_ids(self, ids, what: str = "input_ids"):
     """ConfigError naming the first token id outside the vocabulary, where it is (`what[row, position]` of a [B, T]
@@ -218,8 +237,9 @@ class LanguageModel:
     self._check_length(size)
     return KVCache.zeros(self.config, batch, size, self.dtype)
 
-  def extend(self, cache: KVCache, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec()
-             ) -> tuple[Float[Array, "b t v"], dict, KVCache]:
+  def extend(
+    self, cache: KVCache, input_ids, attention_mask=None, *, capture: CaptureSpec = CaptureSpec()
+  ) -> tuple[Float[Array, "b t v"], dict, KVCache]:
     """Appends left-padded tokens [B, T] to each row of `cache` (donated), each row at its own next slot.
     Returns (logits [B, T, V], captured, cache). A boundary API: it reads the cache's fill level back to refuse an
     overflow (the sampler's jitted operations finish such rows as 'cache_full' instead)."""
@@ -234,10 +254,17 @@ class LanguageModel:
     need = held + mask.sum(axis=1)
     if np.any(need > cache.size):
       r = int(np.argmax(need))
-      raise CacheFullError(f"cache of {cache.size} slots holds {int(held[r])}; cannot append "
-                           f"{int(need[r] - held[r])} more (row {r})")
-    return sampling.extend(*self.decode_view(), cache, jnp.asarray(input_ids, jnp.int32),
-                           jnp.asarray(mask), capture=capture, shard=self.shard)
+      raise CacheFullError(
+        f"cache of {cache.size} slots holds {int(held[r])}; cannot append {int(need[r] - held[r])} more (row {r})"
+      )
+    return sampling.extend(
+      *self.decode_view(),
+      cache,
+      jnp.asarray(input_ids, jnp.int32),
+      jnp.asarray(mask),
+      capture=capture,
+      shard=self.shard,
+    )
 
   # ------------------------------------------------------------------------------------------ generate
 
@@ -288,14 +315,18 @@ class LanguageModel:
     return mask
 
   def pad_id(self) -> int:
-    for cand in (self.config.pad_token_id, getattr(self.tokenizer, "pad_token_id", None),
-                 *self.config.eos_token_ids):
+    for cand in (self.config.pad_token_id, getattr(self.tokenizer, "pad_token_id", None), *self.config.eos_token_ids):
       if cand is not None:
         return int(cand)
     return 0
 
-  def sampler(self, sampling_params: sampling.SamplingParams = sampling.SamplingParams(), *,
-              capture: CaptureSpec = CaptureSpec(), stop=None) -> Sampler:
+  def sampler(
+    self,
+    sampling_params: sampling.SamplingParams = sampling.SamplingParams(),
+    *,
+    capture: CaptureSpec = CaptureSpec(),
+    stop=None,
+  ) -> Sampler:
     """The open sampler (prefill, decode to a boundary, force, take, resume, read). `stop`: a compiled stop table
     (anything with `advance(state [B], tok [B]) -> (state, ends [B])`: a StopRule, or a step boundary compiled for
     this model's tokenizer, e.g. `StepBoundary("line").compile(lm.tokenizer, lm.config.vocab_size)` from
@@ -303,14 +334,25 @@ class LanguageModel:
     with one of them ends a step)."""
     if stop is not None and not hasattr(stop, "advance"):
       if hasattr(stop, "compile"):  # a step boundary: the model layer runs tables, it does not build them
-        raise ConfigError(f"stop={stop!r} is a step boundary, not a compiled stop table; pass "
-                          "stop=boundary.compile(lm.tokenizer, lm.config.vocab_size)")
+        raise ConfigError(
+          f"stop={stop!r} is a step boundary, not a compiled stop table; pass "
+          "stop=boundary.compile(lm.tokenizer, lm.config.vocab_size)"
+        )
       stop = StopRule.from_mask(self.stop_token_mask(_strings("stop_strings", stop)))
     return Sampler(self, sampling_params, capture, stop)
 
-  def generate(self, prompts, sampling_params: sampling.SamplingParams = sampling.SamplingParams(), *,
-               max_new_tokens: int, stop_strings: Sequence[str] = (), seed: int = 0, n: int = 1,
-               capture: CaptureSpec = CaptureSpec(), stop=None) -> Generation:
+  def generate(
+    self,
+    prompts,
+    sampling_params: sampling.SamplingParams = sampling.SamplingParams(),
+    *,
+    max_new_tokens: int,
+    stop_strings: Sequence[str] = (),
+    seed: int = 0,
+    n: int = 1,
+    capture: CaptureSpec = CaptureSpec(),
+    stop=None,
+  ) -> Generation:
     """Samples `n` continuations of each prompt (text or token ids), prefilling each prompt once (its n rows read
     its cache as a shared prefix).
 
@@ -322,18 +364,33 @@ class LanguageModel:
     ids = self.encode(prompts)
     state = smp.decode(smp.prefill(ids, max_new_tokens=max_new_tokens, n=n, seed=seed))
     r = len(ids) * n
-    host = to_host({"tokens": state.tokens, "logprobs": state.logprobs, "lengths": state.lengths,
-                    "finish": state.finish, "features": state.features})  # rows may span other processes
+    host = to_host(
+      {
+        "tokens": state.tokens,
+        "logprobs": state.logprobs,
+        "lengths": state.lengths,
+        "finish": state.finish,
+        "features": state.features,
+      }
+    )  # rows may span other processes
     tokens = host["tokens"][:r, :max_new_tokens]
     lengths = host["lengths"][:r]
     tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, self.pad_id())
     finish = [decode_state.FINISH_NAMES[int(c)] for c in host["finish"][:r]]
-    texts = ([self.tokenizer.decode(tokens[i, :lengths[i]]) for i in range(r)] if self.tokenizer is not None
-             else [""] * r)
+    texts = (
+      [self.tokenizer.decode(tokens[i, : lengths[i]]) for i in range(r)] if self.tokenizer is not None else [""] * r
+    )
     feats = jax.tree.map(lambda v: v[:r, :max_new_tokens], host["features"])
-    return Generation(tokens=tokens, logprobs=host["logprobs"][:r, :max_new_tokens], lengths=lengths,
-                      finish_reason=finish, prompt_index=np.repeat(np.arange(len(ids)), n), prompt_ids=ids,
-                      texts=texts, features=feats)
+    return Generation(
+      tokens=tokens,
+      logprobs=host["logprobs"][:r, :max_new_tokens],
+      lengths=lengths,
+      finish_reason=finish,
+      prompt_index=np.repeat(np.arange(len(ids)), n),
+      prompt_ids=ids,
+      texts=texts,
+      features=feats,
+    )
 
   # ------------------------------------------------------------------------------------------ export
 
@@ -346,10 +403,16 @@ class LanguageModel:
       cfg["torch_dtype"] = dtype
       with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
-      write_safetensors(os.path.join(tmp, "model.safetensors"),
-                        export_tensors(self.config, self.params, np.dtype(np_dtype)), {"format": "pt"})
-      gen = {"bos_token_id": self.config.bos_token_id, "eos_token_id": cfg["eos_token_id"],
-             "pad_token_id": self.config.pad_token_id}
+      write_safetensors(
+        os.path.join(tmp, "model.safetensors"),
+        export_tensors(self.config, self.params, np.dtype(np_dtype)),
+        {"format": "pt"},
+      )
+      gen = {
+        "bos_token_id": self.config.bos_token_id,
+        "eos_token_id": cfg["eos_token_id"],
+        "pad_token_id": self.config.pad_token_id,
+      }
       with open(os.path.join(tmp, "generation_config.json"), "w") as f:
         json.dump({k: v for k, v in gen.items() if v is not None}, f, indent=2)
       if self.tokenizer is not None:

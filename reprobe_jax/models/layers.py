@@ -40,7 +40,7 @@ def fused_matmul(x, linears, packed) -> list:
   y = kernels.packed_matmul(x, packed[...], sum(widths))
   out, at = [], 0
   for lin, n in zip(linears, widths):
-    part = y[..., at:at + n]
+    part = y[..., at : at + n]
     out.append(part + lin.bias[...] if lin.bias is not None else part)
     at += n
   return out

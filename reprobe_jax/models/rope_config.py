@@ -17,11 +17,11 @@ ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 # Fields each rope type cannot do without (HF's `rope_config_validation`); llama3/yarn/longrope also need
 # original_max_position_embeddings.
 _ROPE_NEEDS = {
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-    "yarn": ("original_max_position_embeddings",),
-    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+  "linear": ("factor",),
+  "dynamic": ("factor",),
+  "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+  "yarn": ("original_max_position_embeddings",),
+  "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
 POSITIVE = Real(0.0, low_open=True)  # a finite number > 0 (not a bool)
 
@@ -48,8 +48,17 @@ class RopeConfig:
   def __post_init__(self):
     if self.rope_type not in ROPE_TYPES:
       raise UnsupportedModelError(f"rope type {self.rope_type!r} is not supported; supported: {ROPE_TYPES}")
-    for name in ("theta", "factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
-                 "attention_factor", "mscale", "mscale_all_dim"):
+    for name in (
+      "theta",
+      "factor",
+      "low_freq_factor",
+      "high_freq_factor",
+      "beta_fast",
+      "beta_slow",
+      "attention_factor",
+      "mscale",
+      "mscale_all_dim",
+    ):
       v = getattr(self, name)
       if v is not None and not POSITIVE.ok(v):
         raise ConfigError(f"rope {name} must be a finite number > 0, got {v!r}")
@@ -60,8 +69,10 @@ class RopeConfig:
       if getattr(self, name) is None:
         raise ConfigError(f"rope type {self.rope_type!r} needs {name}")
     if self.rope_type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
-      raise ConfigError(f"rope type 'llama3' needs high_freq_factor > low_freq_factor, got {self.high_freq_factor} "
-                        f"and {self.low_freq_factor}")
+      raise ConfigError(
+        f"rope type 'llama3' needs high_freq_factor > low_freq_factor, got {self.high_freq_factor} "
+        f"and {self.low_freq_factor}"
+      )
     for name in ("short_factor", "long_factor"):
       v = getattr(self, name)
       if v is not None and not all(POSITIVE.ok(x) for x in v):

@@ -23,9 +23,21 @@ from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.io.readers import read_json
 
 _ST_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
-    "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
-    "U8": np.uint8, "BOOL": np.bool_, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+  "F64": np.float64,
+  "F32": np.float32,
+  "F16": np.float16,
+  "BF16": ml_dtypes.bfloat16,
+  "I64": np.int64,
+  "I32": np.int32,
+  "I16": np.int16,
+  "I8": np.int8,
+  "U64": np.uint64,
+  "U32": np.uint32,
+  "U16": np.uint16,
+  "U8": np.uint8,
+  "BOOL": np.bool_,
+  "F8_E4M3": ml_dtypes.float8_e4m3fn,
+  "F8_E5M2": ml_dtypes.float8_e5m2,
 }
 _ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 _ST_MAX_HEADER = 100_000_000  # the reference (Rust) reader's limit
@@ -58,20 +70,24 @@ class SafetensorsFile:
       with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
-          raise CheckpointError(f"{path}: not a valid safetensors file (it has {size} bytes, fewer than the 8 of the "
-                                f"header length)")
+          raise CheckpointError(
+            f"{path}: not a valid safetensors file (it has {size} bytes, fewer than the 8 of the header length)"
+          )
         (n,) = struct.unpack("<Q", prefix)
         if n > min(size - 8, _ST_MAX_HEADER):
-          raise CheckpointError(f"{path}: not a valid safetensors file (header length {n} exceeds the {size - 8} "
-                                f"bytes after it or the {_ST_MAX_HEADER}-byte limit)")
+          raise CheckpointError(
+            f"{path}: not a valid safetensors file (header length {n} exceeds the {size - 8} "
+            f"bytes after it or the {_ST_MAX_HEADER}-byte limit)"
+          )
         raw = f.read(n)
     except OSError as e:
       raise CheckpointError(f"{path}: cannot read safetensors file ({e.strerror or e})") from None
     try:
       header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except UnicodeDecodeError as e:
-      raise CheckpointError(f"{path}: not a valid safetensors file (header is not UTF-8: byte 0x{raw[e.start]:02x} "
-                            f"at offset {8 + e.start})") from None
+      raise CheckpointError(
+        f"{path}: not a valid safetensors file (header is not UTF-8: byte 0x{raw[e.start]:02x} at offset {8 + e.start})"
+      ) from None
     except ValueError as e:  # JSONDecodeError, a repeated key, an int past the digit limit
       raise CheckpointError(f"{path}: not a valid safetensors file (header is not valid JSON: {e})") from None
     if not isinstance(header, dict):
@@ -92,14 +108,15 @@ class SafetensorsFile:
     if self._mm is None:
       self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
     b, e = info["data_offsets"]
-    raw = self._mm[self._offset + b:self._offset + e]
+    raw = self._mm[self._offset + b : self._offset + e]
     return raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
 
 
 def _check_st_metadata(path: str, meta) -> dict[str, str]:
   if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-    raise CheckpointError(f"{path}: not a valid safetensors file (__metadata__ must map strings to strings, got "
-                          f"{json.dumps(meta)[:80]})")
+    raise CheckpointError(
+      f"{path}: not a valid safetensors file (__metadata__ must map strings to strings, got {json.dumps(meta)[:80]})"
+    )
   return meta
 
 
@@ -126,8 +143,9 @@ def _check_st_entries(path: str, header: dict, data_size: int) -> dict:
       raise CheckpointError(f"{where}: data_offsets {offsets} must satisfy 0 <= begin <= end")
     nbytes = math.prod(shape) * itemsize
     if end - begin != nbytes:
-      raise CheckpointError(f"{where}: data_offsets {offsets} span {end - begin} bytes, but shape {shape} of "
-                            f"{dtype} needs {nbytes}")
+      raise CheckpointError(
+        f"{where}: data_offsets {offsets} span {end - begin} bytes, but shape {shape} of {dtype} needs {nbytes}"
+      )
     spans.append((begin, end, name))
   spans.sort()
   position, previous = 0, None
@@ -135,14 +153,16 @@ def _check_st_entries(path: str, header: dict, data_size: int) -> dict:
     if begin < position:
       raise CheckpointError(f"{path}: tensor {name!r} (bytes {begin}..{end}) overlaps tensor {previous!r}")
     if begin > position:
-      raise CheckpointError(f"{path}: tensor {name!r} starts at byte {begin} of the data, leaving bytes "
-                            f"{position}..{begin} unassigned")
+      raise CheckpointError(
+        f"{path}: tensor {name!r} starts at byte {begin} of the data, leaving bytes {position}..{begin} unassigned"
+      )
     position, previous = end, name
   if position > data_size:
     raise CheckpointError(f"{path}: truncated: its tensors need {position} bytes of data, the file has {data_size}")
   if position < data_size:
-    raise CheckpointError(f"{path}: {data_size - position} bytes after the last tensor (the data section must end "
-                          f"with it)")
+    raise CheckpointError(
+      f"{path}: {data_size - position} bytes after the last tensor (the data section must end with it)"
+    )
   return header
 
 
@@ -208,8 +228,7 @@ def hf_safetensors_files(directory: str) -> list[SafetensorsFile]:
         where = {t: weight_map.get(t) for t in extra[:4]}
         raise CheckpointError(f"{path}: holds tensors that the index assigns elsewhere (or nowhere): {where}")
       files.append(st)
-    strays = [SafetensorsFile(os.path.join(directory, f)) for f in listed
-              if os.path.normpath(f) not in assigned]
+    strays = [SafetensorsFile(os.path.join(directory, f)) for f in listed if os.path.normpath(f) not in assigned]
   else:
     if not listed:
       raise CheckpointError(f"{directory}: no *.safetensors files (and no {_INDEX})")
@@ -218,8 +237,10 @@ def hf_safetensors_files(directory: str) -> list[SafetensorsFile]:
   for st in files + strays:
     for key in st.keys():
       if key in owner:
-        raise CheckpointError(f"{directory}: tensor {key!r} is in both {owner[key]} and {st.path}; a model folder "
-                              f"must hold each tensor once (two checkpoints mixed in one folder?)")
+        raise CheckpointError(
+          f"{directory}: tensor {key!r} is in both {owner[key]} and {st.path}; a model folder "
+          f"must hold each tensor once (two checkpoints mixed in one folder?)"
+        )
       owner[key] = st.path
   return files
 

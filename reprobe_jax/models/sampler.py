@@ -88,8 +88,17 @@ class Sampler:
 
   # ------------------------------------------------------------------------------------------ operations
 
-  def prefill(self, prompts, *, max_new_tokens: int, n: int = 1, seed: int = 0, extra_slots: int = 0,
-              share: bool | None = None, prompt_seeds: Sequence[int] | None = None) -> DecodeState:
+  def prefill(
+    self,
+    prompts,
+    *,
+    max_new_tokens: int,
+    n: int = 1,
+    seed: int = 0,
+    extra_slots: int = 0,
+    share: bool | None = None,
+    prompt_seeds: Sequence[int] | None = None,
+  ) -> DecodeState:
     """Prefills each prompt (text or token ids) once and opens `n` rows per prompt (prompt-major: row = prompt * n
     + sample; rows past len(prompts) * n are batch padding and start finished). max_new_tokens: each row's token
     budget; extra_slots: cache room for forced text beyond it. With n > 1 the rows read their prompt's cache as a
@@ -115,8 +124,10 @@ class Sampler:
     longest = max(map(len, ids))
     if longest + max_new_tokens + extra_slots > lm.config.max_position_embeddings:
       forced = f" + extra_slots={extra_slots}" if extra_slots else ""
-      raise CacheFullError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens}{forced} exceeds "
-                           f"max_position_embeddings={lm.config.max_position_embeddings}")
+      raise CacheFullError(
+        f"prompt of {longest} tokens + max_new_tokens={max_new_tokens}{forced} exceeds "
+        f"max_position_embeddings={lm.config.max_position_embeddings}"
+      )
     plen = bucket(longest)
     new_len = bucket(max_new_tokens)
     room = bucket(max_new_tokens + extra_slots)
@@ -125,27 +136,36 @@ class Sampler:
     arr = np.full((b, plen), lm.pad_id(), np.int32)
     mask = np.zeros((b, plen), np.int32)
     for j, p in enumerate(ids):
-      arr[j, plen - len(p):] = p
-      mask[j, plen - len(p):] = 1
+      arr[j, plen - len(p) :] = p
+      mask[j, plen - len(p) :] = 1
     share = n > 1 if share is None else share
     budget = np.zeros(b * n if share else b, np.int32)
-    budget[:n_prompts * (n if share else 1)] = max_new_tokens
+    budget[: n_prompts * (n if share else 1)] = max_new_tokens
     key = jax.random.key(seed)
     if share:
       # The prompt rows only hold the prefix; their own budget is 0 so they start finished.
       cache = KVCache.zeros(lm.config, b, plen, lm.dtype)
-      state = decoding.prefill(*lm.decode_view(), cache, arr, mask, np.zeros(b, np.int32), key,
-                               buffer_len=new_len, capture=self.capture, shard=lm.shard)
+      state = decoding.prefill(
+        *lm.decode_view(),
+        cache,
+        arr,
+        mask,
+        np.zeros(b, np.int32),
+        key,
+        buffer_len=new_len,
+        capture=self.capture,
+        shard=lm.shard,
+      )
       state = decode_state.share(state, n=n, suffix_size=room)
       state = state.replace(budget=jnp.minimum(jnp.asarray(budget), new_len), done=jnp.asarray(budget) <= 0)
     else:
       cache = KVCache.zeros(lm.config, b, plen + room, lm.dtype)
-      state = decoding.prefill(*lm.decode_view(), cache, arr, mask, budget, key, buffer_len=new_len,
-                               capture=self.capture, shard=lm.shard)
+      state = decoding.prefill(
+        *lm.decode_view(), cache, arr, mask, budget, key, buffer_len=new_len, capture=self.capture, shard=lm.shard
+      )
       if n > 1:
         state = decode_state.take(state, jnp.repeat(jnp.arange(b), n))
-        state = state.replace(done=jnp.repeat(jnp.asarray(budget) <= 0, n),
-                              budget=jnp.repeat(jnp.asarray(budget), n))
+        state = state.replace(done=jnp.repeat(jnp.asarray(budget) <= 0, n), budget=jnp.repeat(jnp.asarray(budget), n))
     if prompt_seeds is not None:  # batch padding prompts take seed 0: any fixed key will do, they start finished
       seeds = np.zeros(b, np.uint32)
       seeds[:n_prompts] = prompt_seeds
@@ -156,9 +176,20 @@ class Sampler:
     """Decodes every live row until it is done, or for at most `max_steps` tokens (default: the buffer)."""
     steps = state.buffer_len if max_steps is None else _positive_int("max_steps", max_steps)
     p = self.params
-    return decoding.decode(*self.lm.decode_view(), state, self.stop, self._eos,
-                           jnp.float32(p.temperature), jnp.float32(p.top_p), jnp.int32(steps), greedy=p.greedy,
-                           top_k=p.top_k, filtered=p.filtered, capture=self.capture, shard=self.lm.shard)
+    return decoding.decode(
+      *self.lm.decode_view(),
+      state,
+      self.stop,
+      self._eos,
+      jnp.float32(p.temperature),
+      jnp.float32(p.top_p),
+      jnp.int32(steps),
+      greedy=p.greedy,
+      top_k=p.top_k,
+      filtered=p.filtered,
+      capture=self.capture,
+      shard=self.lm.shard,
+    )
 
   def force(self, state: DecodeState, forced, rows=None) -> DecodeState:
     """Appends forced text to rows: `forced` is one text or id list for every chosen row (rows [B] bool, default
@@ -187,9 +218,10 @@ class Sampler:
     mask = np.zeros((b, k), np.int32)
     for r, s in enumerate(seqs):
       if s:
-        arr[r, k - len(s):], mask[r, k - len(s):] = s, 1
-    return decoding.force(*self.lm.decode_view(), state, self.stop, arr, mask, capture=self.capture,
-                          shard=self.lm.shard)
+        arr[r, k - len(s) :], mask[r, k - len(s) :] = s, 1
+    return decoding.force(
+      *self.lm.decode_view(), state, self.stop, arr, mask, capture=self.capture, shard=self.lm.shard
+    )
 
   def take(self, state: DecodeState, rows) -> DecodeState:
     rows = np.asarray(rows, np.int32)
@@ -212,21 +244,36 @@ class Sampler:
   def read(self, state: DecodeState, rows: Sequence[int] | None = None) -> list[Row]:
     """Rows back on the host (one transfer of the buffers; rows that live on other processes' devices are
     all-gathered, so on a multi-process job every process calls this together)."""
-    host = to_host({"tokens": state.tokens, "logprobs": state.logprobs, "features": state.features,
-                    "lengths": state.lengths, "done": state.done, "finish": state.finish,
-                    "step_start": state.step_start, "step_end": state.step_end})
+    host = to_host(
+      {
+        "tokens": state.tokens,
+        "logprobs": state.logprobs,
+        "features": state.features,
+        "lengths": state.lengths,
+        "done": state.done,
+        "finish": state.finish,
+        "step_start": state.step_start,
+        "step_end": state.step_end,
+      }
+    )
     out = []
     for r in range(state.batch) if rows is None else rows:
       n = int(host["lengths"][r])
-      out.append(Row(tokens=host["tokens"][r, :n].tolist(), logprobs=host["logprobs"][r, :n],
-                     features=jax.tree.map(lambda v: v[r, :n], host["features"]),
-                     finish_reason=decode_state.FINISH_NAMES[int(host["finish"][r])] if host["done"][r] else None,
-                     step_start=int(host["step_start"][r]), step_end=int(host["step_end"][r])))
+      out.append(
+        Row(
+          tokens=host["tokens"][r, :n].tolist(),
+          logprobs=host["logprobs"][r, :n],
+          features=jax.tree.map(lambda v: v[r, :n], host["features"]),
+          finish_reason=decode_state.FINISH_NAMES[int(host["finish"][r])] if host["done"][r] else None,
+          step_start=int(host["step_start"][r]),
+          step_end=int(host["step_end"][r]),
+        )
+      )
     return out
 
 
 def _seed(name: str, value) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2 ** 32:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**32:
     raise ConfigError(f"{name} must be an integer in [0, 2**32), got {value!r}")
   return int(value)
 

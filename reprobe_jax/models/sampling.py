@@ -81,8 +81,18 @@ def sample_token(logits, rng, temperature, top_p, *, greedy: bool, top_k: int, f
   return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
-def _extend_impl(graphdef, params, cache: KVCache, input_ids, attention_mask, *, capture: CaptureSpec = CaptureSpec(),
-                 shard: ShardingCtx | None = None, lockstep: bool = False, last_only: bool = False):
+def _extend_impl(
+  graphdef,
+  params,
+  cache: KVCache,
+  input_ids,
+  attention_mask,
+  *,
+  capture: CaptureSpec = CaptureSpec(),
+  shard: ShardingCtx | None = None,
+  lockstep: bool = False,
+  last_only: bool = False,
+):
   """Appends [B, T] tokens (left-padded: mask 0 = padding) to each row of `cache` (donated).
 
   Each row writes its real tokens at its own next slots (`cache.index [B]`), so rows append different counts and
@@ -102,13 +112,30 @@ def _extend_impl(graphdef, params, cache: KVCache, input_ids, attention_mask, *,
     slots = jnp.where(mask, cache.index[:, None] + rank, cache.size)  # [B, T]; padding -> out of range (dropped)
     valid = jax.vmap(lambda v, sl: v.at[sl].set(True, mode="drop"))(cache.valid, slots)
     start, new_index = 0, cache.index + jnp.sum(mask, axis=1, dtype=jnp.int32)
-  logits, kv, captured = run_decoder(graphdef, params, input_ids, positions, valid, kv_caches=cache.layers(),
-                                     write_index=start, write_slots=slots, capture=capture, shard=shard,
-                                     prefix=cache.prefix_view(), last_only=last_only)
-  new_cache = cache.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv), valid=valid,
-                            positions=cache.positions + jnp.sum(mask, axis=1, dtype=jnp.int32), index=new_index)
+  logits, kv, captured = run_decoder(
+    graphdef,
+    params,
+    input_ids,
+    positions,
+    valid,
+    kv_caches=cache.layers(),
+    write_index=start,
+    write_slots=slots,
+    capture=capture,
+    shard=shard,
+    prefix=cache.prefix_view(),
+    last_only=last_only,
+  )
+  new_cache = cache.replace(
+    k=tuple(k for k, _ in kv),
+    v=tuple(v for _, v in kv),
+    valid=valid,
+    positions=cache.positions + jnp.sum(mask, axis=1, dtype=jnp.int32),
+    index=new_index,
+  )
   return logits, captured, new_cache
 
 
 extend, extend_in_jit = decode_jit(
-    static_argnames=("graphdef", "capture", "shard", "lockstep", "last_only"), donate_argnames=("cache",))(_extend_impl)
+  static_argnames=("graphdef", "capture", "shard", "lockstep", "last_only"), donate_argnames=("cache",)
+)(_extend_impl)

@@ -31,17 +31,17 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None = replicated).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("seq", None),
-    ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),
-    ("norm", None),
-    ("layers", None),
-    ("cache_seq", None),
+  ("batch", ("data", "fsdp")),
+  ("seq", None),
+  ("embed", "fsdp"),
+  ("vocab", "tensor"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("head_dim", None),
+  ("mlp", "tensor"),
+  ("norm", None),
+  ("layers", None),
+  ("cache_seq", None),
 )
 
 
@@ -105,8 +105,12 @@ def constrain(x, names: Sequence[str | None], ctx: ShardingCtx | None):
 # ------------------------------------------------------------------------------------------------ multi-process
 
 # The settings of a multi-process job and the environment variables they are read from when not given.
-ENV_VARS = (("coordinator_address", "JAX_COORDINATOR_ADDRESS"), ("num_processes", "JAX_NUM_PROCESSES"),
-            ("process_id", "JAX_PROCESS_ID"), ("local_device_ids", "JAX_LOCAL_DEVICE_IDS"))
+ENV_VARS = (
+  ("coordinator_address", "JAX_COORDINATOR_ADDRESS"),
+  ("num_processes", "JAX_NUM_PROCESSES"),
+  ("process_id", "JAX_PROCESS_ID"),
+  ("local_device_ids", "JAX_LOCAL_DEVICE_IDS"),
+)
 _CORE = ("coordinator_address", "num_processes", "process_id")
 _GRACE_S = 5  # how much longer than process 0 the others wait for its verdict
 
@@ -134,8 +138,9 @@ class DistributedConfig:
         object.__setattr__(self, name, _parse(name, getattr(self, name), f"{self.where}{name}"))
 
 
-def maybe_initialize_distributed(cfg: DistributedConfig | None = None, *,
-                                 environ: Mapping[str, str] | None = None) -> bool:
+def maybe_initialize_distributed(
+  cfg: DistributedConfig | None = None, *, environ: Mapping[str, str] | None = None
+) -> bool:
   """Joins this process to a multi-process job (`jax.distributed.initialize`), once, and only when there is one:
   settings in `cfg` or the environment (ENV_VARS: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID,
   JAX_LOCAL_DEVICE_IDS), or a cluster that jax detects by itself (a Cloud TPU pod slice, a SLURM job of several
@@ -163,8 +168,9 @@ def maybe_initialize_distributed(cfg: DistributedConfig | None = None, *,
   missing = [name for name in _CORE if name not in given]
   if missing and cluster is None:
     wanted = ", ".join(f"{cfg.where}{name} (or {dict(ENV_VARS)[name]})" for name in missing)
-    raise DistributedError(f"a multi-process job needs its coordinator address, process count and process id; "
-                           f"{shown} given, {wanted} not")
+    raise DistributedError(
+      f"a multi-process job needs its coordinator address, process count and process id; {shown} given, {wanted} not"
+    )
   n, n_label = given.get("num_processes", (None, ""))
   pid, pid_label = given.get("process_id", (None, ""))
   if n is not None and pid is not None and pid >= n:
@@ -173,8 +179,10 @@ def maybe_initialize_distributed(cfg: DistributedConfig | None = None, *,
     logging.info("jax.distributed: one process (%s), nothing to join", n_label)
     return False
   if _backends_started():
-    raise DistributedError("jax.distributed must start before anything runs on a device, and something already "
-                           "did: call maybe_initialize_distributed() first")
+    raise DistributedError(
+      "jax.distributed must start before anything runs on a device, and something already "
+      "did: call maybe_initialize_distributed() first"
+    )
   if not missing:
     _rendezvous(given["coordinator_address"][0], n, pid, cfg.timeout_s)
   return _initialize(given, cfg.timeout_s, shown if cluster is None else f"{cluster}, {shown}")
@@ -198,8 +206,7 @@ def _parse(name: str, value, label: str):
   if name == "coordinator_address":
     host, _, port = str(value).rpartition(":")
     if not isinstance(value, str) or not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise DistributedError(f"{label}={value!r}: expected 'host:port' (the address of process 0, a port in "
-                             "1..65535)")
+      raise DistributedError(f"{label}={value!r}: expected 'host:port' (the address of process 0, a port in 1..65535)")
     return value
   if name == "local_device_ids":
     items = value.split(",") if isinstance(value, str) else value
@@ -235,6 +242,7 @@ def _detected_cluster(environ: Mapping[str, str]) -> str | None:
 def _backends_started() -> bool:
   # A private module, so imported only here, where a multi-process start asks (as jax.distributed.initialize does).
   from jax._src import xla_bridge
+
   return bool(getattr(xla_bridge, "backends_are_initialized", lambda: False)())
 
 
@@ -268,9 +276,11 @@ def _rendezvous(address: str, num_processes: int, process_id: int, timeout_s: in
       break
     except OSError as e:
       if time.monotonic() >= deadline:
-        raise DistributedError(f"process {process_id} of {num_processes}: no coordinator at {address} within "
-                               f"{timeout_s} s ({e.strerror or e}); is process 0 running, with that address and "
-                               "port, and can this host reach it?") from None
+        raise DistributedError(
+          f"process {process_id} of {num_processes}: no coordinator at {address} within "
+          f"{timeout_s} s ({e.strerror or e}); is process 0 running, with that address and "
+          "port, and can this host reach it?"
+        ) from None
       time.sleep(0.1)
   with conn:
     conn.settimeout(timeout_s + _GRACE_S)
@@ -280,11 +290,14 @@ def _rendezvous(address: str, num_processes: int, process_id: int, timeout_s: in
     except OSError:
       answer = None
   if not isinstance(answer, dict) or ("error" not in answer and answer.get("ok") is not True):
-    raise DistributedError(f"process {process_id} of {num_processes}: the coordinator at {address} did not answer "
-                           f"within {timeout_s + _GRACE_S} s (is it another service's port?)")
+    raise DistributedError(
+      f"process {process_id} of {num_processes}: the coordinator at {address} did not answer "
+      f"within {timeout_s + _GRACE_S} s (is it another service's port?)"
+    )
   if "error" in answer:
-    raise DistributedError(f"process {process_id} of {num_processes}: the coordinator at {address} refused the job: "
-                           f"{answer['error']}")
+    raise DistributedError(
+      f"process {process_id} of {num_processes}: the coordinator at {address} refused the job: {answer['error']}"
+    )
 
 
 def _coordinate(port: int, n: int, timeout_s: int, address: str) -> None:
@@ -293,8 +306,10 @@ def _coordinate(port: int, n: int, timeout_s: int, address: str) -> None:
   try:
     server = socket.create_server(("", port), family=family, dualstack_ipv6=family == socket.AF_INET6)
   except OSError as e:
-    raise DistributedError(f"process 0: cannot listen on port {port} of {address} ({e.strerror or e}); is "
-                           "another job using it, or another process started with process_id=0?") from None
+    raise DistributedError(
+      f"process 0: cannot listen on port {port} of {address} ({e.strerror or e}); is "
+      "another job using it, or another process started with process_id=0?"
+    ) from None
   deadline = time.monotonic() + timeout_s
   peers: dict[int, socket.socket] = {}
   extra: list[socket.socket] = []  # connections that claimed a taken id or another count: they hear the error
@@ -304,9 +319,11 @@ def _coordinate(port: int, n: int, timeout_s: int, address: str) -> None:
       left = deadline - time.monotonic()
       if left <= 0:
         absent = sorted(set(range(1, n)) - set(peers))
-        error = (f"{len(peers) + 1} of num_processes={n} processes reached the coordinator {address} within "
-                 f"{timeout_s} s; process id(s) {absent} did not (fewer processes started than num_processes, or "
-                 "they cannot reach this address)")
+        error = (
+          f"{len(peers) + 1} of num_processes={n} processes reached the coordinator {address} within "
+          f"{timeout_s} s; process id(s) {absent} did not (fewer processes started than num_processes, or "
+          "they cannot reach this address)"
+        )
         break
       server.settimeout(left)
       try:
@@ -320,8 +337,10 @@ def _coordinate(port: int, n: int, timeout_s: int, address: str) -> None:
         continue
       their_n, their_id = claim.get("num_processes"), claim.get("process_id")
       if their_n != n:
-        error = (f"process {their_id} was started with num_processes={their_n}, process 0 with {n}; every process "
-                 "needs the same count")
+        error = (
+          f"process {their_id} was started with num_processes={their_n}, process 0 with {n}; every process "
+          "needs the same count"
+        )
       elif their_id in peers or their_id == 0 or not isinstance(their_id, int) or not 0 < their_id < n:
         error = f"two processes were started with process_id={their_id}; each needs its own id in [0, {n})"
       if error is None:

@@ -28,7 +28,6 @@ from reprobe_jax.models.sharding import ShardingCtx, constrain
 
 
 class MLP(nnx.Module):
-
   def __init__(self, cfg: ModelConfig, *, dtype, rngs: nnx.Rngs):
     d, f = cfg.hidden_size, cfg.intermediate_size
     self.gate_proj = Linear(d, f, ("embed", "mlp"), bias=False, dtype=dtype, rngs=rngs)
@@ -44,7 +43,6 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-
   """Pre-norm block. With `sandwich_norms` (Gemma 3), `post_attention_layernorm` normalises the attention output
   (not the MLP input, as in Llama), and pre-/post-feedforward norms wrap the MLP."""
 
@@ -80,13 +78,25 @@ class Decoder(nnx.Module):
     self.embed_tokens = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
     self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, rngs=rngs) for i in range(cfg.num_layers)])
     self.norm = norm_for(cfg)(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
-    self.lm_head = (None if cfg.tie_word_embeddings else
-                    param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
+    self.lm_head = (
+      None if cfg.tie_word_embeddings else param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype)
+    )
     self.packed_head = None  # the vocabulary projection [D, V] packed, in the decode view on CPU
 
-  def __call__(self, input_ids, positions, key_valid, *, kv_caches=None, write_index=0, write_slots=None,
-               capture: CaptureSpec = CaptureSpec(), shard: ShardingCtx | None = None, prefix=None,
-               last_only: bool = False):
+  def __call__(
+    self,
+    input_ids,
+    positions,
+    key_valid,
+    *,
+    kv_caches=None,
+    write_index=0,
+    write_slots=None,
+    capture: CaptureSpec = CaptureSpec(),
+    shard: ShardingCtx | None = None,
+    prefix=None,
+    last_only: bool = False,
+  ):
     """input_ids, positions [B, T] int; key_valid [B, S] bool (S = T without a cache, else the cache size);
     kv_caches: per-layer (k, v) [B, KV, S, Dh] or None. Queries sit at slots write_index + arange(T), or at
     write_slots [B, T] (per row; a slot >= S marks a padding query, written nowhere).
@@ -103,8 +113,9 @@ class Decoder(nnx.Module):
       q_slots = jnp.broadcast_to(write_index + jnp.arange(input_ids.shape[1]), input_ids.shape)  # [B, T]
     else:
       q_slots = write_slots
-    env = AttentionEnv.build(key_valid, q_slots, prefix, write_index=write_index, write_slots=write_slots,
-                             capture=capture)
+    env = AttentionEnv.build(
+      key_valid, q_slots, prefix, write_index=write_index, write_slots=write_slots, capture=capture
+    )
     ropes = {}  # one cos/sin pair per distinct RoPE (Gemma 3: global and local layers differ)
     new_caches = []
     for i, layer in enumerate(self.layers):
@@ -171,6 +182,7 @@ def with_packed_weights(model: Decoder) -> Decoder:
   weight (`Attention.packed_qkv`), gate and up likewise (`MLP.packed_gate_up`), o, down and the head each on its
   own. The parameters themselves are untouched: split the result for a decode view beside the model's own
   (graphdef, params)."""
+
   def packed(*linears):
     return nnx.data(PackedWeight(kernels.pack(jnp.concatenate([lin.kernel[...] for lin in linears], axis=1))))
 

@@ -2,8 +2,8 @@
 SPAE's probes): one place, so every jitted program that decodes compiles the same way.
 
 XLA:CPU (jaxlib 0.10) hands dots, elementwise ops and reductions to YNNPACK fusions by default. Inside a decode step
-at batch 8-32 the small non-dot ones are slow: the profile (docs/kernels.md) of SmolLM2-135M's batch-32 decode loop (per-thunk
-trace, Intel Xeon, 2 cores) spent 32 ms per step in the RMSNorms' [32, 576] mean-of-squares reductions alone
+at batch 8-32 the small non-dot ones are slow: the profile (docs/kernels.md) of SmolLM2-135M's batch-32 decode loop
+(per-thunk trace, Intel Xeon, 2 cores) spent 32 ms per step in the RMSNorms' [32, 576] mean-of-squares reductions alone
 (61 YNNPACK calls of about 0.5 ms) and about 30 ms in the softmax reductions over a 96-slot cache. Keeping YNNPACK
 for the dots only (`LIBRARY_FUSION_TYPE_DOT`) lets XLA's own emitter fuse the rest. Greedy tokens are unchanged
 (tests/test_xla_options.py); the gain is measured in the README's Performance section.
@@ -58,7 +58,8 @@ def decode_jit(**jit_kwargs):
 
       _extend = ...; extend, extend_in_jit = decode_jit(static_argnames=(...))(_extend)
   """
+
   def wrap(fun):
-    return (jax.jit(fun, compiler_options=DECODE_COMPILER_OPTIONS or None, **jit_kwargs),
-            jax.jit(fun, **jit_kwargs))
+    return (jax.jit(fun, compiler_options=DECODE_COMPILER_OPTIONS or None, **jit_kwargs), jax.jit(fun, **jit_kwargs))
+
   return wrap

@@ -1,5 +1,5 @@
-"""Probe and PRM together (docs/method.md §A7): fusion, a logistic regression on the two step scores fitted on the validation
-split, and cascade, the probe first and the PRM only on the steps where the probe is least certain.
+"""Probe and PRM together (docs/method.md §A7): fusion, a logistic regression on the two step scores fitted on the
+validation split, and cascade, the probe first and the PRM only on the steps where the probe is least certain.
 
 Scorer-agnostic and pure numpy on the host: every function takes per-step score arrays [N] with "higher = more
 likely incorrect" in [0, 1] (the probe's P(incorrect), the PRM's 1 - reward). `cascade_scores` is the step-level
@@ -62,6 +62,7 @@ class Fusion:
   instead of being squashed against the edge. The clip at `eps` (1e-6; a PRM softmax in float32 reaches exactly 0
   or 1) bounds each logit to +-13.8, so a saturated score cannot dominate without limit.
   """
+
   model: Logistic  # over the two features (probe logit, PRM logit)
   eps: float = EPS
 
@@ -73,8 +74,14 @@ class Fusion:
   def to_json(self) -> dict:
     """The JSON record of this fusion (a bias of +-inf, from one-class labels, is written as JSON's Infinity)."""
     m = self.model
-    return {"inputs": "logit", "eps": self.eps, "mean": list(m.mean), "scale": list(m.scale),
-            "weights": list(m.weights), "bias": m.bias}
+    return {
+      "inputs": "logit",
+      "eps": self.eps,
+      "mean": list(m.mean),
+      "scale": list(m.scale),
+      "weights": list(m.weights),
+      "bias": m.bias,
+    }
 
   @classmethod
   def from_json(cls, record: Any, where: str = "<fusion>") -> Fusion:
@@ -96,8 +103,12 @@ class Fusion:
       return tuple(number(v, field, ok, f"a list of 2 {what} numbers") for v in value)
 
     eps = number(record.get("eps"), "eps", lambda v: 0 < v < 0.5, "a number in (0, 0.5)")
-    model = Logistic(pair("mean"), pair("scale", lambda v: math.isfinite(v) and v > 0, "positive finite"),
-                     pair("weights"), number(record.get("bias"), "bias"))
+    model = Logistic(
+      pair("mean"),
+      pair("scale", lambda v: math.isfinite(v) and v > 0, "positive finite"),
+      pair("weights"),
+      number(record.get("bias"), "bias"),
+    )
     return cls(model, eps)
 
 
@@ -113,9 +124,14 @@ def fit_fusion(probe_scores, prm_scores, labels, l2: float = 1.0) -> Fusion:
   return Fusion(fit_logistic(np.c_[_logit(probe, EPS), _logit(prm, EPS)], y, l2=float(l2)))
 
 
-def cascade_scores(probe, prm, fraction: float, *, threshold: float = 0.5,
-                   combine: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def cascade_scores(
+  probe,
+  prm,
+  fraction: float,
+  *,
+  threshold: float = 0.5,
+  combine: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
   """(scores [N], asked [N] bool) of the cascade: the PRM is asked about the k = round(fraction * N) steps (halves
   round up) whose probe score is closest to `threshold`, ties by index; they take the PRM's score (or
   `combine(probe, prm)` on them, e.g. a Fusion), every other step keeps the probe's. fraction 0 is the probe,
@@ -137,6 +153,7 @@ def cascade_scores(probe, prm, fraction: float, *, threshold: float = 0.5,
 class CascadeCurve:
   """The cascade as its fraction goes from 0 to 1: per fraction, PRM calls per step (the share of steps asked),
   step-level PR-AUC and step accuracy (a step is called incorrect when its score > threshold); NaN labels skipped."""
+
   fractions: tuple[float, ...]
   prm_calls: tuple[float, ...]
   pr_auc: tuple[float, ...]
@@ -148,8 +165,15 @@ class CascadeCurve:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
-def cascade_curve(probe, prm, labels, fractions: Sequence[float] = FRACTIONS, *, threshold: float = 0.5,
-                  combine: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> CascadeCurve:
+def cascade_curve(
+  probe,
+  prm,
+  labels,
+  fractions: Sequence[float] = FRACTIONS,
+  *,
+  threshold: float = 0.5,
+  combine: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+) -> CascadeCurve:
   """The CascadeCurve of step scores probe [N], prm [N] against labels [N] (1 = incorrect, NaN = unknown)."""
   y = np.asarray(labels, np.float64)
   if y.shape != np.shape(probe):

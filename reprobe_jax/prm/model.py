@@ -86,15 +86,22 @@ def _backbone_config(cfg: ModelConfig) -> ModelConfig:
 def random_head(hidden: int, seed: int = 0) -> PRMHead:
   """A fresh head: normal kernels of scale H^-1/2, zero biases (what training starts from)."""
   k1, k2 = jax.random.split(jax.random.key(seed))
-  scale = hidden ** -0.5
-  return PRMHead(w1=jax.random.normal(k1, (hidden, hidden), jnp.float32) * scale, b1=jnp.zeros((hidden,), jnp.float32),
-                 w2=jax.random.normal(k2, (hidden, 2), jnp.float32) * scale, b2=jnp.zeros((2,), jnp.float32))
+  scale = hidden**-0.5
+  return PRMHead(
+    w1=jax.random.normal(k1, (hidden, hidden), jnp.float32) * scale,
+    b1=jnp.zeros((hidden,), jnp.float32),
+    w2=jax.random.normal(k2, (hidden, 2), jnp.float32) * scale,
+    b2=jnp.zeros((2,), jnp.float32),
+  )
 
 
 def check_separator(separator_id, vocab_size: int, where: str = "PRM") -> int:
   """The separator id as an int in [0, vocab_size); ConfigError otherwise."""
-  if isinstance(separator_id, bool) or not isinstance(separator_id, (int, np.integer)) or not (
-      0 <= separator_id < vocab_size):
+  if (
+    isinstance(separator_id, bool)
+    or not isinstance(separator_id, (int, np.integer))
+    or not (0 <= separator_id < vocab_size)
+  ):
     raise ConfigError(f"{where}: separator_id must be a token id in [0, {vocab_size}), got {separator_id!r}")
   return int(separator_id)
 
@@ -106,8 +113,10 @@ def separator_token_id(tokenizer, separator: str, where: str = "PRM") -> int:
     raise ConfigError(f"{where}: separator must be a non-empty token string, got {separator!r}")
   vocab = tokenizer.get_vocab()
   if separator not in vocab:
-    raise ConfigError(f"{where}: the separator token {separator!r} is not in the tokenizer's vocabulary "
-                      f"({len(vocab)} tokens); name a token it has")
+    raise ConfigError(
+      f"{where}: the separator token {separator!r} is not in the tokenizer's vocabulary "
+      f"({len(vocab)} tokens); name a token it has"
+    )
   return int(vocab[separator])
 
 
@@ -118,12 +127,24 @@ def from_target(lm: LanguageModel, *, separator_id: int, seed: int = 0) -> PRM:
   tensors.pop("lm_head.weight", None)
   items = [(k, (lambda v=v: v), v.shape) for k, v in tensors.items()]
   graphdef, params = load_tensors(cfg, items, dtype=lm.dtype, shard=lm.shard, source="target")
-  return PRM(params=params, head=random_head(cfg.hidden_size, seed), config=cfg, graph=StaticGraph(graphdef),
-             separator_id=check_separator(separator_id, cfg.vocab_size))
+  return PRM(
+    params=params,
+    head=random_head(cfg.hidden_size, seed),
+    config=cfg,
+    graph=StaticGraph(graphdef),
+    separator_id=check_separator(separator_id, cfg.vocab_size),
+  )
 
 
-def load_prm(path: str, *, separator: str = QWEN_SEPARATOR, separator_id: int | None = None, dtype="float32",
-             mesh=None, rules=DEFAULT_RULES) -> PRM:
+def load_prm(
+  path: str,
+  *,
+  separator: str = QWEN_SEPARATOR,
+  separator_id: int | None = None,
+  dtype="float32",
+  mesh=None,
+  rules=DEFAULT_RULES,
+) -> PRM:
   """A PRM from a Hugging Face-layout folder (or hub id): config.json, safetensors with `model.*` and the head
   `score.0.*`, `score.2.*`. The backbone streams onto `mesh` like the decoder does. The separator is `separator_id`
   if given, else the folder's `prm_separator` (written by `save_prm`) or `separator`, looked up in its tokenizer.
@@ -141,8 +162,9 @@ def load_prm(path: str, *, separator: str = QWEN_SEPARATOR, separator_id: int | 
     for name, get, shape in iter_hf_tensors(path):
       if name.startswith("score."):
         if name not in HEAD_TENSORS:
-          raise CheckpointError(f"{path}: unexpected head tensor {name!r} {list(shape)}; a PRM head is "
-                                f"{', '.join(HEAD_TENSORS)}")
+          raise CheckpointError(
+            f"{path}: unexpected head tensor {name!r} {list(shape)}; a PRM head is {', '.join(HEAD_TENSORS)}"
+          )
         head_arrays[name] = np.asarray(get(), np.float32)
       elif name != "lm_head.weight":  # a PRM reads no vocabulary logits
         yield name, get, shape
@@ -151,49 +173,78 @@ def load_prm(path: str, *, separator: str = QWEN_SEPARATOR, separator_id: int | 
   graphdef, params = load_tensors(cfg, backbone(), dtype=resolve_dtype(dtype), shard=shard, source=path)
   missing = [n for n in HEAD_TENSORS if n not in head_arrays]
   if missing:
-    raise CheckpointError(f"{path}: no PRM head: missing {missing} (Linear(H, H), ReLU, Linear(H, 2) named "
-                          "score.0.*, score.2.*); a causal LM checkpoint is not a PRM")
+    raise CheckpointError(
+      f"{path}: no PRM head: missing {missing} (Linear(H, H), ReLU, Linear(H, 2) named "
+      "score.0.*, score.2.*); a causal LM checkpoint is not a PRM"
+    )
   h = cfg.hidden_size
   want = {"score.0.weight": (h, h), "score.0.bias": (h,), "score.2.weight": (2, h), "score.2.bias": (2,)}
   for name, shape in want.items():
     if head_arrays[name].shape != shape:
-      raise CheckpointError(f"{path}: head tensor {name!r} has shape {list(head_arrays[name].shape)}; a PRM with "
-                            f"hidden size {h} and 2 labels needs {list(shape)}")
-  head = PRMHead(w1=jnp.asarray(head_arrays["score.0.weight"].T), b1=jnp.asarray(head_arrays["score.0.bias"]),
-                 w2=jnp.asarray(head_arrays["score.2.weight"].T), b2=jnp.asarray(head_arrays["score.2.bias"]))
+      raise CheckpointError(
+        f"{path}: head tensor {name!r} has shape {list(head_arrays[name].shape)}; a PRM with "
+        f"hidden size {h} and 2 labels needs {list(shape)}"
+      )
+  head = PRMHead(
+    w1=jnp.asarray(head_arrays["score.0.weight"].T),
+    b1=jnp.asarray(head_arrays["score.0.bias"]),
+    w2=jnp.asarray(head_arrays["score.2.weight"].T),
+    b2=jnp.asarray(head_arrays["score.2.bias"]),
+  )
   if separator_id is None:
     name = raw.get("prm_separator", separator)
     try:
       tok = load_tokenizer(path)
     except Exception as e:  # tokenizer files that do not load
-      raise ConfigError(f"{path}: the separator {name!r} needs the PRM's tokenizer, which does not load ({e}); "
-                        "pass separator_id") from None
+      raise ConfigError(
+        f"{path}: the separator {name!r} needs the PRM's tokenizer, which does not load ({e}); pass separator_id"
+      ) from None
     if tok is None:
-      raise ConfigError(f"{path}: the separator {name!r} needs the PRM's tokenizer, and the folder has none; pass "
-                        "separator_id")
+      raise ConfigError(
+        f"{path}: the separator {name!r} needs the PRM's tokenizer, and the folder has none; pass separator_id"
+      )
     separator_id = separator_token_id(tok, name, path)
-  return PRM(params=params, head=head, config=cfg, graph=StaticGraph(graphdef),
-             separator_id=check_separator(separator_id, cfg.vocab_size, path))
+  return PRM(
+    params=params,
+    head=head,
+    config=cfg,
+    graph=StaticGraph(graphdef),
+    separator_id=check_separator(separator_id, cfg.vocab_size, path),
+  )
 
 
-def save_prm(prm: PRM, directory: str, *, tokenizer=None, separator: str | None = None, extra: dict | None = None
-             ) -> None:
+def save_prm(
+  prm: PRM, directory: str, *, tokenizer=None, separator: str | None = None, extra: dict | None = None
+) -> None:
   """Writes the upstream layout (config.json with `architectures` [<Family>ForProcessRewardModel], model.safetensors
   with `model.*` and `score.*`; the tokenizer when given) atomically. `separator` (its token string) is recorded as
   `prm_separator` so `load_prm` finds the same id; `extra` keys go into config.json (e.g. what it was trained on)."""
   cfg = prm.config.to_hf_dict()
   cfg["architectures"] = [cfg["architectures"][0].replace("ForCausalLM", "ForProcessRewardModel")]
-  cfg.update(num_labels=2, prm_separator_id=prm.separator_id, **({"prm_separator": separator} if separator else {}),
-             **(extra or {}))
+  cfg.update(
+    num_labels=2,
+    prm_separator_id=prm.separator_id,
+    **({"prm_separator": separator} if separator else {}),
+    **(extra or {}),
+  )
   tensors = export_tensors(prm.config, prm.params)
   head = jax.device_get(prm.head)
-  tensors.update({"score.0.weight": np.asarray(head.w1).T, "score.0.bias": np.asarray(head.b1),
-                  "score.2.weight": np.asarray(head.w2).T, "score.2.bias": np.asarray(head.b2)})
+  tensors.update(
+    {
+      "score.0.weight": np.asarray(head.w1).T,
+      "score.0.bias": np.asarray(head.b1),
+      "score.2.weight": np.asarray(head.w2).T,
+      "score.2.bias": np.asarray(head.b2),
+    }
+  )
   with atomic_folder(directory) as tmp:
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(cfg, f, indent=2)
-    write_safetensors(os.path.join(tmp, "model.safetensors"),
-                      {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}, {"format": "pt"})
+    write_safetensors(
+      os.path.join(tmp, "model.safetensors"),
+      {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
+      {"format": "pt"},
+    )
     if tokenizer is not None:
       tokenizer.save_pretrained(tmp)
 
@@ -215,14 +266,16 @@ def join_steps(prompt_ids, prompt_mask, tokens, spans, separator_id: int):
   t, s = tokens.shape[1], spans.shape[1]
   ok = valid_spans(spans, t)  # [B, S]
   pos = jnp.arange(t)
-  in_step = jnp.any((pos[None, None, :] >= spans[..., 0:1]) & (pos[None, None, :] < spans[..., 1:2]) & ok[..., None],
-                    axis=1)  # [B, T]
+  in_step = jnp.any(
+    (pos[None, None, :] >= spans[..., 0:1]) & (pos[None, None, :] < spans[..., 1:2]) & ok[..., None], axis=1
+  )  # [B, T]
   kept_before = jnp.cumsum(in_step, axis=1) - in_step  # [B, T] kept tokens before token j
   ends = jnp.where(ok, spans[..., 1], t + 1)  # [B, S]
   seps_before = jnp.sum(ends[:, None, :] <= pos[None, :, None], axis=-1)  # [B, T] separators placed before token j
   at = jnp.where(in_step, tp + kept_before + seps_before, tp + t + s)  # [B, T]; out of range -> dropped
-  kept_to_end = jnp.take_along_axis(jnp.concatenate([kept_before, jnp.sum(in_step, 1, keepdims=True)], 1),
-                                    jnp.clip(spans[..., 1], 0, t), axis=1)  # [B, S] kept tokens before each end
+  kept_to_end = jnp.take_along_axis(
+    jnp.concatenate([kept_before, jnp.sum(in_step, 1, keepdims=True)], 1), jnp.clip(spans[..., 1], 0, t), axis=1
+  )  # [B, S] kept tokens before each end
   rank = jnp.cumsum(ok, axis=1) - ok  # [B, S] valid steps before step k
   sep_at = jnp.where(ok, tp + kept_to_end + rank, 0)
   length = tp + t + s
@@ -238,8 +291,9 @@ def join_steps(prompt_ids, prompt_mask, tokens, spans, separator_id: int):
 def hidden_states(prm: PRM, ids, mask):
   """[B, L, H] the backbone's last hidden state (after the final norm) of ids [B, L] with mask [B, L]."""
   key_valid = mask.astype(bool)
-  _, _, captured = run_decoder(prm.graph, prm.params, ids, positions_from_mask(mask), key_valid, capture=_CAPTURE,
-                               shard=None)
+  _, _, captured = run_decoder(
+    prm.graph, prm.params, ids, positions_from_mask(mask), key_valid, capture=_CAPTURE, shard=None
+  )
   return next(iter(captured["hidden_states"].values()))
 
 
@@ -266,8 +320,9 @@ def prefill(prm: PRM, prompt_ids, prompt_mask, room: int) -> KVCache:
   their separators. Pure (callable inside jit); `room` is static."""
   b, tp = prompt_ids.shape
   cache = KVCache.zeros(prm.config, b, tp + room, jax.tree.leaves(prm.params)[0].dtype)
-  _, _, cache = extend_in_jit(prm.graph, prm.params, cache, prompt_ids.astype(jnp.int32), prompt_mask.astype(jnp.int32),
-                       capture=CaptureSpec())
+  _, _, cache = extend_in_jit(
+    prm.graph, prm.params, cache, prompt_ids.astype(jnp.int32), prompt_mask.astype(jnp.int32), capture=CaptureSpec()
+  )
   return cache
 
 

@@ -44,7 +44,7 @@ def read_step_scores(path: str) -> dict[str, SplitScores]:
       if f"{split}/{key}" not in arrays:
         raise DataFormatError(f"{path}: no {split}/{key}")
     prefix = f"{split}/score/"
-    scores = {k[len(prefix):]: np.asarray(v, np.float64) for k, v in arrays.items() if k.startswith(prefix)}
+    scores = {k[len(prefix) :]: np.asarray(v, np.float64) for k, v in arrays.items() if k.startswith(prefix)}
     n = len(arrays[f"{split}/labels"])
     bad = [k for k, v in scores.items() if len(v) != n] + ([] if len(arrays[f"{split}/domain"]) == n else ["domain"])
     if bad:
@@ -69,8 +69,11 @@ class Combined:
   cascades: dict[str, dict[str, CascadeCurve]]
 
   def to_json(self) -> dict:
-    return {"fusions": {k: f.to_json() for k, f in self.fusions.items()}, "cascade_probe": self.cascade_probe,
-            "cascades": {d: {k: c.to_json() for k, c in per.items()} for d, per in self.cascades.items()}}
+    return {
+      "fusions": {k: f.to_json() for k, f in self.fusions.items()},
+      "cascade_probe": self.cascade_probe,
+      "cascades": {d: {k: c.to_json() for k, c in per.items()} for d, per in self.cascades.items()},
+    }
 
 
 def combine(steps: Mapping[str, SplitScores], domains: Sequence[str], prm: str = "prm") -> Combined:
@@ -78,19 +81,21 @@ def combine(steps: Mapping[str, SplitScores], domains: Sequence[str], prm: str =
   val, test = steps["val"], steps["test"]
   probes = [k for k in val.scores if k.startswith("probe[") and k in test.scores]
   if prm not in val.scores or prm not in test.scores or not probes:
-    raise DataFormatError(f"step scores need the {prm!r} scores and a probe's in both splits; found val "
-                          f"{sorted(val.scores)}, test {sorted(test.scores)}")
+    raise DataFormatError(
+      f"step scores need the {prm!r} scores and a probe's in both splits; found val "
+      f"{sorted(val.scores)}, test {sorted(test.scores)}"
+    )
   fusions, fused = {}, {}
   for name in probes:
     ok = _finite(val.scores[name], val.scores[prm])
     fusion = fit_fusion(val.scores[name][ok], val.scores[prm][ok], val.labels[ok])
-    fusions[name[len("probe["):-1]] = fusion
+    fusions[name[len("probe[") : -1]] = fusion
     okt = _finite(test.scores[name], test.scores[prm])
     s = np.full(len(test.labels), 0.5)  # a step without tokens (its label is NaN): as linear.step_scores
     s[okt] = fusion(test.scores[name][okt], test.scores[prm][okt])
-    fused[f"fusion[{name[len('probe['):-1]}]"] = {d: s[test.domain == d] for d in domains}
+    fused[f"fusion[{name[len('probe[') : -1]}]"] = {d: s[test.domain == d] for d in domains}
   best = max(probes, key=lambda k: pr_auc(val.labels, np.nan_to_num(val.scores[k], nan=0.5)))
-  fusion = fusions[best[len("probe["):-1]]
+  fusion = fusions[best[len("probe[") : -1]]
   cascades = {}
   for d in domains:
     m = (test.domain == d) & _finite(test.scores[best], test.scores[prm])
@@ -103,9 +108,13 @@ def cascade_markdown(c: Combined) -> str:
   """The cascade table: per domain and combination, test PR-AUC and step accuracy at each share of PRM calls."""
   any_curve = next(iter(next(iter(c.cascades.values())).values()))
   head = ["domain", "PRM asked"] + [f"{f:.0%}" for f in any_curve.fractions]
-  lines = [f"Cascade from {c.cascade_probe} (chosen by val PR-AUC): test PR-AUC / step accuracy as the PRM is asked "
-           "about the steps where the probe is least certain.", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  lines = [
+    f"Cascade from {c.cascade_probe} (chosen by val PR-AUC): test PR-AUC / step accuracy as the PRM is asked "
+    "about the steps where the probe is least certain.",
+    "",
+    "| " + " | ".join(head) + " |",
+    "|" + "---|" * len(head),
+  ]
   for d, per in c.cascades.items():
     for kind, curve in per.items():
       cells = [f"{a:.3f} / {b:.2f}" for a, b in zip(curve.pr_auc, curve.accuracy)]

@@ -37,8 +37,17 @@ from reprobe_jax.features import model_fingerprint
 from reprobe_jax.eval.metrics import pr_auc, roc_auc
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.prm.model import PRM, QWEN_SEPARATOR, from_target, load_prm, rewards, save_prm, separator_token_id, \
-    step_logits, valid_spans
+from reprobe_jax.prm.model import (
+  PRM,
+  QWEN_SEPARATOR,
+  from_target,
+  load_prm,
+  rewards,
+  save_prm,
+  separator_token_id,
+  step_logits,
+  valid_spans,
+)
 from reprobe_jax.probe.train import weighted_bce
 from reprobe_jax.io.readers import read_json
 from reprobe_jax.io.atomic import write_json
@@ -58,8 +67,9 @@ class PRMTrainConfig:
   optimizer: a cosine decay to 0 after a warmup of 10% of the steps."""
 
   separator: str = QWEN_SEPARATOR
-  optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-4, schedule="cosine", warmup_frac=0.1,
-                                               weight_decay=0.01, grad_clip=1.0)
+  optimizer: OptimizerConfig = OptimizerConfig(
+    learning_rate=1e-4, schedule="cosine", warmup_frac=0.1, weight_decay=0.01, grad_clip=1.0
+  )
   batch_size: int = 16
   epochs: int = 3
   patience: int = 2
@@ -69,11 +79,18 @@ class PRMTrainConfig:
 
   def __post_init__(self):
     if not isinstance(self.separator, str) or not self.separator:
-      raise ConfigError(f"{field_name(self, 'separator')}: expected a non-empty token string, got "
-                        f"{self.separator!r}")
-    check_fields(self, {"batch_size": Int(1), "epochs": Int(1), "patience": Int(1),
-                        "pos_weight": Real(0.0, low_open=True), "seed": Int(0),
-                        "train_backbone": OneOf((True, False))})
+      raise ConfigError(f"{field_name(self, 'separator')}: expected a non-empty token string, got {self.separator!r}")
+    check_fields(
+      self,
+      {
+        "batch_size": Int(1),
+        "epochs": Int(1),
+        "patience": Int(1),
+        "pos_weight": Real(0.0, low_open=True),
+        "seed": Int(0),
+        "train_backbone": OneOf((True, False)),
+      },
+    )
 
 
 # ------------------------------------------------------------------------------------------------ batches
@@ -82,25 +99,32 @@ class PRMTrainConfig:
 def _shape(trajs: Sequence[Trajectory], quantum: int = 0) -> tuple[int, int, int]:
   """(prompt, response, steps) lengths of the longest: power-of-two buckets, or with `quantum` the prompt and
   response rounded up to a multiple of it (for one shape that must fit a whole run, not few shapes)."""
+
   def up(n: int, minimum: int) -> int:
     return bucket(n, minimum) if not quantum else max(-(-n // quantum) * quantum, quantum)
+
   longest = [max([len(getattr(r, k)) for r in trajs] + [1]) for k in ("prompt_ids", "response_ids", "steps")]
   return up(longest[0], 16), up(longest[1], 16), bucket(longest[2], minimum=4)
 
 
-def pad_batch(trajs: Sequence[Trajectory], rows: int, shape: tuple[int, int, int], *, labels: bool = True
-              ) -> dict[str, np.ndarray]:
+def pad_batch(
+  trajs: Sequence[Trajectory], rows: int, shape: tuple[int, int, int], *, labels: bool = True
+) -> dict[str, np.ndarray]:
   """Host arrays of `rows` rows at `shape` (prompt Tp, response T, steps S): prompt_ids / prompt_mask [rows, Tp]
   (left-padded), tokens [rows, T], spans [rows, S, 2], labels [rows, S] (NaN = unknown, padding, a step without
   tokens; only with `labels`). Rows past the trajectories are all padding (no prompt, no steps)."""
   tp, t, s = shape
-  out = {"prompt_ids": np.zeros((rows, tp), np.int32), "prompt_mask": np.zeros((rows, tp), bool),
-         "tokens": np.zeros((rows, t), np.int32), "spans": np.zeros((rows, s, 2), np.int32)}
+  out = {
+    "prompt_ids": np.zeros((rows, tp), np.int32),
+    "prompt_mask": np.zeros((rows, tp), bool),
+    "tokens": np.zeros((rows, t), np.int32),
+    "spans": np.zeros((rows, s, 2), np.int32),
+  }
   if labels:
     out["labels"] = np.full((rows, s), np.nan, np.float32)
   for i, r in enumerate(trajs):
     n, m, k = len(r.prompt_ids), len(r.response_ids), len(r.steps)
-    out["prompt_ids"][i, tp - n:], out["prompt_mask"][i, tp - n:] = r.prompt_ids, True
+    out["prompt_ids"][i, tp - n :], out["prompt_mask"][i, tp - n :] = r.prompt_ids, True
     out["tokens"][i, :m] = r.response_ids
     if k:
       out["spans"][i, :k] = r.spans
@@ -119,7 +143,7 @@ def _groups(trajs: Sequence[Trajectory], batch_size: int) -> list[tuple[list[int
   for i, r in enumerate(trajs):
     tp, t, _ = _shape([r])
     by.setdefault((tp, t, s), []).append(i)
-  return [(idx[a:a + batch_size], key) for key, idx in sorted(by.items()) for a in range(0, len(idx), batch_size)]
+  return [(idx[a : a + batch_size], key) for key, idx in sorted(by.items()) for a in range(0, len(idx), batch_size)]
 
 
 def prm_scores(prm: PRM, trajs: Sequence[Trajectory], batch_size: int) -> list[np.ndarray]:
@@ -130,7 +154,7 @@ def prm_scores(prm: PRM, trajs: Sequence[Trajectory], batch_size: int) -> list[n
     b = pad_batch([trajs[i] for i in idx], batch_size, shape, labels=False)
     r = np.asarray(rewards(prm, *(jnp.asarray(b[k]) for k in ("prompt_ids", "prompt_mask", "tokens", "spans"))))
     for j, i in enumerate(idx):
-      out[i] = (1.0 - r[j, :len(trajs[i].steps)]).astype(np.float32)
+      out[i] = (1.0 - r[j, : len(trajs[i].steps)]).astype(np.float32)
   return out
 
 
@@ -149,8 +173,13 @@ def prm_loss(template: PRM, pos_weight: float, train_backbone: bool):
 
   def loss(trainable, batch, key, frozen):
     del key  # no dropout
-    prm = PRM(params=trainable["backbone"] if train_backbone else frozen, head=trainable["head"],
-              config=template.config, graph=template.graph, separator_id=template.separator_id)
+    prm = PRM(
+      params=trainable["backbone"] if train_backbone else frozen,
+      head=trainable["head"],
+      config=template.config,
+      graph=template.graph,
+      separator_id=template.separator_id,
+    )
     logits = step_logits(prm, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["spans"])
     labels = jnp.where(valid_spans(batch["spans"], batch["tokens"].shape[1]), batch["labels"], jnp.nan)
     return step_loss(logits, labels, pos_weight)
@@ -188,9 +217,15 @@ def check_separator_for(lm: LanguageModel, cfg: PRMTrainConfig, where: str | Non
   return separator_token_id(lm.tokenizer, cfg.separator, where)
 
 
-def train_prm(lm: LanguageModel, cfg: PRMTrainConfig, train_trajs: Sequence[Trajectory],
-              val_trajs: Sequence[Trajectory], workdir: str, *,
-              on_epoch: Callable[[int, dict], None] | None = None) -> PRM:
+def train_prm(
+  lm: LanguageModel,
+  cfg: PRMTrainConfig,
+  train_trajs: Sequence[Trajectory],
+  val_trajs: Sequence[Trajectory],
+  workdir: str,
+  *,
+  on_epoch: Callable[[int, dict], None] | None = None,
+) -> PRM:
   """Trains (or resumes, or reuses) the PRM of `workdir` on labelled trajectories of `lm`, early-stopped on the
   validation PR-AUC of 1 - reward; returns the best epoch's PRM (the last epoch's when none had a finite PR-AUC).
   ConfigError for a separator the target's tokenizer lacks (before anything is trained or written);
@@ -198,14 +233,18 @@ def train_prm(lm: LanguageModel, cfg: PRMTrainConfig, train_trajs: Sequence[Traj
   sep = check_separator_for(lm, cfg)
   if not train_trajs:
     raise ConfigError("PRM training set is empty")
-  depends = {"model_fingerprint": model_fingerprint(lm), "train_config": dataclasses.asdict(cfg),
-             "data_key": data_key(train_trajs, val_trajs)}
+  depends = {
+    "model_fingerprint": model_fingerprint(lm),
+    "train_config": dataclasses.asdict(cfg),
+    "data_key": data_key(train_trajs, val_trajs),
+  }
   model_dir = os.path.join(workdir, MODEL)
   if os.path.exists(os.path.join(model_dir, "config.json")):
     stored = read_json(os.path.join(model_dir, "config.json"), "PRM config").get("prm_training")
     if stored != json.loads(json.dumps(depends)):
-      raise CheckpointError(f"{model_dir}: this PRM was trained with {stored!r}, this run needs {depends!r}; use "
-                            "another workdir")
+      raise CheckpointError(
+        f"{model_dir}: this PRM was trained with {stored!r}, this run needs {depends!r}; use another workdir"
+      )
     return load_prm(model_dir, separator_id=sep, dtype=lm.dtype)
 
   template = from_target(lm, separator_id=sep, seed=cfg.seed)
@@ -223,7 +262,7 @@ def train_prm(lm: LanguageModel, cfg: PRMTrainConfig, train_trajs: Sequence[Traj
 
   def batch(i: int) -> dict:
     epoch, k = divmod(i, steps_per_epoch)
-    order = np.random.default_rng([cfg.seed, epoch]).permutation(n)[k * cfg.batch_size:(k + 1) * cfg.batch_size]
+    order = np.random.default_rng([cfg.seed, epoch]).permutation(n)[k * cfg.batch_size : (k + 1) * cfg.batch_size]
     order = np.concatenate([order, np.full(cfg.batch_size - len(order), n)])
     return {name: jnp.asarray(a[order]) for name, a in rows.items()}
 
@@ -240,16 +279,29 @@ def train_prm(lm: LanguageModel, cfg: PRMTrainConfig, train_trajs: Sequence[Traj
     if on_epoch is not None:
       on_epoch(as_epoch(entry)["epoch"], as_epoch(entry))
 
-  loop = TrainerConfig(steps=total, seed=cfg.seed, log_every=min(10, steps_per_epoch),
-                       checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch, best_metric="pr_auc",
-                       patience=cfg.patience)
-  trainer = Trainer(prm_loss(template, cfg.pos_weight, cfg.train_backbone), tx, loop, os.path.join(workdir, "train"),
-                    learning_rate=schedule, evaluate=evaluate, on_eval=report, signature={"prm_training": depends})
+  loop = TrainerConfig(
+    steps=total,
+    seed=cfg.seed,
+    log_every=min(10, steps_per_epoch),
+    checkpoint_every=steps_per_epoch,
+    eval_every=steps_per_epoch,
+    best_metric="pr_auc",
+    patience=cfg.patience,
+  )
+  trainer = Trainer(
+    prm_loss(template, cfg.pos_weight, cfg.train_backbone),
+    tx,
+    loop,
+    os.path.join(workdir, "train"),
+    learning_rate=schedule,
+    evaluate=evaluate,
+    on_eval=report,
+    signature={"prm_training": depends},
+  )
   result = trainer.fit(trainable, batch, frozen=frozen)
   best = result.best_params
   if best is None:
-    logging.warning("PRM in %s: no epoch had a finite validation PR-AUC; keeping the last epoch's parameters",
-                    workdir)
+    logging.warning("PRM in %s: no epoch had a finite validation PR-AUC; keeping the last epoch's parameters", workdir)
     best = result.params
   prm = as_prm(best)
   write_json(os.path.join(workdir, HISTORY), [as_epoch(e) for e in result.history])

@@ -67,11 +67,13 @@ class ProbeBundle:
   model_fingerprint: str | None = struct.field(pytree_node=False, default=None)
 
   @classmethod
-  def create(cls, config: ProbeConfig, params: nnx.State, features: FeatureSpec,
-             model_fingerprint: str | None = None) -> "ProbeBundle":
+  def create(
+    cls, config: ProbeConfig, params: nnx.State, features: FeatureSpec, model_fingerprint: str | None = None
+  ) -> "ProbeBundle":
     """Checks the parameters against the config (names, shapes, dtypes: ConfigError) and bundles them."""
-    found = {_name(p): (tuple(np.shape(v.get_value())), jnp.result_type(v.get_value()))
-             for p, v in nnx.to_flat_state(params)}
+    found = {
+      _name(p): (tuple(np.shape(v.get_value())), jnp.result_type(v.get_value())) for p, v in nnx.to_flat_state(params)
+    }
     _check_tensors(_expected(config), found, "ProbeBundle.create", ConfigError)
     return cls(params=params, config=config, features=features, model_fingerprint=model_fingerprint)
 
@@ -117,11 +119,17 @@ def _config(cls, raw, source: str, field: str):
 
 def save_probe(bundle: ProbeBundle, directory: str) -> None:
   """Writes `directory`/config.json + model.safetensors (float32) atomically: a crash leaves the old folder."""
-  meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "probe": dataclasses.asdict(bundle.config),
-          "features": dataclasses.asdict(bundle.features), "model_fingerprint": bundle.model_fingerprint,
-          "dtype": "float32"}
-  tensors = {_name(p): np.asarray(jax.device_get(v.get_value()), np.float32)
-             for p, v in nnx.to_flat_state(bundle.params)}
+  meta = {
+    "format": FORMAT,
+    "format_version": FORMAT_VERSION,
+    "probe": dataclasses.asdict(bundle.config),
+    "features": dataclasses.asdict(bundle.features),
+    "model_fingerprint": bundle.model_fingerprint,
+    "dtype": "float32",
+  }
+  tensors = {
+    _name(p): np.asarray(jax.device_get(v.get_value()), np.float32) for p, v in nnx.to_flat_state(bundle.params)
+  }
   with atomic_folder(directory) as tmp:
     with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
       json.dump(meta, f, indent=2)
@@ -143,16 +151,20 @@ def load_probe(directory: str, *, model_fingerprint: str | None = None) -> Probe
     if key not in meta:
       raise CheckpointError(f"{cfg_path}: missing key {key!r}")
   if meta["format"] != FORMAT or meta["format_version"] != FORMAT_VERSION:
-    raise CheckpointError(f"{cfg_path}: format {meta['format']!r} version {meta['format_version']!r}; this reader "
-                          f"knows {FORMAT!r} version {FORMAT_VERSION}")
+    raise CheckpointError(
+      f"{cfg_path}: format {meta['format']!r} version {meta['format_version']!r}; this reader "
+      f"knows {FORMAT!r} version {FORMAT_VERSION}"
+    )
   cfg = _config(ProbeConfig, meta["probe"], cfg_path, "probe")
   spec = _config(FeatureSpec, meta["features"], cfg_path, "features")
   fingerprint = meta.get("model_fingerprint")
   if fingerprint is not None and not isinstance(fingerprint, str):
     raise CheckpointError(f"{cfg_path}: 'model_fingerprint' must be a string or null, got {fingerprint!r}")
   if model_fingerprint is not None and fingerprint != model_fingerprint:
-    raise FeatureMismatchError(f"{cfg_path}: the probe was trained on features of target model {fingerprint!r}, "
-                               f"this model is {model_fingerprint!r}")
+    raise FeatureMismatchError(
+      f"{cfg_path}: the probe was trained on features of target model {fingerprint!r}, "
+      f"this model is {model_fingerprint!r}"
+    )
   st = SafetensorsFile(w_path)
   found = {}
   for k in st.keys():

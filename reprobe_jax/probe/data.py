@@ -48,14 +48,16 @@ def examples(records: Sequence[Trajectory | Mapping[str, Any]], store: FeatureSt
     if r.labels is None:
       raise DataFormatError(f"trajectory {r.id!r} has no labels (annotate it first)")
     if len(feats) != len(r.response_ids):
-      raise DataFormatError(f"trajectory {r.id!r}: features for {len(feats)} tokens, response has "
-                            f"{len(r.response_ids)}")
+      raise DataFormatError(
+        f"trajectory {r.id!r}: features for {len(feats)} tokens, response has {len(r.response_ids)}"
+      )
     for k, s in enumerate(r.steps):
       if not s.text.strip():
         raise DataFormatError(f"trajectory {r.id!r}: step {k} is empty (no text); a step must say something")
       if not 0 <= s.start <= s.end <= len(feats):
-        raise DataFormatError(f"trajectory {r.id!r}: step {k} spans tokens [{s.start}, {s.end}), outside "
-                              f"the response's {len(feats)} tokens")
+        raise DataFormatError(
+          f"trajectory {r.id!r}: step {k} spans tokens [{s.start}, {s.end}), outside the response's {len(feats)} tokens"
+        )
     spans = np.asarray(r.spans, np.int32).reshape(-1, 2)
     lab = r.label_array()
     if len(lab) != len(spans):
@@ -77,11 +79,12 @@ def collate(batch: Sequence[Example], batch_size: int, feature_dim: int) -> dict
     raise ValueError(f"collate: {len(batch)} examples for a batch of {batch_size}")  # a caller's bug, not bad data
   for i, e in enumerate(batch):
     if e.features.ndim != 2 or e.features.shape[1] != feature_dim:
-      raise DataFormatError(f"trajectory {e.id!r}: features of shape {list(e.features.shape)}, the probe reads "
-                            f"[n_tokens, {feature_dim}]")
+      raise DataFormatError(
+        f"trajectory {e.id!r}: features of shape {list(e.features.shape)}, the probe reads [n_tokens, {feature_dim}]"
+      )
     n = len(e.features)
     feats[i, :n], mask[i, :n] = e.features, True
-    spans[i, :len(e.spans)], labels[i, :len(e.labels)] = e.spans, e.labels
+    spans[i, : len(e.spans)], labels[i, : len(e.labels)] = e.spans, e.labels
   return {"features": feats, "token_mask": mask, "spans": spans, "labels": labels}
 
 
@@ -112,8 +115,12 @@ class PackShape:
 
 def _packed_steps(batch: Sequence[Example], labelled_only: bool) -> list[tuple[int, int]]:
   """(example, step) pairs that get a window: steps with tokens (and, labelled_only, a known label)."""
-  return [(i, k) for i, e in enumerate(batch) for k, (a, b) in enumerate(e.spans)
-          if b > a and not (labelled_only and np.isnan(e.labels[k]))]
+  return [
+    (i, k)
+    for i, e in enumerate(batch)
+    for k, (a, b) in enumerate(e.spans)
+    if b > a and not (labelled_only and np.isnan(e.labels[k]))
+  ]
 
 
 def _first_fit(lengths: Sequence[int], slots: int) -> list[tuple[int, int]]:
@@ -157,8 +164,8 @@ def pack_spans(spans: Sequence[np.ndarray], chosen: Sequence[tuple[int, int]], s
   in_step = np.zeros((shape.rows, shape.slots), bool)
   for p, ((i, k), e, (r, off)) in enumerate(zip(chosen, ends, place)):
     start = int(spans[i][k][0])
-    row[r, off:off + e], token[r, off:off + e], segment[r, off:off + e] = i, np.arange(e), p
-    in_step[r, off + start:off + e] = True
+    row[r, off : off + e], token[r, off : off + e], segment[r, off : off + e] = i, np.arange(e), p
+    in_step[r, off + start : off + e] = True
   return PackedSteps(row=row, token=token, segment=segment, in_step=in_step, num_steps=shape.steps)
 
 
@@ -179,9 +186,10 @@ def pack_steps(batch: Sequence[Example], shape: PackShape, feature_dim: int, *, 
   feats = np.zeros((shape.batch, shape.tokens, feature_dim), np.float32)
   for i, e in enumerate(batch):
     if e.features.ndim != 2 or e.features.shape[1] != feature_dim:
-      raise DataFormatError(f"trajectory {e.id!r}: features of shape {list(e.features.shape)}, the probe reads "
-                            f"[n_tokens, {feature_dim}]")
-    feats[i, :len(e.features)] = e.features
+      raise DataFormatError(
+        f"trajectory {e.id!r}: features of shape {list(e.features.shape)}, the probe reads [n_tokens, {feature_dim}]"
+      )
+    feats[i, : len(e.features)] = e.features
   chosen = _packed_steps(batch, labelled_only)
   pack = pack_spans([e.spans for e in batch], chosen, shape)
   labels = np.full(shape.steps, np.nan, np.float32)

@@ -1,4 +1,5 @@
-"""The linear-probe baseline (docs/method.md §A6): L2-regularised logistic regression on each step's mean-pooled features."""
+"""The linear-probe baseline (docs/method.md §A6): L2-regularised logistic regression on each step's mean-pooled
+features."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def mean_pooled(exs: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:
 class Logistic:
   """A fitted logistic regression, callable on x [M, F] -> [M]: sigmoid(((x - mean) / scale) @ weights + bias).
   A fit with nothing to separate has zero weights and bias logit(base rate), which is +-inf for a rate of 1 or 0."""
+
   mean: tuple[float, ...]
   scale: tuple[float, ...]
   weights: tuple[float, ...]

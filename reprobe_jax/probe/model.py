@@ -42,11 +42,21 @@ class ProbeConfig:
   dropout: float = 0.1
 
   def __post_init__(self):
-    check_fields(self, {"feature_dim": Int(1), "d_model": Int(1), "n_layers": Int(1), "n_heads": Int(1),
-                        "ff_dim": Int(1), "dropout": Real(0.0, 1.0, high_open=True)})
+    check_fields(
+      self,
+      {
+        "feature_dim": Int(1),
+        "d_model": Int(1),
+        "n_layers": Int(1),
+        "n_heads": Int(1),
+        "ff_dim": Int(1),
+        "dropout": Real(0.0, 1.0, high_open=True),
+      },
+    )
     if self.d_model % self.n_heads:
-      raise ConfigError(f"{field_name(self, 'n_heads')}: expected a divisor of d_model={self.d_model}, "
-                        f"got {self.n_heads}")
+      raise ConfigError(
+        f"{field_name(self, 'n_heads')}: expected a divisor of d_model={self.d_model}, got {self.n_heads}"
+      )
 
 
 def _linear(din, dout, rngs):
@@ -58,9 +68,18 @@ class EncoderLayer(nnx.Module):
 
   def __init__(self, cfg: ProbeConfig, rngs: nnx.Rngs):
     d = cfg.d_model
-    self.attn = nnx.MultiHeadAttention(num_heads=cfg.n_heads, in_features=d, qkv_features=d, out_features=d,
-                                       kernel_init=_XAVIER, bias_init=_ZEROS, dropout_rate=cfg.dropout,
-                                       decode=False, keep_rngs=False, rngs=rngs)
+    self.attn = nnx.MultiHeadAttention(
+      num_heads=cfg.n_heads,
+      in_features=d,
+      qkv_features=d,
+      out_features=d,
+      kernel_init=_XAVIER,
+      bias_init=_ZEROS,
+      dropout_rate=cfg.dropout,
+      decode=False,
+      keep_rngs=False,
+      rngs=rngs,
+    )
     self.norm1 = nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
     self.ff1 = _linear(d, cfg.ff_dim, rngs)
     self.ff2 = _linear(cfg.ff_dim, d, rngs)
@@ -76,7 +95,6 @@ class EncoderLayer(nnx.Module):
 
 
 class Probe(nnx.Module):
-
   def __init__(self, cfg: ProbeConfig, *, rngs: nnx.Rngs):
     d = cfg.d_model
     self.config = cfg
@@ -180,7 +198,8 @@ def score_packed(graphdef, params, features, pack: "PackedSteps"):
 
 
 def score_steps(graphdef, params, features, token_mask, spans):
-  """P(step incorrect) [B, S] for every step of a batch of trajectories in one jitted call (eval mode, docs/method.md §A4).
+  """P(step incorrect) [B, S] for every step of a batch of trajectories in one jitted call (eval mode, docs/method.md
+  §A4).
 
   The probe's only inference path: training validation, evaluation and the step scorer all come here, and it
   compiles once per (config, B, T, S). graphdef: a GraphDef or a StaticGraph (`abstract_probe`); params: the state
@@ -192,6 +211,8 @@ def score_steps(graphdef, params, features, token_mask, spans):
   state = tuple(x for x in state if jax.tree.leaves(x))  # an empty `rest` would only split the compile cache
   b, t = token_mask.shape
   if features.shape[:2] != (b, t) or spans.shape[0] != b or spans.shape[-1] != 2 or spans.ndim != 3:
-    raise ConfigError(f"score_steps: need features [B, T, F], token_mask [B, T], spans [B, S, 2]; got "
-                      f"{features.shape}, {token_mask.shape}, {spans.shape}")
+    raise ConfigError(
+      f"score_steps: need features [B, T, F], token_mask [B, T], spans [B, S, 2]; got "
+      f"{features.shape}, {token_mask.shape}, {spans.shape}"
+    )
   return _probabilities(graph, state, features, token_mask, spans)

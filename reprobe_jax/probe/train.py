@@ -33,8 +33,9 @@ from reprobe_jax.train.trainer import Trainer, TrainerConfig
 class ProbeTrainConfig:
   """docs/method.md §A5 defaults; optimizer: a linear decay to 0 after a warmup of 5% of the steps."""
 
-  optimizer: OptimizerConfig = OptimizerConfig(learning_rate=5e-4, schedule="linear", warmup_frac=0.05,
-                                               weight_decay=0.1, grad_clip=1.0)
+  optimizer: OptimizerConfig = OptimizerConfig(
+    learning_rate=5e-4, schedule="linear", warmup_frac=0.05, weight_decay=0.1, grad_clip=1.0
+  )
   batch_size: int = 32
   epochs: int = 5
   patience: int = 3
@@ -42,8 +43,16 @@ class ProbeTrainConfig:
   seed: int = 0
 
   def __post_init__(self):
-    check_fields(self, {"batch_size": Int(1), "epochs": Int(1), "patience": Int(1),
-                        "pos_weight": Real(0.0, low_open=True), "seed": Int(0)})
+    check_fields(
+      self,
+      {
+        "batch_size": Int(1),
+        "epochs": Int(1),
+        "patience": Int(1),
+        "pos_weight": Real(0.0, low_open=True),
+        "seed": Int(0),
+      },
+    )
 
 
 def weighted_bce(logits, labels, pos_weight: float):
@@ -61,8 +70,8 @@ def new_probe(cfg: ProbeConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State, nnx
 
 
 def probe_loss(graphdef, pos_weight: float):
-  """loss(params, batch, key, rest): weighted BCE of the probe with dropout drawn from `key` (docs/method.md §A5), over the
-  labelled steps of a packed batch (`pack_steps`: features, pack, labels [P])."""
+  """loss(params, batch, key, rest): weighted BCE of the probe with dropout drawn from `key` (docs/method.md §A5), over
+  the labelled steps of a packed batch (`pack_steps`: features, pack, labels [P])."""
 
   def loss(params, batch, key, rest):
     probe = nnx.merge(graphdef, params, rest)
@@ -77,13 +86,14 @@ def _predict_batch(graph: StaticGraph, params, rest, features, pack):
   return score_packed(graph, (params, rest), features, pack)
 
 
-def predict_examples(graphdef, params, rest, exs: Sequence[Example], batch_size: int, feature_dim: int,
-                     predict=None) -> list[np.ndarray]:
+def predict_examples(
+  graphdef, params, rest, exs: Sequence[Example], batch_size: int, feature_dim: int, predict=None
+) -> list[np.ndarray]:
   """P(incorrect) per step [S_i] for each example (NaN for steps with no tokens), in packed batches of one shape
   through `score_packed` (`predict(params, rest, features, pack)` is a stand-in for it)."""
   if predict is None:
     predict = functools.partial(_predict_batch, StaticGraph(graphdef))
-  chunks = [exs[s:s + batch_size] for s in range(0, len(exs), batch_size)]
+  chunks = [exs[s : s + batch_size] for s in range(0, len(exs), batch_size)]
   shape = pack_shape(chunks, batch_size, labelled_only=False)
   out = []
   for chunk in chunks:
@@ -102,8 +112,15 @@ def evaluate_examples(scores: Sequence[np.ndarray], exs: Sequence[Example]) -> d
   return {"pr_auc": pr_auc(y, s), "roc_auc": roc_auc(y, s)}
 
 
-def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Example], tcfg: ProbeTrainConfig,
-                workdir: str, *, on_epoch: Callable[[int, dict], None] | None = None):
+def train_probe(
+  cfg: ProbeConfig,
+  train: Sequence[Example],
+  val: Sequence[Example],
+  tcfg: ProbeTrainConfig,
+  workdir: str,
+  *,
+  on_epoch: Callable[[int, dict], None] | None = None,
+):
   """Trains (or resumes) the probe. Returns (graphdef, best params, rest, history).
 
   The best parameters are those of the epoch with the highest validation PR-AUC; when no epoch has a finite one,
@@ -126,7 +143,7 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
 
   def chunk(i: int) -> list[Example]:
     epoch, k = divmod(i, steps_per_epoch)
-    return [train[j] for j in epoch_order(epoch)[k * tcfg.batch_size:(k + 1) * tcfg.batch_size]]
+    return [train[j] for j in epoch_order(epoch)[k * tcfg.batch_size : (k + 1) * tcfg.batch_size]]
 
   # One packed shape for every batch of the run: the training step compiles once.
   shape = pack_shape([chunk(i) for i in range(total)], tcfg.batch_size, labelled_only=True)
@@ -145,17 +162,31 @@ def train_probe(cfg: ProbeConfig, train: Sequence[Example], val: Sequence[Exampl
     if on_epoch is not None:
       on_epoch(as_epoch(entry)["epoch"], as_epoch(entry))
 
-  loop = TrainerConfig(steps=total, seed=tcfg.seed, checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch,
-                       best_metric="pr_auc", patience=tcfg.patience)
-  trainer = Trainer(probe_loss(graphdef, tcfg.pos_weight), tx, loop, workdir, learning_rate=schedule,
-                    evaluate=evaluate, on_eval=report,
-                    signature={"probe": dataclasses.asdict(cfg), "train": dataclasses.asdict(tcfg)})
+  loop = TrainerConfig(
+    steps=total,
+    seed=tcfg.seed,
+    checkpoint_every=steps_per_epoch,
+    eval_every=steps_per_epoch,
+    best_metric="pr_auc",
+    patience=tcfg.patience,
+  )
+  trainer = Trainer(
+    probe_loss(graphdef, tcfg.pos_weight),
+    tx,
+    loop,
+    workdir,
+    learning_rate=schedule,
+    evaluate=evaluate,
+    on_eval=report,
+    signature={"probe": dataclasses.asdict(cfg), "train": dataclasses.asdict(tcfg)},
+  )
   result = trainer.fit(params, batch, frozen=rest)
   history = [as_epoch(e) for e in result.history]
   best_params = result.best_params
   if best_params is None:
-    logging.warning("probe in %s: no epoch had a finite validation PR-AUC; returning the last epoch's parameters",
-                    workdir)
+    logging.warning(
+      "probe in %s: no epoch had a finite validation PR-AUC; returning the last epoch's parameters", workdir
+    )
     best_params = result.params
   write_json(os.path.join(workdir, "history.json"), history)
   return graphdef, best_params, rest, history

@@ -37,8 +37,9 @@ class AdvantageConfig:
 
   def __post_init__(self):
     # alpha <= 1 keeps f = 1 - alpha (1 - exp(-C)) in [1 - alpha, 1], never flipping the sign of A_group.
-    check_fields(self, {"alpha": Real(0.0, 1.0), "xi": Real(0.0), "eps_sat": Real(-1.0, 1.0),
-                        "std_eps": Real(0.0, low_open=True)})
+    check_fields(
+      self, {"alpha": Real(0.0, 1.0), "xi": Real(0.0), "eps_sat": Real(-1.0, 1.0), "std_eps": Real(0.0, low_open=True)}
+    )
 
 
 EstimatorFn = Callable[[AdvantageInputs, AdvantageConfig], jax.Array]
@@ -75,8 +76,9 @@ def get_estimator(name: str) -> Estimator:
 
 
 @functools.partial(jax.jit, static_argnames=("name", "cfg"))
-def compute_advantages(name: str, inp: AdvantageInputs, cfg: AdvantageConfig = AdvantageConfig()
-                       ) -> Float[Array, "b t"]:
+def compute_advantages(
+  name: str, inp: AdvantageInputs, cfg: AdvantageConfig = AdvantageConfig()
+) -> Float[Array, "b t"]:
   """[B, T] float32 token-level advantages of the estimator `name` (compiled once per name, config and shapes)."""
   return get_estimator(name).fn(inp, cfg)
 
@@ -89,15 +91,16 @@ def _check(inp: AdvantageInputs) -> tuple[int, int]:
   b, t = inp.response_mask.shape
   g = inp.group_size
   if not isinstance(g, int) or g < 1 or b % g:
-    raise ConfigError(f"AdvantageInputs.group_size: expected an int >= 1 that divides the batch of {b} rows, "
-                      f"got {g!r}")
+    raise ConfigError(f"AdvantageInputs.group_size: expected an int >= 1 that divides the batch of {b} rows, got {g!r}")
   shapes = {"rewards": (b,), "row_mask": (b,), "token_step": (b, t)}
   for field, want in shapes.items():
     if getattr(inp, field).shape != want:
       raise ConfigError(f"AdvantageInputs.{field}: expected shape {want}, got {getattr(inp, field).shape}")
   if inp.phi.ndim != 2 or inp.phi.shape[0] != b or inp.step_valid.shape != inp.phi.shape:
-    raise ConfigError(f"AdvantageInputs.phi / step_valid: expected equal shapes [{b}, K], got {inp.phi.shape} and "
-                      f"{inp.step_valid.shape}")
+    raise ConfigError(
+      f"AdvantageInputs.phi / step_valid: expected equal shapes [{b}, K], got {inp.phi.shape} and "
+      f"{inp.step_valid.shape}"
+    )
   with shape_errors("AdvantageInputs.token_step: integer step indices"):
     chex.assert_type(inp.token_step, int)
   return b, t
@@ -172,7 +175,8 @@ def rf_b(inp: AdvantageInputs, cfg: AdvantageConfig) -> jax.Array:
 
 @register("spae", needs_potentials=True)
 def spae(inp: AdvantageInputs, cfg: AdvantageConfig) -> jax.Array:
-  """SPAE (docs/method.md §B2): A_group f(C_sat) + xi g(dPhi~) per token's step, whitened over the batch's response tokens.
+  """SPAE (docs/method.md §B2): A_group f(C_sat) + xi g(dPhi~) per token's step, whitened over the batch's response
+  tokens.
 
   A_group = R - group mean; f = 1 - alpha (1 - exp(-C_sat)), C_sat the saturated (Phi > eps_sat) probed steps
   strictly before the token's step; g = exp(dPhi~) - mean exp(dPhi~), dPhi~ the min-max normalised step difference

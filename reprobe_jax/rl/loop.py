@@ -1,5 +1,5 @@
-"""The RL loop (docs/method.md §B2): rollout -> reward -> dynamic sampling -> step potentials (SPAE) -> token-level advantages
--> clipped policy-gradient update, over a train state (policy params, optimizer state, step) that the shared
+"""The RL loop (docs/method.md §B2): rollout -> reward -> dynamic sampling -> step potentials (SPAE) -> token-level
+advantages -> clipped policy-gradient update, over a train state (policy params, optimizer state, step) that the shared
 `Trainer` checkpoints with orbax and logs to TensorBoard.
 
     result = train_rl(lm, RLConfig(advantage="spae"), ProbeConfig(), workdir)
@@ -13,7 +13,8 @@ same parameters and metrics as an uninterrupted one.
 A method is an estimator plus the loss and sampling it is trained with (`METHODS`): GRPO (group z-score,
 sequence-mean token-mean loss, symmetric clip 0.2, no dynamic sampling), DAPO (group z-score, token-mean, clip
 0.2 / 0.28, dynamic sampling), RF-B (group mean baseline, batch whitening; DAPO's loss and sampling) and SPAE
-(docs/method.md §B2; DAPO's loss and sampling, groups dropped before probing). Any of them can be overridden in RLConfig.
+(docs/method.md §B2; DAPO's loss and sampling, groups dropped before probing). Any of them can be overridden in
+RLConfig.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from reprobe_jax.models import make_mesh
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
-from reprobe_jax.rl.rollout import (PromptSet, collect, policy_batch, potentials, rollout_fn, step_batch)
+from reprobe_jax.rl.rollout import PromptSet, collect, policy_batch, potentials, rollout_fn, step_batch
 from reprobe_jax.spae.potential import ProbeConfig
 from reprobe_jax.spae.prober import Prober
 from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
@@ -55,8 +56,12 @@ class Method:
 
 
 _DAPO = Method(aggregation="token-mean", clip_high=0.28, dynamic_sampling=True)
-METHODS = {"grpo": Method(aggregation="seq-mean-token-mean", clip_high=0.2, dynamic_sampling=False),
-           "dapo": _DAPO, "rf_b": _DAPO, "spae": _DAPO}
+METHODS = {
+  "grpo": Method(aggregation="seq-mean-token-mean", clip_high=0.2, dynamic_sampling=False),
+  "dapo": _DAPO,
+  "rf_b": _DAPO,
+  "spae": _DAPO,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +82,9 @@ class RLConfig:
   dynamic_sampling: bool | None = None
   max_new_tokens: int = 192
   sampling: SamplingParams = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)  # of the rollouts: top_k stays 0
-  optimizer: OptimizerConfig = OptimizerConfig(learning_rate=5e-4, schedule="constant", warmup_steps=0,
-                                               weight_decay=0.0, grad_clip=1.0)
+  optimizer: OptimizerConfig = OptimizerConfig(
+    learning_rate=5e-4, schedule="constant", warmup_steps=0, weight_decay=0.0, grad_clip=1.0
+  )
   mini_batches: int = 2
   micro_batches: int = 1
   clip_low: float = 0.2
@@ -97,36 +103,60 @@ class RLConfig:
 
   def __post_init__(self):
     adv_lib.get_estimator(self.advantage)  # an unknown name lists the known ones
-    check_fields(self, {"steps": Int(1), "prompts_per_step": Int(1), "group_size": Int(2),
-                        "prompts_per_round": Int(1), "max_refill_rounds": Int(0), "max_new_tokens": Int(1),
-                        "mini_batches": Int(1), "micro_batches": Int(1),
-                        "clip_low": Real(0.0, 1.0), "kl_coef": Real(0.0), "alpha": Real(0.0, 1.0), "xi": Real(0.0),
-                        "train_domains": Seq(OneOf(DOMAINS)), "train_difficulties": Seq(OneOf(DIFFICULTIES)),
-                        "train_problems": Int(1), "few_shot": Int(0), "seed": Int(0), "log_every": Int(1),
-                        "checkpoint_every": Int(1)})
+    check_fields(
+      self,
+      {
+        "steps": Int(1),
+        "prompts_per_step": Int(1),
+        "group_size": Int(2),
+        "prompts_per_round": Int(1),
+        "max_refill_rounds": Int(0),
+        "max_new_tokens": Int(1),
+        "mini_batches": Int(1),
+        "micro_batches": Int(1),
+        "clip_low": Real(0.0, 1.0),
+        "kl_coef": Real(0.0),
+        "alpha": Real(0.0, 1.0),
+        "xi": Real(0.0),
+        "train_domains": Seq(OneOf(DOMAINS)),
+        "train_difficulties": Seq(OneOf(DIFFICULTIES)),
+        "train_problems": Int(1),
+        "few_shot": Int(0),
+        "seed": Int(0),
+        "log_every": Int(1),
+        "checkpoint_every": Int(1),
+      },
+    )
     check_fields(self.sampling, {"temperature": Real(0.0, low_open=True)}, field_name(self, "sampling"))
     if self.sampling.top_k != 0:
-      raise ConfigError(f"{field_name(self, 'sampling')}.top_k: expected 0 (off), got {self.sampling.top_k!r}: the "
-                        "RL rollouts never filter by top-k (temperature and top_p are theirs to set)")
+      raise ConfigError(
+        f"{field_name(self, 'sampling')}.top_k: expected 0 (off), got {self.sampling.top_k!r}: the "
+        "RL rollouts never filter by top-k (temperature and top_p are theirs to set)"
+      )
     if self.clip_high is not None and not 0.0 <= self.clip_high:
       raise ConfigError(f"{field_name(self, 'clip_high')} must be >= 0, got {self.clip_high}")
     if self.aggregation is not None and self.aggregation not in loss_lib.AGGREGATIONS:
-      raise ConfigError(f"{field_name(self, 'aggregation')} must be one of {loss_lib.AGGREGATIONS}, got "
-                        f"{self.aggregation!r}")
+      raise ConfigError(
+        f"{field_name(self, 'aggregation')} must be one of {loss_lib.AGGREGATIONS}, got {self.aggregation!r}"
+      )
     if not self.train_domains or not self.train_difficulties:
       raise ConfigError(f"{field_name(self, 'train_domains')} and train_difficulties must not be empty")
     rows = self.prompts_per_step * self.group_size
     if rows % self.mini_batches or (rows // self.mini_batches) % self.micro_batches:
-      raise ConfigError(f"{field_name(self, 'mini_batches')}={self.mini_batches} and micro_batches="
-                        f"{self.micro_batches} must divide the {rows} rows of a step (prompts_per_step x "
-                        "group_size), micro-batches within each mini-batch")
+      raise ConfigError(
+        f"{field_name(self, 'mini_batches')}={self.mini_batches} and micro_batches="
+        f"{self.micro_batches} must divide the {rows} rows of a step (prompts_per_step x "
+        "group_size), micro-batches within each mini-batch"
+      )
 
   @property
   def method(self) -> Method:
     base = METHODS.get(self.advantage, _DAPO)
-    return Method(aggregation=self.aggregation or base.aggregation,
-                  clip_high=base.clip_high if self.clip_high is None else self.clip_high,
-                  dynamic_sampling=base.dynamic_sampling if self.dynamic_sampling is None else self.dynamic_sampling)
+    return Method(
+      aggregation=self.aggregation or base.aggregation,
+      clip_high=base.clip_high if self.clip_high is None else self.clip_high,
+      dynamic_sampling=base.dynamic_sampling if self.dynamic_sampling is None else self.dynamic_sampling,
+    )
 
   @property
   def rounds(self) -> int:
@@ -134,8 +164,9 @@ class RLConfig:
 
   def loss_config(self) -> loss_lib.LossConfig:
     m = self.method
-    return loss_lib.LossConfig(clip_low=self.clip_low, clip_high=m.clip_high, aggregation=m.aggregation,
-                               kl_coef=self.kl_coef)
+    return loss_lib.LossConfig(
+      clip_low=self.clip_low, clip_high=m.clip_high, aggregation=m.aggregation, kl_coef=self.kl_coef
+    )
 
 
 def train_prompts(lm, cfg: RLConfig) -> PromptSet:
@@ -148,10 +179,29 @@ def train_prompts(lm, cfg: RLConfig) -> PromptSet:
   return PromptSet(problems=tuple(problems), prompt_ids=tuple(tuple(i) for i in ids))
 
 
-STEP_METRICS = ("loss", "reward", "kept_reward", "response_length", "ended_share", "rounds", "sampled_groups",
-                "dropped_groups", "short_groups", "clip_fraction", "kl", "grad_norm", "ratio", "adv_abs",
-                "phi_mean", "saturated_share", "checking_tokens", "time_rollout", "time_probe", "time_update",
-                "skipped")
+STEP_METRICS = (
+  "loss",
+  "reward",
+  "kept_reward",
+  "response_length",
+  "ended_share",
+  "rounds",
+  "sampled_groups",
+  "dropped_groups",
+  "short_groups",
+  "clip_fraction",
+  "kl",
+  "grad_norm",
+  "ratio",
+  "adv_abs",
+  "phi_mean",
+  "saturated_share",
+  "checking_tokens",
+  "time_rollout",
+  "time_probe",
+  "time_update",
+  "skipped",
+)
 
 
 RESPONSE_COLUMNS = 64  # the update's response columns: the batch's longest response rounded up to a multiple of this
@@ -168,8 +218,18 @@ class RLStep:
   """The Trainer's step i: rollout with the current parameters, reward, dynamic sampling, potentials (SPAE),
   advantages, `mini_batches` jitted updates. Returns the parameters, the optimizer state and STEP_METRICS."""
 
-  def __init__(self, lm, cfg: RLConfig, pcfg: ProbeConfig, prompts: PromptSet, tx, *, mesh=None,
-               reward: Callable | None = None, ref_params=None):
+  def __init__(
+    self,
+    lm,
+    cfg: RLConfig,
+    pcfg: ProbeConfig,
+    prompts: PromptSet,
+    tx,
+    *,
+    mesh=None,
+    reward: Callable | None = None,
+    ref_params=None,
+  ):
     self.cfg, self.prompts, self.reward = cfg, prompts, reward
     self.policy = copy.copy(lm)  # the same model with the parameters of the step (set per call)
     self.estimator = adv_lib.get_estimator(cfg.advantage)
@@ -193,23 +253,52 @@ class RLStep:
     t0 = time.perf_counter()
     self.policy.params = params
     plan = self.prompts.plan(cfg.seed, step, cfg.prompts_per_round, cfg.rounds)
-    roll = rollout_fn(self.policy, self.prompts, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                      sampling=cfg.sampling, seed=cfg.seed, step=step, reward=self.reward)
+    roll = rollout_fn(
+      self.policy,
+      self.prompts,
+      group_size=cfg.group_size,
+      max_new_tokens=cfg.max_new_tokens,
+      sampling=cfg.sampling,
+      seed=cfg.seed,
+      step=step,
+      reward=self.reward,
+    )
     groups, stats = collect(roll, plan, cfg.prompts_per_step, dynamic=cfg.method.dynamic_sampling)
     t1 = time.perf_counter()
-    base = {"reward": stats.mean_reward, "response_length": stats.mean_length, "ended_share": stats.ended_share,
-            "rounds": stats.rounds, "sampled_groups": stats.sampled_groups, "dropped_groups": stats.dropped_groups,
-            "short_groups": stats.short_groups, "time_rollout": t1 - t0}
+    base = {
+      "reward": stats.mean_reward,
+      "response_length": stats.mean_length,
+      "ended_share": stats.ended_share,
+      "rounds": stats.rounds,
+      "sampled_groups": stats.sampled_groups,
+      "dropped_groups": stats.dropped_groups,
+      "short_groups": stats.short_groups,
+      "time_rollout": t1 - t0,
+    }
     if not groups:  # every round's groups were all-equal: nothing to learn from, logged, no crash
-      return params, opt_state, {**{k: 0.0 for k in STEP_METRICS}, **base, "skipped": 1.0,
-                                 **{k: float("nan") for k in ("kept_reward", "phi_mean", "saturated_share",
-                                                              "checking_tokens")}}
+      return (
+        params,
+        opt_state,
+        {
+          **{k: 0.0 for k in STEP_METRICS},
+          **base,
+          "skipped": 1.0,
+          **{k: float("nan") for k in ("kept_reward", "phi_mean", "saturated_share", "checking_tokens")},
+        },
+      )
     pots = None
     if self.prober is not None:
       pots = potentials(self.prober, groups, self.prompts, step, self.think_id)
     t2 = time.perf_counter()
-    sb = step_batch(groups, pots, self.prompts, want=cfg.prompts_per_step, group_size=cfg.group_size,
-                    response_len=response_columns(groups), pad_id=self.policy.pad_id())
+    sb = step_batch(
+      groups,
+      pots,
+      self.prompts,
+      want=cfg.prompts_per_step,
+      group_size=cfg.group_size,
+      response_len=response_columns(groups),
+      pad_id=self.policy.pad_id(),
+    )
     advantages = adv_lib.compute_advantages(cfg.advantage, sb.adv_inputs, self.adv_cfg)
     tokens, attn, resp = jnp.asarray(sb.tokens), jnp.asarray(sb.attention_mask), jnp.asarray(sb.response_mask)
     old = self.logprobs(params, tokens, attn, resp)
@@ -218,7 +307,7 @@ class RLStep:
     per = pb.tokens.shape[0] // cfg.mini_batches
     fetched = []
     for m in range(cfg.mini_batches):
-      part = jax.tree.map(lambda x: x[m * per:(m + 1) * per], pb)
+      part = jax.tree.map(lambda x: x[m * per : (m + 1) * per], pb)
       n_tok, n_seq = loss_lib.batch_counts(part)
       params, opt_state, met = self.update(params, opt_state, part, n_tok, n_seq)
       fetched.append(met)
@@ -228,12 +317,19 @@ class RLStep:
     mean = lambda k: float(np.sum([float(f[k]) for f in fetched] * w) / max(w.sum(), 1.0))
     t3 = time.perf_counter()
     kept = [t for g in groups for t in g.trajectories]
-    out = {**base, "loss": float(np.mean([float(f["loss"]) for f in fetched])),
-           "kept_reward": float(np.mean([t.reward for t in kept])), "clip_fraction": mean("clip_frac"),
-           "kl": mean("kl_mean"), "grad_norm": float(np.mean([float(f["grad_norm"]) for f in fetched])),
-           "ratio": mean("ratio_mean"),
-           "adv_abs": float(jnp.sum(jnp.abs(advantages) * pb.response_mask) / jnp.maximum(jnp.sum(pb.response_mask), 1)),
-           "time_probe": t2 - t1, "time_update": t3 - t2, "skipped": 0.0}
+    out = {
+      **base,
+      "loss": float(np.mean([float(f["loss"]) for f in fetched])),
+      "kept_reward": float(np.mean([t.reward for t in kept])),
+      "clip_fraction": mean("clip_frac"),
+      "kl": mean("kl_mean"),
+      "grad_norm": float(np.mean([float(f["grad_norm"]) for f in fetched])),
+      "ratio": mean("ratio_mean"),
+      "adv_abs": float(jnp.sum(jnp.abs(advantages) * pb.response_mask) / jnp.maximum(jnp.sum(pb.response_mask), 1)),
+      "time_probe": t2 - t1,
+      "time_update": t3 - t2,
+      "skipped": 0.0,
+    }
     out.update(self._potential_stats(kept, pots))
     return params, opt_state, out
 
@@ -250,8 +346,11 @@ class RLStep:
         ids = list(t.text_ids)
         end = ids.index(self.close_id) if self.close_id is not None and self.close_id in ids else len(ids)
         checking.append(max(0, end - int(p.cuts[p.first_saturated]) - 1))
-    return {"phi_mean": float(np.mean(phis)) if phis else float("nan"), "saturated_share": float(np.mean(sat)),
-            "checking_tokens": float(np.mean(checking)) if checking else float("nan")}
+    return {
+      "phi_mean": float(np.mean(phis)) if phis else float("nan"),
+      "saturated_share": float(np.mean(sat)),
+      "checking_tokens": float(np.mean(checking)) if checking else float("nan"),
+    }
 
 
 @dataclasses.dataclass
@@ -271,8 +370,16 @@ def default_mesh():
   return make_mesh(data=jax.device_count()) if jax.device_count() > 1 else None
 
 
-def train_rl(lm, cfg: RLConfig, pcfg: ProbeConfig, workdir: str, *, mesh=None, reward: Callable | None = None,
-             on_step: Callable[[int, dict], None] | None = None) -> RLResult:
+def train_rl(
+  lm,
+  cfg: RLConfig,
+  pcfg: ProbeConfig,
+  workdir: str,
+  *,
+  mesh=None,
+  reward: Callable | None = None,
+  on_step: Callable[[int, dict], None] | None = None,
+) -> RLResult:
   """Trains `lm`'s parameters with RL from `lm.params` (or resumes from `workdir`); `lm` itself is not changed.
   mesh: the update's data-parallel mesh ('data' axis); None on one device, else `default_mesh()`'s over all."""
   if mesh is None:
@@ -280,23 +387,26 @@ def train_rl(lm, cfg: RLConfig, pcfg: ProbeConfig, workdir: str, *, mesh=None, r
   if mesh is not None:
     per = cfg.prompts_per_step * cfg.group_size // (cfg.mini_batches * cfg.micro_batches)
     if per % mesh.shape["data"]:
-      raise ConfigError(f"a micro-batch of {per} rows (prompts_per_step x group_size / (mini_batches x "
-                        f"micro_batches)) does not split over the mesh's {mesh.shape['data']} 'data' devices")
+      raise ConfigError(
+        f"a micro-batch of {per} rows (prompts_per_step x group_size / (mini_batches x "
+        f"micro_batches)) does not split over the mesh's {mesh.shape['data']} 'data' devices"
+      )
   if lm.tokenizer is None:
     raise ConfigError("train_rl needs the model's tokenizer (prompts, answer checks, boundaries)")
   prompts = train_prompts(lm, cfg)
   prompts.plan(cfg.seed, 0, cfg.prompts_per_round, cfg.rounds)  # a set too small to refill fails here, before work
   longest = max(map(len, prompts.prompt_ids))
   if longest + cfg.max_new_tokens > lm.config.max_position_embeddings:
-    raise ConfigError(f"RL prompts of up to {longest} tokens + max_new_tokens={cfg.max_new_tokens} exceed "
-                      f"max_position_embeddings={lm.config.max_position_embeddings}")
+    raise ConfigError(
+      f"RL prompts of up to {longest} tokens + max_new_tokens={cfg.max_new_tokens} exceed "
+      f"max_position_embeddings={lm.config.max_position_embeddings}"
+    )
   tx, lr = make_optimizer(cfg.optimizer, cfg.steps * cfg.mini_batches)  # one optimizer update per mini-batch
   start = jax.tree.map(jnp.array, lm.params)  # a copy: the update donates its input buffers
-  step = RLStep(lm, cfg, pcfg, prompts, tx, mesh=mesh, reward=reward,
-                ref_params=lm.params if cfg.kl_coef > 0 else None)
-  tcfg = TrainerConfig(steps=cfg.steps, seed=cfg.seed, log_every=cfg.log_every,
-                       checkpoint_every=cfg.checkpoint_every)
-  trainer = Trainer(None, tx, tcfg, workdir, step_fn=step, learning_rate=lr, on_step=on_step,
-                    signature=signature(lm, cfg, pcfg))
+  step = RLStep(lm, cfg, pcfg, prompts, tx, mesh=mesh, reward=reward, ref_params=lm.params if cfg.kl_coef > 0 else None)
+  tcfg = TrainerConfig(steps=cfg.steps, seed=cfg.seed, log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every)
+  trainer = Trainer(
+    None, tx, tcfg, workdir, step_fn=step, learning_rate=lr, on_step=on_step, signature=signature(lm, cfg, pcfg)
+  )
   res = trainer.fit(start, lambda i: i)
   return RLResult(params=res.params, metrics=res.metrics, step=res.step)

@@ -45,8 +45,15 @@ class LossConfig:
   kl_coef: float = 0.0
 
   def __post_init__(self):
-    check_fields(self, {"clip_low": Real(0.0, 1.0, high_open=True), "clip_high": Real(0.0),
-                        "aggregation": OneOf(AGGREGATIONS), "kl_coef": Real(0.0)})
+    check_fields(
+      self,
+      {
+        "clip_low": Real(0.0, 1.0, high_open=True),
+        "clip_high": Real(0.0),
+        "aggregation": OneOf(AGGREGATIONS),
+        "kl_coef": Real(0.0),
+      },
+    )
 
 
 @struct.dataclass
@@ -115,10 +122,17 @@ def policy_loss(logp, old_logp, adv, mask, cfg: LossConfig, n_tokens, n_seqs, re
     kl = jnp.exp(d) - d - 1.0  # k3: unbiased for KL(policy || ref) under policy samples, never negative
   kl_loss = cfg.kl_coef * _aggregate(kl, mask, cfg, n_tokens, n_seqs) if cfg.kl_coef > 0 else jnp.zeros(())
   f32 = lambda x: jnp.sum(x * mask).astype(jnp.float32)  # noqa: E731
-  sums = LossSums(pg_loss=pg_loss.astype(jnp.float32), kl_loss=jnp.asarray(kl_loss, jnp.float32),
-                  tokens=jnp.sum(mask), clipped=f32(clipped), clipped_low=f32(clipped & (ratio < 1.0)),
-                  clipped_high=f32(clipped & (ratio > 1.0)), ratio=f32(ratio), kl=f32(kl),
-                  approx_kl_old=f32(-log_ratio))
+  sums = LossSums(
+    pg_loss=pg_loss.astype(jnp.float32),
+    kl_loss=jnp.asarray(kl_loss, jnp.float32),
+    tokens=jnp.sum(mask),
+    clipped=f32(clipped),
+    clipped_low=f32(clipped & (ratio < 1.0)),
+    clipped_high=f32(clipped & (ratio > 1.0)),
+    ratio=f32(ratio),
+    kl=f32(kl),
+    approx_kl_old=f32(-log_ratio),
+  )
   return pg_loss + kl_loss, sums
 
 
@@ -167,6 +181,7 @@ def _check_micro(where: str, m) -> None:
 def _micro_split(tree, m: int, mesh: Mesh | None):
   """Leaves [B, ...] -> [m, B / m, ...]; micro-batch i holds rows i, i + m, i + 2m, ... so that rows sharded in
   contiguous blocks over 'data' stay on their device (a strided split is a local reshape)."""
+
   def split(x):
     b = x.shape[0]
     if b % m:
@@ -174,8 +189,10 @@ def _micro_split(tree, m: int, mesh: Mesh | None):
     y = jnp.swapaxes(x.reshape(b // m, m, *x.shape[1:]), 0, 1)
     if mesh is not None:
       if (b // m) % mesh.shape["data"]:
-        raise ConfigError(f"micro-batches of {b // m} rows do not split over the mesh's data axis of "
-                          f"{mesh.shape['data']} devices (batch {b}, micro_batches={m})")
+        raise ConfigError(
+          f"micro-batches of {b // m} rows do not split over the mesh's data axis of "
+          f"{mesh.shape['data']} devices (batch {b}, micro_batches={m})"
+        )
       y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(None, "data")))
     return y
 
@@ -187,8 +204,9 @@ def _micro_merge(x):
   return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
 
 
-def make_update(graphdef, tx: optax.GradientTransformation, cfg: LossConfig, *, micro_batches: int,
-                mesh: Mesh | None = None):
+def make_update(
+  graphdef, tx: optax.GradientTransformation, cfg: LossConfig, *, micro_batches: int, mesh: Mesh | None = None
+):
   """A jitted `update(params, opt_state, batch: PolicyBatch, n_tokens, n_seqs) -> (params, opt_state, metrics)`.
 
   The batch's B rows are split into `micro_batches` equal micro-batches (B divisible by it); a `lax.scan` sums their
@@ -197,8 +215,8 @@ def make_update(graphdef, tx: optax.GradientTransformation, cfg: LossConfig, *, 
   params and opt_state are donated (pass a copy of params that are still needed, e.g. `jax.tree.map(jnp.copy,
   lm.params)`). metrics (float32 device scalars): loss, pg_loss, kl_loss, clip_frac, clip_frac_low,
   clip_frac_high, ratio_mean, kl_mean, approx_kl_old (means over the batch's tokens), grad_norm (of the summed
-  gradient, before anything `tx` does), tokens. `graphdef`: the module's graphdef or `LanguageModel.static_graph`, closed over.
-  With `mesh` (axes from `reprobe_jax.models.make_mesh`, so Auto): rows sharded over 'data', params and
+  gradient, before anything `tx` does), tokens. `graphdef`: the module's graphdef or `LanguageModel.static_graph`,
+  closed over. With `mesh` (axes from `reprobe_jax.models.make_mesh`, so Auto): rows sharded over 'data', params and
   opt_state replicated, every B / micro_batches divisible by the data axis.
   """
   _check_micro("make_update", micro_batches)
@@ -228,17 +246,27 @@ def make_update(graphdef, tx: optax.GradientTransformation, cfg: LossConfig, *, 
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     tok = jnp.maximum(sums.tokens, 1.0)
-    metrics = {"loss": loss, "pg_loss": sums.pg_loss, "kl_loss": sums.kl_loss, "clip_frac": sums.clipped / tok,
-               "clip_frac_low": sums.clipped_low / tok, "clip_frac_high": sums.clipped_high / tok,
-               "ratio_mean": sums.ratio / tok, "kl_mean": sums.kl / tok, "approx_kl_old": sums.approx_kl_old / tok,
-               "grad_norm": grad_norm.astype(jnp.float32), "tokens": sums.tokens}
+    metrics = {
+      "loss": loss,
+      "pg_loss": sums.pg_loss,
+      "kl_loss": sums.kl_loss,
+      "clip_frac": sums.clipped / tok,
+      "clip_frac_low": sums.clipped_low / tok,
+      "clip_frac_high": sums.clipped_high / tok,
+      "ratio_mean": sums.ratio / tok,
+      "kl_mean": sums.kl / tok,
+      "approx_kl_old": sums.approx_kl_old / tok,
+      "grad_norm": grad_norm.astype(jnp.float32),
+      "tokens": sums.tokens,
+    }
     return params, opt_state, metrics
 
   if mesh is None:
     return jax.jit(update, donate_argnums=(0, 1))
   shardings = (repl, repl, rows, repl, repl)
-  return _placing(jax.jit(update, donate_argnums=(0, 1), in_shardings=shardings, out_shardings=(repl, repl, repl)),
-                  shardings)
+  return _placing(
+    jax.jit(update, donate_argnums=(0, 1), in_shardings=shardings, out_shardings=(repl, repl, repl)), shardings
+  )
 
 
 def make_logprobs(graphdef, *, micro_batches: int, mesh: Mesh | None = None):

@@ -52,11 +52,13 @@ class PromptSet:
     (seed, step), so no prompt repeats within a step. ConfigError when the set cannot fill `rounds` rounds."""
     need = per_round * rounds
     if need > len(self):
-      raise ConfigError(f"the RL prompt set has {len(self)} prompts; {rounds} rounds of {per_round} prompts "
-                        f"(1 + max_refill_rounds rounds of prompts_per_round) need {need}: use more prompts or "
-                        "fewer refill rounds")
+      raise ConfigError(
+        f"the RL prompt set has {len(self)} prompts; {rounds} rounds of {per_round} prompts "
+        f"(1 + max_refill_rounds rounds of prompts_per_round) need {need}: use more prompts or "
+        "fewer refill rounds"
+      )
     order = np.random.default_rng([seed, step]).permutation(len(self))
-    return [order[r * per_round:(r + 1) * per_round] for r in range(rounds)]
+    return [order[r * per_round : (r + 1) * per_round] for r in range(rounds)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +109,17 @@ class CollectStats:
 RolloutFn = Callable[[np.ndarray, int], list[Group]]  # (prompt indices, round) -> one group per prompt
 
 
-def rollout_fn(lm, prompts: PromptSet, *, group_size: int, max_new_tokens: int, sampling: SamplingParams,
-               seed: int, step: int, reward: Callable[[Problem, str], float] | None = None) -> RolloutFn:
+def rollout_fn(
+  lm,
+  prompts: PromptSet,
+  *,
+  group_size: int,
+  max_new_tokens: int,
+  sampling: SamplingParams,
+  seed: int,
+  step: int,
+  reward: Callable[[Problem, str], float] | None = None,
+) -> RolloutFn:
   """Binds the rollout of one step: G samples per prompt from the decode-state API with `lm.params` as they are
   now (the jitted decode takes the parameters as an argument: new parameters compile nothing). Rows read their
   prompt's prefill as a shared prefix; row (problem, sample) of round r draws from a key of (seed, step, r, the
@@ -130,16 +141,24 @@ def rollout_fn(lm, prompts: PromptSet, *, group_size: int, max_new_tokens: int, 
         row = rows[j * group_size + s]
         ended = bool(row.tokens) and row.tokens[-1] == eos and row.finish_reason == "eos"
         body = row.tokens[:-1] if ended else row.tokens
-        trajs.append(Trajectory(prompt=int(i), sample=s, response_ids=tuple(row.tokens), ended=ended,
-                                reward=float(check(prompts.problems[i], lm.tokenizer.decode(body)))))
+        trajs.append(
+          Trajectory(
+            prompt=int(i),
+            sample=s,
+            response_ids=tuple(row.tokens),
+            ended=ended,
+            reward=float(check(prompts.problems[i], lm.tokenizer.decode(body))),
+          )
+        )
       groups.append(Group(prompt=int(i), trajectories=tuple(trajs)))
     return groups
 
   return roll
 
 
-def collect(roll: RolloutFn, plan: Sequence[np.ndarray], want: int, *, dynamic: bool
-            ) -> tuple[list[Group], CollectStats]:
+def collect(
+  roll: RolloutFn, plan: Sequence[np.ndarray], want: int, *, dynamic: bool
+) -> tuple[list[Group], CollectStats]:
   """Rolls out round after round of `plan` until `want` groups are kept. dynamic (DAPO): groups whose rewards are
   all equal are dropped and further rounds refill the batch, at most len(plan) rounds; when they run out the
   step trains on the groups it has (counted in short_groups), never a crash. Without dynamic sampling one round,
@@ -157,10 +176,16 @@ def collect(roll: RolloutFn, plan: Sequence[np.ndarray], want: int, *, dynamic: 
   kept = kept[:want]
   trajs = [t for g in sampled for t in g.trajectories]
   dropped = sum(1 for g in sampled if dynamic and not g.mixed)
-  stats = CollectStats(rounds=rounds, sampled_groups=len(sampled), dropped_groups=dropped, kept_groups=len(kept),
-                       short_groups=want - len(kept), mean_reward=float(np.mean([t.reward for t in trajs])),
-                       mean_length=float(np.mean([len(t.response_ids) for t in trajs])),
-                       ended_share=float(np.mean([t.ended for t in trajs])))
+  stats = CollectStats(
+    rounds=rounds,
+    sampled_groups=len(sampled),
+    dropped_groups=dropped,
+    kept_groups=len(kept),
+    short_groups=want - len(kept),
+    mean_reward=float(np.mean([t.reward for t in trajs])),
+    mean_length=float(np.mean([len(t.response_ids) for t in trajs])),
+    ended_share=float(np.mean([t.ended for t in trajs])),
+  )
   return kept, stats
 
 
@@ -169,8 +194,9 @@ def trajectory_seed(t: Trajectory, prompts: PromptSet, step: int) -> int:
   return zlib.crc32(f"{prompts.problems[t.prompt].id}/{step}/{t.sample}".encode())
 
 
-def potentials(prober: Prober, groups: Sequence[Group], prompts: PromptSet, step: int,
-               think_id: int | None) -> list[StepPotentials]:
+def potentials(
+  prober: Prober, groups: Sequence[Group], prompts: PromptSet, step: int, think_id: int | None
+) -> list[StepPotentials]:
   """Every kept trajectory's step potentials in batched probing calls (the prober's parameters are the policy's
   now). A trajectory without `<think>` has no thinking steps: no boundary, no potential (docs/method.md §B1)."""
   trajs = [t for g in groups for t in g.trajectories]
@@ -178,10 +204,12 @@ def potentials(prober: Prober, groups: Sequence[Group], prompts: PromptSet, step
   none = StepPotentials.of(np.zeros(0, int), np.zeros(0), np.zeros(0), prober.cfg.eps_sat)
   out = [none] * len(trajs)
   if thinking:
-    got = prober.potentials([prompts.prompt_ids[trajs[i].prompt] for i in thinking],
-                            [trajs[i].text_ids for i in thinking],
-                            [prompts.problems[trajs[i].prompt].answer for i in thinking],
-                            [trajectory_seed(trajs[i], prompts, step) for i in thinking])
+    got = prober.potentials(
+      [prompts.prompt_ids[trajs[i].prompt] for i in thinking],
+      [trajs[i].text_ids for i in thinking],
+      [prompts.problems[trajs[i].prompt].answer for i in thinking],
+      [trajectory_seed(trajs[i], prompts, step) for i in thinking],
+    )
     for i, p in zip(thinking, got):
       out[i] = p
   return out
@@ -207,8 +235,16 @@ class StepBatch:
   real_rows: int
 
 
-def step_batch(groups: Sequence[Group], pots: Sequence[StepPotentials] | None, prompts: PromptSet, *,
-               want: int, group_size: int, response_len: int, pad_id: int) -> StepBatch:
+def step_batch(
+  groups: Sequence[Group],
+  pots: Sequence[StepPotentials] | None,
+  prompts: PromptSet,
+  *,
+  want: int,
+  group_size: int,
+  response_len: int,
+  pad_id: int,
+) -> StepBatch:
   """Lays out `want` groups (short batches padded with copies of the first group, masked out) as fixed shapes:
   B = want * G rows, prompts left-padded to a power of two, responses right-padded to `response_len`."""
   if not groups:
@@ -232,31 +268,46 @@ def step_batch(groups: Sequence[Group], pots: Sequence[StepPotentials] | None, p
   for r, t in enumerate(rows):
     p = prompts.prompt_ids[t.prompt]
     ids = t.response_ids[:response_len]
-    tokens[r, plen - len(p):plen] = p
-    attn[r, plen - len(p):plen + len(ids)] = 1
-    tokens[r, plen:plen + len(ids)] = ids
+    tokens[r, plen - len(p) : plen] = p
+    attn[r, plen - len(p) : plen + len(ids)] = 1
+    tokens[r, plen : plen + len(ids)] = ids
     rewards[r] = t.reward
     if not real[r]:
       continue
-    resp[r, :len(ids)] = 1.0
+    resp[r, : len(ids)] = 1.0
     if pots is not None:
       pot = pots[r]
-      token_step[r, :len(ids)] = token_steps(pot.cuts, len(ids))
+      token_step[r, : len(ids)] = token_steps(pot.cuts, len(ids))
       kk = len(pot.cuts)
       phi[r, :kk] = np.nan_to_num(pot.phi, nan=0.0)
       valid[r, :kk] = np.isfinite(pot.phi)
-  inp = AdvantageInputs(rewards=jnp.asarray(rewards), row_mask=jnp.asarray(real), response_mask=jnp.asarray(resp > 0),
-                        token_step=jnp.asarray(token_step), phi=jnp.asarray(phi), step_valid=jnp.asarray(valid),
-                        group_size=group_size)
+  inp = AdvantageInputs(
+    rewards=jnp.asarray(rewards),
+    row_mask=jnp.asarray(real),
+    response_mask=jnp.asarray(resp > 0),
+    token_step=jnp.asarray(token_step),
+    phi=jnp.asarray(phi),
+    step_valid=jnp.asarray(valid),
+    group_size=group_size,
+  )
   return StepBatch(adv_inputs=inp, tokens=tokens, attention_mask=attn, response_mask=resp, real_rows=n)
 
 
-def policy_batch(sb: StepBatch, advantages: Float[Array, "b t"], old_logprobs: Float[Array, "b t"],
-                 ref_logprobs: Float[Array, "b t"] | None = None) -> PolicyBatch:
+def policy_batch(
+  sb: StepBatch,
+  advantages: Float[Array, "b t"],
+  old_logprobs: Float[Array, "b t"],
+  ref_logprobs: Float[Array, "b t"] | None = None,
+) -> PolicyBatch:
   """The step batch's sequences with their advantages and log-probabilities [B, T] (checked: `PolicyBatch.check`)."""
   resp = jnp.asarray(sb.response_mask)
-  batch = PolicyBatch(tokens=jnp.asarray(sb.tokens), attention_mask=jnp.asarray(sb.attention_mask),
-                      response_mask=resp, old_logprobs=old_logprobs, advantages=advantages * resp,
-                      ref_logprobs=jnp.zeros_like(resp) if ref_logprobs is None else ref_logprobs)
+  batch = PolicyBatch(
+    tokens=jnp.asarray(sb.tokens),
+    attention_mask=jnp.asarray(sb.attention_mask),
+    response_mask=resp,
+    old_logprobs=old_logprobs,
+    advantages=advantages * resp,
+    ref_logprobs=jnp.zeros_like(resp) if ref_logprobs is None else ref_logprobs,
+  )
   batch.check()
   return batch

@@ -20,8 +20,8 @@ class AdvantageInputs:
   rewards: [B] float32 outcome reward R_i in {0, 1}. row_mask: [B] bool, False on batch-padding rows (a short batch
   after dynamic sampling ran out of refills); padding rows come as whole groups. response_mask: [B, T] bool, the
   response tokens that are trained (the final EOS included). token_step: [B, T] int32, the step k(j) that holds
-  token j (docs/method.md §B2: the step whose boundary closes at or after j; tokens after the last boundary take the last
-  step); -1 where the row has no boundary. phi: [B, K] float32, the step potential Phi_k at boundary k (any value
+  token j (docs/method.md §B2: the step whose boundary closes at or after j; tokens after the last boundary take the
+  last step); -1 where the row has no boundary. phi: [B, K] float32, the step potential Phi_k at boundary k (any value
   where not step_valid). step_valid: [B, K] bool, boundary k exists and was probed.
   """
 
@@ -52,13 +52,15 @@ class PolicyBatch:
   def check(self) -> None:
     """ConfigError unless the shapes fit together: tokens and attention_mask [B, P + T] of integer ids, the four
     per-response-token arrays [B, T] with T <= P + T. Shapes are static: it costs nothing under jit."""
-    with shape_errors("PolicyBatch: tokens, attention_mask [B, P + T]; response_mask, old_logprobs, advantages, "
-                      "ref_logprobs [B, T]"):
+    with shape_errors(
+      "PolicyBatch: tokens, attention_mask [B, P + T]; response_mask, old_logprobs, advantages, ref_logprobs [B, T]"
+    ):
       chex.assert_rank([self.tokens, self.response_mask], 2)
       chex.assert_equal_shape([self.tokens, self.attention_mask])
       chex.assert_equal_shape([self.response_mask, self.old_logprobs, self.advantages, self.ref_logprobs])
       chex.assert_equal_shape_prefix([self.tokens, self.response_mask], 1)
       chex.assert_type(self.tokens, int)
       if self.prompt_len < 0:
-        raise AssertionError(f"{self.response_mask.shape[1]} response columns exceed the {self.tokens.shape[1]} "
-                             "token columns")
+        raise AssertionError(
+          f"{self.response_mask.shape[1]} response columns exceed the {self.tokens.shape[1]} token columns"
+        )

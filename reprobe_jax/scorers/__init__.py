@@ -5,14 +5,39 @@ inputs, newest_span)` -> [B] run it jitted; `scorer.score` / `scorer.score_newes
 inside another jitted program (a search loop).
 """
 
-from reprobe_jax.scorers.base import (ScoreInputs, StepScorer, inputs_from_state, prompt_rows, score, score_newest,
-                                      step_token_mask, take_carry)
+from reprobe_jax.scorers.base import (
+  ScoreInputs,
+  StepScorer,
+  inputs_from_state,
+  prompt_rows,
+  score,
+  score_newest,
+  step_token_mask,
+  take_carry,
+)
 from reprobe_jax.scorers.registry import SCORERS, get_scorer, register_scorer
 from reprobe_jax.scorers.uncertainty import BASELINES, UncertaintyScorer
 from reprobe_jax.scorers.probe import ProbeScorer
 from reprobe_jax.scorers.prm import PRMScorer
 from reprobe_jax.scorers.batching import pad_rows, record_rows, score_rows
 
-__all__ = ["BASELINES", "SCORERS", "PRMScorer", "ProbeScorer", "ScoreInputs", "StepScorer", "UncertaintyScorer", "get_scorer",
-           "inputs_from_state", "pad_rows", "prompt_rows", "record_rows", "register_scorer", "score", "score_newest",
-           "score_rows", "step_token_mask", "take_carry"]
+__all__ = [
+  "BASELINES",
+  "SCORERS",
+  "PRMScorer",
+  "ProbeScorer",
+  "ScoreInputs",
+  "StepScorer",
+  "UncertaintyScorer",
+  "get_scorer",
+  "inputs_from_state",
+  "pad_rows",
+  "prompt_rows",
+  "record_rows",
+  "register_scorer",
+  "score",
+  "score_newest",
+  "score_rows",
+  "step_token_mask",
+  "take_carry",
+]

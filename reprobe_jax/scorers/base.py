@@ -64,8 +64,10 @@ class ScoreInputs:
       if y is None:
         raise ConfigError(f"scorer {scorer!r} reads ScoreInputs.{field}, whose {other} is None")
       if x.ndim != 2 or x.shape[0] != self.token_mask.shape[0] or tuple(y.shape) != tuple(x.shape):
-        raise ConfigError(f"ScoreInputs.{field} has shape {tuple(x.shape)} and {other} {tuple(y.shape)}; both must "
-                          f"be [B, Tp] with B = {self.token_mask.shape[0]} (token_mask's)")
+        raise ConfigError(
+          f"ScoreInputs.{field} has shape {tuple(x.shape)} and {other} {tuple(y.shape)}; both must "
+          f"be [B, Tp] with B = {self.token_mask.shape[0]} (token_mask's)"
+        )
       return x
     if tuple(x.shape[:2]) != tuple(self.token_mask.shape):
       raise ConfigError(f"ScoreInputs.{field} has shape {tuple(x.shape)}; token_mask is {tuple(self.token_mask.shape)}")
@@ -170,8 +172,9 @@ def score_newest(scorer: StepScorer, inputs: ScoreInputs, newest_span: jax.Array
   return scorer.score_newest(inputs, newest_span).astype(jnp.float32)
 
 
-def inputs_from_state(state: DecodeState, spec: FeatureSpec | None = None, num_layers: int | None = None,
-                      prompts=None) -> ScoreInputs:
+def inputs_from_state(
+  state: DecodeState, spec: FeatureSpec | None = None, num_layers: int | None = None, prompts=None
+) -> ScoreInputs:
   """ScoreInputs of a decode state's rows (`reprobe_jax.models.decode_state.DecodeState`), on device: the tokens the
   sampler recorded, their log-probs and captured statistics, and, given a FeatureSpec (with the model's layer
   count), the probe's features assembled from the captured values; given prompts = (ids [B, Tp], mask [B, Tp]),
@@ -180,8 +183,10 @@ def inputs_from_state(state: DecodeState, spec: FeatureSpec | None = None, num_l
   if prompts is not None:
     prompt_ids, prompt_mask = prompts
     if prompt_ids.ndim != 2 or prompt_ids.shape[0] != state.batch or prompt_mask.shape != prompt_ids.shape:
-      raise ConfigError(f"inputs_from_state: prompts must be (ids, mask) of one [{state.batch}, Tp]; got "
-                        f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
+      raise ConfigError(
+        f"inputs_from_state: prompts must be (ids, mask) of one [{state.batch}, Tp]; got "
+        f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
+      )
   feats = state.features
   token_mask = jnp.arange(state.buffer_len)[None, :] < state.lengths[:, None]  # [B, N]
   features = None
@@ -189,13 +194,21 @@ def inputs_from_state(state: DecodeState, spec: FeatureSpec | None = None, num_l
     if num_layers is None:
       raise ConfigError("inputs_from_state: a feature spec needs the model's num_layers")
     features = spec.assemble(with_logprobs(feats, state.logprobs), num_layers)
-  return ScoreInputs(token_mask=token_mask, features=features, logprobs=state.logprobs,
-                     entropy=feats.token_entropy, self_certainty=feats.token_self_certainty,
-                     tokens=state.tokens, prompt_ids=prompt_ids, prompt_mask=prompt_mask)
+  return ScoreInputs(
+    token_mask=token_mask,
+    features=features,
+    logprobs=state.logprobs,
+    entropy=feats.token_entropy,
+    self_certainty=feats.token_self_certainty,
+    tokens=state.tokens,
+    prompt_ids=prompt_ids,
+    prompt_mask=prompt_mask,
+  )
 
 
-def prompt_rows(prompt_ids: Sequence[Sequence[int]], n: int, batch: int,
-                pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def prompt_rows(
+  prompt_ids: Sequence[Sequence[int]], n: int, batch: int, pad_id: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
   """The prompts of a batch of prompt-major rows (prompt p on rows p * n .. p * n + n - 1, rows past them padding):
   (ids [batch, Tp] int32 LEFT-padded with pad_id, mask [batch, Tp] bool), Tp = bucket(longest prompt), the
   prefill's own prompt bucket, so a second batch in the same buckets has the same shapes."""
@@ -206,6 +219,6 @@ def prompt_rows(prompt_ids: Sequence[Sequence[int]], n: int, batch: int,
   mask = np.zeros((batch, tp), bool)
   for j, p in enumerate(prompt_ids):
     if len(p):
-      ids[j * n:(j + 1) * n, tp - len(p):] = np.asarray(p, np.int32)
-      mask[j * n:(j + 1) * n, tp - len(p):] = True
+      ids[j * n : (j + 1) * n, tp - len(p) :] = np.asarray(p, np.int32)
+      mask[j * n : (j + 1) * n, tp - len(p) :] = True
   return ids, mask

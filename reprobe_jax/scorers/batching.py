@@ -26,8 +26,9 @@ def record_rows(records: Sequence[dict]) -> tuple[list[dict[str, np.ndarray]], l
   return rows, spans
 
 
-def pad_rows(rows: Sequence[Mapping[str, np.ndarray]], spans: Sequence[np.ndarray],
-             batch_size: int | None = None) -> tuple[ScoreInputs, np.ndarray]:
+def pad_rows(
+  rows: Sequence[Mapping[str, np.ndarray]], spans: Sequence[np.ndarray], batch_size: int | None = None
+) -> tuple[ScoreInputs, np.ndarray]:
   """Rows {field: [n] or [n, F]} (fields of FIELDS, the same in every row) and spans [S_i, 2] -> ScoreInputs with
   [B, bucket(T)] arrays and spans [B, bucket(S), 2]; B = batch_size (rows past the data are padding) or len(rows).
   Errors name the row and field that do not fit."""
@@ -62,21 +63,22 @@ def pad_rows(rows: Sequence[Mapping[str, np.ndarray]], spans: Sequence[np.ndarra
   for i, (row, sp, n) in enumerate(zip(rows, spans, lengths)):
     mask[i, :n] = True
     sp = np.asarray(sp, np.int32).reshape(-1, 2)
-    padded_spans[i, :len(sp)] = sp
+    padded_spans[i, : len(sp)] = sp
     for k in fields:
       arrays[k][i, :n] = row[k]
   return ScoreInputs(token_mask=mask, **arrays), padded_spans
 
 
-def score_rows(scorer: StepScorer, rows: Sequence[Mapping[str, np.ndarray]], spans: Sequence[np.ndarray], *,
-               batch_size: int = 32) -> list[np.ndarray]:
+def score_rows(
+  scorer: StepScorer, rows: Sequence[Mapping[str, np.ndarray]], spans: Sequence[np.ndarray], *, batch_size: int = 32
+) -> list[np.ndarray]:
   """Scores [S_i] of every row's steps with the jitted `score`, in batches of rows of similar length."""
   order = sorted(range(len(rows)), key=lambda i: len(next(iter(rows[i].values()))))
   out: list[np.ndarray | None] = [None] * len(rows)
   for c in range(0, len(order), batch_size):
-    idx = order[c:c + batch_size]
+    idx = order[c : c + batch_size]
     inputs, padded = pad_rows([rows[i] for i in idx], [spans[i] for i in idx], batch_size)
     res = np.asarray(score(scorer, inputs, jnp.asarray(padded)))
     for r, i in enumerate(idx):
-      out[i] = res[r, :len(np.asarray(spans[i]).reshape(-1, 2))]
+      out[i] = res[r, : len(np.asarray(spans[i]).reshape(-1, 2))]
   return out  # type: ignore[return-value]

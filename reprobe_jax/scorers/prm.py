@@ -45,8 +45,9 @@ class PRMScorer(StepScorer):
   def score_newest(self, inputs: ScoreInputs, newest_span: jax.Array) -> jax.Array:
     """Not defined for a PRM on its own: the newest step's score depends on the steps before it, which one span
     does not name. A search calls `advance` on the carry instead; elsewhere call `score` with every span."""
-    raise ConfigError("the PRM scores a step after the steps before it: call score() with every span, or "
-                      "init_carry/advance in a search")
+    raise ConfigError(
+      "the PRM scores a step after the steps before it: call score() with every span, or init_carry/advance in a search"
+    )
 
   def init_carry(self, inputs: ScoreInputs, room: int):
     """The PRM's KV cache of each row's prompt, with `room` slots for the steps and their separators."""

@@ -1,4 +1,5 @@
-"""The ReProbe probe (docs/method.md §A4) as a step scorer: P(step incorrect) from the features of the tokens [0, step end)."""
+"""The ReProbe probe (docs/method.md §A4) as a step scorer: P(step incorrect) from the features of the tokens [0, step
+end)."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ class ProbeScorer(StepScorer):
     """P(incorrect) [B, S] for spans [B, S, 2]; steps with no real tokens -> NaN."""
     feats = inputs.get("features", self.name)
     if feats.shape[-1] != self.bundle.config.feature_dim:
-      raise ConfigError(f"ScoreInputs.features has {feats.shape[-1]} dims, the probe expects "
-                        f"{self.bundle.config.feature_dim} ({self.bundle.features.name} features)")
+      raise ConfigError(
+        f"ScoreInputs.features has {feats.shape[-1]} dims, the probe expects "
+        f"{self.bundle.config.feature_dim} ({self.bundle.features.name} features)"
+      )
     p = self.bundle.probabilities(feats, inputs.token_mask, spans)
     return jnp.where(jnp.any(step_token_mask(spans, inputs.token_mask), axis=-1), p, jnp.nan)
 
@@ -55,7 +58,8 @@ class ProbeScorer(StepScorer):
     (tests). spans: one [S_i, 2] array per row (rows past them and empty steps score NaN)."""
     batch, tokens = features.shape[:2]
     arrays = [np.asarray(sp, np.int32).reshape(-1, 2) for sp in spans] + [np.zeros((0, 2), np.int32)] * (
-        batch - len(spans))
+      batch - len(spans)
+    )
     chosen = [(i, k) for i, sp in enumerate(arrays) for k in range(len(sp)) if sp[k, 1] > sp[k, 0]]
     shape = spans_shape([a[[k for i2, k in chosen if i2 == i]] for i, a in enumerate(arrays)], batch, tokens)
     pack = pack_spans(arrays, chosen, shape)
@@ -67,8 +71,9 @@ class ProbeScorer(StepScorer):
 
 
 @SCORERS.register("probe")
-def _probe_scorer(bundle: ProbeBundle | None = None, *, path: str | None = None,
-                  model_fingerprint: str | None = None) -> ProbeScorer:
+def _probe_scorer(
+  bundle: ProbeBundle | None = None, *, path: str | None = None, model_fingerprint: str | None = None
+) -> ProbeScorer:
   """From a bundle in memory or a saved probe folder (checked against the target's fingerprint when given)."""
   if (bundle is None) == (path is None):
     raise ConfigError("the probe scorer needs exactly one of bundle= or path=")

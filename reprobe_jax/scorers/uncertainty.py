@@ -18,8 +18,13 @@ from reprobe_jax.scorers.base import ScoreInputs, StepScorer, step_token_mask
 from reprobe_jax.scorers.registry import SCORERS
 
 BASELINES = ("maxprob", "perplexity", "max_entropy", "mean_entropy", "self_certainty", "random")
-_READS = {"maxprob": "logprobs", "perplexity": "logprobs", "max_entropy": "entropy", "mean_entropy": "entropy",
-          "self_certainty": "self_certainty"}
+_READS = {
+  "maxprob": "logprobs",
+  "perplexity": "logprobs",
+  "max_entropy": "entropy",
+  "mean_entropy": "entropy",
+  "self_certainty": "self_certainty",
+}
 
 
 def _step_uniform(key, spans):

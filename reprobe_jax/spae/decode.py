@@ -45,31 +45,52 @@ class ThinkingRow:
 
 def trajectory_seed(prompt_seed: int, sample: int, samples: int) -> int:
   """The probe's per-trajectory seed of sample s of a prompt (unique per (prompt seed, sample), in [0, 2**32))."""
-  return (int(prompt_seed) * samples + sample) % (2 ** 32)
+  return (int(prompt_seed) * samples + sample) % (2**32)
 
 
-def decode_thinking(lm, prober: Prober, prompt_ids: Sequence[Sequence[int]], answers: Sequence[str],
-                    prompt_seeds: Sequence[int], *, sampling: SamplingParams, max_new_tokens: int, samples: int = 1,
-                    seed: int = 0, truncate: bool = False, close: str = THINK_CLOSE,
-                    progress: Callable[[int], None] | None = None) -> list[ThinkingRow]:
+def decode_thinking(
+  lm,
+  prober: Prober,
+  prompt_ids: Sequence[Sequence[int]],
+  answers: Sequence[str],
+  prompt_seeds: Sequence[int],
+  *,
+  sampling: SamplingParams,
+  max_new_tokens: int,
+  samples: int = 1,
+  seed: int = 0,
+  truncate: bool = False,
+  close: str = THINK_CLOSE,
+  progress: Callable[[int], None] | None = None,
+) -> list[ThinkingRow]:
   """`samples` thinking trajectories per prompt, each boundary probed on device; with `truncate`, each row gets
   `close` forced in at its first saturated boundary. Rows come back prompt-major (prompt p, sample s)."""
   if lm.tokenizer is None:
     raise ConfigError("decode_thinking needs the model's tokenizer")
   if len(prompt_ids) != len(answers) or len(prompt_ids) != len(prompt_seeds):
-    raise ConfigError(f"decode_thinking: {len(prompt_ids)} prompts, {len(answers)} answers, {len(prompt_seeds)} "
-                      "prompt seeds; need one of each per prompt")
+    raise ConfigError(
+      f"decode_thinking: {len(prompt_ids)} prompts, {len(answers)} answers, {len(prompt_seeds)} "
+      "prompt seeds; need one of each per prompt"
+    )
   close_ids = list(lm.tokenizer(close, add_special_tokens=False)["input_ids"])
   if truncate and not close_ids:
     raise ConfigError(f"decode_thinking: the closing text {close!r} tokenizes to nothing")
   ans = prober.answer_ids(answers)
   for p, a in zip(prompt_ids, ans):
     prober.check_room(len(p) + max_new_tokens, len(a))
-  smp = lm.sampler(sampling, capture=CaptureSpec(),
-                   stop=StepBoundary("paragraph").compile(lm.tokenizer, lm.config.vocab_size))
+  smp = lm.sampler(
+    sampling, capture=CaptureSpec(), stop=StepBoundary("paragraph").compile(lm.tokenizer, lm.config.vocab_size)
+  )
   n_prompts = len(prompt_ids)
-  state = smp.prefill([list(p) for p in prompt_ids], max_new_tokens=max_new_tokens, n=samples, seed=seed,
-                      share=False, extra_slots=len(close_ids), prompt_seeds=list(prompt_seeds))
+  state = smp.prefill(
+    [list(p) for p in prompt_ids],
+    max_new_tokens=max_new_tokens,
+    n=samples,
+    seed=seed,
+    share=False,
+    extra_slots=len(close_ids),
+    prompt_seeds=list(prompt_seeds),
+  )
   b = state.batch
   rows = n_prompts * samples
   row_prompt = np.minimum(np.arange(b) // samples, n_prompts - 1)  # batch padding rows borrow a real prompt
@@ -98,12 +119,13 @@ def decode_thinking(lm, prober: Prober, prompt_ids: Sequence[Sequence[int]], ans
     live = np.flatnonzero(paused)
     pad = np.resize(live, bucket(len(live), minimum=max(1, b // 8)))
     cut = (host["step_end"][pad] - 1).astype(np.int32)[:, None]
-    cut[len(live):] = -1
+    cut[len(live) :] = -1
     sub = decode_state.take(state, jnp.asarray(pad, jnp.int32))
-    acc, conf = jax.device_get(prober.probe_state(sub, cut, ordinal[pad][:, None], [row_ans[r] for r in pad],
-                                                  [row_seed[r] for r in pad]))
+    acc, conf = jax.device_get(
+      prober.probe_state(sub, cut, ordinal[pad][:, None], [row_ans[r] for r in pad], [row_seed[r] for r in pad])
+    )
     phi = np.full(b, np.nan)
-    phi[live] = step_potential(acc[:len(live), 0], conf[:len(live), 0])
+    phi[live] = step_potential(acc[: len(live), 0], conf[: len(live), 0])
     for j, r in enumerate(live):
       cuts[r].append(int(cut[j, 0]))
       accs[r].append(float(acc[j, 0]))
@@ -120,7 +142,14 @@ def decode_thinking(lm, prober: Prober, prompt_ids: Sequence[Sequence[int]], ans
   out = []
   for r, row in enumerate(smp.read(state, list(range(rows)))):
     ids = row.tokens[:-1] if row.tokens and row.tokens[-1] == eos else row.tokens
-    out.append(ThinkingRow(prompt_index=int(row_prompt[r]), sample=r % samples, response_ids=tuple(ids),
-                           finish_reason=row.finish_reason or "length",
-                           potentials=StepPotentials.of(cuts[r], accs[r], confs[r], eps), truncated_at=truncated_at[r]))
+    out.append(
+      ThinkingRow(
+        prompt_index=int(row_prompt[r]),
+        sample=r % samples,
+        response_ids=tuple(ids),
+        finish_reason=row.finish_reason or "length",
+        potentials=StepPotentials.of(cuts[r], accs[r], confs[r], eps),
+        truncated_at=truncated_at[r],
+      )
+    )
   return out

@@ -1,4 +1,5 @@
-"""SPAE's trajectory metrics for thinking-mode evaluation (docs/method.md §B3), on the host, from typed per-trajectory inputs.
+"""SPAE's trajectory metrics for thinking-mode evaluation (docs/method.md §B3), on the host, from typed per-trajectory
+inputs.
 
 A `ThinkingOutcome` is one evaluated thinking trajectory: its length, where `</think>` is, whether the final answer
 is right, the step potentials at its paragraph boundaries (`potential.StepPotentials`), the kind of the paragraph
@@ -40,10 +41,15 @@ DISPLACEMENTS = ("synchronised", "early", "late", "never")
 def _optional_int(value, what: str, high: int | None = None) -> int | None:
   if value is None:
     return None
-  if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0
-      or (high is not None and value > high)):
-    raise DataFormatError(f"{what}: expected None or an integer in [0, {'inf' if high is None else high}], got "
-                          f"{value!r}")
+  if (
+    isinstance(value, (bool, np.bool_))
+    or not isinstance(value, (int, np.integer))
+    or value < 0
+    or (high is not None and value > high)
+  ):
+    raise DataFormatError(
+      f"{what}: expected None or an integer in [0, {'inf' if high is None else high}], got {value!r}"
+    )
   return int(value)
 
 
@@ -80,8 +86,9 @@ class ThinkingOutcome:
     object.__setattr__(self, "correct", bool(self.correct))
     cuts = np.asarray(self.cuts)
     if cuts.ndim != 1 or (cuts.size and not np.issubdtype(cuts.dtype, np.integer)):
-      raise DataFormatError(f"{name}: cuts must be a 1-D array of token indices, got shape {cuts.shape} "
-                            f"dtype {cuts.dtype}")
+      raise DataFormatError(
+        f"{name}: cuts must be a 1-D array of token indices, got shape {cuts.shape} dtype {cuts.dtype}"
+      )
     cuts = cuts.astype(np.int64)
     c = cuts.shape[0]
     arrays = {}
@@ -95,8 +102,9 @@ class ThinkingOutcome:
       raise DataFormatError(f"{name}: kinds must name one of {KINDS} per boundary ({c}), got {kinds!r}")
     end = self.think_end + 1 if self.think_end is not None else n  # a cut may share the '</think>' token
     if c and (np.any(np.diff(cuts) <= 0) or cuts[0] < 0 or cuts[-1] >= end):
-      raise DataFormatError(f"{name}: cuts must increase strictly within [0, {end}) (up to '</think>'), got "
-                            f"{cuts.tolist()}")
+      raise DataFormatError(
+        f"{name}: cuts must increase strictly within [0, {end}) (up to '</think>'), got {cuts.tolist()}"
+      )
     object.__setattr__(self, "cuts", cuts)
     object.__setattr__(self, "kinds", kinds)
     for field, a in arrays.items():
@@ -134,10 +142,11 @@ class ThinkingOutcome:
     return None if first is None or self.oracle is None else first - self.oracle
 
 
-def outcome_from(problem: Problem, response_ids: Sequence[int], tokenizer, potentials: StepPotentials
-                 ) -> ThinkingOutcome:
-  """One trajectory's ThinkingOutcome (docs/method.md §B3): the response (token ids, without EOS) decoded, its paragraphs
-  classified and replayed for the oracle, its answer checked, and its potentials paired with the paragraphs.
+def outcome_from(
+  problem: Problem, response_ids: Sequence[int], tokenizer, potentials: StepPotentials
+) -> ThinkingOutcome:
+  """One trajectory's ThinkingOutcome (docs/method.md §B3): the response (token ids, without EOS) decoded, its
+  paragraphs classified and replayed for the oracle, its answer checked, and its potentials paired with the paragraphs.
 
   DataFormatError naming the trajectory when the potentials' boundaries are not the response's paragraph
   boundaries (another count, other tokens) or the boundary-closed paragraphs are not those `parse_thinking` reads
@@ -149,20 +158,32 @@ def outcome_from(problem: Problem, response_ids: Sequence[int], tokenizer, poten
   cuts = np.asarray(potentials.cuts, np.int64)
   expected = [s.end - 1 for s in closed]
   if cuts.tolist() != expected:
-    raise DataFormatError(f"{name}: the potentials have {len(cuts)} boundaries at tokens {cuts.tolist()}, but the "
-                          f"response has {len(expected)} paragraph boundaries at tokens {expected}")
+    raise DataFormatError(
+      f"{name}: the potentials have {len(cuts)} boundaries at tokens {cuts.tolist()}, but the "
+      f"response has {len(expected)} paragraph boundaries at tokens {expected}"
+    )
   paragraphs, _ = parse_thinking(text)
   texts = [s.text.strip() for s in closed]
-  if paragraphs[:len(texts)] != texts or len(paragraphs) > len(texts) + 1:
-    raise DataFormatError(f"{name}: its {len(texts)} boundary-closed paragraphs {texts!r} are not the first of the "
-                          f"{len(paragraphs)} paragraphs the thinking parser reads {paragraphs!r}")
+  if paragraphs[: len(texts)] != texts or len(paragraphs) > len(texts) + 1:
+    raise DataFormatError(
+      f"{name}: its {len(texts)} boundary-closed paragraphs {texts!r} are not the first of the "
+      f"{len(paragraphs)} paragraphs the thinking parser reads {paragraphs!r}"
+    )
   at = text.find(THINK_CLOSE)
   think_end = None if at < 0 else bisect.bisect_right(ends, at)  # the first token that ends past its '<'
   return ThinkingOutcome(
-      problem_id=problem.id, n_tokens=len(ids), think_end=think_end,
-      correct=check_response(problem, text, "thinking").correct, cuts=cuts, acc=potentials.acc,
-      conf=potentials.conf, phi=potentials.phi, kinds=tuple(classify_paragraph(problem, p) for p in texts),
-      oracle=thinking_progress(problem, paragraphs).established, eps_sat=potentials.eps_sat)
+    problem_id=problem.id,
+    n_tokens=len(ids),
+    think_end=think_end,
+    correct=check_response(problem, text, "thinking").correct,
+    cuts=cuts,
+    acc=potentials.acc,
+    conf=potentials.conf,
+    phi=potentials.phi,
+    kinds=tuple(classify_paragraph(problem, p) for p in texts),
+    oracle=thinking_progress(problem, paragraphs).established,
+    eps_sat=potentials.eps_sat,
+  )
 
 
 # ------------------------------------------------------------------------------------------------ summary
@@ -222,14 +243,16 @@ def _check_k(outcomes: Sequence[ThinkingOutcome], k) -> int:
   bad = {p: n for p, n in per.items() if n != k}
   if bad:
     shown = ", ".join(f"{p!r}: {n}" for p, n in list(bad.items())[:5])
-    raise ConfigError(f"summarise: Acc@{k} needs exactly {k} samples per problem; {len(bad)} of {len(per)} problems "
-                      f"have another number ({shown}{', ...' if len(bad) > 5 else ''})")
+    raise ConfigError(
+      f"summarise: Acc@{k} needs exactly {k} samples per problem; {len(bad)} of {len(per)} problems "
+      f"have another number ({shown}{', ...' if len(bad) > 5 else ''})"
+    )
   return len(per)
 
 
 def summarise(outcomes: Sequence[ThinkingOutcome], k: int) -> TrajectoryMetrics:
-  """Acc@k, Len@k, solving / checking tokens, R2W, reflect steps and saturation against the oracle (docs/method.md §B3) over
-  k samples per problem (ConfigError unless every problem has exactly k)."""
+  """Acc@k, Len@k, solving / checking tokens, R2W, reflect steps and saturation against the oracle (docs/method.md §B3)
+  over k samples per problem (ConfigError unless every problem has exactly k)."""
   problems = _check_k(outcomes, k)
   checked = [o for o in outcomes if o.correct and o.first_saturated is not None]
   solving = [o.solving_tokens for o in checked]
@@ -246,15 +269,24 @@ def summarise(outcomes: Sequence[ThinkingOutcome], k: int) -> TrajectoryMetrics:
       displacements.append(d)
       counts["synchronised" if d == 0 else "early" if d < 0 else "late"] += 1
   return TrajectoryMetrics(
-      k=int(k), problems=problems, trajectories=len(outcomes), acc_at_k=_mean(o.correct for o in outcomes),
-      len_at_k=_mean(o.n_tokens for o in outcomes), solving_tokens=_mean(solving), checking_tokens=_mean(checking),
-      checking_share=sum(checking) / total if total else math.nan, checked=len(checked),
-      r2w=_mean(not o.correct and o.first_saturated is not None for o in outcomes),
-      saturated_share=_mean(o.first_saturated is not None for o in outcomes),
-      reflect_steps=_mean(o.kinds.count("reflect") for o in outcomes),
-      reflect_after_saturation=_mean(o.kinds[o.first_saturated + 1:].count("reflect") for o in checked),
-      oracle_agreement=counts["synchronised"] / len(with_oracle) if with_oracle else math.nan,
-      oracle_count=len(with_oracle), displacement_counts=counts, displacements=tuple(displacements))
+    k=int(k),
+    problems=problems,
+    trajectories=len(outcomes),
+    acc_at_k=_mean(o.correct for o in outcomes),
+    len_at_k=_mean(o.n_tokens for o in outcomes),
+    solving_tokens=_mean(solving),
+    checking_tokens=_mean(checking),
+    checking_share=sum(checking) / total if total else math.nan,
+    checked=len(checked),
+    r2w=_mean(not o.correct and o.first_saturated is not None for o in outcomes),
+    saturated_share=_mean(o.first_saturated is not None for o in outcomes),
+    reflect_steps=_mean(o.kinds.count("reflect") for o in outcomes),
+    reflect_after_saturation=_mean(o.kinds[o.first_saturated + 1 :].count("reflect") for o in checked),
+    oracle_agreement=counts["synchronised"] / len(with_oracle) if with_oracle else math.nan,
+    oracle_count=len(with_oracle),
+    displacement_counts=counts,
+    displacements=tuple(displacements),
+  )
 
 
 # ------------------------------------------------------------------------------------------------ curves
@@ -273,9 +305,13 @@ class Curve:
 
   def to_json(self) -> dict:
     """A JSON-ready dict (NaN written as null)."""
-    return {"phi": [_json_number(float(x)) for x in self.phi], "conf": [_json_number(float(x)) for x in self.conf],
-            "acc": [_json_number(float(x)) for x in self.acc], "count": self.count.tolist(),
-            "trajectories": self.trajectories}
+    return {
+      "phi": [_json_number(float(x)) for x in self.phi],
+      "conf": [_json_number(float(x)) for x in self.conf],
+      "acc": [_json_number(float(x)) for x in self.acc],
+      "count": self.count.tolist(),
+      "trajectories": self.trajectories,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,8 +354,11 @@ def potential_curves(outcomes: Sequence[ThinkingOutcome], bins: int = 10) -> Pot
   if isinstance(bins, (bool, np.bool_)) or not isinstance(bins, (int, np.integer)) or bins < 1:
     raise ConfigError(f"potential_curves: bins must be an integer >= 1, got {bins!r}")
   bins = int(bins)
-  return PotentialCurves(np.linspace(0.0, 1.0, bins + 1), _curve([o for o in outcomes if o.correct], bins),
-                         _curve([o for o in outcomes if not o.correct], bins))
+  return PotentialCurves(
+    np.linspace(0.0, 1.0, bins + 1),
+    _curve([o for o in outcomes if o.correct], bins),
+    _curve([o for o in outcomes if not o.correct], bins),
+  )
 
 
 # ------------------------------------------------------------------------------------------------ reports
@@ -332,10 +371,12 @@ def plot_curves(curves: PotentialCurves, path: str) -> None:
   x = curves.centers
   for ax, field, title in zip(axes, ("phi", "conf", "acc"), ("Step potential Phi", "Confidence", "Correctness")):
     for curve, label, color in ((curves.correct, "correct", "tab:green"), (curves.wrong, "wrong", "tab:red")):
-      ax.plot(x, getattr(curve, field), marker="o", ms=3, color=color,
-              label=f"{label} ({curve.trajectories} trajectories)")
-    ax.set(title=title, xlabel="relative step position", xlim=(0, 1),
-           ylim=(-1.02, 1.02) if field == "phi" else (-0.02, 1.02))
+      ax.plot(
+        x, getattr(curve, field), marker="o", ms=3, color=color, label=f"{label} ({curve.trajectories} trajectories)"
+      )
+    ax.set(
+      title=title, xlabel="relative step position", xlim=(0, 1), ylim=(-1.02, 1.02) if field == "phi" else (-0.02, 1.02)
+    )
     ax.legend(fontsize=7)
   fig.tight_layout()
   with atomic_open(path, "wb") as f:
@@ -356,9 +397,12 @@ def plot_displacement(metrics: TrajectoryMetrics, path: str) -> None:
   ax.yaxis.set_major_locator(MaxNLocator(integer=True))
   c = metrics.displacement_counts
   agreement = "n/a" if math.isnan(metrics.oracle_agreement) else f"{100 * metrics.oracle_agreement:.1f}%"
-  ax.set(xlabel="first saturated boundary - oracle step", ylabel="trajectories",
-         title=f"synchronised {c['synchronised']}, early {c['early']}, late {c['late']}, never {c['never']} "
-               f"(agreement {agreement} of {metrics.oracle_count})")
+  ax.set(
+    xlabel="first saturated boundary - oracle step",
+    ylabel="trajectories",
+    title=f"synchronised {c['synchronised']}, early {c['early']}, late {c['late']}, never {c['never']} "
+    f"(agreement {agreement} of {metrics.oracle_count})",
+  )
   ax.title.set_fontsize(9)
   fig.tight_layout()
   with atomic_open(path, "wb") as f:
@@ -380,8 +424,15 @@ def metrics_markdown(rows: Mapping[str, TrajectoryMetrics]) -> str:
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for name, m in rows.items():
     agreement = _cell(100 * m.oracle_agreement, ".1f")
-    cells = [name + ("" if len(ks) == 1 else f" (k={m.k})"), _cell(100 * m.acc_at_k, ".2f"), _cell(m.len_at_k, ".0f"),
-             _cell(m.solving_tokens, ".0f"), _cell(m.checking_tokens, ".0f"), _cell(100 * m.r2w, ".1f"),
-             _cell(m.reflect_steps, ".2f"), f"{agreement} (n={m.oracle_count})"]
+    cells = [
+      name + ("" if len(ks) == 1 else f" (k={m.k})"),
+      _cell(100 * m.acc_at_k, ".2f"),
+      _cell(m.len_at_k, ".0f"),
+      _cell(m.solving_tokens, ".0f"),
+      _cell(m.checking_tokens, ".0f"),
+      _cell(100 * m.r2w, ".1f"),
+      _cell(m.reflect_steps, ".2f"),
+      f"{agreement} (n={m.oracle_count})",
+    ]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ probabilities, not renormalised); Acc_n = exp(sum_k lp_k) / K_n, Conf_n = exp(-s
 positions read, and Acc, Conf the sums over samples divided by N. docs/method.md says why the paper reading is the
 default.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,9 +61,19 @@ class ProbeConfig:
   batch_size: int = 16  # trajectories per probing call (rows: batch_size * boundaries * (samples + 1))
 
   def __post_init__(self):
-    check_fields(self, {"samples": Int(1), "max_tokens": Int(1), "temperature": Real(0.0, low_open=True),
-                        "eps_sat": Real(-1.0, 1.0), "reading": OneOf(READINGS), "top_logprobs": Int(1),
-                        "seed": Int(0), "batch_size": Int(1)})
+    check_fields(
+      self,
+      {
+        "samples": Int(1),
+        "max_tokens": Int(1),
+        "temperature": Real(0.0, low_open=True),
+        "eps_sat": Real(-1.0, 1.0),
+        "reading": OneOf(READINGS),
+        "top_logprobs": Int(1),
+        "seed": Int(0),
+        "batch_size": Int(1),
+      },
+    )
     if not isinstance(self.suffix, str) or not self.suffix:
       raise ConfigError(f"ProbeConfig.suffix: expected a non-empty string, got {self.suffix!r}")
 

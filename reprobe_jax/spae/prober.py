@@ -56,9 +56,27 @@ def boundary_marks(table, tokens: Integer[Array, "b n"], lengths: Integer[Array,
   return after | before_prev
 
 
-def _probe_impl(graphdef, params, state: DecodeState, cuts, keys, suffix, answers, answer_len, close_rule: StopRule,
-                eos_mask, temperature, *, n: int, suffix_size: int, buffer_len: int, max_tokens: int, reading: str,
-                top_logprobs: int, shard=None):
+def _probe_impl(
+  graphdef,
+  params,
+  state: DecodeState,
+  cuts,
+  keys,
+  suffix,
+  answers,
+  answer_len,
+  close_rule: StopRule,
+  eos_mask,
+  temperature,
+  *,
+  n: int,
+  suffix_size: int,
+  buffer_len: int,
+  max_tokens: int,
+  reading: str,
+  top_logprobs: int,
+  shard=None,
+):
   """(acc, conf) [B, C] at the cuts [B, C] (response-token index of each boundary's last token; -1 = none: NaN)
   of every row of `state` (a decode state without a shared prefix, each row's response in its buffers).
 
@@ -69,31 +87,71 @@ def _probe_impl(graphdef, params, state: DecodeState, cuts, keys, suffix, answer
   teacher-forced answer goes on from it, and n copies of it (their own few suffix slots copied, the prefix still
   shared) sample the continuations."""
   b, c = cuts.shape
-  capture = CaptureSpec(token_stats=True, top_k_probs=top_logprobs if reading == "reference_code" else 0,
-                        top_k_ids=reading == "reference_code")
+  capture = CaptureSpec(
+    token_stats=True,
+    top_k_probs=top_logprobs if reading == "reference_code" else 0,
+    top_k_ids=reading == "reference_code",
+  )
   valid = cuts.reshape(-1) >= 0  # [B * C]
-  f = decoding.fork_in_jit(graphdef, params, state, jnp.maximum(cuts, 0), n=1, suffix_size=suffix_size,
-                    capture=capture, shard=shard, buffer_len=buffer_len)  # [B * C] rows, (row, cut) order
+  f = decoding.fork_in_jit(
+    graphdef,
+    params,
+    state,
+    jnp.maximum(cuts, 0),
+    n=1,
+    suffix_size=suffix_size,
+    capture=capture,
+    shard=shard,
+    buffer_len=buffer_len,
+  )  # [B * C] rows, (row, cut) order
   bc, s = f.batch, suffix.shape[0]
-  f = decoding.force_in_jit(graphdef, params, f, close_rule, jnp.broadcast_to(suffix[None], (bc, s)),
-                     jnp.broadcast_to(valid[:, None], (bc, s)).astype(jnp.int32), capture=capture, shard=shard)
+  f = decoding.force_in_jit(
+    graphdef,
+    params,
+    f,
+    close_rule,
+    jnp.broadcast_to(suffix[None], (bc, s)),
+    jnp.broadcast_to(valid[:, None], (bc, s)).astype(jnp.int32),
+    capture=capture,
+    shard=shard,
+  )
   pos = jnp.arange(f.buffer_len)[None, :]
   a_len = jnp.repeat(answer_len, c)  # [B * C]
   acc = None
   if reading == "paper":  # Acc: the answer teacher-forced after the suffix, at response positions [s, s + |y*|)
     a = answers.shape[1]
-    a_mask = (jnp.arange(a)[None, :] >= a - answer_len[:, None])
-    fa = decoding.force_in_jit(graphdef, params, f, close_rule, jnp.repeat(answers, c, axis=0),
-                        (jnp.repeat(a_mask, c, axis=0) & valid[:, None]).astype(jnp.int32), capture=capture,
-                        shard=shard)
+    a_mask = jnp.arange(a)[None, :] >= a - answer_len[:, None]
+    fa = decoding.force_in_jit(
+      graphdef,
+      params,
+      f,
+      close_rule,
+      jnp.repeat(answers, c, axis=0),
+      (jnp.repeat(a_mask, c, axis=0) & valid[:, None]).astype(jnp.int32),
+      capture=capture,
+      shard=shard,
+    )
     in_ans = (pos >= s) & (pos < s + a_len[:, None])
     acc = jnp.sum(jnp.where(in_ans, jnp.exp(fa.logprobs), 0.0), axis=1) / jnp.maximum(a_len, 1)
   fs = decode_state.take(f, jnp.repeat(jnp.arange(bc), n))  # [B * C * n] rows, (row, cut, sample) order
   fs = decode_state.rekey(fs, decode_state.row_keys(keys.reshape(-1), n))
   row_valid = jnp.repeat(valid, n)
   fs = fs.replace(done=fs.done | ~row_valid, budget=jnp.full((fs.batch,), s + max_tokens, jnp.int32))
-  fs = decoding.decode_in_jit(graphdef, params, fs, close_rule, eos_mask, temperature, jnp.float32(1.0),
-                       jnp.int32(max_tokens), greedy=False, top_k=0, filtered=False, capture=capture, shard=shard)
+  fs = decoding.decode_in_jit(
+    graphdef,
+    params,
+    fs,
+    close_rule,
+    eos_mask,
+    temperature,
+    jnp.float32(1.0),
+    jnp.int32(max_tokens),
+    greedy=False,
+    top_k=0,
+    filtered=False,
+    capture=capture,
+    shard=shard,
+  )
   sampled = (pos >= s) & (pos < fs.lengths[:, None])  # [R, Nbuf] the sampled tokens of each sample row
   if reading == "paper":
     ent = fs.features.token_entropy
@@ -126,8 +184,9 @@ def _probe_impl(graphdef, params, state: DecodeState, cuts, keys, suffix, answer
   return jnp.where(ok, acc, nan), jnp.where(ok, conf, nan)
 
 
-probe, probe_in_jit = decode_jit(static_argnames=("graphdef", "shard", "n", "suffix_size", "buffer_len", "max_tokens",
-                                                 "reading", "top_logprobs"))(_probe_impl)
+probe, probe_in_jit = decode_jit(
+  static_argnames=("graphdef", "shard", "n", "suffix_size", "buffer_len", "max_tokens", "reading", "top_logprobs")
+)(_probe_impl)
 
 
 def cut_keys(seed: int, trajectory_seeds, ordinals) -> Key[Array, "b c"]:
@@ -178,12 +237,12 @@ class Prober:
 
   def check_thinking(self, response_ids: Sequence[Sequence[int]], names: Sequence[str] | None = None) -> None:
     for i, ids in enumerate(response_ids):
-      has = (self.think_id in ids) if self.think_id is not None else (
-          THINK_OPEN in self.lm.tokenizer.decode(list(ids)))
+      has = (self.think_id in ids) if self.think_id is not None else (THINK_OPEN in self.lm.tokenizer.decode(list(ids)))
       if not has:
         name = names[i] if names else f"trajectory {i}"
-        raise DataFormatError(f"SPAE probing: {name} has no {THINK_OPEN} (the potential is defined on thinking "
-                              "trajectories only)")
+        raise DataFormatError(
+          f"SPAE probing: {name} has no {THINK_OPEN} (the potential is defined on thinking trajectories only)"
+        )
 
   def probe_room(self, answer_len: int) -> int:
     """Suffix-cache slots a probe row needs: the boundary token again, the suffix, then the answer or samples."""
@@ -193,29 +252,36 @@ class Prober:
     need = context_len + 1 + len(self.suffix_ids) + max(answer_len, self.cfg.max_tokens)
     if need > self.lm.config.max_position_embeddings:
       raise CacheFullError(
-          f"SPAE probing: a context of {context_len} tokens + the probe suffix ({len(self.suffix_ids)} tokens) + "
-          f"{max(answer_len, self.cfg.max_tokens)} answer tokens exceeds max_position_embeddings="
-          f"{self.lm.config.max_position_embeddings}")
+        f"SPAE probing: a context of {context_len} tokens + the probe suffix ({len(self.suffix_ids)} tokens) + "
+        f"{max(answer_len, self.cfg.max_tokens)} answer tokens exceeds max_position_embeddings="
+        f"{self.lm.config.max_position_embeddings}"
+      )
 
   # -- boundaries
 
   def boundaries(self, response_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """Per response: the token index of the last token of every paragraph step before `</think>` (docs/method.md §A1)."""
+    """Per response: the token index of the last token of every paragraph step before `</think>` (docs/method.md
+    §A1)."""
     if not response_ids:
       return []
     n = bucket(max(1, max(map(len, response_ids))))
     toks = np.zeros((len(response_ids), n), np.int32)
     lens = np.zeros(len(response_ids), np.int32)
     for i, ids in enumerate(response_ids):
-      toks[i, :len(ids)], lens[i] = ids, len(ids)
+      toks[i, : len(ids)], lens[i] = ids, len(ids)
     marks = np.asarray(boundary_marks(self.table, jnp.asarray(toks), jnp.asarray(lens)))
-    return [np.flatnonzero(marks[i, :lens[i]]) for i in range(len(response_ids))]
+    return [np.flatnonzero(marks[i, : lens[i]]) for i in range(len(response_ids))]
 
   # -- the device call
 
-  def probe_state(self, state: DecodeState, cuts: Integer[np.ndarray, "b c"], ordinals: Integer[np.ndarray, "b c"],
-                  answers: list[list[int]], trajectory_seeds: Sequence[int]
-                  ) -> tuple[Float[Array, "b c"], Float[Array, "b c"]]:
+  def probe_state(
+    self,
+    state: DecodeState,
+    cuts: Integer[np.ndarray, "b c"],
+    ordinals: Integer[np.ndarray, "b c"],
+    answers: list[list[int]],
+    trajectory_seeds: Sequence[int],
+  ) -> tuple[Float[Array, "b c"], Float[Array, "b c"]]:
     """(acc, conf) [B, C] device arrays for cuts [B, C] (-1 = none) of the rows of `state` (no shared prefix)."""
     with shape_errors("Prober.probe_state: cuts [B, C] and ordinals [B, C] of the state's B rows"):
       chex.assert_rank(cuts, 2)
@@ -223,25 +289,42 @@ class Prober:
       chex.assert_equal_shape([cuts, ordinals])
       chex.assert_type([cuts, ordinals], int)
     if not len(answers) == len(trajectory_seeds) == state.batch:
-      raise ConfigError(f"Prober.probe_state: {len(answers)} answers and {len(trajectory_seeds)} seeds for "
-                        f"{state.batch} rows; need one of each per row")
+      raise ConfigError(
+        f"Prober.probe_state: {len(answers)} answers and {len(trajectory_seeds)} seeds for "
+        f"{state.batch} rows; need one of each per row"
+      )
     b, c = cuts.shape
     a = bucket(max(map(len, answers)), minimum=1)
     ans = np.zeros((b, a), np.int32)  # left-padded, as `force` takes its blocks
     alen = np.ones(b, np.int32)
     for i, ids in enumerate(answers):
-      ans[i, a - len(ids):], alen[i] = ids, len(ids)
+      ans[i, a - len(ids) :], alen[i] = ids, len(ids)
     keys = cut_keys(self.cfg.seed, np.asarray(trajectory_seeds, np.uint32), np.maximum(ordinals, 0))
     cfg = self.cfg
     buf = bucket(len(self.suffix_ids) + max(a, cfg.max_tokens))
-    return probe(*self.lm.decode_view(), state, jnp.asarray(cuts, jnp.int32), keys,
-                 jnp.asarray(self.suffix_ids, jnp.int32), jnp.asarray(ans), jnp.asarray(alen), self.close_rule,
-                 self.eos, jnp.float32(cfg.temperature), n=cfg.samples, suffix_size=self.probe_room(a),
-                 buffer_len=buf, max_tokens=cfg.max_tokens, reading=cfg.reading, top_logprobs=cfg.top_logprobs,
-                 shard=self.lm.shard)
+    return probe(
+      *self.lm.decode_view(),
+      state,
+      jnp.asarray(cuts, jnp.int32),
+      keys,
+      jnp.asarray(self.suffix_ids, jnp.int32),
+      jnp.asarray(ans),
+      jnp.asarray(alen),
+      self.close_rule,
+      self.eos,
+      jnp.float32(cfg.temperature),
+      n=cfg.samples,
+      suffix_size=self.probe_room(a),
+      buffer_len=buf,
+      max_tokens=cfg.max_tokens,
+      reading=cfg.reading,
+      top_logprobs=cfg.top_logprobs,
+      shard=self.lm.shard,
+    )
 
-  def teacher_forced_state(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]
-                           ) -> DecodeState:
+  def teacher_forced_state(
+    self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]
+  ) -> DecodeState:
     """A decode state whose rows hold the given responses (fed through the model once, as `force` does)."""
     smp = self.lm.sampler(capture=CaptureSpec())
     longest = max(1, max(map(len, response_ids)))  # bucketed, within the room the positions leave
@@ -249,15 +332,24 @@ class Prober:
     state = smp.prefill([list(p) for p in prompt_ids], max_new_tokens=longest, share=False)
     return smp.force(state, [list(r) if len(r) else None for r in response_ids])
 
-  def potentials(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
-                 answers: Sequence[str], trajectory_seeds: Sequence[int], *, names: Sequence[str] | None = None,
-                 progress=None) -> list[StepPotentials]:
+  def potentials(
+    self,
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    answers: Sequence[str],
+    trajectory_seeds: Sequence[int],
+    *,
+    names: Sequence[str] | None = None,
+    progress=None,
+  ) -> list[StepPotentials]:
     """The potentials at every boundary of every trajectory (prompt ids, response ids without EOS, the true
     answer, a seed per trajectory: the same trajectory and seed give the same potentials in any batch)."""
     m = len(response_ids)
     if not (len(prompt_ids) == len(answers) == len(trajectory_seeds) == m):
-      raise ConfigError(f"potentials: {len(prompt_ids)} prompts, {m} responses, {len(answers)} answers and "
-                        f"{len(trajectory_seeds)} seeds; need one of each per trajectory")
+      raise ConfigError(
+        f"potentials: {len(prompt_ids)} prompts, {m} responses, {len(answers)} answers and "
+        f"{len(trajectory_seeds)} seeds; need one of each per trajectory"
+      )
     self.check_thinking(response_ids, names)
     ans = self.answer_ids(answers)
     for p, r, a in zip(prompt_ids, response_ids, ans):
@@ -267,8 +359,8 @@ class Prober:
     order = sorted(range(m), key=lambda i: (len(cuts[i]), len(response_ids[i])))  # less padding per chunk
     bs = self.cfg.batch_size
     for start in range(0, m, bs):
-      idx = [i for i in order[start:start + bs] if len(cuts[i])]
-      for i in order[start:start + bs]:
+      idx = [i for i in order[start : start + bs] if len(cuts[i])]
+      for i in order[start : start + bs]:
         if not len(cuts[i]):
           out[i] = StepPotentials.of(np.zeros(0, int), np.zeros(0), np.zeros(0), self.cfg.eps_sat)
       if idx:
@@ -284,11 +376,11 @@ class Prober:
     state = self.teacher_forced_state([prompt_ids[i] for i in pad], [response_ids[i] for i in pad])
     cut_arr = np.full((b, c), -1, np.int32)
     for r, i in enumerate(idx):
-      cut_arr[r, :len(cuts[i])] = cuts[i]
+      cut_arr[r, : len(cuts[i])] = cuts[i]
     ordinals = np.broadcast_to(np.arange(c, dtype=np.int32), (b, c))
-    acc, conf = jax.device_get(self.probe_state(state, cut_arr, ordinals, [ans[i] for i in pad],
-                                                [seeds[i] for i in pad]))
+    acc, conf = jax.device_get(
+      self.probe_state(state, cut_arr, ordinals, [ans[i] for i in pad], [seeds[i] for i in pad])
+    )
     for r, i in enumerate(idx):
       k = len(cuts[i])
       out[i] = StepPotentials.of(cuts[i], acc[r, :k], conf[r, :k], self.cfg.eps_sat)
-

@@ -17,9 +17,25 @@ from reprobe_jax.steps.answer import ANSWER_PREFIX, answer_lines, answer_table
 from reprobe_jax.steps.automaton import ENDS_AFTER, ENDS_BEFORE
 from reprobe_jax.steps.boundary import Step, StepBoundary, StopTable, advance, align, initial_state
 from reprobe_jax.steps.labels import labels_from_json, labels_to_json
-from reprobe_jax.steps.modes import (ABBREVIATIONS, HEADER_WORDS, MODES, RESPONSE_FORMATS, SENTENCE_ENDS, STEP_MODE,
-                                     THINK_CLOSE, THINK_OPEN, WHITESPACE, regex_literals)
-from reprobe_jax.steps.segment import (Region, line_regions, paragraph_regions, regex_regions, segment,
-                                       sentence_regions)
-from reprobe_jax.steps.tokens import (TokenBytes, byte_ends, char_offsets, check_text, token_bytes, token_end_offsets,
-                                      token_ids)
+from reprobe_jax.steps.modes import (
+  ABBREVIATIONS,
+  HEADER_WORDS,
+  MODES,
+  RESPONSE_FORMATS,
+  SENTENCE_ENDS,
+  STEP_MODE,
+  THINK_CLOSE,
+  THINK_OPEN,
+  WHITESPACE,
+  regex_literals,
+)
+from reprobe_jax.steps.segment import Region, line_regions, paragraph_regions, regex_regions, segment, sentence_regions
+from reprobe_jax.steps.tokens import (
+  TokenBytes,
+  byte_ends,
+  char_offsets,
+  check_text,
+  token_bytes,
+  token_end_offsets,
+  token_ids,
+)

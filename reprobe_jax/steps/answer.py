@@ -58,6 +58,7 @@ class _AnswerLine:
 def answer_table(tokenizer, vocab_size: int, prefix: str = ANSWER_PREFIX["line"]) -> jax.Array:
   """[S, V] int32 token-level automaton of `answer_automaton(prefix)` over ids [0, vocab_size) (ids the tokenizer
   lacks change nothing); found is state S - 2. Built once per tokenizer, prefix and vocabulary size."""
+
   def build(tb):
     return jnp.asarray(run_vocabulary(answer_automaton(prefix), tb.pieces, vocab_size).transitions)
 

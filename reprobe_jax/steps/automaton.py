@@ -31,8 +31,15 @@ ENDS_BEFORE, ENDS_AFTER = 1, 2  # the data contract with the sampler, which read
 LEAD, NSYM = 128, 256
 _UTF8_FRESH = 0
 # decoder state -> (lowest, highest) byte that continues the pending character, and the state after it
-_UTF8_NEXT = {1: (0x80, 0xBF, 0), 2: (0x80, 0xBF, 1), 3: (0x80, 0xBF, 2), 4: (0xA0, 0xBF, 1), 5: (0x80, 0x9F, 1),
-              6: (0x90, 0xBF, 2), 7: (0x80, 0x8F, 2)}
+_UTF8_NEXT = {
+  1: (0x80, 0xBF, 0),
+  2: (0x80, 0xBF, 1),
+  3: (0x80, 0xBF, 2),
+  4: (0xA0, 0xBF, 1),
+  5: (0x80, 0x9F, 1),
+  6: (0x90, 0xBF, 2),
+  7: (0x80, 0x8F, 2),
+}
 
 
 def _utf8_lead(b: int) -> int:
@@ -62,7 +69,7 @@ COUNT = 4  # this byte counts towards min_chars
 CUT = 8  # a step ends after this byte
 RESET = 16  # after this byte the unfinished step is dropped ('<think>')
 SINK = 32  # after this byte nothing is a step ('</think>')
-GATE_NONE = -(2 ** 15)  # gate_at of an unused gate slot: never opens
+GATE_NONE = -(2**15)  # gate_at of an unused gate slot: never opens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +145,16 @@ class VocabularyTable(NamedTuple):
   gate_count: np.ndarray  # [S, V, K] int32
 
 
-def run_vocabulary(auto: ByteAutomaton, pieces: Sequence[bytes], vocab_size: int, *, num_states: int | None = None,
-                   min_chars: int = 0, closes: bool = False, counted: bool = False) -> VocabularyTable:
+def run_vocabulary(
+  auto: ByteAutomaton,
+  pieces: Sequence[bytes],
+  vocab_size: int,
+  *,
+  num_states: int | None = None,
+  min_chars: int = 0,
+  closes: bool = False,
+  counted: bool = False,
+) -> VocabularyTable:
   """`auto` run from each state over the bytes of each of the first `vocab_size` `pieces` (a tokenizer's
   `TokenBytes.pieces`). `closes`: a token that holds a CUT ends its step after itself even if the CUT is not its
   last byte (paragraph mode); `counted`: track sentence mode's count of `min_chars`."""
@@ -159,13 +174,18 @@ def run_vocabulary(auto: ByteAutomaton, pieces: Sequence[bytes], vocab_size: int
   if counted:
     counts = (pad(run.count_keep, True), pad(run.count_add, 0), pad(run.gate_at, GATE_NONE), pad(run.gate_count, 0))
   else:
-    counts = (np.zeros((0, 0), bool), np.zeros((0, 0), np.int32), np.zeros((0, 0, 0), np.int32),
-              np.zeros((0, 0, 0), np.int32))
+    counts = (
+      np.zeros((0, 0), bool),
+      np.zeros((0, 0), np.int32),
+      np.zeros((0, 0, 0), np.int32),
+      np.zeros((0, 0, 0), np.int32),
+    )
   return VocabularyTable(transitions, pad(run.ends, 0), *counts)
 
 
-def _simulate(auto: ByteAutomaton, pieces: Sequence[bytes], min_chars: int, closes: bool,
-              counted: bool) -> VocabularyTable:
+def _simulate(
+  auto: ByteAutomaton, pieces: Sequence[bytes], min_chars: int, closes: bool, counted: bool
+) -> VocabularyTable:
   """Runs every state over every token's bytes at once (tokens sorted by length, one byte position at a time).
 
   Arrays are [token, state] until the end, which makes them [state, token]. For the count, a token's incoming count
@@ -222,5 +242,9 @@ def _simulate(auto: ByteAutomaton, pieces: Sequence[bytes], min_chars: int, clos
     kp &= ~restart
   inverse = np.empty(n, np.int64)
   inverse[order] = np.arange(n)
-  return VocabularyTable(*(np.moveaxis(a[inverse], 0, 1) if len(a) else a  # [S, V, ...]
-                           for a in (state, ends, keep, add, gate_at, gate_count)))
+  return VocabularyTable(
+    *(
+      np.moveaxis(a[inverse], 0, 1) if len(a) else a  # [S, V, ...]
+      for a in (state, ends, keep, add, gate_at, gate_count)
+    )
+  )

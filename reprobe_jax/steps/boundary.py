@@ -26,8 +26,18 @@ import numpy as np
 from flax import struct
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.steps.automaton import (COUNT, CUT, ENDS_BEFORE, GATE, GATE_NONE, MARK, RESET, SINK, ByteAutomaton,
-                                         run_vocabulary)
+from reprobe_jax.steps.automaton import (
+  COUNT,
+  CUT,
+  ENDS_BEFORE,
+  GATE,
+  GATE_NONE,
+  MARK,
+  RESET,
+  SINK,
+  ByteAutomaton,
+  run_vocabulary,
+)
 from reprobe_jax.steps.machines import mode_automaton
 from reprobe_jax.steps.modes import THINK_CLOSE, WHITESPACE, check_mode
 from reprobe_jax.steps.tokens import byte_ends, char_offsets, check_text, compiled, token_bytes, token_ids
@@ -121,7 +131,7 @@ class StepBoundary:
 
   def __post_init__(self):
     check_mode(self.mode, self.pattern)
-    if self.mode == "sentence" and not 0 <= self.min_chars < 2 ** 15:
+    if self.mode == "sentence" and not 0 <= self.min_chars < 2**15:
       raise ConfigError(f"step min_chars must be in [0, 32767], got {self.min_chars}")
 
   @property
@@ -149,13 +159,18 @@ class StepBoundary:
     if padded >= 1 << (31 - COUNT_BITS):
       raise ConfigError(f"step boundary {self} needs {n_states} automaton states; at most {1 << 15} fit")
     m = self.min_chars if self._counted else 0
-    run = run_vocabulary(self.automaton, pieces, size, num_states=padded, min_chars=m, closes=self._closes,
-                         counted=self._counted)
+    run = run_vocabulary(
+      self.automaton, pieces, size, num_states=padded, min_chars=m, closes=self._closes, counted=self._counted
+    )
     return StopTable(
-        transitions=jnp.asarray(run.transitions, jnp.int32), ends=jnp.asarray(run.ends, jnp.int8),
-        count_keep=jnp.asarray(run.count_keep), count_add=jnp.asarray(run.count_add, jnp.int16),
-        gate_at=jnp.asarray(run.gate_at, jnp.int16), gate_count=jnp.asarray(run.gate_count, jnp.int16),
-        min_chars=jnp.int32(m))
+      transitions=jnp.asarray(run.transitions, jnp.int32),
+      ends=jnp.asarray(run.ends, jnp.int8),
+      count_keep=jnp.asarray(run.count_keep),
+      count_add=jnp.asarray(run.count_add, jnp.int16),
+      gate_at=jnp.asarray(run.gate_at, jnp.int16),
+      gate_count=jnp.asarray(run.gate_count, jnp.int16),
+      min_chars=jnp.int32(m),
+    )
 
   def align(self, tokenizer, ids: Sequence[int], *, offset: int = 0) -> list[Step]:
     """Steps of the response ids with exact token spans (shifted by `offset`); a step with no token of its own has
@@ -226,8 +241,9 @@ class StepBoundary:
     return steps
 
 
-def align(tokenizer, ids: Sequence[int], mode: str, *, min_chars: int = 20, pattern: str | None = None,
-          offset: int = 0) -> list[Step]:
+def align(
+  tokenizer, ids: Sequence[int], mode: str, *, min_chars: int = 20, pattern: str | None = None, offset: int = 0
+) -> list[Step]:
   """Steps of the response token ids `ids` with exact token spans; `offset` shifts spans (e.g. by the prompt length)
   so they index the full sequence. Runs the same automaton as the sampler's stop rule (`StepBoundary.compile`).
   Spans are ordered, do not overlap and lie in [offset, offset + len(ids)]; ids are checked (`token_ids`)."""

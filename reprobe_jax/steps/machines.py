@@ -12,8 +12,15 @@ from __future__ import annotations
 import functools
 
 from reprobe_jax.steps.automaton import COUNT, CUT, GATE, MARK, RESET, SINK, ByteAutomaton, Machine, build
-from reprobe_jax.steps.modes import (ABBREVIATIONS, HEADER_WORDS, SENTENCE_ENDS, THINK_CLOSE, THINK_OPEN, WHITESPACE,
-                                     regex_literals)
+from reprobe_jax.steps.modes import (
+  ABBREVIATIONS,
+  HEADER_WORDS,
+  SENTENCE_ENDS,
+  THINK_CLOSE,
+  THINK_OPEN,
+  WHITESPACE,
+  regex_literals,
+)
 
 
 def _char(sym: int) -> str:
@@ -160,6 +167,7 @@ _TAG_PREFIXES = {t[:k] for t in (THINK_OPEN, THINK_CLOSE) for k in range(len(t) 
 
 def _with_think_tags(start, step, final) -> Machine:
   """'<think>' drops the unfinished step; after '</think>' the automaton is a sink that never ends a step."""
+
   def tagged(state, sym):
     if state == "sink":
       return state, 0

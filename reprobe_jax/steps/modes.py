@@ -41,8 +41,10 @@ def regex_literals(pattern: str) -> tuple[str, ...]:
       if nxt in control:
         cur.append(control[nxt])
       elif nxt.isalnum():
-        raise ConfigError(f"step regex {pattern!r}: class \\{nxt} is not supported; steps split on an alternation of "
-                          "literal strings, e.g. r'\\n\\n|;'")
+        raise ConfigError(
+          f"step regex {pattern!r}: class \\{nxt} is not supported; steps split on an alternation of "
+          "literal strings, e.g. r'\\n\\n|;'"
+        )
       else:
         cur.append(nxt)
       i += 2
@@ -51,8 +53,10 @@ def regex_literals(pattern: str) -> tuple[str, ...]:
       out.append("".join(cur))
       cur = []
     elif ch in ".^$*+?{}[]()":
-      raise ConfigError(f"step regex {pattern!r}: {ch!r} is not supported; steps split on an alternation of literal "
-                        f"strings (escape it as '\\{ch}' to match it)")
+      raise ConfigError(
+        f"step regex {pattern!r}: {ch!r} is not supported; steps split on an alternation of literal "
+        f"strings (escape it as '\\{ch}' to match it)"
+      )
     else:
       cur.append(ch)
     i += 1

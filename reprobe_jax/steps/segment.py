@@ -13,8 +13,16 @@ import re
 import string
 from typing import NamedTuple
 
-from reprobe_jax.steps.modes import (ABBREVIATIONS, PARAGRAPH_END, SENTENCE_ENDS, THINK_CLOSE, THINK_OPEN, WHITESPACE,
-                                     check_mode, regex_literals)
+from reprobe_jax.steps.modes import (
+  ABBREVIATIONS,
+  PARAGRAPH_END,
+  SENTENCE_ENDS,
+  THINK_CLOSE,
+  THINK_OPEN,
+  WHITESPACE,
+  check_mode,
+  regex_literals,
+)
 
 _HEADER = re.compile(r"(reasoning steps|solution|steps)[ \t\r\x0b\x0c]*:?", re.IGNORECASE | re.ASCII)  # HEADER_WORDS
 _WORD_CHARS = frozenset(string.ascii_letters + ".")
@@ -31,7 +39,6 @@ class Region(NamedTuple):
 
 
 # ------------------------------------------------------------------------------------------------ text -> regions
-
 
 
 def _skip_space(text: str, i: int, hi: int) -> int:

@@ -19,6 +19,7 @@ from reprobe_jax.io.readers import shown
 
 T = TypeVar("T")
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TokenBytes:
   """The bytes each token id adds to the decoded text, and how the tokenizer's decoder joins them.
@@ -60,8 +61,10 @@ def _decoder_steps(tokenizer) -> list[dict]:
   if backend is None:
     raise ConfigError(f"{type(tokenizer).__name__}: step alignment needs a fast (Rust) tokenizer")
   if getattr(tokenizer, "clean_up_tokenization_spaces", False):
-    raise ConfigError(f"{type(tokenizer).__name__}: clean_up_tokenization_spaces=True rewrites the decoded text, so "
-                      "tokens no longer add fixed bytes to it; load the tokenizer with it set to False")
+    raise ConfigError(
+      f"{type(tokenizer).__name__}: clean_up_tokenization_spaces=True rewrites the decoded text, so "
+      "tokens no longer add fixed bytes to it; load the tokenizer with it set to False"
+    )
   if backend.decoder is None:
     return []
   spec = json.loads(backend.decoder.__getstate__())
@@ -82,16 +85,18 @@ def _build_token_bytes(tokenizer) -> TokenBytes:
   while k < len(steps) and kinds[k] == "Replace" and "String" in steps[k]["pattern"]:
     names = [n.replace(steps[k]["pattern"]["String"], steps[k]["content"]) for n in names]
     k += 1
-  fallback = kinds[k:k + 1] == ["ByteFallback"]
+  fallback = kinds[k : k + 1] == ["ByteFallback"]
   k += fallback
   strip = strip_char = None
-  if kinds[k:k + 1] == ["Fuse"]:  # tokens are joined anyway; Fuse only makes a later Strip act on the whole text
+  if kinds[k : k + 1] == ["Fuse"]:  # tokens are joined anyway; Fuse only makes a later Strip act on the whole text
     k += 1
-    if kinds[k:k + 1] == ["Strip"] and steps[k]["stop"] == 0 and len(steps[k]["content"]) == 1:
+    if kinds[k : k + 1] == ["Strip"] and steps[k]["stop"] == 0 and len(steps[k]["content"]) == 1:
       strip, strip_char, k = steps[k]["start"], steps[k]["content"], k + 1
   if k != len(steps):
-    raise ConfigError(f"{type(tokenizer).__name__}: decoder {kinds} is not one step alignment models (ByteLevel, or "
-                      "Replace.. + ByteFallback + Fuse + Strip as SentencePiece conversions have)")
+    raise ConfigError(
+      f"{type(tokenizer).__name__}: decoder {kinds} is not one step alignment models (ByteLevel, or "
+      "Replace.. + ByteFallback + Fuse + Strip as SentencePiece conversions have)"
+    )
   is_byte = tuple(bool(fallback and _BYTE_TOKEN.fullmatch(n)) for n in names)
   pieces = tuple(bytes([int(n[3:5], 16)]) if b else n.encode() for n, b in zip(names, is_byte))
   return TokenBytes("pieces", pieces, is_byte, strip or 0, strip_char or " ")
@@ -101,8 +106,10 @@ def token_bytes(tokenizer) -> TokenBytes:
   """The byte model of `tokenizer`'s vocabulary (built once per tokenizer, then cached), checked against its own
   decoding of a sample of single tokens."""
   if tokenizer is None:
-    raise ConfigError("step boundaries, alignment and answer lines are built from a tokenizer's vocabulary; got no "
-                      "tokenizer (a model loaded without one has none)")
+    raise ConfigError(
+      "step boundaries, alignment and answer lines are built from a tokenizer's vocabulary; got no "
+      "tokenizer (a model loaded without one has none)"
+    )
   if tokenizer in _TOKEN_BYTES and len(_TOKEN_BYTES[tokenizer].pieces) == len(tokenizer):  # no tokens added since
     return _TOKEN_BYTES[tokenizer]
   tb = _build_token_bytes(tokenizer)
@@ -112,8 +119,10 @@ def token_bytes(tokenizer) -> TokenBytes:
   for i, got in zip(sample, tokenizer.batch_decode([[i] for i in sample])):
     want = _decode(tb, [i])[0]
     if got != want:
-      raise ConfigError(f"{type(tokenizer).__name__}: token {i} decodes to {got!r}, but its byte model gives "
-                        f"{want!r}; this decoder is not one step alignment supports")
+      raise ConfigError(
+        f"{type(tokenizer).__name__}: token {i} decodes to {got!r}, but its byte model gives "
+        f"{want!r}; this decoder is not one step alignment supports"
+      )
   _TOKEN_BYTES[tokenizer] = tb
   return tb
 
@@ -204,7 +213,7 @@ def _pieces_ends(tb: TokenBytes, segs: list[tuple[bytes, bool]]) -> tuple[str, l
         tail = "\ufffd" * (base + m - c)
       elif ok:  # the prefix reads as text, the whole run as one U+FFFD per byte
         c = base + len(x) - len(x.lstrip("\ufffd"))
-        tail = x[c - base:]
+        tail = x[c - base :]
       else:
         c = base + m
     if c > lead or (lead == tb.strip and c >= lead):
@@ -236,7 +245,7 @@ def _pieces(tb: TokenBytes, ids: Sequence[int], cuts: Sequence[int]) -> tuple[li
     lo = 0
     while ci < len(cuts) and cuts[ci] < pos + len(data):
       if cuts[ci] > pos + lo:
-        segs.append((data[lo:cuts[ci] - pos], is_byte))
+        segs.append((data[lo : cuts[ci] - pos], is_byte))
         at.append(cuts[ci])
         lo = cuts[ci] - pos
       ci += 1
@@ -278,8 +287,10 @@ def check_text(tokenizer, ids: Sequence[int], text: str) -> None:
   full = tokenizer.decode(ids)
   if text != full:
     k = next((i for i, (a, b) in enumerate(zip(text, full)) if a != b), min(len(text), len(full)))
-    raise ConfigError(f"{type(tokenizer).__name__} decodes these ids to {full[max(0, k - 20):k + 20]!r} at char {k}, "
-                      f"but its byte model gives {text[max(0, k - 20):k + 20]!r}")
+    raise ConfigError(
+      f"{type(tokenizer).__name__} decodes these ids to {full[max(0, k - 20) : k + 20]!r} at char {k}, "
+      f"but its byte model gives {text[max(0, k - 20) : k + 20]!r}"
+    )
 
 
 def byte_ends(tb: TokenBytes, ids: Sequence[int]) -> list[int]:
@@ -305,7 +316,6 @@ def token_ids(ids) -> list[int]:
       raise DataFormatError(f"token ids[{k}] must be an integer in [0, {MAX_TOKEN_ID}], found {shown(t)}")
     out.append(int(t))
   return out
-
 
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # TokenBytes -> {key: table}

@@ -1,7 +1,7 @@
 """Interrupted thinking: training examples that teach the built-in target to state the answer it has so far.
 
-SPAE (docs/method.md §B1) interrupts a thinking trajectory at a step boundary with `**Final Answer**\\n\\\\boxed{` and reads
-how sure the model is of the answer it then writes and how much probability it puts on the true one. A pretrained
+SPAE (docs/method.md §B1) interrupts a thinking trajectory at a step boundary with `**Final Answer**\\n\\\\boxed{` and
+reads how sure the model is of the answer it then writes and how much probability it puts on the true one. A pretrained
 reasoning model can do this; a tiny model trained only on whole traces cannot (it has never seen the opener inside
 its thinking and answers with an unrelated number). So the SPAE target's training data also holds, for a share of
 its thinking traces, one interruption each: the trace up to a random paragraph boundary, the opener, and the answer
@@ -56,11 +56,12 @@ def boundary_ends(text: str) -> list[int]:
 
 
 def _chosen(problem_id: str, share: float, seed: int) -> bool:
-  return zlib.crc32(f"interrupt:{seed}:{problem_id}".encode()) / 2 ** 32 < share
+  return zlib.crc32(f"interrupt:{seed}:{problem_id}".encode()) / 2**32 < share
 
 
-def interrupted_examples(problems: Sequence[Problem], texts: Sequence[str], *, share: float, seed: int,
-                         guess_share: float = 0.5) -> list[Interrupted]:
+def interrupted_examples(
+  problems: Sequence[Problem], texts: Sequence[str], *, share: float, seed: int, guess_share: float = 0.5
+) -> list[Interrupted]:
   """One interruption for a `share` of the thinking traces `texts` (one per problem, in order; chosen by a hash
   of the id, so the same ones in any order), at a boundary drawn uniformly; deterministic in (seed, ids)."""
   if not 0.0 <= share <= 1.0:
@@ -77,15 +78,16 @@ def interrupted_examples(problems: Sequence[Problem], texts: Sequence[str], *, s
     if share <= 0.0 or not _chosen(problem.id, share, seed):
       continue
     ends = boundary_ends(text)
-    paragraphs = parse_thinking(text)[0][:len(ends)]
+    paragraphs = parse_thinking(text)[0][: len(ends)]
     if not ends or len(paragraphs) != len(ends):
       continue
     rng = np.random.default_rng([seed, zlib.crc32(problem.id.encode()), 7])
     k = int(rng.integers(len(ends)))
-    answer, complete = answers_so_far(problem, paragraphs[:k + 1])[k]
+    answer, complete = answers_so_far(problem, paragraphs[: k + 1])[k]
     if not complete and rng.random() < guess_share:
       others = pool[problem.domain]
       answer = others[int(rng.integers(len(others)))]
-    out.append(Interrupted(problem.id, user_prompt(problem, "thinking"), text[:ends[k]] + ANSWER_OPENER, answer,
-                           k, complete))
+    out.append(
+      Interrupted(problem.id, user_prompt(problem, "thinking"), text[: ends[k]] + ANSWER_OPENER, answer, k, complete)
+    )
   return out

@@ -27,15 +27,28 @@ class TrainLMConfig:
 
   steps: int = 600
   batch_size: int = 32
-  optimizer: OptimizerConfig = OptimizerConfig(learning_rate=3e-3, schedule="cosine", warmup_steps=40,
-                                               warmup_frac=0.1, end_frac=0.05, weight_decay=0.01, b2=0.98,
-                                               grad_clip=1.0)
+  optimizer: OptimizerConfig = OptimizerConfig(
+    learning_rate=3e-3,
+    schedule="cosine",
+    warmup_steps=40,
+    warmup_frac=0.1,
+    end_frac=0.05,
+    weight_decay=0.01,
+    b2=0.98,
+    grad_clip=1.0,
+  )
   seed: int = 0
   checkpoint_every: int = 100
 
 
-def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], buckets: Sequence[int], *,
-                    prompt_weight: float | Sequence[float] = 0.0, response_weight: float | Sequence[float] = 1.0):
+def encode_examples(
+  tokenizer,
+  pairs: Sequence[tuple[str, str]],
+  buckets: Sequence[int],
+  *,
+  prompt_weight: float | Sequence[float] = 0.0,
+  response_weight: float | Sequence[float] = 1.0,
+):
   """(prompt, response) texts -> {length bucket T: (tokens [N, T] right-padded, loss mask [N, T])}.
 
   The loss mask covers the response and the EOS that follows it, so the model learns to stop; prompt tokens get
@@ -54,8 +67,9 @@ def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], buckets: Sequen
     return out
 
   encoded = []
-  for (prompt, response), w, rw in zip(pairs, per_pair(prompt_weight, "prompt weight"),
-                                       per_pair(response_weight, "response weight")):
+  for (prompt, response), w, rw in zip(
+    pairs, per_pair(prompt_weight, "prompt weight"), per_pair(response_weight, "response weight")
+  ):
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     r = tokenizer(response, add_special_tokens=False)["input_ids"] + [eos]
     encoded.append((p + r, len(p), (w, rw)))
@@ -71,9 +85,9 @@ def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], buckets: Sequen
     tokens = np.full((len(items), b), pad, np.int32)
     mask = np.zeros((len(items), b), np.float32)
     for j, (ids, n_prompt, (w, rw)) in enumerate(items):
-      tokens[j, :len(ids)] = ids
+      tokens[j, : len(ids)] = ids
       mask[j, 1:n_prompt] = w
-      mask[j, n_prompt:len(ids)] = rw
+      mask[j, n_prompt : len(ids)] = rw
     out[b] = (tokens, mask)
   return out
 
@@ -107,7 +121,8 @@ class BatchSchedule:
 
 
 def lm_loss(graphdef, treedef):
-  """loss(leaves, batch, rng, frozen): next-token NLL, the masked mean of -sequence_logprobs under batch['loss_mask']."""
+  """loss(leaves, batch, rng, frozen): next-token NLL, the masked mean of -sequence_logprobs under
+  batch['loss_mask']."""
 
   def loss(leaves, batch, rng, frozen):
     del rng, frozen
@@ -119,9 +134,14 @@ def lm_loss(graphdef, treedef):
   return loss
 
 
-def train_lm(model_cfg: ModelConfig, data: dict[int, tuple[np.ndarray, np.ndarray]], cfg: TrainLMConfig,
-             workdir: str, *,
-             on_step: Callable[[int, float], None] | None = None) -> tuple[LanguageModel, list[float]]:
+def train_lm(
+  model_cfg: ModelConfig,
+  data: dict[int, tuple[np.ndarray, np.ndarray]],
+  cfg: TrainLMConfig,
+  workdir: str,
+  *,
+  on_step: Callable[[int, float], None] | None = None,
+) -> tuple[LanguageModel, list[float]]:
   """Trains from scratch (or resumes from `workdir`), returns the model (no tokenizer) and the loss history; a
   checkpoint made with another model config or TrainLMConfig is a CheckpointError naming the field.
 
@@ -133,9 +153,15 @@ def train_lm(model_cfg: ModelConfig, data: dict[int, tuple[np.ndarray, np.ndarra
   tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
   batches = BatchSchedule(data, cfg)
   loop = TrainerConfig(steps=cfg.steps, seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, keep_latest=2)
-  trainer = Trainer(lm_loss(lm.graphdef, treedef), tx, loop, workdir, learning_rate=schedule,
-                    on_step=None if on_step is None else lambda step, m: on_step(step, m["loss"]),
-                    signature={"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)})
+  trainer = Trainer(
+    lm_loss(lm.graphdef, treedef),
+    tx,
+    loop,
+    workdir,
+    learning_rate=schedule,
+    on_step=None if on_step is None else lambda step, m: on_step(step, m["loss"]),
+    signature={"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)},
+  )
   result = trainer.fit(leaves, lambda i: {k: jnp.asarray(v) for k, v in batches[i].items()})
   params = jax.tree.unflatten(treedef, result.params)
   return LanguageModel(model_cfg, lm.graphdef, params), result.metrics["loss"]

@@ -12,8 +12,17 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.tasks import formats, io, traces
 from reprobe_jax.tasks.arithmetic import Arithmetic
 from reprobe_jax.tasks.base import DIFFICULTIES, DOMAINS, FAMILIES, Problem, TaskFamily, first_error, get_family
-from reprobe_jax.tasks.formats import (check_response, check_thinking, classify_paragraph, parse_line, parse_thinking,
-                                       render_line, render_thinking, step_texts_for_check, user_prompt)
+from reprobe_jax.tasks.formats import (
+  check_response,
+  check_thinking,
+  classify_paragraph,
+  parse_line,
+  parse_thinking,
+  render_line,
+  render_thinking,
+  step_texts_for_check,
+  user_prompt,
+)
 from reprobe_jax.tasks.io import read_problems, write_problems
 from reprobe_jax.tasks.planning import Planning
 from reprobe_jax.tasks.qa import MultiHopQA
@@ -40,16 +49,50 @@ def make_problems(family: str | TaskFamily, n: int, seed: int, difficulty: int) 
     if problem.question in questions:
       continue  # small families repeat; a duplicate would leak between train and test splits
     questions.add(problem.question)
-    problems.append(Problem(id=f"{fam.name}-d{difficulty}-s{seed}-{len(problems):05d}", domain=problem.domain,
-                            question=problem.question, answer=problem.answer, data=problem.data))
+    problems.append(
+      Problem(
+        id=f"{fam.name}-d{difficulty}-s{seed}-{len(problems):05d}",
+        domain=problem.domain,
+        question=problem.question,
+        answer=problem.answer,
+        data=problem.data,
+      )
+    )
   if len(problems) < n:
-    raise ConfigError(f"could only make {len(problems)} distinct {fam.name} problems at difficulty {difficulty}, "
-                      f"asked for {n}")
+    raise ConfigError(
+      f"could only make {len(problems)} distinct {fam.name} problems at difficulty {difficulty}, asked for {n}"
+    )
   return problems
 
 
-__all__ = ["DIFFICULTIES", "DOMAINS", "FAMILIES", "Arithmetic", "MultiHopQA", "Planning", "Problem", "TaskFamily",
-           "Trace", "TraceNoise", "check_response", "check_thinking", "classify_paragraph", "first_error", "formats",
-           "get_family", "io", "make_problems", "parse_line", "parse_thinking", "read_problems", "render_line",
-           "render_thinking", "solve", "solve_many", "step_texts_for_check", "traces", "user_prompt",
-           "write_problems"]
+__all__ = [
+  "DIFFICULTIES",
+  "DOMAINS",
+  "FAMILIES",
+  "Arithmetic",
+  "MultiHopQA",
+  "Planning",
+  "Problem",
+  "TaskFamily",
+  "Trace",
+  "TraceNoise",
+  "check_response",
+  "check_thinking",
+  "classify_paragraph",
+  "first_error",
+  "formats",
+  "get_family",
+  "io",
+  "make_problems",
+  "parse_line",
+  "parse_thinking",
+  "read_problems",
+  "render_line",
+  "render_thinking",
+  "solve",
+  "solve_many",
+  "step_texts_for_check",
+  "traces",
+  "user_prompt",
+  "write_problems",
+]

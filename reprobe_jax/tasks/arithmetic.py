@@ -17,8 +17,16 @@ from typing import Any
 import numpy as np
 
 from reprobe_jax.io.readers import shown
-from reprobe_jax.tasks.base import (FAMILIES, Problem, State, TaskFamily, advance_pointer, family_rng,
-                                    integer_text, read_int)
+from reprobe_jax.tasks.base import (
+  FAMILIES,
+  Problem,
+  State,
+  TaskFamily,
+  advance_pointer,
+  family_rng,
+  integer_text,
+  read_int,
+)
 
 _OPS = ("+", "-", "*")
 _WORDS = {"+": "+ {b}", "-": "- {b}", "*": "* {b}"}
@@ -31,7 +39,7 @@ _MAX_MUL = 3
 _STEP = re.compile(r"^\s*(-?\d+)\s*([-+*x×−])\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
 _CANON = {"x": "*", "×": "*", "−": "-"}
 _MAX_DIGITS = 4300  # Python's default int-string limit: a problem's values stay below it
-_TOO_LONG = 10 ** _MAX_DIGITS
+_TOO_LONG = 10**_MAX_DIGITS
 
 
 def apply(op: str, a: int, b: int) -> int:
@@ -57,6 +65,7 @@ def _feasible(v: int) -> list[tuple[str, int, int]]:
 
 class Arithmetic(TaskFamily):
   """Start value plus operations; state = (index of the next operation, previous written result)."""
+
   name = "arithmetic"
   step_hint = "like '12 * 3 = 36'"
   step_rule = "one operation per step"
@@ -81,11 +90,16 @@ class Arithmetic(TaskFamily):
     # Each operation is labelled with the step that applies it ("Step 2: + 6."), written as the steps write their
     # own number and operation, so step k finds its operation by its label instead of by counting along a list:
     # the built-in tiny model learns that lookup several times faster (docs/tasks.md, "arithmetic").
-    text = f"Start at {start}. " + " ".join(f"Step {k}: {_WORDS[op].format(b=b)}." for k, (op, b) in
-                                                enumerate(ops, start=1))
-    return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name,
-                   question=f"{text} What is the final result?", answer=str(v),
-                   data={"start": start, "ops": ops, "difficulty": difficulty})
+    text = f"Start at {start}. " + " ".join(
+      f"Step {k}: {_WORDS[op].format(b=b)}." for k, (op, b) in enumerate(ops, start=1)
+    )
+    return Problem(
+      id=f"{self.name}-d{difficulty}-s{seed}",
+      domain=self.name,
+      question=f"{text} What is the final result?",
+      answer=str(v),
+      data={"start": start, "ops": ops, "difficulty": difficulty},
+    )
 
   def validate(self, problem: Problem, where: str) -> None:
     data = problem.data
@@ -96,10 +110,15 @@ class Arithmetic(TaskFamily):
       raise self.data_error(where, f"'ops' must be a non-empty list of [op, number] pairs, found {ops!r}")
     for i, item in enumerate(ops):
       # A step writes its operand unsigned ("12 - 3 = 9"), so a negative one could never be checked.
-      if (not isinstance(item, list) or len(item) != 2 or item[0] not in _OPS or not isinstance(item[1], int)
-          or isinstance(item[1], bool) or item[1] < 0):
-        raise self.data_error(where, f"ops[{i}] must be [op, integer >= 0] with op one of + - *, found "
-                                     f"{shown(item)}")
+      if (
+        not isinstance(item, list)
+        or len(item) != 2
+        or item[0] not in _OPS
+        or not isinstance(item[1], int)
+        or isinstance(item[1], bool)
+        or item[1] < 0
+      ):
+        raise self.data_error(where, f"ops[{i}] must be [op, integer >= 0] with op one of + - *, found {shown(item)}")
     v = data["start"]
     for i, (op, b) in enumerate(ops):
       v = apply(op, v, b)
@@ -161,8 +180,7 @@ class Arithmetic(TaskFamily):
     r = apply(op, v, b)
     return self._body(v, op, b, r), (p + 1, r)
 
-  def error_step(self, problem: Problem, state: State, kind: str,
-                 rng: np.random.Generator) -> tuple[str, State] | None:
+  def error_step(self, problem: Problem, state: State, kind: str, rng: np.random.Generator) -> tuple[str, State] | None:
     """'result': off by 1-3; 'operand': the problem's number misread by 1-3; 'operation': wrong operator with the
     right number; 'skip': the operation after the next one is applied instead."""
     p, v = state
@@ -213,8 +231,12 @@ class Arithmetic(TaskFamily):
     return None
 
   def error_rates(self, noise: Any) -> list[tuple[str, float]]:
-    return [("result", noise.p_wrong_result), ("operand", noise.p_wrong_operand),
-            ("operation", noise.p_wrong_operation), ("skip", noise.p_skip)]
+    return [
+      ("result", noise.p_wrong_result),
+      ("operand", noise.p_wrong_operand),
+      ("operation", noise.p_wrong_operation),
+      ("skip", noise.p_skip),
+    ]
 
 
 FAMILIES.register(Arithmetic.name, Arithmetic())

@@ -33,6 +33,7 @@ State = Hashable  # a family's checker state: a small tuple, compared with ==
 @dataclasses.dataclass(frozen=True)
 class Problem:
   """One task instance: the question states it fully; `data` holds what the checker needs (JSON-serialisable)."""
+
   id: str
   domain: str
   question: str
@@ -42,8 +43,13 @@ class Problem:
 
   def to_json(self) -> dict:
     """The JSONL record of this problem (docs/tasks.md gives the schema)."""
-    return {"id": self.id, "domain": self.domain, "question": self.question, "answer": self.answer,
-            "data": copy.deepcopy(self.data)}
+    return {
+      "id": self.id,
+      "domain": self.domain,
+      "question": self.question,
+      "answer": self.answer,
+      "data": copy.deepcopy(self.data),
+    }
 
   @classmethod
   def from_json(cls, record: Any, where: str = "<record>") -> Problem:
@@ -137,6 +143,7 @@ class TaskFamily(abc.ABC):
   `state_answer`, `match_score`), the solver moves (`honest_step`, `error_step`, `error_rates`), `generate`,
   `validate` and `normalize_answer`; checking and reference solutions are shared here.
   """
+
   name: str = ""
   step_hint: str = ""  # one sentence for the prompt: how a step is written, with a made-up example
   step_rule: str = ""  # the same without the example, for prompts whose worked examples already show the format
@@ -170,8 +177,7 @@ class TaskFamily(abc.ABC):
   # --- checker state machine --------------------------------------------------------------------------------
 
   @abc.abstractmethod
-  def initial_state(self, problem: Problem) -> State:
-    ...
+  def initial_state(self, problem: Problem) -> State: ...
 
   @abc.abstractmethod
   def parse_step(self, body: str) -> Any | None:
@@ -188,8 +194,7 @@ class TaskFamily(abc.ABC):
     ...
 
   @abc.abstractmethod
-  def is_done(self, problem: Problem, state: State) -> bool:
-    ...
+  def is_done(self, problem: Problem, state: State) -> bool: ...
 
   @abc.abstractmethod
   def state_answer(self, problem: Problem, state: State) -> str:
@@ -214,8 +219,7 @@ class TaskFamily(abc.ABC):
     ...
 
   @abc.abstractmethod
-  def error_step(self, problem: Problem, state: State, kind: str,
-                 rng: np.random.Generator) -> tuple[str, State] | None:
+  def error_step(self, problem: Problem, state: State, kind: str, rng: np.random.Generator) -> tuple[str, State] | None:
     """A wrong next step of the given kind from `state`, or None when that kind is impossible here."""
     ...
 
@@ -257,7 +261,7 @@ class TaskFamily(abc.ABC):
       if step is None:
         labels.append(math.nan)
         continue
-      following = next((q for q in parsed[i + 1:] if q is not None), None)
+      following = next((q for q in parsed[i + 1 :] if q is not None), None)
       ok, state = self.judge_step(problem, state, step, following)
       labels.append(0.0 if ok else 1.0)
     return labels

@@ -1,4 +1,5 @@
-"""Answer formats: line mode (docs/method.md §A1) and thinking mode (docs/method.md §B1), their prompts, parsers and checkers.
+"""Answer formats: line mode (docs/method.md §A1) and thinking mode (docs/method.md §B1), their prompts, parsers and
+checkers.
 
 Line mode:      "- Step 1: 12 + 5 = 17\\n- Step 2: ...\\n<Answer>: 36"
 Thinking mode:  "<think>\\nStep 1: 12 + 5 = 17.\\n\\nStep 2: ...\\n\\n</think>\\n\\n**Final Answer**\\n\\\\boxed{36}"
@@ -22,8 +23,9 @@ REFLECT_PREFIXES = ("Wait, let me check: ", "Let me double-check: ", "Hmm, let m
 _LINE_STEP = re.compile(r"^\s*[-*]?\s*step\s*(\d+)\s*[:.]\s*(.*?)\s*$", re.IGNORECASE)
 _LINE_ANSWER = re.compile(r"^\s*<answer>\s*:?\s*(.*?)\s*$", re.IGNORECASE)
 _HEADER = re.compile(r"^\s*(reasoning steps|solution|steps)\s*:?\s*$", re.IGNORECASE)
-_REFLECT = re.compile(r"^\s*(?:wait|hmm|actually|let me)\b[^:]*\b(?:check|verify)\b[^:]*:\s*(.*)$",
-                      re.IGNORECASE | re.DOTALL)  # 'check' also covers re-check and double-check
+_REFLECT = re.compile(
+  r"^\s*(?:wait|hmm|actually|let me)\b[^:]*\b(?:check|verify)\b[^:]*:\s*(.*)$", re.IGNORECASE | re.DOTALL
+)  # 'check' also covers re-check and double-check
 _WORK_PREFIX = re.compile(r"^\s*(?:(?:first|next|then|now)\s*,|step\s*\d+\s*[:.])\s*", re.IGNORECASE)
 _CLAIM = re.compile(r"^\s*so,?\s+the\s+(?:final\s+)?(?:answer|result)\s+is\s*:?\s*(.+?)\s*\.?\s*$", re.IGNORECASE)
 _BOUNDARY = ".\n\n"
@@ -40,6 +42,7 @@ def _check_mode(mode: str) -> None:
 
 # --- line mode ---------------------------------------------------------------------------------------------------
 
+
 def render_line(steps: Sequence[str], answer: str | None) -> str:
   """'- Step k: body' per step, then '<Answer>: answer' (docs/method.md §A1 line mode)."""
   lines = [f"- Step {k}: {body}" for k, body in enumerate(steps, start=1)]
@@ -51,8 +54,8 @@ def render_line(steps: Sequence[str], answer: str | None) -> str:
 def parse_line(text: str) -> tuple[list[str], str | None]:
   """(step bodies, answer or None) from line-mode text; tolerant of model output.
 
-  Steps are the non-empty lines before the answer line (docs/method.md §A1); header lines are skipped; a 'Step k:' prefix
-  is removed where present, and other lines are kept whole so the checker can label them (NaN if unparseable).
+  Steps are the non-empty lines before the answer line (docs/method.md §A1); header lines are skipped; a 'Step k:'
+  prefix is removed where present, and other lines are kept whole so the checker can label them (NaN if unparseable).
   Text after the answer line is ignored.
   """
   steps: list[str] = []
@@ -68,18 +71,21 @@ def parse_line(text: str) -> tuple[list[str], str | None]:
 
 
 def is_answer_line(text: str) -> bool:
-  """Whether a line-mode step (an aligned line, docs/method.md §A1) is the '<Answer>: X' line rather than a reasoning step."""
+  """Whether a line-mode step (an aligned line, docs/method.md §A1) is the '<Answer>: X' line rather than a reasoning
+  step."""
   return _LINE_ANSWER.match((text or "").strip()) is not None
 
 
 # --- thinking mode -----------------------------------------------------------------------------------------------
+
 
 def _with_period(paragraph: str) -> str:
   paragraph = paragraph.strip()
   return paragraph if paragraph.endswith(".") else paragraph + "."
 
 
-# What opens the final answer; SPAE's probe appends it inside the thinking to ask for the answer so far (docs/method.md §B1).
+# What opens the final answer; SPAE's probe appends it inside the thinking to ask for the answer so far (docs/method.md
+# §B1).
 ANSWER_OPENER = "**Final Answer**\n\\boxed{"
 
 
@@ -119,7 +125,7 @@ def parse_thinking(text: str) -> tuple[list[str], str | None]:
   start = 0 if start < 0 else start + len("<think>")
   end = text.find("</think>", start)
   thinking = text[start:] if end < 0 else text[start:end]
-  after = text if end < 0 else text[end + len("</think>"):]
+  after = text if end < 0 else text[end + len("</think>") :]
   pieces = thinking.split(_BOUNDARY)
   paragraphs = [(p + ".").strip() for p in pieces[:-1] if p.strip()]
   if pieces[-1].strip():
@@ -173,8 +179,9 @@ def step_texts_for_check(problem: Problem, paragraphs: Sequence[str]) -> list[tu
   return [split_paragraph(problem, p)[:2] for p in paragraphs]
 
 
-def match_snapshot(family: TaskFamily, problem: Problem, snapshots: Sequence[tuple[State, State]],
-                   parsed: Any) -> int | None:
+def match_snapshot(
+  family: TaskFamily, problem: Problem, snapshots: Sequence[tuple[State, State]], parsed: Any
+) -> int | None:
   """Which earlier work step a re-check refers to: best `match_score`, the latest on ties; None if none fits."""
   best, best_score = None, 0
   for j, (before, _) in enumerate(snapshots):
@@ -198,7 +205,7 @@ def _replay_thinking(problem: Problem, paragraphs: Sequence[str]):
   snapshots: list[tuple[State, State]] = []  # (before, after) of each work step of the current chain
   for i, (kind, _, parsed) in enumerate(items):
     if kind == "step":
-      following = next((q for k, _, q in items[i + 1:] if k == "step"), None)
+      following = next((q for k, _, q in items[i + 1 :] if k == "step"), None)
       ok, new = family.judge_step(problem, state, parsed, following)
       snapshots.append((state, new))
       state = new
@@ -228,7 +235,8 @@ def _replay_thinking(problem: Problem, paragraphs: Sequence[str]):
 
 
 def check_thinking(problem: Problem, paragraphs: Sequence[str]) -> list[float]:
-  """Per-paragraph labels for thinking mode (docs/method.md §A2, thinking variant): 1.0 incorrect, 0.0 correct, NaN unknown.
+  """Per-paragraph labels for thinking mode (docs/method.md §A2, thinking variant): 1.0 incorrect, 0.0 correct, NaN
+  unknown.
 
   - Work steps are judged like line-mode steps, from the state the paragraphs so far left.
   - A reflection is judged as if it were the earlier work step it refers to (`match_snapshot`), from that step's
@@ -247,6 +255,7 @@ class Progress(NamedTuple):
   established_answer: the answer the chain implied there; right_established: that answer is the true one;
   rechecks_after: number of re-check paragraphs after `established`.
   """
+
   established: int | None
   established_answer: str | None
   right_established: bool
@@ -257,8 +266,10 @@ def answers_so_far(problem: Problem, paragraphs: Sequence[str]) -> list[tuple[st
   """(the answer the paragraphs up to and including i imply, whether the chain is complete there) for each i: what
   a solver interrupted after paragraph i believes (the running value while the chain is incomplete)."""
   family = _family(problem)
-  return [(family.state_answer(problem, state), family.is_done(problem, state))
-          for _, _, state in _replay_thinking(problem, paragraphs)]
+  return [
+    (family.state_answer(problem, state), family.is_done(problem, state))
+    for _, _, state in _replay_thinking(problem, paragraphs)
+  ]
 
 
 def thinking_progress(problem: Problem, paragraphs: Sequence[str]) -> Progress:
@@ -276,8 +287,10 @@ def thinking_progress(problem: Problem, paragraphs: Sequence[str]) -> Progress:
 
 # --- both modes --------------------------------------------------------------------------------------------------
 
+
 class Checked(NamedTuple):
   """A response split into steps and labelled: steps (line bodies or paragraphs), labels, answer, correct."""
+
   steps: list[str]
   labels: list[float]
   answer: str | None

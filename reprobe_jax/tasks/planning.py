@@ -26,8 +26,9 @@ _N_ROOMS = {1: 5, 2: 6, 3: 7}
 _DISTANCE = {1: (1, 2), 2: (2, 3), 3: (3, 4)}  # inclusive range of the shortest-route length per difficulty
 _ROOM = r"(?:room\s+)?([a-z]+|\d+)"
 GOAL_MARK = " (the goal)"  # TaskFamily.done_mark: a move may say it ends in the goal
-_STEP = re.compile(rf"^\s*move\s+from\s+(?:the\s+)?{_ROOM}\s+to\s+(?:the\s+)?{_ROOM}\s*(\(the\s+goal\))?\s*\.?\s*$",
-                   re.IGNORECASE)
+_STEP = re.compile(
+  rf"^\s*move\s+from\s+(?:the\s+)?{_ROOM}\s+to\s+(?:the\s+)?{_ROOM}\s*(\(the\s+goal\))?\s*\.?\s*$", re.IGNORECASE
+)
 _INF = 10**9
 
 
@@ -51,6 +52,7 @@ def _graph(doors: tuple[tuple[str, str], ...], goal: str) -> tuple[dict[str, fro
 
 class Move(NamedTuple):
   """A parsed move: from `start` to `end`; `claims_goal` when it says it ends in the goal ('... (the goal)')."""
+
   start: str
   end: str
   claims_goal: bool = False
@@ -63,6 +65,7 @@ def graph(problem: Problem) -> tuple[dict[str, frozenset[str]], dict[str, int]]:
 
 class Planning(TaskFamily):
   """Shortest-route walking; state = (current room as written, moves written so far)."""
+
   name = "planning"
   step_hint = "one door per step, like 'move from 4 to 7'"
   step_rule = "one door per step"
@@ -106,28 +109,44 @@ class Planning(TaskFamily):
       listed.append(f"from {room} to {' or '.join(nbs)}")
     # The task comes first and opens like the other families' questions ("Start at X."), so the start room stands
     # where an arithmetic chain's start value does and a step copies it the same way.
-    question = (f"Start at {start}. Go to room {goal} by a shortest route, one door per move. Doors: "
-                f"{'; '.join(listed)}. How many moves is that?")
-    return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name, question=question,
-                   answer=str(dist[start]),
-                   data={"rooms": sorted(rooms), "doors": [list(d) for d in doors], "start": start, "goal": goal,
-                         "difficulty": difficulty})
+    question = (
+      f"Start at {start}. Go to room {goal} by a shortest route, one door per move. Doors: "
+      f"{'; '.join(listed)}. How many moves is that?"
+    )
+    return Problem(
+      id=f"{self.name}-d{difficulty}-s{seed}",
+      domain=self.name,
+      question=question,
+      answer=str(dist[start]),
+      data={
+        "rooms": sorted(rooms),
+        "doors": [list(d) for d in doors],
+        "start": start,
+        "goal": goal,
+        "difficulty": difficulty,
+      },
+    )
 
   def first_step_question(self, problem: Problem) -> str:
     """'..., one door per move.' becomes '..., one door per move, the first from 5.' (the start room): which door
     leads closer to the goal is still to be found."""
-    return problem.question.replace("one door per move.", f"one door per move, the first from {problem.data['start']}.",
-                                    1)
+    return problem.question.replace(
+      "one door per move.", f"one door per move, the first from {problem.data['start']}.", 1
+    )
 
   def validate(self, problem: Problem, where: str) -> None:
     data = problem.data
     rooms = data.get("rooms")
-    if not isinstance(rooms, list) or not rooms or not all(isinstance(r, str) and re.fullmatch(r"[a-z]+|\d+", r)
-                                                           for r in rooms):
+    if (
+      not isinstance(rooms, list)
+      or not rooms
+      or not all(isinstance(r, str) and re.fullmatch(r"[a-z]+|\d+", r) for r in rooms)
+    ):
       raise self.data_error(where, f"'rooms' must be a non-empty list of lower-case words or numbers, found {rooms!r}")
     doors = data.get("doors")
-    if not isinstance(doors, list) or not all(isinstance(d, list) and len(d) == 2 and d[0] in rooms and d[1] in rooms
-                                              for d in doors):
+    if not isinstance(doors, list) or not all(
+      isinstance(d, list) and len(d) == 2 and d[0] in rooms and d[1] in rooms for d in doors
+    ):
       raise self.data_error(where, f"'doors' must be a list of [room, room] pairs of listed rooms, found {doors!r}")
     for name in ("start", "goal"):
       if data.get(name) not in rooms:
@@ -155,8 +174,12 @@ class Planning(TaskFamily):
     room, count = state
     a, b, claims_goal = parsed
     adj, dist = graph(problem)
-    ok = a == room and b in adj.get(a, ()) and dist.get(b, _INF) == dist.get(a, _INF) - 1 and \
-        (not claims_goal or b == problem.data["goal"])
+    ok = (
+      a == room
+      and b in adj.get(a, ())
+      and dist.get(b, _INF) == dist.get(a, _INF) - 1
+      and (not claims_goal or b == problem.data["goal"])
+    )
     return ok, (b, count + 1)
 
   def is_done(self, problem: Problem, state: State) -> bool:
@@ -179,8 +202,7 @@ class Planning(TaskFamily):
     nb = closer[0] if rng is None else closer[int(rng.integers(len(closer)))]
     return f"move from {room} to {nb}", (nb, count + 1)
 
-  def error_step(self, problem: Problem, state: State, kind: str,
-                 rng: np.random.Generator) -> tuple[str, State] | None:
+  def error_step(self, problem: Problem, state: State, kind: str, rng: np.random.Generator) -> tuple[str, State] | None:
     """'illegal': through a door that does not exist; 'detour': through a real door that does not get closer."""
     room, count = state
     adj, dist = graph(problem)

@@ -36,6 +36,7 @@ def facts(problem: Problem) -> dict[tuple[str, str], str]:
 
 class MultiHopQA(TaskFamily):
   """Composed lookups; state = (index of the next hop, previous written entity)."""
+
   name = "qa"
   step_hint = "one fact per step, like 'the boss of 4 is 9'"
   step_rule = "one fact per step"
@@ -71,11 +72,20 @@ class MultiHopQA(TaskFamily):
     # tiny built-in model finds a step's person and relation the way it finds an arithmetic step's value and
     # operation; only the lookup in the facts is new to it.
     chain = " ".join(f"Step {k}: {r}." for k, r in enumerate(hops, start=1))
-    return Problem(id=f"{self.name}-d{difficulty}-s{seed}", domain=self.name,
-                   question=f"Start at {start}. {chain} Who is that? Facts about numbered people: {text}",
-                   answer=entity,
-                   data={"people": sorted(people), "relations": relations, "facts": triples, "start": start,
-                         "hops": hops, "difficulty": difficulty})
+    return Problem(
+      id=f"{self.name}-d{difficulty}-s{seed}",
+      domain=self.name,
+      question=f"Start at {start}. {chain} Who is that? Facts about numbered people: {text}",
+      answer=entity,
+      data={
+        "people": sorted(people),
+        "relations": relations,
+        "facts": triples,
+        "start": start,
+        "hops": hops,
+        "difficulty": difficulty,
+      },
+    )
 
   def first_step_question(self, problem: Problem) -> str:
     """'Step 1: mentor.' becomes 'Step 1: the mentor of 4.' (the start person as the first look-up's subject): the
@@ -89,14 +99,17 @@ class MultiHopQA(TaskFamily):
     # Named as a step's parse reads them (subject and object capitalised, relation lower case), so every fact can be
     # checked.
     for name, value, pattern in (("people", people, r"[A-Z][a-z]*|\d+"), ("relations", relations, r"[a-z]+")):
-      if not isinstance(value, list) or not value or not all(isinstance(x, str) and re.fullmatch(pattern, x)
-                                                             for x in value):
+      if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(x, str) and re.fullmatch(pattern, x) for x in value)
+      ):
         what = "capitalised words or numbers" if name == "people" else "lower-case words"
         raise self.data_error(where, f"'{name}' must be a non-empty list of {what}, found {value!r}")
     triples = data.get("facts")
     if not isinstance(triples, list) or not all(
-        isinstance(t, list) and len(t) == 3 and t[0] in people and t[1] in relations and t[2] in people
-        for t in triples):
+      isinstance(t, list) and len(t) == 3 and t[0] in people and t[1] in relations and t[2] in people for t in triples
+    ):
       raise self.data_error(where, f"'facts' must be a list of [person, relation, person] triples, found {triples!r}")
     base = facts(problem)
     missing = [(s, r) for s in people for r in relations if (s, r) not in base]
@@ -158,8 +171,7 @@ class MultiHopQA(TaskFamily):
     obj = facts(problem)[(entity, relation)]
     return f"the {relation} of {entity} is {obj}", (p + 1, obj)
 
-  def error_step(self, problem: Problem, state: State, kind: str,
-                 rng: np.random.Generator) -> tuple[str, State] | None:
+  def error_step(self, problem: Problem, state: State, kind: str, rng: np.random.Generator) -> tuple[str, State] | None:
     """'entity': the lookup returns the wrong person; 'relation': another relation is followed (correctly);
     'skip': the hop after the next one is looked up instead."""
     p, entity = state

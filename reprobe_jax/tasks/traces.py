@@ -24,10 +24,11 @@ from reprobe_jax.tasks.base import Problem, State, TaskFamily, get_family
 
 _RETRIES = 8
 # Every buggy procedure a family implements (TaskFamily.bug_step), by name.
-BUG_KINDS = {"carry": "arithmetic: a + b that crosses a ten is written without the carry (17 + 5 = 12)",
-             "borrow": "arithmetic: a - b that needs a borrow subtracts the smaller units digit from the larger "
-                       "(23 - 5 = 22)",
-             "inverse": "qa: the mentor relation is read backwards (the mentor of X is the person X mentors)"}
+BUG_KINDS = {
+  "carry": "arithmetic: a + b that crosses a ten is written without the carry (17 + 5 = 12)",
+  "borrow": "arithmetic: a - b that needs a borrow subtracts the smaller units digit from the larger (23 - 5 = 22)",
+  "inverse": "qa: the mentor relation is read backwards (the mentor of X is the person X mentors)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,14 +39,15 @@ class TraceNoise:
   (arithmetic: result/operand/operation/skip, about 8% per step in all; planning: illegal/detour, 8%; qa:
   entity/relation/skip, 8%). A kind that is impossible at a step (no later hop to skip to) leaves the step right.
   """
-  p_wrong_result: float = 0.04     # arithmetic: result off by 1-3
-  p_wrong_operand: float = 0.02    # arithmetic: the problem's number misread by 1-3
+
+  p_wrong_result: float = 0.04  # arithmetic: result off by 1-3
+  p_wrong_operand: float = 0.02  # arithmetic: the problem's number misread by 1-3
   p_wrong_operation: float = 0.01  # arithmetic: another operator with the right number
-  p_skip: float = 0.01             # arithmetic, qa: the next operation / hop is skipped
-  p_illegal_move: float = 0.03     # planning: a move through a door that does not exist
-  p_detour: float = 0.05           # planning: a real door that does not get closer to the goal
-  p_wrong_entity: float = 0.05     # qa: a lookup names the wrong person
-  p_wrong_relation: float = 0.02   # qa: another relation is followed
+  p_skip: float = 0.01  # arithmetic, qa: the next operation / hop is skipped
+  p_illegal_move: float = 0.03  # planning: a move through a door that does not exist
+  p_detour: float = 0.05  # planning: a real door that does not get closer to the goal
+  p_wrong_entity: float = 0.05  # qa: a lookup names the wrong person
+  p_wrong_relation: float = 0.02  # qa: another relation is followed
   # Thinking mode: after the answer is established, re-check 1..max_recheck earlier steps with this chance;
   # common on purpose, so a model trained on these traces re-checks in well over 30% of correct trajectories.
   p_recheck: float = 0.6
@@ -67,9 +69,11 @@ class TraceNoise:
       raise ConfigError(f"TraceNoise.bugs: unknown bug(s) {unknown}; known: {list(BUG_KINDS)}")
     if self.max_recheck < 1:
       raise ConfigError(f"TraceNoise.max_recheck must be at least 1, found {self.max_recheck}")
-    for family, total in (("arithmetic", self.p_wrong_result + self.p_wrong_operand + self.p_wrong_operation
-                           + self.p_skip), ("planning", self.p_illegal_move + self.p_detour),
-                          ("qa", self.p_wrong_entity + self.p_wrong_relation + self.p_skip)):
+    for family, total in (
+      ("arithmetic", self.p_wrong_result + self.p_wrong_operand + self.p_wrong_operation + self.p_skip),
+      ("planning", self.p_illegal_move + self.p_detour),
+      ("qa", self.p_wrong_entity + self.p_wrong_relation + self.p_skip),
+    ):
       if total > 1.0:
         raise ConfigError(f"TraceNoise: the {family} per-step error rates sum to {total:.3f}, more than 1")
 
@@ -91,6 +95,7 @@ class Trace:
   answer_paragraph: thinking mode, index of the paragraph that first completes the chain (the answer is established
     there), None if it never completes; line mode, None.
   """
+
   problem_id: str
   mode: str
   text: str
@@ -121,8 +126,9 @@ def _draw_kind(rates: Sequence[tuple[str, float]], rng: np.random.Generator) -> 
   return None
 
 
-def _walk(family: TaskFamily, problem: Problem, state: State, rng: np.random.Generator, noise: TraceNoise | None,
-          limit: int) -> tuple[list[str], list[str | None], list[tuple[State, State]], State]:
+def _walk(
+  family: TaskFamily, problem: Problem, state: State, rng: np.random.Generator, noise: TraceNoise | None, limit: int
+) -> tuple[list[str], list[str | None], list[tuple[State, State]], State]:
   """Writes steps from `state` until the chain is complete: (bodies, injected kinds, (before, after) states, state).
 
   After a wrong step the walk goes on honestly from the wrong written value, so the error propagates.
@@ -150,14 +156,24 @@ def _walk(family: TaskFamily, problem: Problem, state: State, rng: np.random.Gen
 
 
 def _draft_line(family: TaskFamily, problem: Problem, rng: np.random.Generator, noise: TraceNoise) -> Trace:
-  bodies, injected, _, state = _walk(family, problem, family.initial_state(problem), rng, noise,
-                                     family.max_steps(problem))
+  bodies, injected, _, state = _walk(
+    family, problem, family.initial_state(problem), rng, noise, family.max_steps(problem)
+  )
   answer = family.state_answer(problem, state)
   text = formats.render_line(bodies, answer)
   steps, parsed_answer = formats.parse_line(text)
   labels = family.check_steps(problem, steps)
-  return Trace(problem_id=problem.id, mode="line", text=text, steps=steps, labels=labels, answer=parsed_answer,
-               correct=family.check_answer(problem, parsed_answer), kinds=["step"] * len(steps), injected=injected)
+  return Trace(
+    problem_id=problem.id,
+    mode="line",
+    text=text,
+    steps=steps,
+    labels=labels,
+    answer=parsed_answer,
+    correct=family.check_answer(problem, parsed_answer),
+    kinds=["step"] * len(steps),
+    injected=injected,
+  )
 
 
 def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generator, noise: TraceNoise) -> Trace:
@@ -199,10 +215,14 @@ def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generat
       if how == "fix":
         out = family.honest_step(problem, before, rng)
       else:
-        out = next((o for o in (family.error_step(problem, before, k, rng) for k in family.flip_kinds)
-                    if o is not None), None)
-      if out is not None and out[1] != after and \
-          formats.match_snapshot(family, problem, snapshots, family.parse_step(out[0])) == j:
+        out = next(
+          (o for o in (family.error_step(problem, before, k, rng) for k in family.flip_kinds) if o is not None), None
+        )
+      if (
+        out is not None
+        and out[1] != after
+        and formats.match_snapshot(family, problem, snapshots, family.parse_step(out[0])) == j
+      ):
         body, new = out
         paragraphs.append(formats.reflect_paragraph(body, int(rng.integers(len(formats.REFLECT_PREFIXES)))))
         injected.append(None if how == "fix" else "r2w")
@@ -220,21 +240,34 @@ def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generat
   text = formats.render_thinking(paragraphs, answer)
   steps, parsed_answer = formats.parse_thinking(text)
   labels = formats.check_thinking(problem, steps)
-  return Trace(problem_id=problem.id, mode="thinking", text=text, steps=steps, labels=labels, answer=parsed_answer,
-               correct=family.check_answer(problem, parsed_answer),
-               kinds=[formats.classify_paragraph(problem, p) for p in steps], injected=injected,
-               answer_paragraph=answer_paragraph, rechecked=rechecked, r2w=r2w, w2r=w2r)
+  return Trace(
+    problem_id=problem.id,
+    mode="thinking",
+    text=text,
+    steps=steps,
+    labels=labels,
+    answer=parsed_answer,
+    correct=family.check_answer(problem, parsed_answer),
+    kinds=[formats.classify_paragraph(problem, p) for p in steps],
+    injected=injected,
+    answer_paragraph=answer_paragraph,
+    rechecked=rechecked,
+    r2w=r2w,
+    w2r=w2r,
+  )
 
 
 def agrees(trace: Trace) -> bool:
   """Whether the checker's labels say exactly what the noise did (1.0 where `injected` names an error)."""
   pairs = zip(trace.labels, trace.injected)
   return len(trace.labels) == len(trace.injected) and all(
-      not math.isnan(label) and (label == 1.0) == (kind is not None) for label, kind in pairs)
+    not math.isnan(label) and (label == 1.0) == (kind is not None) for label, kind in pairs
+  )
 
 
-def draft(problem: Problem, family: TaskFamily | str, rng: np.random.Generator, mode: str,
-          noise: TraceNoise = TraceNoise()) -> Trace:
+def draft(
+  problem: Problem, family: TaskFamily | str, rng: np.random.Generator, mode: str, noise: TraceNoise = TraceNoise()
+) -> Trace:
   """One scripted trace without the agreement guarantee of `solve` (exposed for tests and diagnostics)."""
   formats._check_mode(mode)
   if isinstance(family, str):
@@ -245,8 +278,9 @@ def draft(problem: Problem, family: TaskFamily | str, rng: np.random.Generator, 
   return make(family, problem, rng, noise)
 
 
-def solve(problem: Problem, family: TaskFamily | str, rng: np.random.Generator, mode: str,
-          noise: TraceNoise = TraceNoise()) -> Trace:
+def solve(
+  problem: Problem, family: TaskFamily | str, rng: np.random.Generator, mode: str, noise: TraceNoise = TraceNoise()
+) -> Trace:
   """A scripted response to `problem` in `mode` ('line' or 'thinking') with `noise`, labelled by the checker.
 
   The rare draft whose labels would disagree with its injected noise (a wrong step that happens to read as another
@@ -259,8 +293,9 @@ def solve(problem: Problem, family: TaskFamily | str, rng: np.random.Generator, 
   return draft(problem, family, rng, mode, TraceNoise.clean())
 
 
-def solve_many(problems: Sequence[Problem], mode: str, seed: int, noise: TraceNoise = TraceNoise(),
-               samples: int = 1) -> list[Trace]:
+def solve_many(
+  problems: Sequence[Problem], mode: str, seed: int, noise: TraceNoise = TraceNoise(), samples: int = 1
+) -> list[Trace]:
   """`samples` traces per problem; each problem's traces depend only on its id and `seed`, not on the order."""
   out = []
   for problem in problems:

@@ -39,9 +39,15 @@ class OptimizerConfig:
   grad_clip: float = 0.0
 
   def __post_init__(self):
-    rules = {"learning_rate": Real(0.0, low_open=True), "schedule": OneOf(SCHEDULES), "end_frac": Real(0.0, 1.0),
-             "weight_decay": Real(0.0), "b1": Real(0.0, 1.0, high_open=True), "b2": Real(0.0, 1.0, high_open=True),
-             "grad_clip": Real(0.0)}
+    rules = {
+      "learning_rate": Real(0.0, low_open=True),
+      "schedule": OneOf(SCHEDULES),
+      "end_frac": Real(0.0, 1.0),
+      "weight_decay": Real(0.0),
+      "b1": Real(0.0, 1.0, high_open=True),
+      "b2": Real(0.0, 1.0, high_open=True),
+      "grad_clip": Real(0.0),
+    }
     if self.warmup_steps is not None:
       rules["warmup_steps"] = Int(0)
     if self.warmup_frac is not None:
@@ -70,12 +76,19 @@ def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> Optimizer:
   if cfg.schedule == "cosine":
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1), lr * cfg.end_frac)
   elif cfg.schedule == "linear":
-    schedule = optax.join_schedules([optax.linear_schedule(0.0, lr, warmup),
-                                     optax.linear_schedule(lr, lr * cfg.end_frac, max(total_steps - warmup, 1))],
-                                    [warmup])
+    schedule = optax.join_schedules(
+      [
+        optax.linear_schedule(0.0, lr, warmup),
+        optax.linear_schedule(lr, lr * cfg.end_frac, max(total_steps - warmup, 1)),
+      ],
+      [warmup],
+    )
   else:
     schedule = optax.linear_schedule(0.0, lr, warmup) if warmup else optax.constant_schedule(lr)
   parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
-  parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay) if cfg.weight_decay > 0
-               else optax.adam(schedule, b1=cfg.b1, b2=cfg.b2))
+  parts.append(
+    optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+    if cfg.weight_decay > 0
+    else optax.adam(schedule, b1=cfg.b1, b2=cfg.b2)
+  )
   return Optimizer(optax.chain(*parts), schedule)

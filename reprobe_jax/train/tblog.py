@@ -57,8 +57,8 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
       data = f.read()
     off = 0
     while off + 12 <= len(data):  # TFRecord framing: u64 length, u32 crc, payload, u32 crc
-      (n,) = struct.unpack("<Q", data[off:off + 8])
-      event = event_pb2.Event.FromString(data[off + 12:off + 12 + n])
+      (n,) = struct.unpack("<Q", data[off : off + 8])
+      event = event_pb2.Event.FromString(data[off + 12 : off + 12 + n])
       off += 12 + n + 4
       for v in event.summary.value:
         out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))

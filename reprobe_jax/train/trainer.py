@@ -61,8 +61,10 @@ class TrainerConfig:
     if self.best_mode not in ("max", "min"):
       raise ConfigError(f"TrainerConfig.best_mode must be 'max' or 'min', got {self.best_mode!r}")
     if (self.best_metric is None) != (self.eval_every == 0):
-      raise ConfigError(f"TrainerConfig: best_metric ({self.best_metric!r}) and eval_every ({self.eval_every}) go "
-                        "together: set both or neither")
+      raise ConfigError(
+        f"TrainerConfig: best_metric ({self.best_metric!r}) and eval_every ({self.eval_every}) go "
+        "together: set both or neither"
+      )
     if self.patience is not None and (self.patience < 1 or self.best_metric is None):
       raise ConfigError(f"TrainerConfig.patience={self.patience} needs a best_metric and must be >= 1")
 
@@ -111,12 +113,21 @@ class Trainer:
   or garbled files).
   """
 
-  def __init__(self, loss_fn: LossFn, tx: optax.GradientTransformation, cfg: TrainerConfig, workdir: str, *,
-               has_aux: bool = False, learning_rate: Callable[[int], Any] | None = None,
-               evaluate: Callable[[Any], Mapping[str, float]] | None = None,
-               on_step: Callable[[int, dict[str, float]], None] | None = None,
-               on_eval: Callable[[int, dict], None] | None = None,
-               signature: Mapping[str, Any] | None = None, step_fn: Callable | None = None):
+  def __init__(
+    self,
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    cfg: TrainerConfig,
+    workdir: str,
+    *,
+    has_aux: bool = False,
+    learning_rate: Callable[[int], Any] | None = None,
+    evaluate: Callable[[Any], Mapping[str, float]] | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    on_eval: Callable[[int, dict], None] | None = None,
+    signature: Mapping[str, Any] | None = None,
+    step_fn: Callable | None = None,
+  ):
     if (loss_fn is None) == (step_fn is None):
       raise ConfigError("Trainer: give a loss_fn (the jitted step is built from it) or a step_fn, not both")
     if (evaluate is None) != (cfg.best_metric is None):
@@ -140,8 +151,9 @@ class Trainer:
     policies = ocp.checkpoint_managers
     latest = policies.LatestN(n=cfg.keep_latest)
     if cfg.best_metric is None:
-      return ocp.CheckpointManager(self.checkpoint_dir,
-                                   options=ocp.CheckpointManagerOptions(create=True, preservation_policy=latest))
+      return ocp.CheckpointManager(
+        self.checkpoint_dir, options=ocp.CheckpointManagerOptions(create=True, preservation_policy=latest)
+      )
     # Every evaluated checkpoint carries metrics; only one that improved ranks, so ties in the metric never make
     # orbax keep a later checkpoint in place of the first that reached the best value.
     worst = -math.inf if cfg.best_mode == "max" else math.inf
@@ -149,19 +161,28 @@ class Trainer:
     def rank(m):
       return m[cfg.best_metric] if m["improved"] else worst
 
-    best = policies.BestN(get_metric_fn=rank, reverse=cfg.best_mode == "min", n=1,
-                          keep_checkpoints_without_metrics=False)
-    return ocp.CheckpointManager(self.checkpoint_dir, options=ocp.CheckpointManagerOptions(
-        create=True, best_fn=rank, best_mode=cfg.best_mode,
-        preservation_policy=policies.AnyPreservationPolicy([latest, best])))
+    best = policies.BestN(
+      get_metric_fn=rank, reverse=cfg.best_mode == "min", n=1, keep_checkpoints_without_metrics=False
+    )
+    return ocp.CheckpointManager(
+      self.checkpoint_dir,
+      options=ocp.CheckpointManagerOptions(
+        create=True,
+        best_fn=rank,
+        best_mode=cfg.best_mode,
+        preservation_policy=policies.AnyPreservationPolicy([latest, best]),
+      ),
+    )
 
   def _step_dir(self, step: int) -> str:
     return os.path.join(self.checkpoint_dir, str(step))
 
   def _unreadable(self, step: int, e: Exception) -> CheckpointError:
     what = " ".join(str(e).split())[:300]
-    return CheckpointError(f"{self._step_dir(step)}: the checkpoint cannot be read ({type(e).__name__}: {what}); "
-                           f"delete that step folder to resume from an earlier one, or {self.workdir} to train anew")
+    return CheckpointError(
+      f"{self._step_dir(step)}: the checkpoint cannot be read ({type(e).__name__}: {what}); "
+      f"delete that step folder to resume from an earlier one, or {self.workdir} to train anew"
+    )
 
   def _restore_meta(self, mngr, step: int, tree: dict) -> dict:
     """The JSON part of a checkpoint, checked: the same config and state shapes as this run, and every field."""
@@ -169,18 +190,27 @@ class Trainer:
       meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:  # orbax raises whatever its readers raise on damaged files
       raise self._unreadable(step, e) from None
-    kinds = {"step": int, "metrics": dict, "history": list, "bad_evals": int, "best_step": (int, type(None)),
-             "best_score": (int, float, type(None))}
-    bad = [k for k, kind in kinds.items() if not isinstance(meta, dict) or k not in meta
-           or not isinstance(meta[k], kind)]
+    kinds = {
+      "step": int,
+      "metrics": dict,
+      "history": list,
+      "bad_evals": int,
+      "best_step": (int, type(None)),
+      "best_score": (int, float, type(None)),
+    }
+    bad = [
+      k for k, kind in kinds.items() if not isinstance(meta, dict) or k not in meta or not isinstance(meta[k], kind)
+    ]
     if bad or meta["step"] != step:
       raise self._unreadable(step, ValueError(f"training state without a valid {bad[0] if bad else 'step'!r}"))
     for key, now in (("config", self.signature), ("tree", tree)):
       if key in meta and meta[key] != now:  # (a checkpoint from before these were stored has nothing to compare)
         diff = _first_difference(meta[key], now)
-        raise CheckpointError(f"{self._step_dir(step)}: the checkpoint was made with {diff}; resuming it would "
-                              f"not be the run asked for: use another workdir, or delete {self.workdir} to train "
-                              "anew")
+        raise CheckpointError(
+          f"{self._step_dir(step)}: the checkpoint was made with {diff}; resuming it would "
+          f"not be the run asked for: use another workdir, or delete {self.workdir} to train "
+          "anew"
+        )
     return meta
 
   def _restore_state(self, mngr, step: int, abstract) -> dict:
@@ -201,10 +231,20 @@ class Trainer:
     cfg = self.cfg
     opt_state = self.tx.init(params)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state})
-    tree = {jax.tree_util.keystr(path): [list(leaf.shape), str(leaf.dtype)]
-            for path, leaf in jax.tree_util.tree_leaves_with_path(abstract)}
-    meta = {"step": 0, "metrics": {}, "history": [], "best_step": None, "best_score": None, "bad_evals": 0,
-            "config": self.signature, "tree": tree}
+    tree = {
+      jax.tree_util.keystr(path): [list(leaf.shape), str(leaf.dtype)]
+      for path, leaf in jax.tree_util.tree_leaves_with_path(abstract)
+    }
+    meta = {
+      "step": 0,
+      "metrics": {},
+      "history": [],
+      "best_step": None,
+      "best_score": None,
+      "bad_evals": 0,
+      "config": self.signature,
+      "tree": tree,
+    }
     mngr = self._manager()
     # One event file per job: the processes of a multi-process job log the same values.
     tb = ScalarWriter(os.path.join(self.workdir, "tb")) if jax.process_index() == 0 else _NoScalars()
@@ -234,7 +274,7 @@ class Trainer:
           continue
         self._fetch(pending, metrics)
         if log:
-          window = {f"train/{k}": np.mean(v[-cfg.log_every:]) for k, v in metrics.items()}
+          window = {f"train/{k}": np.mean(v[-cfg.log_every :]) for k, v in metrics.items()}
           if self.learning_rate is not None:
             window["train/learning_rate"] = self.learning_rate(i)
           tb.write(s, window)
@@ -244,8 +284,13 @@ class Trainer:
         meta["step"] = s
         self._save(mngr, s, params, opt_state, meta, entry)
         if entry is not None:
-          tb.write(s, {"train/mean_loss": entry["train_loss"],
-                       **{f"val/{k[4:]}": v for k, v in entry.items() if k.startswith("val_")}})
+          tb.write(
+            s,
+            {
+              "train/mean_loss": entry["train_loss"],
+              **{f"val/{k[4:]}": v for k, v in entry.items() if k.startswith("val_")},
+            },
+          )
           if self.on_eval is not None:
             self.on_eval(s, entry)
           stop = self._patience_spent(meta)
@@ -253,10 +298,20 @@ class Trainer:
       best_params = None
       if meta["best_step"] is not None:
         self._check_best(mngr, meta)
-        best_params = (params if meta["best_step"] == meta["step"]
-                       else self._restore_state(mngr, meta["best_step"], abstract)["params"])
-      return TrainResult(params=params, best_params=best_params, opt_state=opt_state, metrics=metrics,
-                         history=history, step=meta["step"], stopped_early=stop and meta["step"] < cfg.steps)
+        best_params = (
+          params
+          if meta["best_step"] == meta["step"]
+          else self._restore_state(mngr, meta["best_step"], abstract)["params"]
+        )
+      return TrainResult(
+        params=params,
+        best_params=best_params,
+        opt_state=opt_state,
+        metrics=metrics,
+        history=history,
+        step=meta["step"],
+        stopped_early=stop and meta["step"] < cfg.steps,
+      )
     finally:
       mngr.close()
       tb.close()
@@ -268,8 +323,7 @@ class Trainer:
     """Runs `evaluate`, updates the best step and the count of evaluations without improvement in `meta`."""
     values = {k: float(v) for k, v in self.evaluate(params).items()}
     if self.cfg.best_metric not in values:
-      raise ConfigError(f"Trainer: evaluate() returned {sorted(values)}, without best_metric "
-                        f"{self.cfg.best_metric!r}")
+      raise ConfigError(f"Trainer: evaluate() returned {sorted(values)}, without best_metric {self.cfg.best_metric!r}")
     score = values[self.cfg.best_metric]
     improved = self._improves(score, meta["best_score"])
     if improved:
@@ -277,8 +331,12 @@ class Trainer:
     else:
       meta["bad_evals"] += 1
     since = meta["history"][-1]["step"] if meta["history"] else 0
-    entry = {"step": step, "train_loss": float(np.mean(meta["metrics"]["loss"][since:step])),
-             **{f"val_{k}": v for k, v in values.items()}, "improved": improved}
+    entry = {
+      "step": step,
+      "train_loss": float(np.mean(meta["metrics"]["loss"][since:step])),
+      **{f"val_{k}": v for k, v in values.items()},
+      "improved": improved,
+    }
     meta["history"].append(entry)
     return entry
 
@@ -291,9 +349,11 @@ class Trainer:
     # On a multi-process job orbax saves only arrays of the whole job: process-local state is lent a replicated
     # global copy for the save (and restored through one).
     state = as_global({"params": params, "opt_state": opt_state})
-    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                            meta=ocp.args.JsonSave(copy.deepcopy(meta))),
-              metrics=ckpt_metrics)
+    mngr.save(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(copy.deepcopy(meta))),
+      metrics=ckpt_metrics,
+    )
 
   def _fetch(self, pending: list[tuple[int, dict]], metrics: dict[str, list[float]]) -> None:
     """One device-to-host transfer for every step since the last fetch; then the progress callback per step."""
@@ -311,9 +371,10 @@ class Trainer:
     """A best step named in the training state must still have its checkpoint: never hand back other parameters."""
     if meta["best_step"] is not None and meta["best_step"] not in mngr.all_steps():
       raise CheckpointError(
-          f"{self.checkpoint_dir}: the saved training state names step {meta['best_step']} as the best "
-          f"({self.cfg.best_metric}={meta['best_score']}), but that step's checkpoint is missing (found steps "
-          f"{sorted(mngr.all_steps())}); the best parameters cannot be recovered: delete {self.workdir} to train anew")
+        f"{self.checkpoint_dir}: the saved training state names step {meta['best_step']} as the best "
+        f"({self.cfg.best_metric}={meta['best_score']}), but that step's checkpoint is missing (found steps "
+        f"{sorted(mngr.all_steps())}); the best parameters cannot be recovered: delete {self.workdir} to train anew"
+      )
 
 
 class _NoScalars:
@@ -333,8 +394,7 @@ def _first_difference(stored: Any, now: Any, path: str = "") -> str:
       if stored.get(key, _ABSENT) != now.get(key, _ABSENT):
         return _first_difference(stored.get(key, _ABSENT), now.get(key, _ABSENT), f"{path}.{key}" if path else key)
   shown = {id(_ABSENT): "nothing"}
-  return (f"{path or 'its config'}={shown.get(id(stored), repr(stored))} (this run: "
-          f"{shown.get(id(now), repr(now))})")
+  return f"{path or 'its config'}={shown.get(id(stored), repr(stored))} (this run: {shown.get(id(now), repr(now))})"
 
 
 _ABSENT = object()

@@ -8,5 +8,16 @@ from reprobe_jax.trajectories.record import MODES, RECORD_FIELDS, StepSpan, Traj
 from reprobe_jax.trajectories.prompts import SHOT_SEED, few_shot_turns, prompt_text, with_done_mark
 from reprobe_jax.trajectories.sample import TrajectoryConfig, sample_trajectories
 
-__all__ = ["MODES", "RECORD_FIELDS", "StepSpan", "Trajectory", "read_trajectories", "SHOT_SEED",
-           "few_shot_turns", "prompt_text", "with_done_mark", "TrajectoryConfig", "sample_trajectories"]
+__all__ = [
+  "MODES",
+  "RECORD_FIELDS",
+  "StepSpan",
+  "Trajectory",
+  "read_trajectories",
+  "SHOT_SEED",
+  "few_shot_turns",
+  "prompt_text",
+  "with_done_mark",
+  "TrajectoryConfig",
+  "sample_trajectories",
+]

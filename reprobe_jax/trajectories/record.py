@@ -61,20 +61,20 @@ def _str_or_none(v) -> bool:
 
 # (field, check, what the check expects) in file order; `labels`, `first_error`, `annotator` follow.
 _SCHEMA = (
-    ("id", lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
-    ("problem_id", lambda v: isinstance(v, str), "a string"),
-    ("domain", lambda v: isinstance(v, str), "a string"),
-    ("mode", lambda v: v in MODES, f"one of {', '.join(MODES)}"),
-    ("sample", lambda v: type(v) is int and v >= 0, "an integer >= 0"),
-    # At least one prompt token: token j's features come from position j - 1 (docs/method.md §A3).
-    ("prompt_ids", lambda v: _ints(v) and bool(v), "a non-empty list of integers >= 0 (token ids)"),
-    ("response_ids", _ints, "a list of integers >= 0 (token ids)"),
-    ("response", _str_or_none, "a string"),
-    ("finish_reason", _str_or_none, "a string"),
-    ("logprobs", _floats_ok, "a list of numbers, each finite"),
-    ("entropy", _floats_ok, "a list of numbers, each finite"),
-    ("self_certainty", _floats_ok, "a list of numbers, each finite"),
-    ("steps", lambda v: isinstance(v, list), "a list of {text, start, end} objects (align steps first)"),
+  ("id", lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+  ("problem_id", lambda v: isinstance(v, str), "a string"),
+  ("domain", lambda v: isinstance(v, str), "a string"),
+  ("mode", lambda v: v in MODES, f"one of {', '.join(MODES)}"),
+  ("sample", lambda v: type(v) is int and v >= 0, "an integer >= 0"),
+  # At least one prompt token: token j's features come from position j - 1 (docs/method.md §A3).
+  ("prompt_ids", lambda v: _ints(v) and bool(v), "a non-empty list of integers >= 0 (token ids)"),
+  ("response_ids", _ints, "a list of integers >= 0 (token ids)"),
+  ("response", _str_or_none, "a string"),
+  ("finish_reason", _str_or_none, "a string"),
+  ("logprobs", _floats_ok, "a list of numbers, each finite"),
+  ("entropy", _floats_ok, "a list of numbers, each finite"),
+  ("self_certainty", _floats_ok, "a list of numbers, each finite"),
+  ("steps", lambda v: isinstance(v, list), "a list of {text, start, end} objects (align steps first)"),
 )
 RECORD_FIELDS = tuple(name for name, _, _ in _SCHEMA)  # what `sample_trajectories` writes; a file must have all
 _TOKEN_STATS = ("logprobs", "entropy", "self_certainty")  # one value per response token
@@ -146,30 +146,40 @@ class Trajectory:
     n_tokens = len(values["response_ids"]) if "response_ids" in values else None
     for field in _TOKEN_STATS:
       if n_tokens is not None and field in values and len(values[field]) != n_tokens:
-        raise DataFormatError(f"{name}: field {field!r} has {len(values[field])} values for {n_tokens} response "
-                              "tokens (one per token)")
+        raise DataFormatError(
+          f"{name}: field {field!r} has {len(values[field])} values for {n_tokens} response tokens (one per token)"
+        )
     values["steps"] = _steps(values.get("steps", []), n_tokens, name)
     for field in ("prompt_ids", "response_ids", *_TOKEN_STATS):
       if field in values:
         values[field] = tuple(values[field])
     labels = obj.get("labels")
     if labels is not None:
-      if not isinstance(labels, list) or not all(v is None or (type(v) in (int, float) and v in (0, 1))
-                                                 for v in labels):
-        raise DataFormatError(f"{name}: field 'labels' must be a list of numbers or nulls, each 0 (correct), 1 "
-                              f"(incorrect) or null (unknown), found {shown(labels)}")
+      if not isinstance(labels, list) or not all(
+        v is None or (type(v) in (int, float) and v in (0, 1)) for v in labels
+      ):
+        raise DataFormatError(
+          f"{name}: field 'labels' must be a list of numbers or nulls, each 0 (correct), 1 "
+          f"(incorrect) or null (unknown), found {shown(labels)}"
+        )
       if len(labels) != len(values["steps"]):
         raise DataFormatError(f"{name}: {len(labels)} labels for {len(values['steps'])} steps")
       values["labels"] = tuple(labels_from_json(labels))
     first = obj.get("first_error")
     if first is not None and (type(first) is not int or not 0 <= first < len(values["steps"])):
-      raise DataFormatError(f"{name}: field 'first_error' must be an integer or null, a step index in "
-                            f"0..{len(values['steps']) - 1}, found {shown(first)}")
+      raise DataFormatError(
+        f"{name}: field 'first_error' must be an integer or null, a step index in "
+        f"0..{len(values['steps']) - 1}, found {shown(first)}"
+      )
     if not _str_or_none(obj.get("annotator")):
       raise DataFormatError(f"{name}: field 'annotator' must be a string, found {shown(obj['annotator'])}")
     known = set(RECORD_FIELDS) | set(_LABEL_FIELDS)
-    return cls(**{"id": "", "problem_id": "", "domain": "", "mode": "", **values}, first_error=first,
-               annotator=obj.get("annotator"), extra={k: v for k, v in obj.items() if k not in known})
+    return cls(
+      **{"id": "", "problem_id": "", "domain": "", "mode": "", **values},
+      first_error=first,
+      annotator=obj.get("annotator"),
+      extra={k: v for k, v in obj.items() if k not in known},
+    )
 
   def check(self, where: str = "", *, fields: Collection[str] = RECORD_FIELDS) -> None:
     """DataFormatError '<where>trajectory <id>: ...' naming the first of `fields` whose value the record schema
@@ -203,17 +213,24 @@ def _steps(raw: list, n_tokens: int | None, name: str) -> tuple[StepSpan, ...]:
   in the response (0 <= start <= end <= n_tokens, each start at or after the previous end; docs/method.md §A1)."""
   steps, prev = [], 0
   for k, s in enumerate(raw):
-    if not (isinstance(s, Mapping) and isinstance(s.get("text"), str) and type(s.get("start")) is int
-            and type(s.get("end")) is int):
-      raise DataFormatError(f"{name}: steps[{k}] must be a {{text, start, end}} object (text a string, start "
-                            f"and end integers), found {shown(s)}")
+    if not (
+      isinstance(s, Mapping)
+      and isinstance(s.get("text"), str)
+      and type(s.get("start")) is int
+      and type(s.get("end")) is int
+    ):
+      raise DataFormatError(
+        f"{name}: steps[{k}] must be a {{text, start, end}} object (text a string, start "
+        f"and end integers), found {shown(s)}"
+      )
     start, end = s["start"], s["end"]
     if not prev <= start <= end:
-      raise DataFormatError(f"{name}: steps[{k}] spans tokens [{start}, {end}); spans must be ordered and not "
-                            f"overlap (start >= {prev}, the previous step's end, and end >= start)")
+      raise DataFormatError(
+        f"{name}: steps[{k}] spans tokens [{start}, {end}); spans must be ordered and not "
+        f"overlap (start >= {prev}, the previous step's end, and end >= start)"
+      )
     if n_tokens is not None and end > n_tokens:
-      raise DataFormatError(f"{name}: steps[{k}] spans tokens [{start}, {end}), past the response's {n_tokens} "
-                            "tokens")
+      raise DataFormatError(f"{name}: steps[{k}] spans tokens [{start}, {end}), past the response's {n_tokens} tokens")
     steps.append(StepSpan(s["text"], start, end))
     prev = end
   return tuple(steps)

@@ -42,17 +42,31 @@ class TrajectoryConfig:
 
   def __post_init__(self):
     # errors name config.trajectories.<field> when built by replace_fields, else TrajectoryConfig.<field>
-    check_fields(self, {"samples": Int(1), "max_new_tokens": Int(1), "batch_size": Int(1),
-                        "seed": Int(0), "few_shot": Int(0), "first_step": OneOf((False, True)),
-                        "goal_mark": OneOf((False, True))})
+    check_fields(
+      self,
+      {
+        "samples": Int(1),
+        "max_new_tokens": Int(1),
+        "batch_size": Int(1),
+        "seed": Int(0),
+        "few_shot": Int(0),
+        "first_step": OneOf((False, True)),
+        "goal_mark": OneOf((False, True)),
+      },
+    )
 
 
-def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: str, cfg: TrajectoryConfig,
-                        *, prompt_fn: Callable[[LanguageModel, Problem, str, int, bool, bool], str] = prompt_text,
-                        on_batch: Callable[[int], None] | None = None,
-                        feature_specs: Sequence[FeatureSpec] = (),
-                        on_features: Callable[[list[Trajectory], dict[str, dict[str, np.ndarray]]], None] | None = None,
-                        ) -> list[Trajectory]:
+def sample_trajectories(
+  lm: LanguageModel,
+  problems: Sequence[Problem],
+  mode: str,
+  cfg: TrajectoryConfig,
+  *,
+  prompt_fn: Callable[[LanguageModel, Problem, str, int, bool, bool], str] = prompt_text,
+  on_batch: Callable[[int], None] | None = None,
+  feature_specs: Sequence[FeatureSpec] = (),
+  on_features: Callable[[list[Trajectory], dict[str, dict[str, np.ndarray]]], None] | None = None,
+) -> list[Trajectory]:
   """Samples `cfg.samples` trajectories per problem (the prompt is prefilled once per problem, its samples read it
   as a shared prefix) and aligns steps.
 
@@ -64,10 +78,11 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
   capture = union_capture(feature_specs) if feature_specs else CaptureSpec(token_stats=True)
   out = []
   for start in range(0, len(problems), cfg.batch_size):
-    chunk = problems[start:start + cfg.batch_size]
+    chunk = problems[start : start + cfg.batch_size]
     prompts = [prompt_fn(lm, p, mode, cfg.few_shot, cfg.first_step, cfg.goal_mark) for p in chunk]
-    gen = lm.generate(prompts, cfg.sampling, max_new_tokens=cfg.max_new_tokens, n=cfg.samples,
-                      seed=cfg.seed + start, capture=capture)
+    gen = lm.generate(
+      prompts, cfg.sampling, max_new_tokens=cfg.max_new_tokens, n=cfg.samples, seed=cfg.seed + start, capture=capture
+    )
     batch = []
     for row in range(gen.tokens.shape[0]):
       problem = chunk[gen.prompt_index[row]]
@@ -75,19 +90,28 @@ def sample_trajectories(lm: LanguageModel, problems: Sequence[Problem], mode: st
       n = len(ids) - (1 if ids and ids[-1] == eos else 0)
       ids = ids[:n]
       steps = step_lib.align(lm.tokenizer, ids, STEP_MODE[mode])
-      batch.append(Trajectory(
-          id=f"{problem.id}#{row % cfg.samples}", problem_id=problem.id, domain=problem.domain,
-          mode=mode, sample=row % cfg.samples, prompt_ids=tuple(gen.prompt_ids[gen.prompt_index[row]]),
-          response_ids=tuple(ids), response=lm.tokenizer.decode(ids), finish_reason=gen.finish_reason[row],
-          logprobs=_floats(gen.logprobs[row, :n]), entropy=_floats(gen.features["token_entropy"][row, :n]),
+      batch.append(
+        Trajectory(
+          id=f"{problem.id}#{row % cfg.samples}",
+          problem_id=problem.id,
+          domain=problem.domain,
+          mode=mode,
+          sample=row % cfg.samples,
+          prompt_ids=tuple(gen.prompt_ids[gen.prompt_index[row]]),
+          response_ids=tuple(ids),
+          response=lm.tokenizer.decode(ids),
+          finish_reason=gen.finish_reason[row],
+          logprobs=_floats(gen.logprobs[row, :n]),
+          entropy=_floats(gen.features["token_entropy"][row, :n]),
           self_certainty=_floats(gen.features["token_self_certainty"][row, :n]),
           steps=tuple(StepSpan(s.text, s.start, s.end) for s in steps),
-      ))
+        )
+      )
     if feature_specs and on_features is not None:
       feats = {}
       for spec in feature_specs:
         arr = np.asarray(spec.assemble(with_logprobs(gen.features, gen.logprobs), lm.config.num_layers))  # [R, N, F]
-        feats[spec.name] = {t.id: arr[row, :len(t.response_ids)] for row, t in enumerate(batch)}
+        feats[spec.name] = {t.id: arr[row, : len(t.response_ids)] for row, t in enumerate(batch)}
       on_features(batch, feats)
     out += batch
     if on_batch is not None:

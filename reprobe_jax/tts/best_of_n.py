@@ -42,8 +42,9 @@ from reprobe_jax.tts.select import answer_checker, candidate_cost, check_aggrega
 
 
 @functools.partial(jax.jit, static_argnames=("n", "spec", "num_layers"))
-def _score_steps(scorer: StepScorer, state: DecodeState, spans, prompts, *, n: int, spec: FeatureSpec | None,
-                 num_layers: int):
+def _score_steps(
+  scorer: StepScorer, state: DecodeState, spans, prompts, *, n: int, spec: FeatureSpec | None, num_layers: int
+):
   """Step scores [B, S] of a decode state's rows for spans [B, S, 2], from its captured values and the rows'
   prompts = (ids, mask) [B, Tp] (`scorers.prompt_rows`), on device. The scorer sees one prompt's n rows at a time
   (mapped over prompts), so a row's index in the scorer (the random baseline's key) is its index within its prompt,
@@ -63,10 +64,18 @@ def _features(state: DecodeState, *, spec: FeatureSpec, num_layers: int):
 
 
 @STRATEGIES.register("best_of_n")
-def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem | str | Sequence[int]],
-              cfg: SearchConfig, *, mode: str = "line", feature_spec: FeatureSpec | None = None,
-              prompt_seeds: Sequence[int] | None = None, few_shot: int = 0,
-              batch_size: int | None = None) -> list[PromptResult]:
+def best_of_n(
+  lm: LanguageModel,
+  scorer: StepScorer,
+  problems: Sequence[Problem | str | Sequence[int]],
+  cfg: SearchConfig,
+  *,
+  mode: str = "line",
+  feature_spec: FeatureSpec | None = None,
+  prompt_seeds: Sequence[int] | None = None,
+  few_shot: int = 0,
+  batch_size: int | None = None,
+) -> list[PromptResult]:
   """N = cfg.n trajectories per prompt, each step scored (docs/method.md §A7 Best-of-N); one PromptResult per prompt.
 
   problems: Problems (prompted with `trajectories.prompt_text` in `mode`, after `few_shot` worked examples; their
@@ -99,8 +108,10 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
   longest = max(map(len, ids))
   room = lm.config.max_position_embeddings
   if longest + cfg.max_new_tokens > room:
-    raise CacheFullError(f"SearchConfig.max_new_tokens={cfg.max_new_tokens}: the longest prompt ({longest} tokens) "
-                         f"plus the budget exceeds the target's context of {room} tokens")
+    raise CacheFullError(
+      f"SearchConfig.max_new_tokens={cfg.max_new_tokens}: the longest prompt ({longest} tokens) "
+      f"plus the budget exceeds the target's context of {room} tokens"
+    )
   seeds = prompt_seeds_for(ids, prompt_seeds)
   chunk = len(problems) if batch_size is None else batch_size
   if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
@@ -110,39 +121,49 @@ def best_of_n(lm: LanguageModel, scorer: StepScorer, problems: Sequence[Problem 
   sampler = lm.sampler(cfg.sampling, capture=capture)
   out: list[PromptResult] = []
   for start in range(0, len(ids), chunk):
-    state = decode_trajectories(sampler, ids[start:start + chunk], cfg, seeds[start:start + chunk])
-    out += _results(lm, scorer, state, ids[start:start + chunk], cfg, mode, spec)
+    state = decode_trajectories(sampler, ids[start : start + chunk], cfg, seeds[start : start + chunk])
+    out += _results(lm, scorer, state, ids[start : start + chunk], cfg, mode, spec)
   return out
 
 
-def decode_trajectories(sampler, prompt_ids: Sequence[Sequence[int]], cfg: SearchConfig,
-                        prompt_seeds: Sequence[int]) -> DecodeState:
+def decode_trajectories(
+  sampler, prompt_ids: Sequence[Sequence[int]], cfg: SearchConfig, prompt_seeds: Sequence[int]
+) -> DecodeState:
   """The decode state of cfg.n rows per prompt (prompt-major), each decoded to EOS or its token budget: one
   prefill per prompt, read by its rows as a shared prefix, and one jitted decode loop."""
-  state = sampler.prefill(list(prompt_ids), max_new_tokens=cfg.max_new_tokens, n=cfg.n, seed=cfg.seed,
-                          prompt_seeds=list(prompt_seeds))
+  state = sampler.prefill(
+    list(prompt_ids), max_new_tokens=cfg.max_new_tokens, n=cfg.n, seed=cfg.seed, prompt_seeds=list(prompt_seeds)
+  )
   return sampler.decode(state)
 
 
-def trajectory_steps(tokenizer, ids: Sequence[int], finish_reason: str, *, mode: str, max_steps: int
-                     ) -> tuple[list[int], list[tuple[int, int]], str]:
+def trajectory_steps(
+  tokenizer, ids: Sequence[int], finish_reason: str, *, mode: str, max_steps: int
+) -> tuple[list[int], list[tuple[int, int]], str]:
   """A decoded row (ids without EOS) as a candidate: (response ids, step spans [(start, end)], finish reason). Steps
-  are `steps.align`'s (docs/method.md §A1); in line mode the response ends with its first '<Answer>' line ('answer'), and
-  it keeps at most max_steps steps ('max_steps'). A cut drops the tokens after the kept steps."""
+  are `steps.align`'s (docs/method.md §A1); in line mode the response ends with its first '<Answer>' line ('answer'),
+  and it keeps at most max_steps steps ('max_steps'). A cut drops the tokens after the kept steps."""
   ids = list(ids)
   steps = step_lib.align(tokenizer, ids, STEP_MODE[mode])
   answer = next((k for k, st in enumerate(steps) if mode == "line" and is_answer_line(st.text)), None)
   if answer is not None and steps[answer].end < len(ids):  # the answer line ends the candidate
-    steps, ids, finish_reason = steps[:answer + 1], ids[:steps[answer].end], "answer"
+    steps, ids, finish_reason = steps[: answer + 1], ids[: steps[answer].end], "answer"
   spans = [(st.start, st.end) for st in steps]
   if len(spans) > max_steps:
     spans = spans[:max_steps]
-    ids, finish_reason = ids[:spans[-1][1]], "max_steps"
+    ids, finish_reason = ids[: spans[-1][1]], "max_steps"
   return ids, spans, finish_reason
 
 
-def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, prompt_ids: Sequence[Sequence[int]],
-             cfg: SearchConfig, mode: str, spec: FeatureSpec | None) -> list[PromptResult]:
+def _results(
+  lm: LanguageModel,
+  scorer: StepScorer,
+  state: DecodeState,
+  prompt_ids: Sequence[Sequence[int]],
+  cfg: SearchConfig,
+  mode: str,
+  spec: FeatureSpec | None,
+) -> list[PromptResult]:
   """The state's rows (those of prompt_ids, cfg.n each) as PromptResults: EOS dropped, steps aligned and cut
   (`trajectory_steps`), all scored at once."""
   n_prompts = len(prompt_ids)
@@ -151,7 +172,7 @@ def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, prompt_i
   eos = lm.eos_mask()
   responses, spans, reasons = [], [], []
   for r in range(rows):
-    ids = host["tokens"][r, :int(host["lengths"][r])].tolist()
+    ids = host["tokens"][r, : int(host["lengths"][r])].tolist()
     reason = FINISH_NAMES[int(host["finish"][r])]
     if reason == "eos" and ids and eos[ids[-1]]:
       ids = ids[:-1]
@@ -165,16 +186,24 @@ def _results(lm: LanguageModel, scorer: StepScorer, state: DecodeState, prompt_i
     padded = np.zeros((state.batch, bucket(max(map(len, spans)) or 1, minimum=4), 2), np.int32)  # [B, S, 2]
     for r, sp in enumerate(spans):
       if sp:
-        padded[r, :len(sp)] = sp
+        padded[r, : len(sp)] = sp
     prompts = tuple(jnp.asarray(a) for a in prompt_rows(prompt_ids, cfg.n, state.batch, lm.pad_id()))
-    scores = np.asarray(_score_steps(scorer, state, jnp.asarray(padded), prompts, n=cfg.n, spec=spec,
-                                     num_layers=lm.config.num_layers))  # [B, S]
+    scores = np.asarray(
+      _score_steps(scorer, state, jnp.asarray(padded), prompts, n=cfg.n, spec=spec, num_layers=lm.config.num_layers)
+    )  # [B, S]
   out = []
   for p in range(n_prompts):
-    cands = tuple(Candidate(response_ids=tuple(responses[r]), steps=tuple(spans[r]),
-                            step_scores=tuple(float(x) for x in scores[r, :len(spans[r])]), finish_reason=reasons[r])
-                  for r in range(p * cfg.n, (p + 1) * cfg.n))
+    cands = tuple(
+      Candidate(
+        response_ids=tuple(responses[r]),
+        steps=tuple(spans[r]),
+        step_scores=tuple(float(x) for x in scores[r, : len(spans[r])]),
+        finish_reason=reasons[r],
+      )
+      for r in range(p * cfg.n, (p + 1) * cfg.n)
+    )
     costs = [candidate_cost(c) for c in cands]
-    out.append(PromptResult(candidates=cands, sampled_steps=sum(s for s, _ in costs),
-                            generated_tokens=sum(t for _, t in costs)))
+    out.append(
+      PromptResult(candidates=cands, sampled_steps=sum(s for s, _ in costs), generated_tokens=sum(t for _, t in costs))
+    )
   return out

@@ -40,25 +40,36 @@ def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = No
   if spec is not None and scorer.feature_dim is not None:
     width = spec.dim(lm.config)
     if width != scorer.feature_dim:
-      raise ConfigError(f"scorer {name!r} reads {scorer.feature_dim} features per token; this target's "
-                        f"{spec.name} features have {width} (a {name} of another model size?)")
+      raise ConfigError(
+        f"scorer {name!r} reads {scorer.feature_dim} features per token; this target's "
+        f"{spec.name} features have {width} (a {name} of another model size?)"
+      )
   if scorer.model_fingerprint is not None and scorer.model_fingerprint != model_fingerprint(lm):
-    raise FeatureMismatchError(f"scorer {name!r} was trained on target model {scorer.model_fingerprint!r}, "
-                               f"this model is {model_fingerprint(lm)!r}")
+    raise FeatureMismatchError(
+      f"scorer {name!r} was trained on target model {scorer.model_fingerprint!r}, "
+      f"this model is {model_fingerprint(lm)!r}"
+    )
   if scorer.vocab_size is not None and scorer.vocab_size != lm.config.vocab_size:
-    raise ConfigError(f"scorer {name!r} reads the target's token ids, but its vocabulary has "
-                      f"{scorer.vocab_size} tokens and the target's {lm.config.vocab_size}: it must share the "
-                      "target's tokenizer")
+    raise ConfigError(
+      f"scorer {name!r} reads the target's token ids, but its vocabulary has "
+      f"{scorer.vocab_size} tokens and the target's {lm.config.vocab_size}: it must share the "
+      "target's tokenizer"
+    )
   b, t, tp = 2, 16, 16
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   span = jax.ShapeDtypeStruct((b, 2), jnp.int32)
   try:
     dim = spec.dim(lm.config) if spec is not None else None
-    inputs = ScoreInputs(token_mask=jax.ShapeDtypeStruct((b, t), jnp.bool_),
-                         features=None if dim is None else f32(b, t, dim), logprobs=f32(b, t), entropy=f32(b, t),
-                         self_certainty=f32(b, t), tokens=jax.ShapeDtypeStruct((b, t), jnp.int32),
-                         prompt_ids=jax.ShapeDtypeStruct((b, tp), jnp.int32),
-                         prompt_mask=jax.ShapeDtypeStruct((b, tp), jnp.bool_))
+    inputs = ScoreInputs(
+      token_mask=jax.ShapeDtypeStruct((b, t), jnp.bool_),
+      features=None if dim is None else f32(b, t, dim),
+      logprobs=f32(b, t),
+      entropy=f32(b, t),
+      self_certainty=f32(b, t),
+      tokens=jax.ShapeDtypeStruct((b, t), jnp.int32),
+      prompt_ids=jax.ShapeDtypeStruct((b, tp), jnp.int32),
+      prompt_mask=jax.ShapeDtypeStruct((b, tp), jnp.bool_),
+    )
     if scorer.stateful:  # a stateful scorer's newest step needs the steps before it: score() and the carry
       jax.eval_shape(lambda s, i, sp: s.score(i, sp[:, None, :]), scorer, inputs, span)
       _check_carry(scorer, inputs, span, t + 8)
@@ -66,8 +77,10 @@ def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = No
       jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, span)
   except (ConfigError, TypeError, ValueError) as e:
     feats = f"{spec.name} features (layers {spec.hidden_layers})" if spec is not None else "no features"
-    raise ConfigError(f"scorer {name!r} cannot score this target ({lm.config.num_layers} layers, hidden size "
-                      f"{lm.config.hidden_size}) with {feats}: {e}") from e
+    raise ConfigError(
+      f"scorer {name!r} cannot score this target ({lm.config.num_layers} layers, hidden size "
+      f"{lm.config.hidden_size}) with {feats}: {e}"
+    ) from e
   return spec
 
 
@@ -84,8 +97,9 @@ def _check_carry(scorer: StepScorer, inputs: ScoreInputs, span, room: int) -> No
   if not hasattr(scores, "shape") or tuple(scores.shape) != (b,):
     raise ConfigError(f"advance must return (scores [B] = [{b}], carry); its scores are {scores}")
   if jax.tree.structure(after) != jax.tree.structure(carry) or shapes(after) != shapes(carry):
-    raise ConfigError(f"advance must return a carry of init_carry's structure and shapes {shapes(carry)}; got "
-                      f"{shapes(after)}")
+    raise ConfigError(
+      f"advance must return a carry of init_carry's structure and shapes {shapes(carry)}; got {shapes(after)}"
+    )
 
 
 def prompt_seeds_for(ids: Sequence[Sequence[int]], given: Sequence[int] | None = None) -> list[int]:
@@ -96,6 +110,7 @@ def prompt_seeds_for(ids: Sequence[Sequence[int]], given: Sequence[int] | None =
     return [zlib.crc32(np.asarray(p, np.int64).tobytes()) for p in ids]
   seeds = list(given)
   if len(seeds) != len(ids) or not all(
-      isinstance(s, (int, np.integer)) and not isinstance(s, bool) and 0 <= s < 2 ** 32 for s in seeds):
+    isinstance(s, (int, np.integer)) and not isinstance(s, bool) and 0 <= s < 2**32 for s in seeds
+  ):
     raise ConfigError(f"prompt_seeds: need one integer in [0, 2**32) per prompt ({len(ids)}), got {seeds!r}")
   return [int(s) for s in seeds]

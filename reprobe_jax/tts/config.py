@@ -1,4 +1,5 @@
-"""The configuration every test-time-scaling strategy shares (docs/method.md §A7), checked whole before any work starts."""
+"""The configuration every test-time-scaling strategy shares (docs/method.md §A7), checked whole before any work
+starts."""
 
 from __future__ import annotations
 
@@ -44,12 +45,24 @@ class SearchConfig:
   #                       only when the group has no other candidate left (search-and-learn's filter_duplicates)
 
   def __post_init__(self):
-    check_fields(self, {"strategy": OneOf(STRATEGIES.names()), "n": Int(1), "beams": Int(1), "max_steps": Int(1),
-                        "max_new_tokens": Int(1), "lookahead": Int(0), "aggregation": OneOf(AGGREGATIONS),
-                        "seed": Int(0), "dedupe": OneOf((False, True))})
+    check_fields(
+      self,
+      {
+        "strategy": OneOf(STRATEGIES.names()),
+        "n": Int(1),
+        "beams": Int(1),
+        "max_steps": Int(1),
+        "max_new_tokens": Int(1),
+        "lookahead": Int(0),
+        "aggregation": OneOf(AGGREGATIONS),
+        "seed": Int(0),
+        "dedupe": OneOf((False, True)),
+      },
+    )
     if self.strategy == "best_of_n" and self.beams != 1:
-      raise ConfigError(f"{field_name(self, 'beams')}: best_of_n has no beams (use n for its trajectories), "
-                        f"got {self.beams}")
+      raise ConfigError(
+        f"{field_name(self, 'beams')}: best_of_n has no beams (use n for its trajectories), got {self.beams}"
+      )
     if self.strategy == "best_of_n" and self.dedupe:
       raise ConfigError(f"{field_name(self, 'dedupe')}: best_of_n samples independent trajectories, nothing to dedupe")
     if self.strategy == "best_of_n" and self.lookahead:

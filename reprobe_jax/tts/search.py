@@ -52,13 +52,37 @@ from reprobe_jax.steps import ANSWER_PREFIX, STEP_MODE, StepBoundary, answer_lin
 from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
 from reprobe_jax.tts.config import SearchConfig
 from reprobe_jax.tts.result import PromptResult
-from reprobe_jax.tts.search_state import (FINISH_ANSWER, FINISH_MAX_STEPS, GOES_ON, FinalRows, Lookahead, SearchBook,
-                                          SearchEnv, SearchLoop, SearchPlan, results, round_keys)
+from reprobe_jax.tts.search_state import (
+  FINISH_ANSWER,
+  FINISH_MAX_STEPS,
+  GOES_ON,
+  FinalRows,
+  Lookahead,
+  SearchBook,
+  SearchEnv,
+  SearchLoop,
+  SearchPlan,
+  results,
+  round_keys,
+)
+
 
 def _decode(plan: SearchPlan, env: SearchEnv, state: DecodeState, *, greedy: bool) -> DecodeState:
-  return decoding.decode_in_jit(plan.graph, env.params, state, env.rule, env.eos_mask, env.temperature, env.top_p,
-                                jnp.int32(state.buffer_len), greedy=greedy, top_k=plan.top_k, filtered=plan.filtered,
-                                capture=plan.capture, shard=plan.shard)
+  return decoding.decode_in_jit(
+    plan.graph,
+    env.params,
+    state,
+    env.rule,
+    env.eos_mask,
+    env.temperature,
+    env.top_p,
+    jnp.int32(state.buffer_len),
+    greedy=greedy,
+    top_k=plan.top_k,
+    filtered=plan.filtered,
+    capture=plan.capture,
+    shard=plan.shard,
+  )
 
 
 def _per_prompt(x, p: int):
@@ -76,16 +100,22 @@ def _score(plan: SearchPlan, env: SearchEnv, state: DecodeState, spans, p: int) 
 def _advance(plan: SearchPlan, env: SearchEnv, carry, state: DecodeState, spans, rows):
   """A stateful scorer over all R rows at once: (scores [R] float32, carry) of the step spans [R, 2] of the rows
   `rows` [R] bool; every other row gets an empty span (NaN, its carry kept)."""
-  out, carry = env.scorer.advance(carry, inputs_from_state(state, plan.spec, plan.num_layers, env.prompts),
-                                  jnp.where(rows[:, None], spans, 0))
+  out, carry = env.scorer.advance(
+    carry, inputs_from_state(state, plan.spec, plan.num_layers, env.prompts), jnp.where(rows[:, None], spans, 0)
+  )
   return out.astype(jnp.float32), carry
 
 
 def _reason(env: SearchEnv, state: DecodeState, spans, steps) -> Int[Array, " r"]:
   """[R] int32: why each row that just decoded is finished, or GOES_ON (paused at a boundary with room to go on)."""
   hit = answer_lines(env.answer, state.tokens, spans)
-  paused = jnp.where(hit, FINISH_ANSWER, jnp.where(steps >= env.max_steps, FINISH_MAX_STEPS,
-                                                   jnp.where(state.lengths >= state.budget, FINISH_LENGTH, GOES_ON)))
+  paused = jnp.where(
+    hit,
+    FINISH_ANSWER,
+    jnp.where(
+      steps >= env.max_steps, FINISH_MAX_STEPS, jnp.where(state.lengths >= state.budget, FINISH_LENGTH, GOES_ON)
+    ),
+  )
   return jnp.where(state.finish == FINISH_STOP, paused, state.finish).astype(jnp.int32)
 
 
@@ -107,8 +137,12 @@ def _lookahead(plan: SearchPlan, env: SearchEnv, state: DecodeState, go, spans, 
       last = jnp.where(new, out, last)
     steps += new
     tokens += state.lengths - before
-    go = new & (state.finish == FINISH_STOP) & ~answer_lines(env.answer, state.tokens, newest) & (
-        state.lengths < state.budget)
+    go = (
+      new
+      & (state.finish == FINISH_STOP)
+      & ~answer_lines(env.answer, state.tokens, newest)
+      & (state.lengths < state.budget)
+    )
   return Lookahead(state=state, spans=spans, steps=steps, tokens=tokens, score=last)
 
 
@@ -122,8 +156,12 @@ def _duplicates(state, key, live, rows_per_group: int):
   h1 = jnp.sum(tok * (pos * u(2654435761) + u(97531)), axis=1, dtype=jnp.uint32)  # wraps mod 2**32
   h2 = jnp.sum(tok * ((pos + u(1)) * u(40503) + u(1)) * (tok + u(7)), axis=1, dtype=jnp.uint32)
   g = lambda x: x.reshape(-1, rows_per_group)
-  same = ((g(h1)[:, :, None] == g(h1)[:, None, :]) & (g(h2)[:, :, None] == g(h2)[:, None, :])
-          & (g(state.lengths)[:, :, None] == g(state.lengths)[:, None, :]) & g(live)[:, None, :])  # [G, i, j]
+  same = (
+    (g(h1)[:, :, None] == g(h1)[:, None, :])
+    & (g(h2)[:, :, None] == g(h2)[:, None, :])
+    & (g(state.lengths)[:, :, None] == g(state.lengths)[:, None, :])
+    & g(live)[:, None, :]
+  )  # [G, i, j]
   idx = jnp.arange(rows_per_group)
   k = g(key)
   before = (k[:, None, :] < k[:, :, None]) | ((k[:, None, :] == k[:, :, None]) & (idx[None, :] < idx[:, None]))
@@ -161,23 +199,32 @@ def _round(plan: SearchPlan, env: SearchEnv, loop: SearchLoop) -> SearchLoop:
   if plan.dedupe:  # a candidate equal to a better-ranked live one of its group goes after every distinct one
     cls = jnp.where(live & _duplicates(state, key, live, rows_per_group), 2, cls)
   order = jnp.lexsort((key.reshape(-1, rows_per_group), cls.reshape(-1, rows_per_group)), axis=-1)
-  kept = order[:, :plan.width]  # [P * G, W]
+  kept = order[:, : plan.width]  # [P * G, W]
   src = jnp.repeat((jnp.arange(kept.shape[0])[:, None] * rows_per_group + kept).reshape(-1), plan.n)  # [R]
 
   now = live & (reason != GOES_ON)
   slot = jnp.where(live, book.n_steps, plan.history)  # out of range = dropped
   rows = jnp.arange(r_rows)
   book = book.replace(
-      ended=book.ended | now, reason=jnp.where(now, reason, book.reason),
-      scores=book.scores.at[rows, slot].set(score, mode="drop"),
-      spans=book.spans.at[rows, slot].set(spans, mode="drop"),
-      n_steps=book.n_steps + live, last=jnp.where(live, score, book.last),
-      sampled=book.sampled + jnp.sum(_per_prompt(live + la_steps, p), axis=1, dtype=jnp.int32),
-      generated=book.generated + jnp.sum(_per_prompt(state.lengths - before + la_tokens, p), axis=1,
-                                         dtype=jnp.int32))
+    ended=book.ended | now,
+    reason=jnp.where(now, reason, book.reason),
+    scores=book.scores.at[rows, slot].set(score, mode="drop"),
+    spans=book.spans.at[rows, slot].set(spans, mode="drop"),
+    n_steps=book.n_steps + live,
+    last=jnp.where(live, score, book.last),
+    sampled=book.sampled + jnp.sum(_per_prompt(live + la_steps, p), axis=1, dtype=jnp.int32),
+    generated=book.generated + jnp.sum(_per_prompt(state.lengths - before + la_tokens, p), axis=1, dtype=jnp.int32),
+  )
   g = lambda x: jnp.take(x, src, axis=0)
-  book = book.replace(ended=g(book.ended), reason=g(book.reason), n_steps=g(book.n_steps), scores=g(book.scores),
-                      spans=g(book.spans), last=g(book.last), primary=rows % plan.n == 0)
+  book = book.replace(
+    ended=g(book.ended),
+    reason=g(book.reason),
+    n_steps=g(book.n_steps),
+    scores=g(book.scores),
+    spans=g(book.spans),
+    last=g(book.last),
+    primary=rows % plan.n == 0,
+  )
   carry = take_carry(carry, src)
   state = decode_state.take(state, src)
   state = decode_state.rekey(state, round_keys(env.prompt_keys, loop.round + 1, plan.rows_per_prompt))
@@ -194,15 +241,23 @@ def _search_impl(env: SearchEnv, state: DecodeState, *, plan: SearchPlan) -> tup
     chex.assert_shape(env.prompts, (r_rows, None))
     chex.assert_equal_shape(env.prompts)
     chex.assert_shape(env.prompt_keys, (p,))
-  book = SearchBook(ended=state.done, reason=jnp.where(state.done, FINISH_LENGTH, GOES_ON).astype(jnp.int32),
-               primary=jnp.ones((r_rows,), bool), n_steps=jnp.zeros((r_rows,), jnp.int32),
-               scores=jnp.full((r_rows, plan.history), jnp.nan, jnp.float32),
-               spans=jnp.zeros((r_rows, plan.history, 2), jnp.int32), last=jnp.full((r_rows,), jnp.nan, jnp.float32),
-               sampled=jnp.zeros((p,), jnp.int32), generated=jnp.zeros((p,), jnp.int32))
+  book = SearchBook(
+    ended=state.done,
+    reason=jnp.where(state.done, FINISH_LENGTH, GOES_ON).astype(jnp.int32),
+    primary=jnp.ones((r_rows,), bool),
+    n_steps=jnp.zeros((r_rows,), jnp.int32),
+    scores=jnp.full((r_rows, plan.history), jnp.nan, jnp.float32),
+    spans=jnp.zeros((r_rows, plan.history, 2), jnp.int32),
+    last=jnp.full((r_rows,), jnp.nan, jnp.float32),
+    sampled=jnp.zeros((p,), jnp.int32),
+    generated=jnp.zeros((p,), jnp.int32),
+  )
   carry = ()
   if env.scorer.stateful:  # room: the response buffer, one token per step slot and per lookahead step
-    carry = env.scorer.init_carry(inputs_from_state(state, plan.spec, plan.num_layers, env.prompts),
-                                  state.buffer_len + plan.history + plan.lookahead)
+    carry = env.scorer.init_carry(
+      inputs_from_state(state, plan.spec, plan.num_layers, env.prompts),
+      state.buffer_len + plan.history + plan.lookahead,
+    )
   body = functools.partial(_round, plan, env)
   cond = lambda loop: (loop.round < env.max_steps) & jnp.any(~loop.book.ended)
   out = jax.lax.while_loop(cond, body, SearchLoop(state=state, book=book, carry=carry, round=jnp.zeros((), jnp.int32)))
@@ -215,11 +270,20 @@ _search, _search_in_jit = decode_jit(static_argnames=("plan",), donate_argnames=
 # ------------------------------------------------------------------------------------------------ the host shell
 
 
-def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig, *, groups: int, width: int,
-               mode: str = "line", feature_spec: FeatureSpec | None = None,
-               prompt_seeds: Sequence[int] | None = None) -> list[PromptResult]:
-  """Runs the search of docs/method.md §A7 with `groups` groups of `width` rows per prompt (groups * width = cfg.beams) over
-  all prompts (text or token ids) at once; one PromptResult per prompt: its groups' kept rows (each group's best
+def run_search(
+  lm: LanguageModel,
+  scorer: StepScorer,
+  prompts,
+  cfg: SearchConfig,
+  *,
+  groups: int,
+  width: int,
+  mode: str = "line",
+  feature_spec: FeatureSpec | None = None,
+  prompt_seeds: Sequence[int] | None = None,
+) -> list[PromptResult]:
+  """Runs the search of docs/method.md §A7 with `groups` groups of `width` rows per prompt (groups * width = cfg.beams)
+  over all prompts (text or token ids) at once; one PromptResult per prompt: its groups' kept rows (each group's best
   first) with every selected step's span and score, and the steps and tokens it sampled. mode: 'line' (a step is a
   line; the '<Answer>' line ends a row) or 'thinking' (paragraph steps; EOS ends a row). prompt_seeds: one integer
   in [0, 2**32) per prompt (default: from its token ids); a prompt's result depends on it, not on the batch."""
@@ -237,25 +301,46 @@ def run_search(lm: LanguageModel, scorer: StepScorer, prompts, cfg: SearchConfig
     raise ConfigError("no prompts to search")
   seeds = prompt_seeds_for(ids, prompt_seeds)
   capture = union_capture([spec]) if spec is not None else CaptureSpec(token_stats=True)
-  smp = lm.sampler(cfg.sampling, capture=capture,
-                   stop=StepBoundary(STEP_MODE[mode]).compile(lm.tokenizer, lm.config.vocab_size))
+  smp = lm.sampler(
+    cfg.sampling, capture=capture, stop=StepBoundary(STEP_MODE[mode]).compile(lm.tokenizer, lm.config.vocab_size)
+  )
   rows = cfg.beams * cfg.n
   state = smp.prefill(ids, max_new_tokens=cfg.max_new_tokens, n=rows, seed=cfg.seed, prompt_seeds=seeds)
   prompt_arrays = tuple(jnp.asarray(a) for a in prompt_rows(ids, rows, state.batch, lm.pad_id()))
   padded = np.zeros(state.batch // rows, np.uint32)
-  padded[:len(ids)] = seeds
+  padded[: len(ids)] = seeds
   prefix = ANSWER_PREFIX[mode]
   answer = None if prefix is None else answer_table(lm.tokenizer, lm.config.vocab_size, prefix)
   p = cfg.sampling
   graph, params = lm.decode_view()
-  plan = SearchPlan(graph=graph, shard=lm.shard, groups=groups, width=width, n=cfg.n, lookahead=cfg.lookahead,
-               history=bucket(cfg.max_steps, 8), dedupe=cfg.dedupe, spec=spec, num_layers=lm.config.num_layers,
-               capture=capture, greedy=p.greedy, top_k=p.top_k, filtered=p.filtered)
-  env = SearchEnv(params=params, scorer=scorer, rule=smp.stop, answer=answer, eos_mask=jnp.asarray(lm.eos_mask()),
-             temperature=jnp.float32(p.temperature), top_p=jnp.float32(p.top_p), max_steps=jnp.int32(cfg.max_steps),
-             prompt_keys=decode_state.prompt_keys(cfg.seed, padded), prompts=prompt_arrays)
+  plan = SearchPlan(
+    graph=graph,
+    shard=lm.shard,
+    groups=groups,
+    width=width,
+    n=cfg.n,
+    lookahead=cfg.lookahead,
+    history=bucket(cfg.max_steps, 8),
+    dedupe=cfg.dedupe,
+    spec=spec,
+    num_layers=lm.config.num_layers,
+    capture=capture,
+    greedy=p.greedy,
+    top_k=p.top_k,
+    filtered=p.filtered,
+  )
+  env = SearchEnv(
+    params=params,
+    scorer=scorer,
+    rule=smp.stop,
+    answer=answer,
+    eos_mask=jnp.asarray(lm.eos_mask()),
+    temperature=jnp.float32(p.temperature),
+    top_p=jnp.float32(p.top_p),
+    max_steps=jnp.int32(cfg.max_steps),
+    prompt_keys=decode_state.prompt_keys(cfg.seed, padded),
+    prompts=prompt_arrays,
+  )
   state, book = _search(env, state, plan=plan)
   out = FinalRows(*jax.device_get((state.tokens, state.lengths, book)))
   return results(out, len(ids), plan, lm.eos_mask())
-
-

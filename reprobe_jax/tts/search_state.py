@@ -28,8 +28,13 @@ from reprobe_jax.scorers import StepScorer
 from reprobe_jax.tts.result import Candidate, PromptResult
 
 FINISH_ANSWER, FINISH_MAX_STEPS = 4, 5
-REASONS = {FINISH_LENGTH: "length", FINISH_EOS: "eos", FINISH_CACHE_FULL: "cache_full", FINISH_ANSWER: "answer",
-           FINISH_MAX_STEPS: "max_steps"}
+REASONS = {
+  FINISH_LENGTH: "length",
+  FINISH_EOS: "eos",
+  FINISH_CACHE_FULL: "cache_full",
+  FINISH_ANSWER: "answer",
+  FINISH_MAX_STEPS: "max_steps",
+}
 GOES_ON = -1  # the reason of a row that is not finished
 
 
@@ -39,8 +44,6 @@ def round_keys(prompt_keys, round_, rows_per_prompt: int) -> jax.Array:
   streams do not depend on the batch. Round 0's keys are the prefill's `decode_state.row_keys(prompt_keys, rows)`."""
   folded = jax.vmap(lambda k: jax.random.fold_in(k, round_))(prompt_keys)
   return decode_state.row_keys(folded, rows_per_prompt)
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,15 +142,16 @@ def results(out: FinalRows, n_prompts: int, plan: SearchPlan, eos: np.ndarray) -
       last = book.last
       rows.sort(key=lambda r: (bool(np.isnan(last[r])), 0.0 if np.isnan(last[r]) else float(last[r])))
       cands += [_candidate(out, r, eos) for r in rows]
-    results.append(PromptResult(candidates=tuple(cands), sampled_steps=int(book.sampled[p]),
-                                generated_tokens=int(book.generated[p])))
+    results.append(
+      PromptResult(candidates=tuple(cands), sampled_steps=int(book.sampled[p]), generated_tokens=int(book.generated[p]))
+    )
   return results
 
 
 def _candidate(out: FinalRows, r: int, eos: np.ndarray) -> Candidate:
   book = out.book
   reason = int(book.reason[r])
-  ids = [int(t) for t in out.tokens[r, :int(out.lengths[r])]]
+  ids = [int(t) for t in out.tokens[r, : int(out.lengths[r])]]
   if reason == FINISH_EOS and ids and eos[ids[-1]]:
     ids = ids[:-1]
   steps, scores = [], []
@@ -160,5 +164,6 @@ def _candidate(out: FinalRows, r: int, eos: np.ndarray) -> Candidate:
       continue  # the step that held only the final EOS
     steps.append((start, end))
     scores.append(float(book.scores[r, k]))
-  return Candidate(response_ids=tuple(ids), steps=tuple(steps), step_scores=tuple(scores),
-                   finish_reason=REASONS[reason])
+  return Candidate(
+    response_ids=tuple(ids), steps=tuple(steps), step_scores=tuple(scores), finish_reason=REASONS[reason]
+  )

@@ -1,4 +1,5 @@
-"""Choosing an answer from a search's candidates (docs/method.md §A7): trajectory scores, votes, pass@N, greedy, budgets.
+"""Choosing an answer from a search's candidates (docs/method.md §A7): trajectory scores, votes, pass@N, greedy,
+budgets.
 
 Host-side numpy over `PromptResult`s of any strategy. Scores are "higher = more likely incorrect" throughout:
 a candidate's trajectory score aggregates its step scores (`SearchConfig.aggregation`), the best candidate has the
@@ -46,9 +47,11 @@ def check_aggregation(aggregation: str, scorer) -> bool:
 
 
 def _product_error(what: str) -> ConfigError:
-  return ConfigError(f"SearchConfig.aggregation='product' is 1 - prod(1 - p) over P(step incorrect) and needs a "
-                     f"scorer whose scores are probabilities ({', '.join(PROBABILITY_SCORERS)}); {what} is "
-                     "unbounded: use 'min', 'mean' or 'last'")
+  return ConfigError(
+    f"SearchConfig.aggregation='product' is 1 - prod(1 - p) over P(step incorrect) and needs a "
+    f"scorer whose scores are probabilities ({', '.join(PROBABILITY_SCORERS)}); {what} is "
+    "unbounded: use 'min', 'mean' or 'last'"
+  )
 
 
 def trajectory_score(step_scores, aggregation: str, *, probabilities: bool) -> float:
@@ -152,24 +155,32 @@ def _vote(answers: Sequence[str | None], totals_of, scores: np.ndarray) -> int |
 
 def choose(answers: Sequence[str | None], correct: Sequence[bool], scores, *, probabilities: bool) -> dict[str, Choice]:
   """Every selection (SELECTIONS) over N candidates: their normalised answers (None = none), correctness and
-  trajectory scores [N] (higher = worse). docs/method.md §A7: best-of-N, majority vote, score-weighted vote, pass@N, first."""
+  trajectory scores [N] (higher = worse). docs/method.md §A7: best-of-N, majority vote, score-weighted vote, pass@N,
+  first."""
   scores = np.asarray(scores, np.float64)  # [N]
   n = len(answers)
   if n == 0 or len(correct) != n or scores.shape != (n,) or np.isnan(scores).any():
-    raise DataFormatError(f"choose: need one answer, correctness and score per candidate (no NaN: a trajectory "
-                          f"with no scored step scores +inf); got {n} answers, {len(correct)} flags and scores "
-                          f"{scores.tolist()}")
+    raise DataFormatError(
+      f"choose: need one answer, correctness and score per candidate (no NaN: a trajectory "
+      f"with no scored step scores +inf); got {n} answers, {len(correct)} flags and scores "
+      f"{scores.tolist()}"
+    )
   pick = lambda i: Choice(None, False, None) if i is None else Choice(answers[i], bool(correct[i]), int(i))
   logw = log_vote_weight(scores, probabilities=probabilities)
   weighted = _vote(answers, lambda idx: float(np.logaddexp.reduce(logw[idx])), scores)
   right = [i for i in range(n) if correct[i]]
-  return {"first": pick(0), "best": pick(int(np.argmin(scores))),  # argmin: the first of equal scores
-          "majority": pick(_vote(answers, len, scores)), "weighted": pick(weighted),
-          "pass@n": pick(right[0] if right else None)}
+  return {
+    "first": pick(0),
+    "best": pick(int(np.argmin(scores))),  # argmin: the first of equal scores
+    "majority": pick(_vote(answers, len, scores)),
+    "weighted": pick(weighted),
+    "pass@n": pick(right[0] if right else None),
+  }
 
 
-def select(problem: Problem, result: PromptResult, tokenizer, *, mode: str, aggregation: str,
-           probabilities: bool) -> Outcome:
+def select(
+  problem: Problem, result: PromptResult, tokenizer, *, mode: str, aggregation: str, probabilities: bool
+) -> Outcome:
   """One prompt's Outcome: candidates' answers checked by the family, trajectory scores by `aggregation`, every
   selection. `probabilities`: whether the scorer's scores are probabilities (`is_probability_scorer`)."""
   if not result.candidates:
@@ -177,10 +188,19 @@ def select(problem: Problem, result: PromptResult, tokenizer, *, mode: str, aggr
   checked = candidate_answers(problem, result, tokenizer, mode)
   scores = [trajectory_score(c.scores, aggregation, probabilities=probabilities) for c in result.candidates]
   picks = choose([a for a, _ in checked], [ok for _, ok in checked], scores, probabilities=probabilities)
-  return Outcome(problem_id=problem.id, first=picks["first"], best=picks["best"], majority=picks["majority"],
-                 weighted=picks["weighted"], pass_at_n=picks["pass@n"], n=len(result.candidates),
-                 sampled_steps=result.sampled_steps, generated_tokens=result.generated_tokens,
-                 scores=tuple(float(x) for x in scores), correct=tuple(ok for _, ok in checked))
+  return Outcome(
+    problem_id=problem.id,
+    first=picks["first"],
+    best=picks["best"],
+    majority=picks["majority"],
+    weighted=picks["weighted"],
+    pass_at_n=picks["pass@n"],
+    n=len(result.candidates),
+    sampled_steps=result.sampled_steps,
+    generated_tokens=result.generated_tokens,
+    scores=tuple(float(x) for x in scores),
+    correct=tuple(ok for _, ok in checked),
+  )
 
 
 def selection_auroc(outcomes: Sequence[Outcome]) -> tuple[float, int]:
@@ -188,8 +208,11 @@ def selection_auroc(outcomes: Sequence[Outcome]) -> tuple[float, int]:
   candidates of ROC-AUC(wrong answer, trajectory score), and the number of such prompts (NaN, 0 if none). 0.5 is
   chance; this is what picking among candidates needs, unlike a ranking across problems, which an easy-vs-hard
   signal already wins."""
-  aucs = [roc_auc([not c for c in o.correct], o.scores) for o in outcomes
-          if len(o.correct) == len(o.scores) and 0 < sum(o.correct) < len(o.correct)]
+  aucs = [
+    roc_auc([not c for c in o.correct], o.scores)
+    for o in outcomes
+    if len(o.correct) == len(o.scores) and 0 < sum(o.correct) < len(o.correct)
+  ]
   return (float(np.mean(aucs)), len(aucs)) if aucs else (math.nan, 0)
 
 
@@ -219,5 +242,6 @@ def first_k(result: PromptResult, k: int) -> PromptResult:
     raise ConfigError(f"first_k: k must be an integer in [1, {len(result.candidates)}] (the run's N), got {k!r}")
   kept = result.candidates[:k]
   costs = [candidate_cost(c) for c in kept]
-  return PromptResult(candidates=kept, sampled_steps=sum(s for s, _ in costs),
-                      generated_tokens=sum(t for _, t in costs))
+  return PromptResult(
+    candidates=kept, sampled_steps=sum(s for s, _ in costs), generated_tokens=sum(t for _, t in costs)
+  )

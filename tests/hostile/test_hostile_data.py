@@ -30,11 +30,24 @@ from reprobe_jax.tasks.io import read_problems
 from reprobe_jax.trajectories import Trajectory, read_trajectories
 
 BIG = "9" * 5000  # past Python's 4300-digit int-string limit
-RECORD = {"id": "a#0", "problem_id": "p", "domain": "arithmetic", "mode": "line", "sample": 0, "prompt_ids": [1, 5, 9],
-          "response_ids": [4, 8, 15, 16], "response": "x", "finish_reason": "eos",
-          "logprobs": [-0.5, -1.0, 0.0, -2.0], "entropy": [0.5, 1.0, 0.0, 0.1], "self_certainty": [1.0, 2.0, 3.0, 4.0],
-          "steps": [{"text": "a", "start": 0, "end": 3}, {"text": "b", "start": 3, "end": 4}],
-          "labels": [0.0, None], "first_error": None, "annotator": "rule"}
+RECORD = {
+  "id": "a#0",
+  "problem_id": "p",
+  "domain": "arithmetic",
+  "mode": "line",
+  "sample": 0,
+  "prompt_ids": [1, 5, 9],
+  "response_ids": [4, 8, 15, 16],
+  "response": "x",
+  "finish_reason": "eos",
+  "logprobs": [-0.5, -1.0, 0.0, -2.0],
+  "entropy": [0.5, 1.0, 0.0, 0.1],
+  "self_certainty": [1.0, 2.0, 3.0, 4.0],
+  "steps": [{"text": "a", "start": 0, "end": 3}, {"text": "b", "start": 3, "end": 4}],
+  "labels": [0.0, None],
+  "first_error": None,
+  "annotator": "rule",
+}
 
 
 def _write_lines(path, lines):
@@ -44,7 +57,10 @@ def _write_lines(path, lines):
 
 # ------------------------------------------------------------------------------------------------ trajectories
 
-@pytest.mark.parametrize("change,match", [
+
+@pytest.mark.parametrize(
+  "change,match",
+  [
     ({"response_ids": None}, "missing field 'response_ids'"),
     ({"prompt_ids": []}, "field 'prompt_ids' must be a non-empty list"),
     ({"response_ids": [4, -8, 15, 16]}, "field 'response_ids' must be a list of integers >= 0"),
@@ -53,13 +69,16 @@ def _write_lines(path, lines):
     ({"mode": "prose"}, "field 'mode' must be one of line, thinking"),
     ({"sample": -1}, "field 'sample' must be an integer >= 0"),
     ({"steps": [{"text": "a", "start": 0, "end": 9}]}, r"steps\[0\] spans tokens \[0, 9\), past the response's 4"),
-    ({"steps": [{"text": "a", "start": 2, "end": 4}, {"text": "b", "start": 1, "end": 3}]},
-     r"steps\[1\] spans tokens \[1, 3\); spans must be ordered"),
+    (
+      {"steps": [{"text": "a", "start": 2, "end": 4}, {"text": "b", "start": 1, "end": 3}]},
+      r"steps\[1\] spans tokens \[1, 3\); spans must be ordered",
+    ),
     ({"steps": [{"text": "a", "start": 3, "end": 1}], "labels": [0]}, r"steps\[0\] spans tokens \[3, 1\)"),
     ({"labels": [0.5, None]}, "field 'labels' must be a list of numbers or nulls, each 0"),
     ({"labels": [2, 0]}, "field 'labels' must be a list of numbers or nulls, each 0"),
     ({"first_error": 2}, r"field 'first_error' must be an integer or null, a step index in 0\.\.1"),
-])
+  ],
+)
 def test_bad_trajectory_field_is_named(tmp_path, change, match):
   bad = dict(RECORD, id="t1")
   for k, v in change.items():
@@ -77,8 +96,11 @@ def test_trajectory_file_non_utf8_nan_and_big_int(tmp_path):
   with pytest.raises(DataFormatError, match=r"t\.jsonl:2: JSONL file is not UTF-8 text"):
     read_trajectories(_write_lines(tmp_path / "t.jsonl", [line, line.replace(b'"x"', b'"\xff"')]))
   nan = json.dumps(dict(RECORD, id="n")).replace("[0.5, 1.0, 0.0, 0.1]", "[NaN, 1.0, 0.0, 0.1]")
-  with pytest.raises(DataFormatError, match=r"t\.jsonl:1: trajectory 'n': field 'entropy' must be a list of numbers, "
-                                            "each finite"):
+  with pytest.raises(
+    DataFormatError,
+    match=r"t\.jsonl:1: trajectory 'n': field 'entropy' must be a list of numbers, "
+    "each finite",
+  ):
     read_trajectories(_write_lines(tmp_path / "t.jsonl", [nan]))
   big = json.dumps(RECORD).replace("[4, 8, 15, 16]", f"[4, 8, 15, {BIG}]")
   with pytest.raises(DataFormatError, match=r"t\.jsonl:1: unreadable JSON"):
@@ -86,10 +108,14 @@ def test_trajectory_file_non_utf8_nan_and_big_int(tmp_path):
 
 
 def _json_values():
-  leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 20), st.floats(allow_nan=False, width=16),
-                   st.text(max_size=4))
-  return st.recursive(leaf, lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=5), c,
-                                                                                          max_size=3)), max_leaves=8)
+  leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 20), st.floats(allow_nan=False, width=16), st.text(max_size=4)
+  )
+  return st.recursive(
+    leaf,
+    lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=5), c, max_size=3)),
+    max_leaves=8,
+  )
 
 
 FIELDS = list(RECORD) + ["extra"]
@@ -145,19 +171,26 @@ def test_fuzz_read_trajectories(tmp_path, data):
 
 # ------------------------------------------------------------------------------------------------ problems, rules
 
+
 def _problem(domain):
   return make_problems(domain, 1, 0, 1)[0]
 
 
 def test_problem_numbers_past_the_int_limit_are_named(tmp_path):
   arith = _problem("arithmetic").to_json()
-  cases = [(dict(arith, answer=BIG), r"p\.jsonl:1: arithmetic data: answer '9{57}\.\.\.' does not match"),
-           (dict(_problem("planning").to_json(), answer=BIG), r"p\.jsonl:1: planning data: answer"),
-           (dict(arith, data={**arith["data"], "start": 10 ** 4000, "ops": [["*", 10 ** 4000]]}),
-            r"p\.jsonl:1: arithmetic data: the chain's value after ops\[0\] has more than 4300 digits"),
-           (dict(arith, data={**arith["data"], "ops": [["+", -3]]}), r"p\.jsonl:1: arithmetic data: ops\[0\] must be"),
-           (dict(_problem("qa").to_json(), data={**_problem("qa").data, "relations": ["Boss"]}),
-            r"p\.jsonl:1: qa data: 'relations' must be a non-empty list of lower-case words")]
+  cases = [
+    (dict(arith, answer=BIG), r"p\.jsonl:1: arithmetic data: answer '9{57}\.\.\.' does not match"),
+    (dict(_problem("planning").to_json(), answer=BIG), r"p\.jsonl:1: planning data: answer"),
+    (
+      dict(arith, data={**arith["data"], "start": 10**4000, "ops": [["*", 10**4000]]}),
+      r"p\.jsonl:1: arithmetic data: the chain's value after ops\[0\] has more than 4300 digits",
+    ),
+    (dict(arith, data={**arith["data"], "ops": [["+", -3]]}), r"p\.jsonl:1: arithmetic data: ops\[0\] must be"),
+    (
+      dict(_problem("qa").to_json(), data={**_problem("qa").data, "relations": ["Boss"]}),
+      r"p\.jsonl:1: qa data: 'relations' must be a non-empty list of lower-case words",
+    ),
+  ]
   for record, match in cases:
     with pytest.raises(DataFormatError, match=match):
       read_problems(_write_lines(tmp_path / "p.jsonl", [json.dumps(record)]))
@@ -172,20 +205,34 @@ def test_rule_labels_a_step_with_a_number_past_the_int_limit():
   p = _problem("arithmetic")
   ref = get_family("arithmetic").reference_steps(p)
   texts = [f"- Step 1: 3 + 4 = {BIG}"] + [f"- Step {k}: {b}" for k, b in enumerate(ref, 2)] + [f"<Answer>: {BIG}"]
-  rec = {"id": "r", "problem_id": p.id, "mode": "line",
-         "steps": [{"text": t, "start": k, "end": k + 1} for k, t in enumerate(texts)]}
+  rec = {
+    "id": "r",
+    "problem_id": p.id,
+    "mode": "line",
+    "steps": [{"text": t, "start": k, "end": k + 1} for k, t in enumerate(texts)],
+  }
   (out,) = annotate_rule([rec], {p.id: p})
   # The long step is unreadable (unknown); the reference steps after it are right; the long answer is wrong.
   assert out["labels"] == [None] + [0.0] * len(ref) + [1.0] and out["correct"] is False
   para = "".join(f"Step {k}: {b}.\n\n" for k, b in enumerate([f"{BIG} + 1 = {BIG}"] + ref, 1))
-  think = {"id": "t", "problem_id": p.id, "mode": "thinking", "response": f"<think>\n{para}</think>\n\\boxed{{{BIG}}}",
-           "steps": [{"text": f"Step {k}: {b}.", "start": k, "end": k + 1}
-                     for k, b in enumerate([f"{BIG} + 1 = {BIG}"] + ref)]}
+  think = {
+    "id": "t",
+    "problem_id": p.id,
+    "mode": "thinking",
+    "response": f"<think>\n{para}</think>\n\\boxed{{{BIG}}}",
+    "steps": [
+      {"text": f"Step {k}: {b}.", "start": k, "end": k + 1} for k, b in enumerate([f"{BIG} + 1 = {BIG}"] + ref)
+    ],
+  }
   (out,) = annotate_rule([think], {p.id: p})
   assert out["correct"] is False and all(v in (None, 0.0, 1.0) for v in out["labels"])
   plan = _problem("planning")
-  rec = {"id": "q", "problem_id": plan.id, "mode": "line",
-         "steps": [{"text": f"<Answer>: {BIG}", "start": 0, "end": 1}]}
+  rec = {
+    "id": "q",
+    "problem_id": plan.id,
+    "mode": "line",
+    "steps": [{"text": f"<Answer>: {BIG}", "start": 0, "end": 1}],
+  }
   assert annotate_rule([rec], {plan.id: plan})[0]["labels"] == [1.0]
 
 
@@ -198,10 +245,11 @@ def _problem_values(draw, problem):
     if draw(st.booleans()):
       target.pop(key, None)
     elif isinstance(target.get(key), list) and target[key] and draw(st.booleans()):
-      target[key][draw(st.integers(0, len(target[key]) - 1))] = draw(st.one_of(_json_values(),
-                                                                                st.sampled_from(["+", "-", "*"])))
+      target[key][draw(st.integers(0, len(target[key]) - 1))] = draw(
+        st.one_of(_json_values(), st.sampled_from(["+", "-", "*"]))
+      )
     else:
-      target[key] = draw(st.one_of(_json_values(), st.integers(-10 ** 6, 10 ** 6), st.just(BIG)))
+      target[key] = draw(st.one_of(_json_values(), st.integers(-(10**6), 10**6), st.just(BIG)))
   return rec
 
 
@@ -225,17 +273,22 @@ def test_fuzz_read_problems(tmp_path, data):
 
 # ------------------------------------------------------------------------------------------------ imported labels
 
+
 def _traj_records():
   return [{"id": f"t{i}", "steps": [{"text": "s", "start": k, "end": k + 1} for k in range(3)]} for i in range(2)]
 
 
 def test_imported_labels_bad_bytes_values_and_big_ints(tmp_path):
   recs = _traj_records()
-  cases = [([b'{"id": "t0", "labels": [0, 1, 0]}', b'{"id": "t1", "labels": [0, 1, "\xff"]}'],
-            r"l\.jsonl:2: JSONL file is not UTF-8"),
-           (['{"id": "t0", "labels": [0, 2, 0]}'], r"l\.jsonl:1: labels\[1\] must be one of \[0, 1\] or null"),
-           (['{"id": "t0", "first_error": ' + BIG + '}'], r"l\.jsonl:1: unreadable JSON"),
-           (['{"id": "t0", "ratings": [1, 0]}'], r"l\.jsonl:1: trajectory 't0' has 3 steps but 'ratings' has 2")]
+  cases = [
+    (
+      [b'{"id": "t0", "labels": [0, 1, 0]}', b'{"id": "t1", "labels": [0, 1, "\xff"]}'],
+      r"l\.jsonl:2: JSONL file is not UTF-8",
+    ),
+    (['{"id": "t0", "labels": [0, 2, 0]}'], r"l\.jsonl:1: labels\[1\] must be one of \[0, 1\] or null"),
+    (['{"id": "t0", "first_error": ' + BIG + "}"], r"l\.jsonl:1: unreadable JSON"),
+    (['{"id": "t0", "ratings": [1, 0]}'], r"l\.jsonl:1: trajectory 't0' has 3 steps but 'ratings' has 2"),
+  ]
   for lines, match in cases:
     with pytest.raises(DataFormatError, match=match):
       import_labels(recs, _write_lines(tmp_path / "l.jsonl", lines))
@@ -268,18 +321,39 @@ def test_fuzz_import_labels(tmp_path, data):
 
 # ------------------------------------------------------------------------------------------------ feature store
 
+
 @pytest.fixture(scope="module")
 def lm(word_tokenizer):
-  cfg = ModelConfig(family="llama", vocab_size=len(word_tokenizer), hidden_size=16, intermediate_size=32,
-                    num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64,
-                    eos_token_ids=(2,), pad_token_id=0)
+  cfg = ModelConfig(
+    family="llama",
+    vocab_size=len(word_tokenizer),
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    max_position_embeddings=64,
+    eos_token_ids=(2,),
+    pad_token_id=0,
+  )
   return LanguageModel.random(cfg, seed=0, tokenizer=word_tokenizer)
 
 
 def _recs(n=5, seed=0):
   rng = np.random.RandomState(seed)
-  return [Trajectory(f"r{i}", "", "", "line", (), prompt_ids=tuple(rng.randint(3, 90, rng.randint(2, 5)).tolist()),
-                     response_ids=tuple(rng.randint(3, 90, rng.randint(1, 6)).tolist())) for i in range(n)]
+  return [
+    Trajectory(
+      f"r{i}",
+      "",
+      "",
+      "line",
+      (),
+      prompt_ids=tuple(rng.randint(3, 90, rng.randint(2, 5)).tolist()),
+      response_ids=tuple(rng.randint(3, 90, rng.randint(1, 6)).tolist()),
+    )
+    for i in range(n)
+  ]
 
 
 def _change(i, **fields):
@@ -307,19 +381,37 @@ def _all(store):
   return {tid: store[tid] for tid in store.ids}
 
 
-@pytest.mark.parametrize("change,error,match", [
-    (_change(1, prompt_ids=()), DataFormatError, r"<record 1>: trajectory 'r1': field 'prompt_ids' must be a non-empty "
-                                                 "list"),
-    (_change(2, response_ids=(5, 101)), DataFormatError,
-     r"trajectory 'r2': response_ids\[1\]: token id 101 is outside the vocabulary \[0, 101\)"),
+@pytest.mark.parametrize(
+  "change,error,match",
+  [
+    (
+      _change(1, prompt_ids=()),
+      DataFormatError,
+      r"<record 1>: trajectory 'r1': field 'prompt_ids' must be a non-empty "
+      "list",
+    ),
+    (
+      _change(2, response_ids=(5, 101)),
+      DataFormatError,
+      r"trajectory 'r2': response_ids\[1\]: token id 101 is outside the vocabulary \[0, 101\)",
+    ),
     (_change(0, response_ids=(5,) * 70), CacheFullError, r"trajectory 'r0': sequence of \d+ tokens exceeds"),
     (_change(3, id="r0"), DataFormatError, r"<record 3>: trajectory 'r0' is also record 0"),
     (_change(0, id=""), DataFormatError, r"<record 0>: trajectory: field 'id' must be a non-empty string"),
-    (_change(1, response_ids=(5, -1)), DataFormatError, r"<record 1>: trajectory 'r1': field 'response_ids' must be "
-                                                        "a list of integers >= 0"),
-    (lambda r: r.__setitem__(2, r[2].to_json()), DataFormatError, r"<record 2>: expected a Trajectory record, found "
-                                                                  "dict"),
-])
+    (
+      _change(1, response_ids=(5, -1)),
+      DataFormatError,
+      r"<record 1>: trajectory 'r1': field 'response_ids' must be "
+      "a list of integers >= 0",
+    ),
+    (
+      lambda r: r.__setitem__(2, r[2].to_json()),
+      DataFormatError,
+      r"<record 2>: expected a Trajectory record, found "
+      "dict",
+    ),
+  ],
+)
 def test_bad_records_are_refused_before_anything_is_written(lm, tmp_path, change, error, match):
   recs = _recs()
   change(recs)
@@ -329,9 +421,11 @@ def test_bad_records_are_refused_before_anything_is_written(lm, tmp_path, change
 
 
 def test_bad_job_settings_are_config_errors(lm, tmp_path):
-  for kw, match in [({"dtype": "int8"}, "dtype must be one of float32, float16"),
-                    ({"shard_size": 0}, "shard_size must be an integer >= 1"),
-                    ({"batch_size": 2.5}, "batch_size must be an integer >= 1")]:
+  for kw, match in [
+    ({"dtype": "int8"}, "dtype must be one of float32, float16"),
+    ({"shard_size": 0}, "shard_size must be an integer >= 1"),
+    ({"batch_size": 2.5}, "batch_size must be an integer >= 1"),
+  ]:
     with pytest.raises(ConfigError, match=match):
       extract(lm, _recs(), SPEC, str(tmp_path / "f"), **kw)
   with pytest.raises(ConfigError, match="feature part 'logit': top_k=500 is more than the model's vocabulary of 101"):
@@ -351,7 +445,9 @@ def test_bad_job_settings_are_config_errors(lm, tmp_path):
     extract(lm, _recs(), SPEC, str(tmp_path / "file"))
 
 
-@pytest.mark.parametrize("kw,match", [
+@pytest.mark.parametrize(
+  "kw,match",
+  [
     ({"attn_window": 0}, "feature part 'attn': attn_window must be an integer >= 1, found 0"),
     ({"attn_window": -2}, "feature part 'attn': attn_window"),
     ({"attn_window": 2.5}, "feature part 'attn': attn_window"),
@@ -361,7 +457,8 @@ def test_bad_job_settings_are_config_errors(lm, tmp_path):
     ({"hidden_layers": ()}, "feature part 'hidden': hidden_layers is empty"),
     ({"parts": ("hidden", "hidden")}, "must be a non-empty subset of hidden, attn, logit"),
     ({"parts": "hidden"}, "must be a non-empty subset"),
-])
+  ],
+)
 def test_feature_spec_parts_are_checked_at_construction(kw, match):
   with pytest.raises(ConfigError, match=match):
     FeatureSpec(**{"parts": ("hidden", "attn", "logit"), **kw})
@@ -383,7 +480,7 @@ def test_damaged_shard_is_refused_on_read_and_recomputed_on_resume(lm, store_dir
   d = _copy(store_dir, tmp_path)
   path = os.path.join(d, "shard_00001.npz")
   data = open(path, "rb").read()
-  data = {"zero": b"", "truncate": data[:len(data) // 2], "flip": data[:300] + bytes([data[300] ^ 1]) + data[301:]}
+  data = {"zero": b"", "truncate": data[: len(data) // 2], "flip": data[:300] + bytes([data[300] ^ 1]) + data[301:]}
   open(path, "wb").write(data[damage])
   store = FeatureStore(d)
   with pytest.raises(DataFormatError, match=r"shard_00001\.npz: \d+ bytes whose sha256 .* is not the manifest's"):
@@ -422,22 +519,30 @@ def test_ids_swapped_in_the_manifest_are_refused(store_dir, tmp_path):
     FeatureStore(d)["r0"]
 
 
-@pytest.mark.parametrize("edit,match", [
+@pytest.mark.parametrize(
+  "edit,match",
+  [
     (lambda m: m["shards"][0].update(file="../shard_00000.npz"), r"shards\[0\]: field 'file' must be a file name"),
     (lambda m: m["shards"][0].update(file="/etc/passwd"), r"shards\[0\]: field 'file' must be a file name"),
     (lambda m: m["shards"][0].update(tokens="3"), r"shards\[0\]: field 'tokens' must be an integer >= 0"),
     (lambda m: m["shards"][1].pop("sha256"), r"shards\[1\]: missing field 'sha256'"),
-    (lambda m: m["shards"][1].update(ids=m["shards"][0]["ids"]),
-     r"shards\[1\]: trajectory 'r0' is also in shards\[0\]"),
+    (
+      lambda m: m["shards"][1].update(ids=m["shards"][0]["ids"]),
+      r"shards\[1\]: trajectory 'r0' is also in shards\[0\]",
+    ),
     (lambda m: m["shards"][1].update(file=m["shards"][0]["file"]), r"shards\[1\]: file 'shard_00000.npz' is listed"),
-    (lambda m: m["shards"][0].update(hashes=[]), r"shards\[0\]: field 'hashes' must be a list of record hashes|"
-                                                 r"0 hashes for 2 ids"),
+    (
+      lambda m: m["shards"][0].update(hashes=[]),
+      r"shards\[0\]: field 'hashes' must be a list of record hashes|"
+      r"0 hashes for 2 ids",
+    ),
     (lambda m: m.update(shards={}), r"field 'shards' must be a list"),
     (lambda m: m.update(feature_dim=True), r"field 'feature_dim' must be an integer >= 1"),
     (lambda m: m.update(spec={"parts": ["colour"]}), r"field 'spec' is not a feature spec"),
     (lambda m: m.pop("format"), r"format None version 2; this reader knows 'reprobe-features' version 2"),
     (lambda m: m.pop("tokenizer_hash"), r"missing field 'tokenizer_hash'"),
-])
+  ],
+)
 def test_hand_edited_manifest_is_named(lm, store_dir, tmp_path, edit, match):
   d = _copy(store_dir, tmp_path)
   m, _ = _entry(d)
@@ -451,9 +556,11 @@ def test_hand_edited_manifest_is_named(lm, store_dir, tmp_path, edit, match):
 
 def test_unreadable_manifest_is_named(store_dir, tmp_path):
   d = _copy(store_dir, tmp_path)
-  for data, match in [(b"", r"manifest\.json:1: feature manifest is not valid JSON"),
-                      (b'{"format": "\xff"}', r"manifest\.json:1: feature manifest is not UTF-8"),
-                      (b"[]", r"manifest\.json: feature manifest must hold a JSON object")]:
+  for data, match in [
+    (b"", r"manifest\.json:1: feature manifest is not valid JSON"),
+    (b'{"format": "\xff"}', r"manifest\.json:1: feature manifest is not UTF-8"),
+    (b"[]", r"manifest\.json: feature manifest must hold a JSON object"),
+  ]:
     open(os.path.join(d, "manifest.json"), "wb").write(data)
     with pytest.raises(DataFormatError, match=match):
       FeatureStore(d)
@@ -500,7 +607,7 @@ def test_fuzz_shard_bytes(store_dir, tmp_path_factory, data):
     if how == "flip" and at < len(blob):
       blob[at] ^= data.draw(st.integers(1, 255))
     elif how == "cut":
-      del blob[at:at + data.draw(st.integers(1, 64))]
+      del blob[at : at + data.draw(st.integers(1, 64))]
     else:
       blob[at:at] = data.draw(st.binary(min_size=1, max_size=8))
   open(path, "wb").write(bytes(blob))
@@ -537,7 +644,7 @@ def test_fuzz_manifest(store_dir, tmp_path_factory, data):
     blob = bytearray(open(os.path.join(d, "manifest.json"), "rb").read())
     at = data.draw(st.integers(0, len(blob) - 1))
     blob[at] = data.draw(st.integers(0, 255))
-    open(os.path.join(d, "manifest.json"), "wb").write(bytes(blob[:data.draw(st.integers(0, len(blob)))]))
+    open(os.path.join(d, "manifest.json"), "wb").write(bytes(blob[: data.draw(st.integers(0, len(blob)))]))
   try:
     store = FeatureStore(d)
   except (DataFormatError, FeatureMismatchError) as err:
@@ -553,9 +660,11 @@ def test_fuzz_manifest(store_dir, tmp_path_factory, data):
 
 # ------------------------------------------------------------------------------------------------ probe bundle, data
 
+
 def test_probe_bundle_config_json_is_read_with_names(tmp_path):
   from reprobe_jax.probe import ProbeBundle, ProbeConfig, load_probe, save_probe
   from reprobe_jax.probe.train import new_probe
+
   cfg = ProbeConfig(feature_dim=8, d_model=8, n_heads=2, ff_dim=8)
   _, params, _ = new_probe(cfg, 0)
   save_probe(ProbeBundle.create(cfg, params, FeatureSpec()), str(tmp_path / "p"))
@@ -564,9 +673,13 @@ def test_probe_bundle_config_json_is_read_with_names(tmp_path):
   path.write_bytes(json.dumps(meta).encode().replace(b"reprobe-probe", b"reprobe-\xffprobe"))
   with pytest.raises(CheckpointError, match=r"config\.json:1: probe config is not UTF-8"):
     load_probe(str(tmp_path / "p"))
-  for change, match in [({"model_fingerprint": 7}, "'model_fingerprint' must be a string or null"),
-                        ({"features": {**meta["features"], "attn_window": 0}},
-                         "'features': feature part 'attn': attn_window must be an integer >= 1")]:
+  for change, match in [
+    ({"model_fingerprint": 7}, "'model_fingerprint' must be a string or null"),
+    (
+      {"features": {**meta["features"], "attn_window": 0}},
+      "'features': feature part 'attn': attn_window must be an integer >= 1",
+    ),
+  ]:
     path.write_text(json.dumps({**meta, **change}))
     with pytest.raises(CheckpointError, match=match):
       load_probe(str(tmp_path / "p"))
@@ -580,12 +693,20 @@ def test_collate_refuses_features_of_another_width():
 
 # ------------------------------------------------------------------------------------------------ step alignment
 
-@pytest.mark.parametrize("ids,match", [
-    ("abc", "token ids must be a sequence of integers, found str"), (5, "found int 5"),
-    ([5, -1], r"ids\[1\] must be an integer in \[0, 4294967295\], found int -1"), ([2 ** 40], r"ids\[0\]"),
-    ([1.5], "found float 1.5"), ([True], "found bool True"), ([None], "found NoneType"),
-    ([10 ** 5000], r"ids\[0\] must be an integer .* found int \(too long to show\)"),
-])
+
+@pytest.mark.parametrize(
+  "ids,match",
+  [
+    ("abc", "token ids must be a sequence of integers, found str"),
+    (5, "found int 5"),
+    ([5, -1], r"ids\[1\] must be an integer in \[0, 4294967295\], found int -1"),
+    ([2**40], r"ids\[0\]"),
+    ([1.5], "found float 1.5"),
+    ([True], "found bool True"),
+    ([None], "found NoneType"),
+    ([10**5000], r"ids\[0\] must be an integer .* found int \(too long to show\)"),
+  ],
+)
 def test_align_refuses_what_is_no_token_id(word_tokenizer, ids, match):
   with pytest.raises(DataFormatError, match=match):
     S.align(word_tokenizer, ids, "line")
@@ -596,8 +717,29 @@ def test_align_offset_is_checked(word_tokenizer):
     S.align(word_tokenizer, [5, 6], "line", offset=-1)
 
 
-_PIECES = ["- Step 1: ", "3 + 4 = 7", ".", "\n", "\n\n", ".\n\n", " ", "<think>", "</think>", "Wait, ", "é", "€",
-           "e.g. ", "3.14", "!", "? ", "<Answer>: 7", "Solution:", ";", "\t", "\r\n"]
+_PIECES = [
+  "- Step 1: ",
+  "3 + 4 = 7",
+  ".",
+  "\n",
+  "\n\n",
+  ".\n\n",
+  " ",
+  "<think>",
+  "</think>",
+  "Wait, ",
+  "é",
+  "€",
+  "e.g. ",
+  "3.14",
+  "!",
+  "? ",
+  "<Answer>: 7",
+  "Solution:",
+  ";",
+  "\t",
+  "\r\n",
+]
 
 
 @settings(max_examples=150, deadline=None)
@@ -622,7 +764,7 @@ def test_fuzz_align(data):
   prev = offset
   for s in steps:
     assert prev <= s.start <= s.end <= offset + len(ids)
-    assert text[s.char_start:s.char_end].strip(S.WHITESPACE) == s.text
+    assert text[s.char_start : s.char_end].strip(S.WHITESPACE) == s.text
     prev = s.end
   if text == lossy_text(tok, ids):  # else a SentencePiece byte run that is not UTF-8 (docs/method.md, A1)
     assert [s.text for s in steps] == [r[2] for r in S.segment(text, mode, pattern=pattern)]

@@ -14,10 +14,16 @@ from reprobe_jax.models import SamplingParams
 from reprobe_jax.trajectories import TrajectoryConfig
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("samples", 0, "an int >= 1, got 0"), ("max_new_tokens", 2.0, "int.*got 2.0"), ("batch_size", 0, "got 0"),
-    ("seed", -3, "an int >= 0, got -3"), ("few_shot", True, "int.*got True"),
-])
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
+    ("samples", 0, "an int >= 1, got 0"),
+    ("max_new_tokens", 2.0, "int.*got 2.0"),
+    ("batch_size", 0, "got 0"),
+    ("seed", -3, "an int >= 0, got -3"),
+    ("few_shot", True, "int.*got True"),
+  ],
+)
 def test_trajectory_config_checks_itself(field, value, match):
   """Built directly the class is named; built from a config mapping the dotted field is."""
   with pytest.raises(ConfigError, match=rf"^TrajectoryConfig\.{field}: expected .*{match}$"):
@@ -26,13 +32,21 @@ def test_trajectory_config_checks_itself(field, value, match):
     reprobe_config.config_from_dict({"trajectories": {field: value}})
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("temperature", float("nan"), r"a finite number >= 0\.0, got nan"), ("temperature", -1.0, r">= 0\.0, got -1\.0"),
-    ("temperature", float("inf"), r"a finite number >= 0\.0, got inf"), ("temperature", True, r"got True"),
-    ("top_p", 0.0, r"in \(0\.0, 1\.0\], got 0\.0"), ("top_p", 1.5, r"in \(0\.0, 1\.0\], got 1\.5"),
-    ("top_p", float("nan"), r"got nan"), ("top_k", -1, "an int >= 0, got -1"), ("top_k", 2.0, "an int.*got 2.0"),
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
+    ("temperature", float("nan"), r"a finite number >= 0\.0, got nan"),
+    ("temperature", -1.0, r">= 0\.0, got -1\.0"),
+    ("temperature", float("inf"), r"a finite number >= 0\.0, got inf"),
+    ("temperature", True, r"got True"),
+    ("top_p", 0.0, r"in \(0\.0, 1\.0\], got 0\.0"),
+    ("top_p", 1.5, r"in \(0\.0, 1\.0\], got 1\.5"),
+    ("top_p", float("nan"), r"got nan"),
+    ("top_k", -1, "an int >= 0, got -1"),
+    ("top_k", 2.0, "an int.*got 2.0"),
     ("top_k", False, "an int.*got False"),
-])
+  ],
+)
 def test_sampling_params_check_themselves(field, value, match):
   """The trajectories' sampling: built directly SamplingParams is named; built from a config mapping the dotted
   field is."""
@@ -43,8 +57,9 @@ def test_sampling_params_check_themselves(field, value, match):
 
 
 def test_trajectory_config_accepts_the_edges():
-  cfg = TrajectoryConfig(samples=1, sampling=SamplingParams(temperature=0.0, top_k=0, top_p=1.0), max_new_tokens=1,
-                         batch_size=1, seed=0)
+  cfg = TrajectoryConfig(
+    samples=1, sampling=SamplingParams(temperature=0.0, top_k=0, top_p=1.0), max_new_tokens=1, batch_size=1, seed=0
+  )
   assert (cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p) == (0.0, 0, 1.0)
   got = reprobe_config.config_from_dict({"trajectories": {"sampling": {"temperature": 0}}}).trajectories.sampling
   assert got == SamplingParams(temperature=0.0, top_k=50, top_p=0.95)  # the other fields keep their defaults
@@ -56,22 +71,32 @@ def test_target_lm_resume_with_another_model_shape_is_refused(tmp_path):
   from reprobe_jax.models import ModelConfig
   from reprobe_jax.synthetic.tokenizer import build_tokenizer
   from reprobe_jax.synthetic.train_lm import TrainLMConfig, encode_examples, train_lm
+
   pairs = [(f"q{i}", f"a {i % 7}") for i in range(16)]
   tok = build_tokenizer([q + a for q, a in pairs], 300)
   data = encode_examples(tok, pairs, (16,))
-  shape = dict(family="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=32, num_layers=1,
-               tie_word_embeddings=True)
+  shape = dict(
+    family="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=32, num_layers=1, tie_word_embeddings=True
+  )
   tcfg = TrainLMConfig(steps=2, batch_size=4, checkpoint_every=1)
   train_lm(ModelConfig(num_heads=2, num_kv_heads=1, head_dim=16, **shape), data, tcfg, str(tmp_path))
   steps = []
   with pytest.raises(CheckpointError, match=r"train_state.*made with model\.head_dim=16 \(this run: 8\)"):
-    train_lm(ModelConfig(num_heads=4, num_kv_heads=2, head_dim=8, **shape), data, tcfg, str(tmp_path),
-             on_step=lambda i, loss: steps.append(i))
+    train_lm(
+      ModelConfig(num_heads=4, num_kv_heads=2, head_dim=8, **shape),
+      data,
+      tcfg,
+      str(tmp_path),
+      on_step=lambda i, loss: steps.append(i),
+    )
   assert steps == []
   with pytest.raises(CheckpointError, match=r"made with train\.optimizer\.learning_rate=0\.003 \(this run: 0\.01\)"):
-    train_lm(ModelConfig(num_heads=2, num_kv_heads=1, head_dim=16, **shape), data,
-             dataclasses.replace(tcfg, optimizer=dataclasses.replace(tcfg.optimizer, learning_rate=0.01)),
-             str(tmp_path))
+    train_lm(
+      ModelConfig(num_heads=2, num_kv_heads=1, head_dim=16, **shape),
+      data,
+      dataclasses.replace(tcfg, optimizer=dataclasses.replace(tcfg.optimizer, learning_rate=0.01)),
+      str(tmp_path),
+    )
 
 
 def test_the_built_in_target_keeps_its_build_key():
@@ -80,6 +105,7 @@ def test_the_built_in_target_keeps_its_build_key():
   import importlib.util
 
   from reprobe_jax.jobs.target_config import config_from_dict
+
   path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "target_synthetic.py")
   spec = importlib.util.spec_from_file_location("target_synthetic", path)
   module = importlib.util.module_from_spec(spec)
@@ -93,9 +119,23 @@ def test_out_of_vocabulary_ids_are_named_by_row_and_position():
   import numpy as np
 
   from reprobe_jax.models import LanguageModel, ModelConfig, SamplingParams
-  lm = LanguageModel.random(ModelConfig(family="llama", vocab_size=64, hidden_size=16, intermediate_size=16,
-                                        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
-                                        max_position_embeddings=64, eos_token_ids=(0,), pad_token_id=0), seed=0)
+
+  lm = LanguageModel.random(
+    ModelConfig(
+      family="llama",
+      vocab_size=64,
+      hidden_size=16,
+      intermediate_size=16,
+      num_layers=1,
+      num_heads=2,
+      num_kv_heads=1,
+      head_dim=8,
+      max_position_embeddings=64,
+      eos_token_ids=(0,),
+      pad_token_id=0,
+    ),
+    seed=0,
+  )
   with pytest.raises(ConfigError, match=r"^input_ids\[1, 2\]: token id 64 is outside the vocabulary \[0, 64\)$"):
     lm.forward(np.array([[1, 2, 3], [4, 5, 64]], np.int32))
   with pytest.raises(ConfigError, match=r"^input_ids\[0, 0\]: token id -1 is outside"):

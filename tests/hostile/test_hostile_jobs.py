@@ -35,46 +35,75 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Whole-config checks: each bad value is a ConfigError naming its dotted field, before anything runs.
 
-@pytest.mark.parametrize("override, match", [
+
+@pytest.mark.parametrize(
+  "override, match",
+  [
     ({"train": {"epochs": -1}}, r"^config\.train\.epochs: expected an int >= 1, got -1$"),
     ({"train": {"epochs": "3"}}, r"^config\.train\.epochs: expected an int, got '3'$"),
     ({"train": {"epochs": True}}, r"^config\.train\.epochs: expected an int, got True$"),
-    ({"train": {"optimizer": {"learning_rate": float("nan")}}},
-     r"^config\.train\.optimizer\.learning_rate: expected a finite number > 0"),
-    ({"train": {"optimizer": {"learning_rate": 0.0}}},
-     r"^config\.train\.optimizer\.learning_rate: expected a finite number > 0"),
-    ({"train": {"optimizer": {"warmup_frac": 1.0}}},
-     r"^config\.train\.optimizer\.warmup_frac: expected a finite number in \[0\.0, 1\.0\)"),
-    ({"train": {"optimizer": {"schedule": "step"}}},
-     r"^config\.train\.optimizer\.schedule: expected one of 'cosine', 'linear', 'constant', got 'step'$"),
+    (
+      {"train": {"optimizer": {"learning_rate": float("nan")}}},
+      r"^config\.train\.optimizer\.learning_rate: expected a finite number > 0",
+    ),
+    (
+      {"train": {"optimizer": {"learning_rate": 0.0}}},
+      r"^config\.train\.optimizer\.learning_rate: expected a finite number > 0",
+    ),
+    (
+      {"train": {"optimizer": {"warmup_frac": 1.0}}},
+      r"^config\.train\.optimizer\.warmup_frac: expected a finite number in \[0\.0, 1\.0\)",
+    ),
+    (
+      {"train": {"optimizer": {"schedule": "step"}}},
+      r"^config\.train\.optimizer\.schedule: expected one of 'cosine', 'linear', 'constant', got 'step'$",
+    ),
     ({"train": {"optimizer": 3}}, r"^config\.train\.optimizer: expected a mapping of OptimizerConfig fields, got 3$"),
     ({"train": {"learning_rate": 1e-3}}, r"^config\.train: unknown field\(s\) \['learning_rate'\]"),
     ({"train": {"batch_size": 0}}, r"^config\.train\.batch_size: expected an int >= 1"),
     ({"train": {"patience": 0}}, r"^config\.train\.patience"),
     ({"train": 3}, r"^config\.train: expected a mapping of ProbeTrainConfig fields, got 3$"),
     ({"train": {"epochz": 3}}, r"^config\.train: unknown field\(s\) \['epochz'\]"),
-    ({"trajectories": {"sampling": {"temperature": float("nan")}}},
-     r"^config\.trajectories\.sampling\.temperature: expected a finite number >= 0\.0, got nan$"),
-    ({"trajectories": {"sampling": {"temperature": float("inf")}}},
-     r"^config\.trajectories\.sampling\.temperature: expected a finite"),
-    ({"trajectories": {"sampling": {"temperature": -0.5}}},
-     r"^config\.trajectories\.sampling\.temperature: .* >= 0\.0, got -0\.5$"),
-    ({"trajectories": {"sampling": {"top_p": 0.0}}},
-     r"^config\.trajectories\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]"),
+    (
+      {"trajectories": {"sampling": {"temperature": float("nan")}}},
+      r"^config\.trajectories\.sampling\.temperature: expected a finite number >= 0\.0, got nan$",
+    ),
+    (
+      {"trajectories": {"sampling": {"temperature": float("inf")}}},
+      r"^config\.trajectories\.sampling\.temperature: expected a finite",
+    ),
+    (
+      {"trajectories": {"sampling": {"temperature": -0.5}}},
+      r"^config\.trajectories\.sampling\.temperature: .* >= 0\.0, got -0\.5$",
+    ),
+    (
+      {"trajectories": {"sampling": {"top_p": 0.0}}},
+      r"^config\.trajectories\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]",
+    ),
     ({"trajectories": {"sampling": {"top_p": 1.5}}}, r"^config\.trajectories\.sampling\.top_p"),
     ({"trajectories": {"sampling": {"top_k": -1}}}, r"^config\.trajectories\.sampling\.top_k: expected an int >= 0"),
-    ({"trajectories": {"sampling": {"top_k": 2.5}}},
-     r"^config\.trajectories\.sampling\.top_k: expected an int, got 2\.5$"),
-    ({"trajectories": {"sampling": {"top_k": True}}},
-     r"^config\.trajectories\.sampling\.top_k: expected an int, got True$"),
-    ({"trajectories": {"sampling": {"temperature": "hot"}}},
-     r"^config\.trajectories\.sampling\.temperature: expected a number, got 'hot'$"),
+    (
+      {"trajectories": {"sampling": {"top_k": 2.5}}},
+      r"^config\.trajectories\.sampling\.top_k: expected an int, got 2\.5$",
+    ),
+    (
+      {"trajectories": {"sampling": {"top_k": True}}},
+      r"^config\.trajectories\.sampling\.top_k: expected an int, got True$",
+    ),
+    (
+      {"trajectories": {"sampling": {"temperature": "hot"}}},
+      r"^config\.trajectories\.sampling\.temperature: expected a number, got 'hot'$",
+    ),
     ({"trajectories": {"sampling": 0.7}}, r"^config\.trajectories\.sampling: expected a mapping of SamplingParams"),
-    ({"trajectories": {"sampling": {"min_p": 0.1}}},
-     r"^config\.trajectories\.sampling: unknown field\(s\) \['min_p'\]"),
+    (
+      {"trajectories": {"sampling": {"min_p": 0.1}}},
+      r"^config\.trajectories\.sampling: unknown field\(s\) \['min_p'\]",
+    ),
     ({"trajectories": {"temperature": 0.7}}, r"^config\.trajectories: unknown field\(s\) \['temperature'\]"),
-    ({"judge": {"self_judge": {"sampling": {"top_p": 0.0}}}},
-     r"^config\.judge\.self_judge\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]"),
+    (
+      {"judge": {"self_judge": {"sampling": {"top_p": 0.0}}}},
+      r"^config\.judge\.self_judge\.sampling\.top_p: expected a finite number in \(0\.0, 1\.0\]",
+    ),
     ({"trajectories": {"max_new_tokens": 0}}, r"^config\.trajectories\.max_new_tokens: expected an int >= 1"),
     ({"trajectories": {"samples": 1.0}}, r"^config\.trajectories\.samples: expected an int, got 1\.0$"),
     ({"trajectories": {"few_shot": -1}}, r"^config\.trajectories\.few_shot"),
@@ -104,15 +133,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ({"judge": {"api": {"timeout": "x"}}}, r"^config\.judge\.api\.timeout: expected a number, got 'x'$"),
     ({"judge": {"per_step": "yes"}}, r"^config\.judge\.per_step: expected a bool or None"),
     ({"annotator": "oracle"}, r"config\.annotator must be one of"),
-])
+  ],
+)
 def test_reprobe_config_mistakes_name_the_field(override, match):
   with pytest.raises(ConfigError, match=match):
     reprobe_config.config_from_dict(override)
 
 
 def test_accepted_values_are_converted_as_documented():
-  cfg = reprobe_config.config_from_dict({"hidden_layers": [-1, 2], "train": {"optimizer": {"learning_rate": 1}},
-                                         "trajectories": {"sampling": {"temperature": 0, "top_k": 0, "top_p": 1}}})
+  cfg = reprobe_config.config_from_dict(
+    {
+      "hidden_layers": [-1, 2],
+      "train": {"optimizer": {"learning_rate": 1}},
+      "trajectories": {"sampling": {"temperature": 0, "top_k": 0, "top_p": 1}},
+    }
+  )
   assert cfg.hidden_layers == (-1, 2)  # a list for a tuple field is a tuple
   lr = cfg.train.optimizer.learning_rate
   assert lr == 1.0 and isinstance(lr, float)  # an int for a float
@@ -158,7 +193,9 @@ def test_replace_fields_type_mismatches():
   assert replace_fields(Outer(), {"pairs": [["a", 2]], "inner": {"x": 4}}) == Outer(Inner(4), (("a", 2.0),))
 
 
-@pytest.mark.parametrize("override, match", [
+@pytest.mark.parametrize(
+  "override, match",
+  [
     ({"train": {"steps": 0}}, r"^config\.train\.steps: expected an int >= 1, got 0$"),
     ({"train": {"optimizer": {"learning_rate": float("nan")}}}, r"^config\.train\.optimizer\.learning_rate"),
     ({"train": "x"}, r"^config\.train: expected a mapping of TrainLMConfig fields, got 'x'$"),
@@ -174,7 +211,8 @@ def test_replace_fields_type_mismatches():
     ({"eval_temperature": float("nan")}, r"^config\.eval_temperature"),
     ({"buckets": (128, -1)}, r"^config\.buckets: .*an int >= 1"),
     ({"vocab_size": "big"}, r"^config\.vocab_size: expected an int, got 'big'$"),
-])
+  ],
+)
 def test_synthetic_build_config_mistakes_name_the_field(override, match):
   with pytest.raises(ConfigError, match=match):
     target_config.config_from_dict(override)
@@ -186,15 +224,24 @@ def test_nested_build_config_names_its_root():
   assert target_config.config_from_dict({"seed": 4}).train.seed == 4  # the training seed still follows the build's
 
 
-@pytest.mark.parametrize("override, shape, match", [
+@pytest.mark.parametrize(
+  "override, shape, match",
+  [
     ({"hidden_layers": (99,)}, {}, r"^config\.hidden_layers=\(99,\): the target has 4 layers"),
     ({"hidden_layers": (-6,)}, {}, r"^config\.hidden_layers=\(-6,\): the target has 4 layers"),
     ({"trajectories": {"max_new_tokens": 1024}}, {}, r"^config\.trajectories\.max_new_tokens=1024 leaves no room"),
-    ({"trajectories": {"sampling": {"top_k": 2000}}}, {},
-     r"^config\.trajectories\.sampling\.top_k=2000 is above the target's vocabulary"),
-    ({"annotator": "self", "judge": judge_prompts.get_config().to_dict()}, {"context": 512},
-     r"^config\.judge\.self_judge\.max_new_tokens=1024 leaves no room"),
-])
+    (
+      {"trajectories": {"sampling": {"top_k": 2000}}},
+      {},
+      r"^config\.trajectories\.sampling\.top_k=2000 is above the target's vocabulary",
+    ),
+    (
+      {"annotator": "self", "judge": judge_prompts.get_config().to_dict()},
+      {"context": 512},
+      r"^config\.judge\.self_judge\.max_new_tokens=1024 leaves no room",
+    ),
+  ],
+)
 def test_model_dependent_checks_need_no_model(override, shape, match):
   """What depends on the target's shape is checked from its numbers (as the CLI does before building the
   built-in target), so it fails before anything is sampled."""
@@ -208,9 +255,15 @@ def test_model_dependent_checks_accept_what_fits():
   reprobe_config.check_model(cfg, num_layers=4, context=1024, vocab_size=1024)
 
 
-_VALUES = st.one_of(st.integers(-3, 300), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
-                    st.text(max_size=4), st.none(), st.lists(st.integers(-6, 6), max_size=3),
-                    st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
+_VALUES = st.one_of(
+  st.integers(-3, 300),
+  st.floats(allow_nan=True, allow_infinity=True),
+  st.booleans(),
+  st.text(max_size=4),
+  st.none(),
+  st.lists(st.integers(-6, 6), max_size=3),
+  st.dictionaries(st.text(max_size=2), st.integers(), max_size=1),
+)
 
 
 def _int(v, low):
@@ -223,19 +276,19 @@ def _real(v):
 
 # field (its path in the config) -> whether a value is valid there, written independently of the library's rules
 _EXPECTED = {
-    ("train", "epochs"): lambda v: _int(v, 1),
-    ("train", "optimizer", "learning_rate"): lambda v: _real(v) and v > 0,
-    ("train", "optimizer", "warmup_frac"): lambda v: v is None or (_real(v) and 0 <= v < 1),
-    ("train", "optimizer", "warmup_steps"): lambda v: v is None or _int(v, 0),
-    ("train", "optimizer", "b2"): lambda v: _real(v) and 0 <= v < 1,
-    ("train", "optimizer", "grad_clip"): lambda v: _real(v) and v >= 0,
-    ("trajectories", "sampling", "temperature"): lambda v: _real(v) and v >= 0,
-    ("trajectories", "sampling", "top_p"): lambda v: _real(v) and 0 < v <= 1,
-    ("trajectories", "sampling", "top_k"): lambda v: _int(v, 0),
-    ("probe", "n_heads"): lambda v: _int(v, 1) and 128 % v == 0,
-    ("probe", "dropout"): lambda v: _real(v) and 0 <= v < 1,
-    ("hidden_layers",): lambda v: isinstance(v, list) and len(v) > 0,
-    ("val_problems",): lambda v: _int(v, 1),
+  ("train", "epochs"): lambda v: _int(v, 1),
+  ("train", "optimizer", "learning_rate"): lambda v: _real(v) and v > 0,
+  ("train", "optimizer", "warmup_frac"): lambda v: v is None or (_real(v) and 0 <= v < 1),
+  ("train", "optimizer", "warmup_steps"): lambda v: v is None or _int(v, 0),
+  ("train", "optimizer", "b2"): lambda v: _real(v) and 0 <= v < 1,
+  ("train", "optimizer", "grad_clip"): lambda v: _real(v) and v >= 0,
+  ("trajectories", "sampling", "temperature"): lambda v: _real(v) and v >= 0,
+  ("trajectories", "sampling", "top_p"): lambda v: _real(v) and 0 < v <= 1,
+  ("trajectories", "sampling", "top_k"): lambda v: _int(v, 0),
+  ("probe", "n_heads"): lambda v: _int(v, 1) and 128 % v == 0,
+  ("probe", "dropout"): lambda v: _real(v) and 0 <= v < 1,
+  ("hidden_layers",): lambda v: isinstance(v, list) and len(v) > 0,
+  ("val_problems",): lambda v: _int(v, 1),
 }
 
 
@@ -260,12 +313,16 @@ def test_fuzz_config_fields_accept_exactly_the_valid_values(field, value):
 
 # Stored run artifacts: a damaged one is a DataFormatError naming it.
 
-@pytest.mark.parametrize("text, match", [
+
+@pytest.mark.parametrize(
+  "text, match",
+  [
     ("{", r"timings\.json:1: stage timings is not valid JSON"),
     ("[1]", r"timings\.json: stage timings must hold a JSON object"),
     ('{"sample_train": "slow"}', r"timings\.json: stage timings must be numbers of seconds, found 'sample_train'"),
     (b"\xff\xfe", r"timings\.json:1: stage timings is not UTF-8"),
-])
+  ],
+)
 def test_damaged_timings_are_named(tmp_path, text, match):
   run = Run(str(tmp_path))
   path = tmp_path / Run.TIMINGS
@@ -276,11 +333,14 @@ def test_damaged_timings_are_named(tmp_path, text, match):
     run.add_time("x", 1.0)
 
 
-@pytest.mark.parametrize("text, match", [
+@pytest.mark.parametrize(
+  "text, match",
+  [
     ("", r"report\.json:1: target report is not valid JSON"),
     ('{"groups": []}', r"report\.json: target report needs a 'groups' object of objects"),
     ('{"groups": {}, "model_parameters": "1M"}', r"report\.json: target report needs an integer"),
-])
+  ],
+)
 def test_damaged_target_report_is_named(tmp_path, text, match):
   (tmp_path / "report.json").write_text(text)
   with pytest.raises(DataFormatError, match=match):
@@ -288,6 +348,7 @@ def test_damaged_target_report_is_named(tmp_path, text, match):
 
 
 # Checkpoints: damage and mismatches on resume are a CheckpointError naming the step folder.
+
 
 def _batch(i: int) -> dict:
   x = np.random.default_rng([7, i]).normal(size=(8, 3)).astype(np.float32)
@@ -328,10 +389,13 @@ def _garble(pattern):
     for p in _files(d, pattern):
       with open(p, "w") as f:
         f.write("{garbage")
+
   return damage
 
 
-@pytest.mark.parametrize("damage, match", [
+@pytest.mark.parametrize(
+  "damage, match",
+  [
     (_truncate_data, r"train_state/4: the checkpoint cannot be read"),
     (lambda d: [os.remove(p) for p in _files(d, "state/**/*")], r"train_state/4: the checkpoint cannot be read"),
     (lambda d: shutil.rmtree(os.path.join(d, "state")), r"train_state/4: the checkpoint cannot be read"),
@@ -339,12 +403,18 @@ def _garble(pattern):
     (_garble("meta/metadata"), r"train_state/4: the checkpoint cannot be read \(JSONDecodeError"),
     (_garble("state/_METADATA"), r"train_state/4: the checkpoint cannot be read"),
     (lambda d: (shutil.rmtree(d), os.makedirs(d)), r"train_state/4: the checkpoint cannot be read"),
-    (lambda d: open(os.path.join(d, "meta", "metadata"), "w").write('{"step": "four"}'),
-     r"train_state/4: the checkpoint cannot be read \(ValueError: training state without a valid 'step'"),
-    (lambda d: open(os.path.join(d, "meta", "metadata"), "w").write(
-        '{"step": 4, "metrics": {}, "history": [], "bad_evals": 0, "best_score": null}'),
-     r"train_state/4: the checkpoint cannot be read \(ValueError: training state without a valid 'best_step'"),
-])
+    (
+      lambda d: open(os.path.join(d, "meta", "metadata"), "w").write('{"step": "four"}'),
+      r"train_state/4: the checkpoint cannot be read \(ValueError: training state without a valid 'step'",
+    ),
+    (
+      lambda d: open(os.path.join(d, "meta", "metadata"), "w").write(
+        '{"step": 4, "metrics": {}, "history": [], "bad_evals": 0, "best_score": null}'
+      ),
+      r"train_state/4: the checkpoint cannot be read \(ValueError: training state without a valid 'best_step'",
+    ),
+  ],
+)
 def test_damaged_checkpoint_is_named(saved, tmp_path, damage, match):
   workdir = str(tmp_path / "copy")
   shutil.copytree(saved, workdir)
@@ -353,13 +423,20 @@ def test_damaged_checkpoint_is_named(saved, tmp_path, damage, match):
     Trainer(_loss, optax.sgd(0.05), CFG, workdir).fit(_params(), _batch)
 
 
-@pytest.mark.parametrize("params, cfg, match", [
-    (_params(5), CFG, r"train_state/4: the checkpoint was made with \['params'\]\['w'\]=\[\[3\], 'float32'\] "
-                      r"\(this run: \[\[5\], 'float32'\]\)"),
+@pytest.mark.parametrize(
+  "params, cfg, match",
+  [
+    (
+      _params(5),
+      CFG,
+      r"train_state/4: the checkpoint was made with \['params'\]\['w'\]=\[\[3\], 'float32'\] "
+      r"\(this run: \[\[5\], 'float32'\]\)",
+    ),
     (_params(3, jnp.bfloat16), CFG, r"\['params'\]\['w'\]=\[\[3\], 'float32'\] \(this run: \[\[3\], 'bfloat16'\]\)"),
     ({"w": jnp.zeros(3)}, CFG, r"\['params'\]\['b'\]=\[\[\], 'float32'\] \(this run: nothing\)"),
     (_params(), TrainerConfig(steps=8, log_every=4, checkpoint_every=4), r"with trainer\.steps=4 \(this run: 8\)"),
-])
+  ],
+)
 def test_resume_with_other_shapes_or_config_is_refused(saved, tmp_path, params, cfg, match):
   workdir = str(tmp_path / "copy")
   shutil.copytree(saved, workdir)
@@ -381,9 +458,18 @@ def test_probe_resume_with_another_shape_names_the_field(tmp_path, monkeypatch):
   of orbax's shape error. The folder is made by the real Trainer with the settings train_probe gives it for the
   old shape (a cheap loss in place of the probe's, so nothing compiles), then train_probe resumes it."""
   import reprobe_jax.probe.train as probe_train
+
   rng = np.random.default_rng(0)
-  exs = [Example(f"x{i}", "arithmetic", rng.normal(size=(2, 3)).astype(np.float32), np.array([[0, 2]], np.int32),
-                 np.array([i % 2], np.float32)) for i in range(2)]
+  exs = [
+    Example(
+      f"x{i}",
+      "arithmetic",
+      rng.normal(size=(2, 3)).astype(np.float32),
+      np.array([[0, 2]], np.int32),
+      np.array([i % 2], np.float32),
+    )
+    for i in range(2)
+  ]
   tcfg = ProbeTrainConfig(batch_size=2, epochs=1)
   made = {}
 
@@ -397,23 +483,30 @@ def test_probe_resume_with_another_shape_names_the_field(tmp_path, monkeypatch):
     train_probe(ProbeConfig(feature_dim=3, d_model=4, n_heads=1, ff_dim=4), exs, exs, tcfg, str(tmp_path))
   monkeypatch.undo()
   signature = {k: v for k, v in made["signature"].items() if k != "trainer"}
-  Trainer(_loss, optax.sgd(0.05), made["cfg"], str(tmp_path), evaluate=lambda p: {"pr_auc": 0.5},
-          signature=signature).fit(_params(), _batch)
-  with pytest.raises(CheckpointError, match=r"train_state/1: the checkpoint was made with probe\.d_model=4 "
-                                            r"\(this run: 8\)"):
+  Trainer(
+    _loss, optax.sgd(0.05), made["cfg"], str(tmp_path), evaluate=lambda p: {"pr_auc": 0.5}, signature=signature
+  ).fit(_params(), _batch)
+  with pytest.raises(
+    CheckpointError,
+    match=r"train_state/1: the checkpoint was made with probe\.d_model=4 "
+    r"\(this run: 8\)",
+  ):
     train_probe(ProbeConfig(feature_dim=3, d_model=8, n_heads=1, ff_dim=4), exs, exs, tcfg, str(tmp_path))
 
 
 # The CLI: one line on stderr, a non-zero exit, no workdir. The runs start together (each imports JAX).
 
 _CLI_CASES = [
-    ("eval.py", ["--config.trajectories.sampling.temperature=nan"],
-     r"config\.trajectories\.sampling\.temperature: expected a finite"),
-    ("eval.py", ["--config.train.epochs=-1"], r"config\.train\.epochs: expected an int >= 1, got -1"),
-    ("train.py", ["--config.x=1"], r"--config\.x: configs/reprobe_synthetic\.py has no field 'x'"),
-    ("train.py", ["--config.train.epochs=abc"], r"--config\.train\.epochs=abc: invalid literal for int"),
-    ("eval.py", ["--config=configs/nope.py"], r"--config=configs/nope\.py: cannot load the config .*No such file"),
-    ("eval.py", ["--config.hidden_layers=(99,)"], r"config\.hidden_layers=\(99,\): the target has 4 layers"),
+  (
+    "eval.py",
+    ["--config.trajectories.sampling.temperature=nan"],
+    r"config\.trajectories\.sampling\.temperature: expected a finite",
+  ),
+  ("eval.py", ["--config.train.epochs=-1"], r"config\.train\.epochs: expected an int >= 1, got -1"),
+  ("train.py", ["--config.x=1"], r"--config\.x: configs/reprobe_synthetic\.py has no field 'x'"),
+  ("train.py", ["--config.train.epochs=abc"], r"--config\.train\.epochs=abc: invalid literal for int"),
+  ("eval.py", ["--config=configs/nope.py"], r"--config=configs/nope\.py: cannot load the config .*No such file"),
+  ("eval.py", ["--config.hidden_layers=(99,)"], r"config\.hidden_layers=\(99,\): the target has 4 layers"),
 ]
 
 
@@ -423,10 +516,27 @@ def cli_runs(tmp_path_factory):
   procs = []
   for i, (script, args, _) in enumerate(_CLI_CASES):
     workdir = root / f"w{i}"
-    argv = [sys.executable, script, "--config=configs/reprobe_synthetic.py", f"--config.workdir={workdir}",
-            f"--config.target.workdir={workdir}/target", *args]
-    procs.append((workdir, subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})))
+    argv = [
+      sys.executable,
+      script,
+      "--config=configs/reprobe_synthetic.py",
+      f"--config.workdir={workdir}",
+      f"--config.target.workdir={workdir}/target",
+      *args,
+    ]
+    procs.append(
+      (
+        workdir,
+        subprocess.Popen(
+          argv,
+          cwd=ROOT,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+          env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        ),
+      )
+    )
   out = []
   for workdir, p in procs:
     stdout, stderr = p.communicate(timeout=240)
@@ -437,6 +547,7 @@ def cli_runs(tmp_path_factory):
 @pytest.mark.parametrize("case", range(len(_CLI_CASES)), ids=[" ".join(c[1]) for c in _CLI_CASES])
 def test_cli_error_is_one_line_and_nothing_is_written(cli_runs, case):
   import re
+
   workdir, code, stdout, stderr = cli_runs[case]
   lines = stderr.strip().splitlines()
   assert code != 0 and len(lines) == 1 and lines[0].startswith("error: "), (code, stderr)

@@ -22,8 +22,11 @@ from reprobe_jax.models.safetensors_io import SafetensorsFile, write_safetensors
 from test_errors import _CFG, _edit_config, copy, saved  # noqa: F401 (fixtures: a tiny Llama saved once)
 
 # FUZZ_EXAMPLES=3000 for a deeper run (about 4 minutes); the default keeps this file under a minute.
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)), deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+  max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)),
+  deadline=None,
+  suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def _raw_safetensors(path, header, data=b"", length=None):
@@ -41,31 +44,39 @@ def _entry(dtype="F32", shape=(2,), offsets=(0, 8)):
 # ------------------------------------------------------------------------------------------------ safetensors headers
 
 _BAD_HEADERS = {
-    "negative begin": ({"w": _entry(offsets=(-8, 0))}, r"tensor 'w': data_offsets \[-8, 0\] must satisfy 0 <= begin"),
-    "end before begin": ({"w": _entry(offsets=(8, 0))}, r"tensor 'w': data_offsets \[8, 0\] must satisfy"),
-    "span vs shape": ({"w": _entry(offsets=(0, 4))}, r"tensor 'w': data_offsets \[0, 4\] span 4 bytes, but shape "
-                                                     r"\[2\] of F32 needs 8"),
-    "overlap": ({"a": _entry(), "b": _entry(offsets=(4, 12))}, r"tensor 'b' \(bytes 4\.\.12\) overlaps tensor 'a'"),
-    "same bytes": ({"a": _entry(), "b": _entry()}, r"tensor '[ab]' \(bytes 0\.\.8\) overlaps tensor '[ab]'"),
-    "gap": ({"w": _entry(offsets=(8, 16))}, r"tensor 'w' starts at byte 8 of the data, leaving bytes 0\.\.8"),
-    "past the end": ({"w": _entry(shape=(4,), offsets=(0, 16))}, r"truncated: its tensors need 16 bytes of data, "
-                                                                  r"the file has 8"),
-    "trailing bytes": ({"w": _entry(shape=(1,), offsets=(0, 4))}, r"4 bytes after the last tensor"),
-    "unknown dtype": ({"w": _entry(dtype="F7")}, r"tensor 'w': unsupported dtype 'F7'"),
-    "dtype not a string": ({"w": _entry(dtype=4)}, r"tensor 'w': unsupported dtype 4"),
-    "huge empty shape": ({"w": _entry(shape=(0, 2**63), offsets=(0, 0))},
-                         r"tensor 'w': shape \[0, 9223372036854775808\] is too large"),
-    "negative dim": ({"w": _entry(shape=(-2,))}, r"tensor 'w': shape must be a list of non-negative integers"),
-    "float dim": ({"w": _entry(shape=(2.0,))}, r"tensor 'w': shape must be a list of non-negative integers"),
-    "bool dim": ({"w": {"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]}}, r"'w': shape must be a list"),
-    "shape a number": ({"w": {"dtype": "F32", "shape": 2, "data_offsets": [0, 8]}}, r"'w': shape must be a list"),
-    "three offsets": ({"w": _entry(offsets=(0, 4, 8))}, r"tensor 'w': data_offsets must be two integers"),
-    "string offsets": ({"w": _entry(offsets=("0", "8"))}, r"tensor 'w': data_offsets must be two integers"),
-    "missing key": ({"w": {"dtype": "F32", "shape": [2]}}, r"tensor 'w': entry must have exactly the keys"),
-    "extra key": ({"w": dict(_entry(), crc=1)}, r"tensor 'w': entry must have exactly the keys"),
-    "entry a list": ({"w": [1, 2]}, r"tensor 'w': entry must have exactly the keys.*got list"),
-    "metadata not strings": ({"__metadata__": {"format": 1}, "w": _entry()}, r"__metadata__ must map strings"),
-    "metadata a list": ({"__metadata__": ["pt"], "w": _entry()}, r"__metadata__ must map strings"),
+  "negative begin": ({"w": _entry(offsets=(-8, 0))}, r"tensor 'w': data_offsets \[-8, 0\] must satisfy 0 <= begin"),
+  "end before begin": ({"w": _entry(offsets=(8, 0))}, r"tensor 'w': data_offsets \[8, 0\] must satisfy"),
+  "span vs shape": (
+    {"w": _entry(offsets=(0, 4))},
+    r"tensor 'w': data_offsets \[0, 4\] span 4 bytes, but shape "
+    r"\[2\] of F32 needs 8",
+  ),
+  "overlap": ({"a": _entry(), "b": _entry(offsets=(4, 12))}, r"tensor 'b' \(bytes 4\.\.12\) overlaps tensor 'a'"),
+  "same bytes": ({"a": _entry(), "b": _entry()}, r"tensor '[ab]' \(bytes 0\.\.8\) overlaps tensor '[ab]'"),
+  "gap": ({"w": _entry(offsets=(8, 16))}, r"tensor 'w' starts at byte 8 of the data, leaving bytes 0\.\.8"),
+  "past the end": (
+    {"w": _entry(shape=(4,), offsets=(0, 16))},
+    r"truncated: its tensors need 16 bytes of data, "
+    r"the file has 8",
+  ),
+  "trailing bytes": ({"w": _entry(shape=(1,), offsets=(0, 4))}, r"4 bytes after the last tensor"),
+  "unknown dtype": ({"w": _entry(dtype="F7")}, r"tensor 'w': unsupported dtype 'F7'"),
+  "dtype not a string": ({"w": _entry(dtype=4)}, r"tensor 'w': unsupported dtype 4"),
+  "huge empty shape": (
+    {"w": _entry(shape=(0, 2**63), offsets=(0, 0))},
+    r"tensor 'w': shape \[0, 9223372036854775808\] is too large",
+  ),
+  "negative dim": ({"w": _entry(shape=(-2,))}, r"tensor 'w': shape must be a list of non-negative integers"),
+  "float dim": ({"w": _entry(shape=(2.0,))}, r"tensor 'w': shape must be a list of non-negative integers"),
+  "bool dim": ({"w": {"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]}}, r"'w': shape must be a list"),
+  "shape a number": ({"w": {"dtype": "F32", "shape": 2, "data_offsets": [0, 8]}}, r"'w': shape must be a list"),
+  "three offsets": ({"w": _entry(offsets=(0, 4, 8))}, r"tensor 'w': data_offsets must be two integers"),
+  "string offsets": ({"w": _entry(offsets=("0", "8"))}, r"tensor 'w': data_offsets must be two integers"),
+  "missing key": ({"w": {"dtype": "F32", "shape": [2]}}, r"tensor 'w': entry must have exactly the keys"),
+  "extra key": ({"w": dict(_entry(), crc=1)}, r"tensor 'w': entry must have exactly the keys"),
+  "entry a list": ({"w": [1, 2]}, r"tensor 'w': entry must have exactly the keys.*got list"),
+  "metadata not strings": ({"__metadata__": {"format": 1}, "w": _entry()}, r"__metadata__ must map strings"),
+  "metadata a list": ({"__metadata__": ["pt"], "w": _entry()}, r"__metadata__ must map strings"),
 }
 
 
@@ -78,14 +89,17 @@ def test_bad_safetensors_header_names_file_and_tensor(tmp_path, case):
   assert path in str(e.value)
 
 
-@pytest.mark.parametrize("blob, match", [
+@pytest.mark.parametrize(
+  "blob, match",
+  [
     (b'{"w": ', r"header is not valid JSON"),
     (b"[1, 2]", r"header is not a JSON object"),
     (b'{"w": {"dtype": "F32"}, "w": {"dtype": "F32"}}', r"key 'w' appears twice"),
     (b'{"\xff": 1}', r"header is not UTF-8: byte 0xff at offset 10"),
     (b'{"w": ' + b"9" * 5000 + b"}", r"header is not valid JSON"),
     (b"", r"header is not valid JSON"),
-])
+  ],
+)
 def test_malformed_safetensors_header_bytes(tmp_path, blob, match):
   path = _raw_safetensors(tmp_path / "m.safetensors", blob)
   with pytest.raises(CheckpointError, match=match):
@@ -95,8 +109,11 @@ def test_malformed_safetensors_header_bytes(tmp_path, blob, match):
 def test_safetensors_header_length_is_bounded_by_the_file(tmp_path):
   for length in (1 << 40, 1 << 63, 100):
     path = _raw_safetensors(tmp_path / "m.safetensors", {"w": _entry()}, b"\0" * 8, length=length)
-    with pytest.raises(CheckpointError, match=rf"m\.safetensors: not a valid safetensors file \(header length "
-                                              rf"{length} exceeds"):
+    with pytest.raises(
+      CheckpointError,
+      match=rf"m\.safetensors: not a valid safetensors file \(header length "
+      rf"{length} exceeds",
+    ):
       SafetensorsFile(path)
   (tmp_path / "short.safetensors").write_bytes(b"\x02\0\0")
   with pytest.raises(CheckpointError, match=r"short\.safetensors: .*it has 3 bytes, fewer than the 8"):
@@ -104,8 +121,12 @@ def test_safetensors_header_length_is_bounded_by_the_file(tmp_path):
 
 
 def test_a_valid_header_reads_exactly(tmp_path):
-  arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "empty": np.zeros((0, 4), np.float16),
-            "i": np.array([-1, 7], np.int64), "b": np.array([True, False])}
+  arrays = {
+    "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+    "empty": np.zeros((0, 4), np.float16),
+    "i": np.array([-1, 7], np.int64),
+    "b": np.array([True, False]),
+  }
   write_safetensors(str(tmp_path / "m.safetensors"), arrays, {"format": "pt"})
   st_file = SafetensorsFile(str(tmp_path / "m.safetensors"))
   assert st_file.metadata == {"format": "pt"} and sorted(st_file.keys()) == sorted(arrays)
@@ -119,14 +140,17 @@ def test_negative_offsets_never_serve_header_bytes_as_weights(copy):
   path = os.path.join(copy, "model.safetensors")
   st_file = SafetensorsFile(path)
   header = {k: dict(st_file.header[k]) for k in st_file.keys()}
-  data = open(path, "rb").read()[st_file._offset:]
+  data = open(path, "rb").read()[st_file._offset :]
   del st_file
   name = "model.norm.weight"
   b, e = header[name]["data_offsets"]
   header[name]["data_offsets"] = [b - 64, e - 64]
   _raw_safetensors(path, header, data)
-  with pytest.raises(CheckpointError, match=rf"model\.safetensors: tensor '{name}': data_offsets .* must satisfy|"
-                                            rf"model\.safetensors: tensor .* overlaps tensor"):
+  with pytest.raises(
+    CheckpointError,
+    match=rf"model\.safetensors: tensor '{name}': data_offsets .* must satisfy|"
+    rf"model\.safetensors: tensor .* overlaps tensor",
+  ):
     load_pretrained(copy, tokenizer=False)
 
 
@@ -163,8 +187,9 @@ def _logits(model):
 @pytest.mark.parametrize("index", [False, True])
 def test_split_checkpoint_loads_like_the_single_file(saved, copy, index):
   _split(copy, index)
-  np.testing.assert_array_equal(_logits(load_pretrained(copy, tokenizer=False)),
-                                _logits(load_pretrained(saved, tokenizer=False)))
+  np.testing.assert_array_equal(
+    _logits(load_pretrained(copy, tokenizer=False)), _logits(load_pretrained(saved, tokenizer=False))
+  )
 
 
 @pytest.mark.parametrize("index", [False, True])
@@ -175,20 +200,35 @@ def test_two_checkpoints_in_one_folder_are_refused(copy, index):
   if index:
     st_file = SafetensorsFile(os.path.join(copy, "model.safetensors"))
     _write_index(copy, {k: "model.safetensors" for k in st_file.keys()})
-  with pytest.raises(CheckpointError, match=r"tensor '.*' is in both .*(model|other)\.safetensors and "
-                                            r".*(other|model)\.safetensors"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"tensor '.*' is in both .*(model|other)\.safetensors and "
+    r".*(other|model)\.safetensors",
+  ):
     load_pretrained(copy, tokenizer=False)
 
 
-@pytest.mark.parametrize("name", ["../model.safetensors", "/etc/passwd", "sub/../../x.safetensors",
-                                  "..\\model.safetensors", "C:model.safetensors", ""])
+@pytest.mark.parametrize(
+  "name",
+  [
+    "../model.safetensors",
+    "/etc/passwd",
+    "sub/../../x.safetensors",
+    "..\\model.safetensors",
+    "C:model.safetensors",
+    "",
+  ],
+)
 def test_index_paths_stay_inside_the_folder(copy, name):
   _, weight_map = _split(copy, index=True)
   key = next(iter(weight_map))
   weight_map[key] = name
   _write_index(copy, weight_map)
-  with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: weight_map\[.*\] (= .* points "
-                                            r"outside the model folder|must be a file name)"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"model\.safetensors\.index\.json: weight_map\[.*\] (= .* points "
+    r"outside the model folder|must be a file name)",
+  ):
     load_pretrained(copy, tokenizer=False)
 
 
@@ -196,8 +236,11 @@ def test_index_naming_a_tensor_absent_from_its_file(copy):
   _, weight_map = _split(copy, index=True)
   weight_map["model.layers.0.self_attn.extra.weight"] = "model-00001-of-00002.safetensors"
   _write_index(copy, weight_map)
-  with pytest.raises(CheckpointError, match=r"index\.json: tensors \['model\.layers\.0\.self_attn\.extra\.weight'\] "
-                                            r"are assigned to model-00001-of-00002\.safetensors, which does not"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"index\.json: tensors \['model\.layers\.0\.self_attn\.extra\.weight'\] "
+    r"are assigned to model-00001-of-00002\.safetensors, which does not",
+  ):
     load_pretrained(copy, tokenizer=False)
 
 
@@ -210,14 +253,20 @@ def test_file_holding_tensors_the_index_puts_elsewhere(copy):
     load_pretrained(copy, tokenizer=False)
 
 
-@pytest.mark.parametrize("content, error, match", [
+@pytest.mark.parametrize(
+  "content, error, match",
+  [
     ('{"weight_map": {}}', CheckpointError, r"weight_map must be a non-empty object"),
     ('{"weight_map": ["a"]}', CheckpointError, r"weight_map must be a non-empty object"),
-    ('{"weight_map": {"model.norm.weight": 3}}', CheckpointError,
-     r"weight_map\['model\.norm\.weight'\] must be a file"),
+    (
+      '{"weight_map": {"model.norm.weight": 3}}',
+      CheckpointError,
+      r"weight_map\['model\.norm\.weight'\] must be a file",
+    ),
     ('{"weight_map": ', DataFormatError, r"index\.json:1: safetensors index is not valid JSON"),
     ("[]", DataFormatError, r"index\.json: safetensors index must hold a JSON object"),
-])
+  ],
+)
 def test_malformed_index(copy, content, error, match):
   with open(os.path.join(copy, "model.safetensors.index.json"), "w") as f:
     f.write(content)
@@ -228,68 +277,116 @@ def test_malformed_index(copy, content, error, match):
 # ------------------------------------------------------------------------------------------------ config.json
 
 _FAMILY_CONFIGS = {
-    "llama": _CFG,
-    "mistral": _CFG.replace(family="mistral", sliding_windows=(4, 4)),
-    "qwen2": _CFG.replace(family="qwen2", attention_bias=True),
-    "qwen3": _CFG.replace(family="qwen3", qk_norm=True, tie_word_embeddings=True),
-    "phi3": _CFG.replace(family="phi3"),
+  "llama": _CFG,
+  "mistral": _CFG.replace(family="mistral", sliding_windows=(4, 4)),
+  "qwen2": _CFG.replace(family="qwen2", attention_bias=True),
+  "qwen3": _CFG.replace(family="qwen3", qk_norm=True, tie_word_embeddings=True),
+  "phi3": _CFG.replace(family="phi3"),
 }
 
 # (field, bad value, error, what the message must say). Each is applied to every family's config.json.
 _BAD_FIELDS = [
-    ("tie_word_embeddings", "false", ConfigError, r"'tie_word_embeddings' must be a JSON boolean.*got 'false'"),
-    ("tie_word_embeddings", 0, ConfigError, r"'tie_word_embeddings' must be a JSON boolean"),
-    ("attention_bias", "true", ConfigError, r"'attention_bias' must be a JSON boolean"),
-    ("mlp_bias", "no", ConfigError, r"'mlp_bias' must be a JSON boolean"),
-    ("num_attention_heads", 0, ConfigError, r"'num_attention_heads' must be an integer >= 1, got 0"),
-    ("num_attention_heads", 4.0, ConfigError, r"'num_attention_heads' must be an integer >= 1, got 4\.0"),
-    ("num_attention_heads", True, ConfigError, r"'num_attention_heads' must be an integer >= 1, got True"),
-    ("num_key_value_heads", 0, ConfigError, r"'num_key_value_heads' must be an integer >= 1, got 0"),
-    ("num_key_value_heads", 3, ConfigError, r"num_heads=4 is not a multiple of num_kv_heads=3"),
-    ("num_hidden_layers", -1, ConfigError, r"'num_hidden_layers' must be an integer >= 1, got -1"),
-    ("hidden_size", "32", ConfigError, r"'hidden_size' must be an integer >= 1, got '32'"),
-    ("intermediate_size", 0, ConfigError, r"'intermediate_size' must be an integer >= 1"),
-    ("vocab_size", 64.5, ConfigError, r"'vocab_size' must be an integer >= 1"),
-    ("head_dim", 0, ConfigError, r"'head_dim' must be an integer >= 1, got 0"),
-    ("head_dim", 7, ConfigError, r"gives 7 rotary dimensions; RoPE needs an even number"),
-    ("max_position_embeddings", 0, ConfigError, r"'max_position_embeddings' must be an integer >= 1"),
-    ("rms_norm_eps", float("nan"), ConfigError, r"'rms_norm_eps' must be a finite number, got nan"),
-    ("rms_norm_eps", 0.0, ConfigError, r"rms_norm_eps must be a finite number > 0, got 0\.0"),
-    ("rms_norm_eps", "1e-6", ConfigError, r"'rms_norm_eps' must be a finite number"),
-    ("rope_theta", float("inf"), ConfigError, r"'rope_theta' must be a finite number"),
-    ("partial_rotary_factor", 1.5, ConfigError, r"partial_rotary_factor must be in \(0, 1\], got 1\.5"),
-    ("eos_token_id", "2", ConfigError, r"'eos_token_id' must be an integer >= 0, got '2'"),
-    ("eos_token_id", 64, ConfigError, r"eos_token_ids: 64 is not a token id in \[0, vocab_size=64\)"),
-    ("eos_token_id", [2, -1], ConfigError, r"'eos_token_id' must be a list of non-negative integers"),
-    ("bos_token_id", 1.5, ConfigError, r"'bos_token_id' must be an integer >= 0"),
-    ("pad_token_id", -1, ConfigError, r"'pad_token_id' must be an integer >= 0, got -1"),
-    ("hidden_act", 5, ConfigError, r"'hidden_act' must be a string, got 5"),
-    ("model_type", 5, UnsupportedModelError, r"model_type 5 is not supported"),
-    ("rope_parameters", "linear", ConfigError, r"'rope_parameters' must be an object, got 'linear'"),
-    ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4}, ConfigError, r"rope type 'linear' needs factor"),
-    ("rope_parameters", {"rope_type": "linear", "factor": 0.0}, ConfigError, r"rope factor must be a finite number "
-                                                                              r"> 0, got 0\.0"),
-    ("rope_parameters", {"rope_type": "linear", "factor": -2}, ConfigError, r"rope factor must be .* got -2"),
-    ("rope_parameters", {"rope_type": "linear", "factor": "2"}, ConfigError, r"'rope_parameters\.factor' must be a "
-                                                                              r"finite number"),
-    ("rope_parameters", {"rope_type": "dynamic"}, ConfigError, r"rope type 'dynamic' needs factor"),
-    ("rope_parameters", {"rope_type": "ntk"}, UnsupportedModelError, r"rope type 'ntk' is not supported"),
-    ("rope_parameters", {"rope_type": 3}, ConfigError, r"'rope_parameters\.rope_type' must be a string"),
-    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 16}, ConfigError, r"high_freq_factor > low_freq_factor"),
-    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16}, ConfigError,
-     r"rope type 'llama3' needs low_freq_factor"),
-    ("rope_parameters", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 0}, ConfigError,
-     r"'rope_parameters\.original_max_position_embeddings' must be an integer >= 1, got 0"),
-    ("rope_parameters", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16,
-                         "truncate": "yes"}, ConfigError, r"'rope_parameters\.truncate' must be a JSON boolean"),
-    ("rope_parameters", {"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 4,
-                         "original_max_position_embeddings": 16}, ConfigError,
-     r"needs short_factor with rotary_dim / 2 = 4 entries, got 3"),
-    ("rope_parameters", {"rope_type": "longrope", "short_factor": [1.0, "x", 1, 1], "long_factor": [1.0] * 4,
-                         "original_max_position_embeddings": 16}, ConfigError,
-     r"'rope_parameters\.short_factor' must be a list of finite numbers"),
-    ("rope_scaling", {"type": "linear"}, ConfigError, r"rope type 'linear' needs factor"),
+  ("tie_word_embeddings", "false", ConfigError, r"'tie_word_embeddings' must be a JSON boolean.*got 'false'"),
+  ("tie_word_embeddings", 0, ConfigError, r"'tie_word_embeddings' must be a JSON boolean"),
+  ("attention_bias", "true", ConfigError, r"'attention_bias' must be a JSON boolean"),
+  ("mlp_bias", "no", ConfigError, r"'mlp_bias' must be a JSON boolean"),
+  ("num_attention_heads", 0, ConfigError, r"'num_attention_heads' must be an integer >= 1, got 0"),
+  ("num_attention_heads", 4.0, ConfigError, r"'num_attention_heads' must be an integer >= 1, got 4\.0"),
+  ("num_attention_heads", True, ConfigError, r"'num_attention_heads' must be an integer >= 1, got True"),
+  ("num_key_value_heads", 0, ConfigError, r"'num_key_value_heads' must be an integer >= 1, got 0"),
+  ("num_key_value_heads", 3, ConfigError, r"num_heads=4 is not a multiple of num_kv_heads=3"),
+  ("num_hidden_layers", -1, ConfigError, r"'num_hidden_layers' must be an integer >= 1, got -1"),
+  ("hidden_size", "32", ConfigError, r"'hidden_size' must be an integer >= 1, got '32'"),
+  ("intermediate_size", 0, ConfigError, r"'intermediate_size' must be an integer >= 1"),
+  ("vocab_size", 64.5, ConfigError, r"'vocab_size' must be an integer >= 1"),
+  ("head_dim", 0, ConfigError, r"'head_dim' must be an integer >= 1, got 0"),
+  ("head_dim", 7, ConfigError, r"gives 7 rotary dimensions; RoPE needs an even number"),
+  ("max_position_embeddings", 0, ConfigError, r"'max_position_embeddings' must be an integer >= 1"),
+  ("rms_norm_eps", float("nan"), ConfigError, r"'rms_norm_eps' must be a finite number, got nan"),
+  ("rms_norm_eps", 0.0, ConfigError, r"rms_norm_eps must be a finite number > 0, got 0\.0"),
+  ("rms_norm_eps", "1e-6", ConfigError, r"'rms_norm_eps' must be a finite number"),
+  ("rope_theta", float("inf"), ConfigError, r"'rope_theta' must be a finite number"),
+  ("partial_rotary_factor", 1.5, ConfigError, r"partial_rotary_factor must be in \(0, 1\], got 1\.5"),
+  ("eos_token_id", "2", ConfigError, r"'eos_token_id' must be an integer >= 0, got '2'"),
+  ("eos_token_id", 64, ConfigError, r"eos_token_ids: 64 is not a token id in \[0, vocab_size=64\)"),
+  ("eos_token_id", [2, -1], ConfigError, r"'eos_token_id' must be a list of non-negative integers"),
+  ("bos_token_id", 1.5, ConfigError, r"'bos_token_id' must be an integer >= 0"),
+  ("pad_token_id", -1, ConfigError, r"'pad_token_id' must be an integer >= 0, got -1"),
+  ("hidden_act", 5, ConfigError, r"'hidden_act' must be a string, got 5"),
+  ("model_type", 5, UnsupportedModelError, r"model_type 5 is not supported"),
+  ("rope_parameters", "linear", ConfigError, r"'rope_parameters' must be an object, got 'linear'"),
+  ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4}, ConfigError, r"rope type 'linear' needs factor"),
+  (
+    "rope_parameters",
+    {"rope_type": "linear", "factor": 0.0},
+    ConfigError,
+    r"rope factor must be a finite number "
+    r"> 0, got 0\.0",
+  ),
+  ("rope_parameters", {"rope_type": "linear", "factor": -2}, ConfigError, r"rope factor must be .* got -2"),
+  (
+    "rope_parameters",
+    {"rope_type": "linear", "factor": "2"},
+    ConfigError,
+    r"'rope_parameters\.factor' must be a "
+    r"finite number",
+  ),
+  ("rope_parameters", {"rope_type": "dynamic"}, ConfigError, r"rope type 'dynamic' needs factor"),
+  ("rope_parameters", {"rope_type": "ntk"}, UnsupportedModelError, r"rope type 'ntk' is not supported"),
+  ("rope_parameters", {"rope_type": 3}, ConfigError, r"'rope_parameters\.rope_type' must be a string"),
+  (
+    "rope_parameters",
+    {
+      "rope_type": "llama3",
+      "factor": 8.0,
+      "low_freq_factor": 4.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 16,
+    },
+    ConfigError,
+    r"high_freq_factor > low_freq_factor",
+  ),
+  (
+    "rope_parameters",
+    {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16},
+    ConfigError,
+    r"rope type 'llama3' needs low_freq_factor",
+  ),
+  (
+    "rope_parameters",
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 0},
+    ConfigError,
+    r"'rope_parameters\.original_max_position_embeddings' must be an integer >= 1, got 0",
+  ),
+  (
+    "rope_parameters",
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16, "truncate": "yes"},
+    ConfigError,
+    r"'rope_parameters\.truncate' must be a JSON boolean",
+  ),
+  (
+    "rope_parameters",
+    {
+      "rope_type": "longrope",
+      "short_factor": [1.0] * 3,
+      "long_factor": [1.0] * 4,
+      "original_max_position_embeddings": 16,
+    },
+    ConfigError,
+    r"needs short_factor with rotary_dim / 2 = 4 entries, got 3",
+  ),
+  (
+    "rope_parameters",
+    {
+      "rope_type": "longrope",
+      "short_factor": [1.0, "x", 1, 1],
+      "long_factor": [1.0] * 4,
+      "original_max_position_embeddings": 16,
+    },
+    ConfigError,
+    r"'rope_parameters\.short_factor' must be a list of finite numbers",
+  ),
+  ("rope_scaling", {"type": "linear"}, ConfigError, r"rope type 'linear' needs factor"),
 ]
 
 
@@ -355,8 +452,13 @@ def test_zero_heads_fails_the_load(copy):
     load_pretrained(copy, tokenizer=False)
 
 
-@pytest.mark.parametrize("content, match", [(b"[1]", r"config\.json: config\.json must hold a JSON object"),
-                                            (b'{"a": "\xff"}', r"config\.json:1: config\.json is not UTF-8")])
+@pytest.mark.parametrize(
+  "content, match",
+  [
+    (b"[1]", r"config\.json: config\.json must hold a JSON object"),
+    (b'{"a": "\xff"}', r"config\.json:1: config\.json is not UTF-8"),
+  ],
+)
 def test_config_json_that_is_not_an_object_or_not_text(copy, content, match):
   with open(os.path.join(copy, "config.json"), "wb") as f:
     f.write(content)
@@ -386,22 +488,21 @@ def _write_gguf(path, model, *, metadata=None, tokenizer=False, skip=()):
   cfg = model.config
   writer = gguf.GGUFWriter(str(path), "llama")
   std = {
-      "llama.block_count": (cfg.num_layers, gguf.GGUFValueType.UINT32),
-      "llama.context_length": (cfg.max_position_embeddings, gguf.GGUFValueType.UINT32),
-      "llama.embedding_length": (cfg.hidden_size, gguf.GGUFValueType.UINT32),
-      "llama.feed_forward_length": (cfg.intermediate_size, gguf.GGUFValueType.UINT32),
-      "llama.attention.head_count": (cfg.num_heads, gguf.GGUFValueType.UINT32),
-      "llama.attention.head_count_kv": (cfg.num_kv_heads, gguf.GGUFValueType.UINT32),
-      "llama.rope.dimension_count": (cfg.head_dim, gguf.GGUFValueType.UINT32),
-      "llama.attention.layer_norm_rms_epsilon": (cfg.rms_norm_eps, gguf.GGUFValueType.FLOAT32),
-      "llama.rope.freq_base": (cfg.rope.theta, gguf.GGUFValueType.FLOAT32),
-      "tokenizer.ggml.eos_token_id": (cfg.eos_token_ids[0], gguf.GGUFValueType.UINT32),
+    "llama.block_count": (cfg.num_layers, gguf.GGUFValueType.UINT32),
+    "llama.context_length": (cfg.max_position_embeddings, gguf.GGUFValueType.UINT32),
+    "llama.embedding_length": (cfg.hidden_size, gguf.GGUFValueType.UINT32),
+    "llama.feed_forward_length": (cfg.intermediate_size, gguf.GGUFValueType.UINT32),
+    "llama.attention.head_count": (cfg.num_heads, gguf.GGUFValueType.UINT32),
+    "llama.attention.head_count_kv": (cfg.num_kv_heads, gguf.GGUFValueType.UINT32),
+    "llama.rope.dimension_count": (cfg.head_dim, gguf.GGUFValueType.UINT32),
+    "llama.attention.layer_norm_rms_epsilon": (cfg.rms_norm_eps, gguf.GGUFValueType.FLOAT32),
+    "llama.rope.freq_base": (cfg.rope.theta, gguf.GGUFValueType.FLOAT32),
+    "tokenizer.ggml.eos_token_id": (cfg.eos_token_ids[0], gguf.GGUFValueType.UINT32),
   }
   std.update(metadata or {})
   for key, (value, vtype) in std.items():
     if key not in skip:
-      writer.add_key_value(key, value, vtype, gguf.GGUFValueType.STRING if vtype == gguf.GGUFValueType.ARRAY
-                           else None)
+      writer.add_key_value(key, value, vtype, gguf.GGUFValueType.STRING if vtype == gguf.GGUFValueType.ARRAY else None)
   tokens = [f"t{i}" for i in range(cfg.vocab_size)]
   writer.add_token_list(tokens)
   writer.add_token_scores([-float(i) for i in range(cfg.vocab_size)])
@@ -410,7 +511,7 @@ def _write_gguf(path, model, *, metadata=None, tokenizer=False, skip=()):
     writer.add_token_merges([])
   for name, arr in export_tensors(cfg, model.params).items():
     if name.startswith("model.layers."):
-      layer, rest = name[len("model.layers."):].split(".", 1)
+      layer, rest = name[len("model.layers.") :].split(".", 1)
       part = rest.rsplit(".", 1)
       block = {v: k for k, v in gguf_io._BLOCK.items()}[part[0]]
       gname = f"blk.{layer}.{block}.{part[1]}"
@@ -438,6 +539,7 @@ def tiny_gguf(tiny, tmp_path_factory):
 
 def _same_params(a, b):
   import jax
+
   la, lb = jax.tree.leaves(a.params), jax.tree.leaves(b.params)
   return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
 
@@ -445,8 +547,9 @@ def _same_params(a, b):
 def test_tiny_gguf_loads_exactly(tiny, tiny_gguf):
   loaded = load_pretrained(tiny_gguf)  # no tokenizer metadata: no tokenizer, no warning, no error
   assert loaded.tokenizer is None
-  assert loaded.config == _CFG.replace(rms_norm_eps=float(np.float32(_CFG.rms_norm_eps)), bos_token_id=None,
-                                       pad_token_id=None)
+  assert loaded.config == _CFG.replace(
+    rms_norm_eps=float(np.float32(_CFG.rms_norm_eps)), bos_token_id=None, pad_token_id=None
+  )
   assert _same_params(loaded, tiny)
 
 
@@ -465,7 +568,7 @@ def _tensor_info_offset(data: bytes, name: str) -> int:
 def _patched(tmp_path, source, patches, name="bad.gguf"):
   data = bytearray(open(source, "rb").read())
   for at, blob in patches:
-    data[at:at + len(blob)] = blob
+    data[at : at + len(blob)] = blob
   path = tmp_path / name
   path.write_bytes(bytes(data))
   return str(path)
@@ -475,7 +578,7 @@ def _patched(tmp_path, source, patches, name="bad.gguf"):
 def test_truncated_gguf_names_the_file(tiny_gguf, tmp_path, cut):
   data = open(tiny_gguf, "rb").read()
   path = tmp_path / "cut.gguf"
-  path.write_bytes(data[:cut] if cut >= 0 else data[:len(data) + cut])
+  path.write_bytes(data[:cut] if cut >= 0 else data[: len(data) + cut])
   with pytest.raises(CheckpointError, match=r"cut\.gguf: (truncated GGUF file|not a readable GGUF file|corrupt)"):
     load_pretrained(str(path), tokenizer=False)
 
@@ -486,18 +589,27 @@ def test_gguf_counts_and_lengths_are_bounded_by_the_file(tiny_gguf, tmp_path):
   name_at = data.index(b"tokenizer.ggml.tokens") - 8
   scores = _field_offset(data, "tokenizer.ggml.scores")
   cases = {
-      "array count": ([(tokens + 8, struct.pack("<Q", 1 << 62))], r"length of array 'tokenizer\.ggml\.tokens' is "
-                                                                  r"4611686018427387904, but"),
-      # gguf.GGUFReader loops without end on this one (a float array's count past the file).
-      "float array count": ([(scores + 8, struct.pack("<Q", 1 << 62))], r"length of array 'tokenizer\.ggml\.scores' "
-                                                                        r"is 4611686018427387904, but"),
-      "string length": ([(name_at, struct.pack("<Q", 1 << 60))], r"truncated GGUF file: metadata key at byte \d+ "
-                                                                 r"needs 1152921504606846976 bytes"),
-      "tensor count": ([(8, struct.pack("<Q", 1 << 40))], r"tensor count is 1099511627776, but"),
-      "metadata count": ([(16, struct.pack("<Q", 1 << 50))], r"metadata count is 1125899906842624, but"),
-      "value type": ([(tokens, struct.pack("<I", 77))], r"'tokenizer\.ggml\.tokens' has unknown value type 77"),
-      "array item type": ([(tokens + 4, struct.pack("<I", 9))], r"arrays of type 9 are not supported"),
-      "version": ([(4, struct.pack("<I", 1))], r"GGUF version 1 is not supported"),
+    "array count": (
+      [(tokens + 8, struct.pack("<Q", 1 << 62))],
+      r"length of array 'tokenizer\.ggml\.tokens' is "
+      r"4611686018427387904, but",
+    ),
+    # gguf.GGUFReader loops without end on this one (a float array's count past the file).
+    "float array count": (
+      [(scores + 8, struct.pack("<Q", 1 << 62))],
+      r"length of array 'tokenizer\.ggml\.scores' "
+      r"is 4611686018427387904, but",
+    ),
+    "string length": (
+      [(name_at, struct.pack("<Q", 1 << 60))],
+      r"truncated GGUF file: metadata key at byte \d+ "
+      r"needs 1152921504606846976 bytes",
+    ),
+    "tensor count": ([(8, struct.pack("<Q", 1 << 40))], r"tensor count is 1099511627776, but"),
+    "metadata count": ([(16, struct.pack("<Q", 1 << 50))], r"metadata count is 1125899906842624, but"),
+    "value type": ([(tokens, struct.pack("<I", 77))], r"'tokenizer\.ggml\.tokens' has unknown value type 77"),
+    "array item type": ([(tokens + 4, struct.pack("<I", 9))], r"arrays of type 9 are not supported"),
+    "version": ([(4, struct.pack("<I", 1))], r"GGUF version 1 is not supported"),
   }
   for case, (patches, match) in cases.items():
     error = UnsupportedModelError if case == "version" else CheckpointError
@@ -513,16 +625,22 @@ def test_gguf_tensor_table_is_checked(tiny_gguf, tmp_path):
   other = _tensor_info_offset(data, "output.weight")
   k_name = data.index(b"blk.0.attn_k.weight")
   cases = {
-      "offset past the end": ([(norm + 16, struct.pack("<Q", 1 << 40))], r"truncated GGUF file: tensor "
-                                                                         r"'output_norm\.weight' needs bytes"),
-      "unaligned offset": ([(norm + 16, struct.pack("<Q", 4))], r"'output_norm\.weight' offset 4 is not a multiple "
-                                                                r"of the alignment 32"),
-      "overlap": ([(other + 4 + 16 + 4, struct.pack("<Q", embd_offset))], r"overlaps tensor"),
-      "unknown type": ([(norm + 12, struct.pack("<I", 200))], r"'output_norm\.weight' has unknown ggml type 200"),
-      "zero dims": ([(norm, struct.pack("<I", 0))], r"'output_norm\.weight' has 0 dimensions"),
-      "nine dims": ([(norm, struct.pack("<I", 9))], r"'output_norm\.weight' has 9 dimensions"),
-      "zero size": ([(norm + 4, struct.pack("<Q", 0))], r"'output_norm\.weight' has shape \[0\]"),
-      "same name": ([(k_name, b"blk.0.attn_q.weight")], r"tensor 'blk\.0\.attn_q\.weight' appears twice"),
+    "offset past the end": (
+      [(norm + 16, struct.pack("<Q", 1 << 40))],
+      r"truncated GGUF file: tensor "
+      r"'output_norm\.weight' needs bytes",
+    ),
+    "unaligned offset": (
+      [(norm + 16, struct.pack("<Q", 4))],
+      r"'output_norm\.weight' offset 4 is not a multiple "
+      r"of the alignment 32",
+    ),
+    "overlap": ([(other + 4 + 16 + 4, struct.pack("<Q", embd_offset))], r"overlaps tensor"),
+    "unknown type": ([(norm + 12, struct.pack("<I", 200))], r"'output_norm\.weight' has unknown ggml type 200"),
+    "zero dims": ([(norm, struct.pack("<I", 0))], r"'output_norm\.weight' has 0 dimensions"),
+    "nine dims": ([(norm, struct.pack("<I", 9))], r"'output_norm\.weight' has 9 dimensions"),
+    "zero size": ([(norm + 4, struct.pack("<Q", 0))], r"'output_norm\.weight' has shape \[0\]"),
+    "same name": ([(k_name, b"blk.0.attn_q.weight")], r"tensor 'blk\.0\.attn_q\.weight' appears twice"),
   }
   for case, (patches, match) in cases.items():
     with pytest.raises(CheckpointError, match=match) as e:
@@ -532,13 +650,14 @@ def test_gguf_tensor_table_is_checked(tiny_gguf, tmp_path):
 
 def test_gguf_repeated_metadata_key(tmp_path):
   import gguf
+
   writer = gguf.GGUFWriter(str(tmp_path / "one.gguf"), "llama")
   writer.add_uint32("llama.block_count", 2)
   writer.write_header_to_file()
   writer.write_kv_data_to_file()
   writer.close()
   raw = bytearray(open(tmp_path / "one.gguf", "rb").read())
-  field = raw[raw.index(b"llama.block_count") - 8:]  # the last field: key, type, value
+  field = raw[raw.index(b"llama.block_count") - 8 :]  # the last field: key, type, value
   raw[16:24] = struct.pack("<Q", 3)  # general.architecture, llama.block_count, and the same again
   (tmp_path / "dup.gguf").write_bytes(bytes(raw) + bytes(field))
   with pytest.raises(CheckpointError, match=r"dup\.gguf: GGUF metadata key 'llama\.block_count' appears twice"):
@@ -547,22 +666,23 @@ def test_gguf_repeated_metadata_key(tmp_path):
 
 _U32, _F32, _STR, _BOOLT, _I32 = 4, 6, 8, 7, 5
 _BAD_GGUF_META = [
-    ({"llama.block_count": ("2", _STR)}, r"'llama\.block_count' must be an integer, got a string"),
-    ({"llama.attention.head_count": (0, _U32)}, r"'llama\.attention\.head_count' must be >= 1, got 0"),
-    ({"llama.attention.head_count_kv": (3, _U32)}, r"num_heads=4 is not a multiple of num_kv_heads=3"),
-    ({"llama.embedding_length": (-32, _I32)}, r"'llama\.embedding_length' must be >= 1, got -32"),
-    ({"llama.context_length": (True, _BOOLT)}, r"'llama\.context_length' must be an integer, got a bool"),
-    ({"llama.rope.freq_base": (float("nan"), _F32)}, r"'llama\.rope\.freq_base' must be a finite number > 0, got nan"),
-    ({"llama.attention.layer_norm_rms_epsilon": (0.0, _F32)}, r"layer_norm_rms_epsilon' must be a finite number > 0"),
-    ({"tokenizer.ggml.eos_token_id": (2.0, _F32)},
-     r"'tokenizer\.ggml\.eos_token_id' must be an integer, got a float32"),
-    ({"tokenizer.ggml.eos_token_id": (64, _U32)}, r"eos_token_ids: 64 is not a token id in \[0, vocab_size=64\)"),
-    ({"llama.rope.scaling.type": ("linear", _STR)}, r"GGUF metadata key 'llama\.rope\.scaling\.factor' is missing"),
-    ({"llama.rope.scaling.type": ("linear", _STR), "llama.rope.scaling.factor": (-1.0, _F32)},
-     r"'llama\.rope\.scaling\.factor' must be a finite number > 0"),
-    ({"llama.rope.scaling.type": (3, _U32)}, r"'llama\.rope\.scaling\.type' must be a string"),
-    ({"general.alignment": (3, _U32)}, r"general\.alignment must be a uint32 power of two, got 3"),
-    ({"llama.rope.dimension_count": (7, _U32)}, r"gives 7 rotary dimensions"),
+  ({"llama.block_count": ("2", _STR)}, r"'llama\.block_count' must be an integer, got a string"),
+  ({"llama.attention.head_count": (0, _U32)}, r"'llama\.attention\.head_count' must be >= 1, got 0"),
+  ({"llama.attention.head_count_kv": (3, _U32)}, r"num_heads=4 is not a multiple of num_kv_heads=3"),
+  ({"llama.embedding_length": (-32, _I32)}, r"'llama\.embedding_length' must be >= 1, got -32"),
+  ({"llama.context_length": (True, _BOOLT)}, r"'llama\.context_length' must be an integer, got a bool"),
+  ({"llama.rope.freq_base": (float("nan"), _F32)}, r"'llama\.rope\.freq_base' must be a finite number > 0, got nan"),
+  ({"llama.attention.layer_norm_rms_epsilon": (0.0, _F32)}, r"layer_norm_rms_epsilon' must be a finite number > 0"),
+  ({"tokenizer.ggml.eos_token_id": (2.0, _F32)}, r"'tokenizer\.ggml\.eos_token_id' must be an integer, got a float32"),
+  ({"tokenizer.ggml.eos_token_id": (64, _U32)}, r"eos_token_ids: 64 is not a token id in \[0, vocab_size=64\)"),
+  ({"llama.rope.scaling.type": ("linear", _STR)}, r"GGUF metadata key 'llama\.rope\.scaling\.factor' is missing"),
+  (
+    {"llama.rope.scaling.type": ("linear", _STR), "llama.rope.scaling.factor": (-1.0, _F32)},
+    r"'llama\.rope\.scaling\.factor' must be a finite number > 0",
+  ),
+  ({"llama.rope.scaling.type": (3, _U32)}, r"'llama\.rope\.scaling\.type' must be a string"),
+  ({"general.alignment": (3, _U32)}, r"general\.alignment must be a uint32 power of two, got 3"),
+  ({"llama.rope.dimension_count": (7, _U32)}, r"gives 7 rotary dimensions"),
 ]
 
 
@@ -590,14 +710,17 @@ def tok_dir(tmp_path, word_tokenizer):
   return str(directory)
 
 
-@pytest.mark.parametrize("name, content, match", [
+@pytest.mark.parametrize(
+  "name, content, match",
+  [
     ("tokenizer.json", '{"version": ', r"tokenizer\.json:1: tokenizer\.json is not valid JSON"),
     ("tokenizer.json", "[1, 2]", r"tokenizer\.json: tokenizer\.json must hold a JSON object"),
     ("tokenizer.json", "{}", r"tokenizer\.json: the tokenizer does not load \(KeyError"),
     ("tokenizer.json", None, r"tokenizer\.json: the tokenizer does not load \(Exception: data did not match"),
     ("tokenizer.json", b"\xff\xfe", r"tokenizer\.json:1: tokenizer\.json is not UTF-8"),
     ("tokenizer_config.json", "{", r"tokenizer_config\.json:1: tokenizer_config\.json is not valid JSON"),
-])
+  ],
+)
 def test_corrupt_tokenizer_is_a_data_format_error(tok_dir, name, content, match):
   path = os.path.join(tok_dir, name)
   if content is None:  # valid JSON that the tokenizers library rejects
@@ -634,13 +757,20 @@ def test_gguf_with_a_broken_tokenizer_is_named(tiny, tmp_path):
 
 
 def _small_safetensors():
-  arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1, -2, 3], np.int8),
-            "c": np.zeros((0, 2), np.float16), "d": np.array([7], np.int64)}
+  arrays = {
+    "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+    "b": np.array([1, -2, 3], np.int8),
+    "c": np.zeros((0, 2), np.float16),
+    "d": np.array([7], np.int64),
+  }
   header = {"__metadata__": {"format": "pt"}}
   offset, data = 0, b""
   for k, v in arrays.items():
-    header[k] = {"dtype": {"float32": "F32", "int8": "I8", "float16": "F16", "int64": "I64"}[str(v.dtype)],
-                 "shape": list(v.shape), "data_offsets": [offset, offset + v.nbytes]}
+    header[k] = {
+      "dtype": {"float32": "F32", "int8": "I8", "float16": "F16", "int64": "I64"}[str(v.dtype)],
+      "shape": list(v.shape),
+      "data_offsets": [offset, offset + v.nbytes],
+    }
     offset += v.nbytes
     data += v.tobytes()
   blob = json.dumps(header).encode()
@@ -653,6 +783,7 @@ _ST_ARRAYS, _ST_BYTES = _small_safetensors()
 def _reference_safetensors(path):
   """What the `safetensors` package (the Rust reference reader) reads, or None if it refuses the file."""
   from safetensors import safe_open
+
   try:
     with safe_open(path, framework="np") as f:
       return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
@@ -666,7 +797,7 @@ def _check_safetensors(path, data):
     st_file = SafetensorsFile(path)
     ours = {k: np.array(st_file.get(k)) for k in st_file.keys()}
   except CheckpointError as e:
-    event("refused: " + re.sub(r"\d+", "N", str(e)[len(path) + 2:])[:40])
+    event("refused: " + re.sub(r"\d+", "N", str(e)[len(path) + 2 :])[:40])
     assert path in str(e)
     # We refuse what the reference refuses; the one exception is a header key written twice (it keeps one).
     if ref is not None:
@@ -680,14 +811,17 @@ def _check_safetensors(path, data):
     assert ours[k].dtype == v.dtype and ours[k].shape == v.shape and ours[k].tobytes() == v.tobytes()
 
 
-_ST_DIGITS = [i for i, c in enumerate(_ST_BYTES[:8 + struct.unpack_from("<Q", _ST_BYTES)[0]]) if i >= 8 and
-              chr(c).isdigit()]
+_ST_DIGITS = [
+  i for i, c in enumerate(_ST_BYTES[: 8 + struct.unpack_from("<Q", _ST_BYTES)[0]]) if i >= 8 and chr(c).isdigit()
+]
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.integers(0, len(_ST_BYTES) - 1), st.integers(0, 255)), max_size=3),
-       st.lists(st.tuples(st.sampled_from(_ST_DIGITS), st.sampled_from(b"0123456789-")), max_size=3),
-       st.integers(0, len(_ST_BYTES)))
+@given(
+  st.lists(st.tuples(st.integers(0, len(_ST_BYTES) - 1), st.integers(0, 255)), max_size=3),
+  st.lists(st.tuples(st.sampled_from(_ST_DIGITS), st.sampled_from(b"0123456789-")), max_size=3),
+  st.integers(0, len(_ST_BYTES)),
+)
 def test_fuzz_safetensors_byte_mutations(tmp_path_factory, edits, digit_edits, cut):
   """Random bytes anywhere, digits of the header's shapes and offsets changed (the JSON stays valid), truncation."""
   data = bytearray(_ST_BYTES)
@@ -705,18 +839,26 @@ def test_fuzz_safetensors_byte_mutations(tmp_path_factory, edits, digit_edits, c
 
 _DTYPES = st.sampled_from(["F32", "F16", "I8", "U8", "I64", "BOOL", "I32", "F64", "X9", ""])
 _INTS = st.one_of(st.integers(-4, 40), st.sampled_from([2**63, 2**64 + 1, -(2**63)]), st.just(1.0), st.just(True))
-_ENTRY = st.fixed_dictionaries({"dtype": _DTYPES, "shape": st.lists(_INTS, max_size=3),
-                                "data_offsets": st.lists(_INTS, min_size=1, max_size=3)})
+_ENTRY = st.fixed_dictionaries(
+  {"dtype": _DTYPES, "shape": st.lists(_INTS, max_size=3), "data_offsets": st.lists(_INTS, min_size=1, max_size=3)}
+)
 
 
-_METADATA = st.one_of(st.none(), st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
-                      st.dictionaries(st.text(max_size=3), st.integers(), min_size=1, max_size=2),
-                      st.lists(st.text(max_size=2), max_size=2))
+_METADATA = st.one_of(
+  st.none(),
+  st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+  st.dictionaries(st.text(max_size=3), st.integers(), min_size=1, max_size=2),
+  st.lists(st.text(max_size=2), max_size=2),
+)
 
 
 @FUZZ
-@given(st.dictionaries(st.sampled_from(["a", "b", "c", "a" * 300]), _ENTRY, max_size=3), _METADATA,
-       st.integers(0, 48), st.booleans())
+@given(
+  st.dictionaries(st.sampled_from(["a", "b", "c", "a" * 300]), _ENTRY, max_size=3),
+  _METADATA,
+  st.integers(0, 48),
+  st.booleans(),
+)
 def test_fuzz_safetensors_headers(tmp_path_factory, header, metadata, data_size, contiguous):
   """Generated headers: dtypes known and not, shapes and offsets of every type and sign, with or without a data
   section that fits them."""
@@ -755,9 +897,9 @@ def test_fuzz_gguf_mutations(tmp_path_factory, tiny, tiny_gguf, gguf_bytes, data
       raw[data.draw(st.integers(0, header_end - 1))] = data.draw(st.integers(0, 255))
   elif kind == "u64":
     at = data.draw(st.integers(0, header_end - 8))
-    raw[at:at + 8] = struct.pack("<Q", data.draw(st.sampled_from([0, 1, 255, 2**31, 2**40, 2**63, 2**64 - 1])))
+    raw[at : at + 8] = struct.pack("<Q", data.draw(st.sampled_from([0, 1, 255, 2**31, 2**40, 2**63, 2**64 - 1])))
   elif kind == "cut":
-    raw = raw[:data.draw(st.integers(0, len(raw) - 1))]
+    raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
   path = str(tmp_path_factory.mktemp("gg") / "f.gguf")
   open(path, "wb").write(bytes(raw))
   try:
@@ -767,6 +909,7 @@ def test_fuzz_gguf_mutations(tmp_path_factory, tiny, tiny_gguf, gguf_bytes, data
     assert path in str(e)
     return
   from gguf import GGUFReader
+
   ref = GGUFReader(path)  # bounded now: every count was checked against the file size
   assert [k for k in ref.fields if not k.startswith("GGUF.")] == list(g.fields)
   for k, f in g.fields.items():
@@ -777,7 +920,8 @@ def test_fuzz_gguf_mutations(tmp_path_factory, tiny, tiny_gguf, gguf_bytes, data
     elif f.type not in (6, 12) or not math.isnan(f.value):
       assert f.value == ref.fields[k].contents(), k
   assert [(t.name, t.tensor_type, t.shape) for t in g.tensors] == [
-      (t.name, t.tensor_type, tuple(t.shape.tolist())) for t in ref.tensors]
+    (t.name, t.tensor_type, tuple(t.shape.tolist())) for t in ref.tensors
+  ]
   for ours, theirs in zip(g.tensors, ref.tensors):
     assert ours.data.tobytes() == theirs.data.view(np.uint8).tobytes()
   try:
