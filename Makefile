@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo results test test-all install clean
+.PHONY: demo results test test-all check format install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,11 +35,20 @@ results: $(STAMP)
 # Two worker processes, one test file each at a time (pytest-xdist): on 2 cores most tests wait on single-threaded
 # XLA compiles. The tests over about 20 s are marked slow; test-all and .ci/run run them (also two files at a time).
 # On 2 cores of a slow Intel(R) Xeon(R) Processor (AMX), alone: 17.5-22 min with them in, 14 min 11 s without.
-test: $(STAMP)
+test: check
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
+# The layer contracts (pyproject.toml, import-linter) and the formatter; a few seconds, before any test runs.
+check: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff format --check --quiet reprobe_jax tests bench configs train.py eval.py
+
+# Formats the code as `check` wants it (ruff format, 2-space indents, 120 columns; pyproject.toml).
+format: $(STAMP)
+	$(VENV)/bin/ruff format --quiet reprobe_jax tests bench configs train.py eval.py
+
 # Includes the tests marked slow.
-test-all: $(STAMP)
+test-all: check
 	$(PY) -m pytest -q -m "" -n 2 --dist loadfile
 
 clean:
