@@ -161,9 +161,10 @@ def hf_beam_search(
   eos = np.zeros(transitions.shape[1], bool)
   eos[list(eos_ids)] = True
   p = cfg.sampling
+  greedy = p.greedy
   sample = (
     {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-    if p.greedy
+    if greedy
     else {"do_sample": True, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p}
   )
   out = []
