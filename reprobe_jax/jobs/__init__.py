@@ -10,7 +10,8 @@ imports it.
                    hand on: ScorerId, TrainedProbe, TrainedPRM, ...), reprobe_scores (the step scores)
   tts              the test-time-scaling grid over a ReProbe run; tts_config, tts_cells, tts_report
   spae, spae_report   the SPAE evaluation        rl, rl_report   RL runs and their comparison over seeds
-  target           the built-in target's build   bands   the README's bands for a job config
+  target           the built-in target's build; target_config (its config and key)
+  bands            the shipped bands (configs/bands/) of a job config, and a run printed beside them
   cli              flags, progress bars, the target model, one-line errors
 
 The modules are imported by their full names (`from reprobe_jax.jobs import reprobe`); the package re-exports

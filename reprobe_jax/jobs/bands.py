@@ -1,4 +1,4 @@
-"""The README's bands seen from a job's config: which config a band file belongs to (`band_key`), the seeds a seeds
+"""The shipped bands (configs/bands/, docs/results.md) seen from a job's config: which config a band file belongs to (`band_key`), the seeds a seeds
 job runs (`check_seeds`), a single run's numbers printed beside the bands (`beside_bands`), and
 `python -m reprobe_jax.jobs.bands A.json B.json` (which numbers of two band files differ beyond their seed spread).
 The band math itself (Band, over_seeds, BandFile, the grids) is `reprobe_jax.eval.bands`.
@@ -48,7 +48,7 @@ def band_key(config) -> str:
 
 
 def beside_bands(config, result: Mapping[str, Any], *, machine: str) -> str:
-  """A single run's numbers beside the README's bands (`config.bands`), or a line saying why they are not
+  """A single run's numbers beside the shipped bands (`config.bands`), or a line saying why they are not
   compared: no band file, or bands made with another config. Where `config.machine_bands` holds a band file made on
   this run's machine kind (the same `machine` line) for this config, a line after it says how many numbers fall
   outside those bands: the build repeats on one CPU kind, so there it should be none."""
@@ -64,7 +64,7 @@ def beside_bands(config, result: Mapping[str, Any], *, machine: str) -> str:
       f"(The bands in {path} were made with another config ({band_file.config_key}, this one {key}); not compared.)"
     )
   out = (
-    f"\nThis run ({machine}) beside the README's bands (mean +- sd over seeds "
+    f"\nThis run ({machine}) beside the shipped bands (mean +- sd over seeds "
     f"{', '.join(map(str, band_file.seeds))} on {band_file.machine}; '!' = outside the 95% prediction interval "
     f"of one more seed and the seeds' range):\n\n" + grids(result, band_file.bands, flatten(result))
   )

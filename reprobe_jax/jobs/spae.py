@@ -244,26 +244,6 @@ def report(job: SPAEJob, decoded: Outcomes) -> dict:
 GRAPH = Graph(Stage("decoded", decoded), Stage("report", report, needs=("decoded",)))
 
 
-def start(
-  lm: LanguageModel,
-  cfg: SPAEJobConfig,
-  pcfg: ProbeConfig,
-  workdir: str,
-  *,
-  progress: Progress | None = None,
-  modes: tuple[str, ...] = MODES,
-) -> GraphRun:
-  """A run of the job in `<workdir>/<key>` (`run_folder`, its config.json written now); stages computed when first
-  asked for. modes: which of MODES to decode ('plain' always: the curves read it; the RL loop's evaluation decodes
-  only it)."""
-  if "plain" not in modes or any(m not in MODES for m in modes):
-    raise ConfigError(f"SPAE evaluation modes must be 'plain' and maybe more of {MODES}, got {modes!r}")
-  prober = Prober(lm, pcfg)
-  run = Run(run_folder(workdir, lm, cfg, pcfg))
-  write_json(run.path("config.json"), {"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)})
-  return GraphRun(GRAPH, SPAEJob(lm, cfg, pcfg, prober, run, modes, progress or no_progress))
-
-
 def evaluate(
   lm: LanguageModel,
   cfg: SPAEJobConfig,
@@ -273,5 +253,12 @@ def evaluate(
   progress: Progress | None = None,
   modes: tuple[str, ...] = MODES,
 ) -> dict:
-  """Runs (or resumes) the job in `<workdir>/<key>`; returns the metrics (also written to metrics.json)."""
-  return start(lm, cfg, pcfg, workdir, progress=progress, modes=modes)["report"]
+  """Runs (or resumes) the job in `<workdir>/<key>` (`run_folder`, its config.json written first) and returns the
+  metrics (also written to metrics.json). modes: which of MODES to decode ('plain' always: the curves read it; the RL
+  loop's evaluation decodes only it)."""
+  if "plain" not in modes or any(m not in MODES for m in modes):
+    raise ConfigError(f"SPAE evaluation modes must be 'plain' and maybe more of {MODES}, got {modes!r}")
+  prober = Prober(lm, pcfg)
+  run = Run(run_folder(workdir, lm, cfg, pcfg))
+  write_json(run.path("config.json"), {"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)})
+  return GraphRun(GRAPH, SPAEJob(lm, cfg, pcfg, prober, run, modes, progress or no_progress))["report"]

@@ -21,6 +21,7 @@ import numpy as np
 
 from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
 from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.eval.bands import TARGET_COLUMNS
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
 from reprobe_jax.io.readers import read_json, read_jsonl
@@ -239,16 +240,7 @@ def make_report(records: list[dict], cfg: SyntheticBuildConfig, lm: LanguageMode
 
 
 def report_markdown(report: dict) -> str:
-  cols = [
-    "samples",
-    "step_error_rate",
-    "aligned_error_rate",
-    "confident_error_share",
-    "final_accuracy",
-    "mean_tokens",
-    "recheck_after_answer_share",
-    "right_to_wrong_rate",
-  ]
+  cols = ["samples", *TARGET_COLUMNS, "right_to_wrong_rate"]
   lines = ["| family/format | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
   for name, g in report["groups"].items():
     cells = []

@@ -207,19 +207,6 @@ def start(
   )
 
 
-def scorers_for(
-  lm: LanguageModel,
-  cfg: ReprobeConfig,
-  tcfg: TTSConfig,
-  workdir: str,
-  *,
-  prm: PRMTrainConfig | None = None,
-  progress: Progress | None = None,
-) -> dict[ScorerId, StepScorer]:
-  """The grid's step scorers (`scorers`), from the ReProbe run in `workdir`."""
-  return start(lm, cfg, tcfg, workdir, prm=prm, progress=progress)["scorers"]
-
-
 def evaluate(
   lm: LanguageModel,
   cfg: ReprobeConfig,
