@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(PY) eval.py --config=configs/reprobe_synthetic.py
 	$(PY) eval.py --config=configs/tts_synthetic.py:demo
 
-# The README's tables: the demo's jobs once per build seed (0, 1, 2), then every number's mean and spread
+# The tables of docs/results.md: the demo's jobs once per build seed (0, 1, 2), then every number's mean and spread
 # (artifacts/reprobe_synthetic/seeds/summary.md, bands.json; artifacts/reprobe_synthetic/tts_seeds/<key>/summary.md).
 results: $(STAMP)
 	$(PY) eval.py --config=configs/reprobe_synthetic.py --config.job=seeds

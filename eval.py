@@ -1,7 +1,7 @@
 """Evaluation entry point: `python eval.py --config=configs/<job>.py [--config.a.b=value ...]`.
 
 Jobs: reprobe (PR-AUC of the probes against the uncertainty baselines, and against the PRM baseline trained here
-when `config.prm.enabled`; trains whatever is missing first; prints the numbers beside the README's bands when the
+when `config.prm.enabled`; trains whatever is missing first; prints the numbers beside the shipped bands when the
 config is the one they were made with), seeds (the reprobe job
 once per `config.seeds`, then every number's mean and spread over seeds: `<workdir>/seeds/summary.md` and the
 band file `<workdir>/seeds/bands.json`), tts (test-time scaling: greedy, votes, Best-of-N, beam search and DVTS
@@ -96,7 +96,7 @@ def run_seeds(config) -> None:
   with atomic_open(os.path.join(out, "summary.md")) as f:
     f.write(summary)
   print("\n" + summary)
-  print(f"Wrote {out}/summary.md and {out}/bands.json (copy it to {config.get('bands')} to make it the README's bands)")
+  print(f"Wrote {out}/summary.md and {out}/bands.json (copy it to {config.get('bands')} to make it the shipped bands)")
 
 
 def run_tts(config) -> None:

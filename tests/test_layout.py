@@ -4,8 +4,9 @@
 The import graph is read from the source (every `import` and `from ... import`, those inside functions and under
 `if TYPE_CHECKING:` included). An import of a package reaches whatever its __init__ imports, so a circle through a
 package's re-exports is found between the modules that hold the code. The layer contracts (models import neither
-steps, tasks nor jobs; tasks import no models; nothing below jobs imports jobs) are import-linter's, in
-pyproject.toml, checked by `make test` before pytest runs.
+steps, tasks nor jobs; tasks and steps import no models; nothing below jobs imports jobs; errors, fields, registry
+and io import nothing above them) are import-linter's, in pyproject.toml, checked by `make test` before pytest
+runs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Results over seeds and the README's bands: the mean and spread of every number of a job over build seeds, stored
+"""Results over seeds and the shipped bands (configs/bands/, docs/results.md): the mean and spread of every number of a job over build seeds, stored
 as a band file, and a user's own single-seed numbers printed beside those bands.
 
 A band is the 95% prediction interval of one more build, `mean +- t(0.975, n-1) * sd * sqrt(1 + 1/n)` (Student's t,
@@ -129,7 +129,7 @@ def over_seeds(results: Sequence[Mapping[str, Any]], keys: Sequence[str] | None 
 
 @dataclasses.dataclass(frozen=True)
 class BandFile:
-  """What a README table was made from: the job, its seeds, the machine, and the band of every number."""
+  """What a results table was made from: the job, its seeds, the machine, and the band of every number."""
 
   job: str
   seeds: tuple[int, ...]
@@ -278,7 +278,7 @@ def outside(result: Mapping[str, Any], bands: Mapping[str, Band]) -> tuple[list[
 
 
 def summary_markdown(band_file: BandFile, example: Mapping[str, Any]) -> str:
-  """The README's tables: every number of the job as `mean +- sd` over the band file's seeds, with the machine."""
+  """The results tables: every number of the job as `mean +- sd` over the band file's seeds, with the machine."""
   return (
     f"Mean +- standard deviation over seeds {', '.join(map(str, band_file.seeds))} (config "
     f"{band_file.config_key}), on {band_file.machine}.\n\n" + grids(example, band_file.bands, None)

@@ -1,6 +1,6 @@
 """The machine a number was measured on: CPU model, the widest vector instruction set XLA can use, core count and
 the JAX backend. Every reported result carries it, because XLA compiles other kernels per instruction set, so a
-trained model and every timing can differ between an AVX-512 Xeon and an AVX2 EPYC (README, "Reproducibility")."""
+trained model and every timing can differ between an AVX-512 Xeon and an AVX2 EPYC (docs/results.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Why: a decode step at batch B multiplies B rows by every weight. XLA:CPU's dots read a weight at about one core's
 streaming rate at B = 1 and re-pack it on every call at B = 8-32, so a batch-8 step of SmolLM2-135M took twice the
-time of a batch-1 step while reading the same bytes (README, "Performance"). Packed once, a weight is read as one
+time of a batch-1 step while reading the same bytes (docs/performance.md). Packed once, a weight is read as one
 contiguous stream per panel, by all cores, once per call whatever B is.
 
 `pack(w)` turns a [K, N] weight into [P, K, PANEL] panels (P = ceil(N / PANEL), zero-padded); `packed_matmul(x, wp,
@@ -27,7 +27,7 @@ PANEL = 32  # columns per panel (two 16-float vectors in the kernel)
 # (`python -m bench.chain --m=1,8,32,128 --packed`, docs/kernels.md).
 MAX_ROWS = 128
 # Models whose matmul weights are smaller than this (the built-in 0.9M-parameter target) keep XLA's dots: their
-# weights stay in cache, where XLA's dots are not the bottleneck, and their numerics (and the README's bands) stay.
+# weights stay in cache, where XLA's dots are not the bottleneck, and their numerics (and the shipped bands) stay.
 MIN_MODEL_BYTES = 64 << 20
 
 _SOURCE, _SYMBOL, _TARGET = "decode.cc", "ReprobePackedMatmul", "reprobe_packed_matmul"

@@ -1,6 +1,6 @@
 """Rotary embedding parameters: one frozen dataclass for every RoPE type Hugging Face `transformers` defines.
 
-`ModelConfig.rope` (and Gemma 3's `local_rope` for its sliding-window layers) holds one; `hf_fields.read_rope` reads
+`ModelConfig.rope` (and Gemma 3's `local_rope` for its sliding-window layers) holds one; `hf_config.read_rope` reads
 it from a config.json's rope dict and `RopeConfig.to_hf` writes it back.
 """
 

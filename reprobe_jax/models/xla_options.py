@@ -6,7 +6,7 @@ at batch 8-32 the small non-dot ones are slow: the profile (docs/kernels.md) of 
 (per-thunk trace, Intel Xeon, 2 cores) spent 32 ms per step in the RMSNorms' [32, 576] mean-of-squares reductions alone
 (61 YNNPACK calls of about 0.5 ms) and about 30 ms in the softmax reductions over a 96-slot cache. Keeping YNNPACK
 for the dots only (`LIBRARY_FUSION_TYPE_DOT`) lets XLA's own emitter fuse the rest. Greedy tokens are unchanged
-(tests/test_xla_options.py); the gain is measured in the README's Performance section.
+(tests/test_xla_options.py); the gain is measured in docs/performance.md.
 
 JAX accepts compiler options on top-level jits only, so `decode_jit` makes each decode-path function twice: the
 entry (`decoding.decode`, with the options) that host code calls, and its twin (`decoding.decode_in_jit`, XLA's

@@ -1,4 +1,5 @@
-"""One training loop for every learner here (the target LM, the probe, the RL policy): optax, orbax, TensorBoard.
+"""One training loop for every learner here (the target LM, the probe, the PRM, the RL policy): optax, orbax,
+TensorBoard.
 
 Functional core: `make_train_step(loss_fn, tx)`, a jitted step over (params, opt_state, batch, rng, frozen), or a
 caller's own step of that signature (`step_fn`: the RL loop's rollout -> advantages -> jitted update).
