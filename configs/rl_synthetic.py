@@ -53,20 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
     )
   )
   c.probe = base.probe
-  # The held-out evaluation (reprobe_jax.jobs.spae.SPAEJobConfig; plain decoding only, every boundary probed).
-  c.eval = ml_collections.ConfigDict(
-    dict(
-      problems=8,
-      domains=("arithmetic", "planning", "qa"),
-      in_domain=("arithmetic",),
-      difficulties=(1, 2, 3),
-      samples=16,
-      max_new_tokens=192,
-      sampling=dict(temperature=0.6, top_k=0, top_p=1.0),
-      few_shot=0,
-      batch_size=128,
-      split="test",
-      seed=0,
-    )
-  )
+  # The held-out evaluation (reprobe_jax.jobs.spae.SPAEJobConfig; plain decoding only, every boundary probed): the
+  # SPAE job's settings on 8 problems a domain, the same problems for every method and seed.
+  c.eval = ml_collections.ConfigDict(dict(base.spae.to_dict(), problems=8, seed=0))
   return c

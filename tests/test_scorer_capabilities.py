@@ -59,7 +59,7 @@ def test_built_in_scorers_declare_what_they_need(lm):  # noqa: F811
   ppl = get_scorer("perplexity")
   assert (ppl.feature_spec, ppl.feature_dim, ppl.model_fingerprint, ppl.vocab_size) == (None,) * 4
   assert not ppl.packs_trajectories
-  with pytest.raises(NotImplementedError, match="packs_trajectories=False"):
+  with pytest.raises(ConfigError, match="packs_trajectories=False"):
     ppl.score_trajectories(jnp.zeros((1, 4, 2)), [])
 
 

@@ -130,8 +130,9 @@ class StepScorer(abc.ABC):
 
   def score_trajectories(self, features: Float[Array, "b n f"], spans: Sequence[np.ndarray]) -> np.ndarray:
     """[B, S] scores of every step span [S_i, 2] of every row of features [B, N, F] (S = the most steps of a row;
-    NaN past a row's steps) in one batched call of the scorer's own, where `packs_trajectories`."""
-    raise NotImplementedError(f"scorer {self.name!r} does not score whole trajectories (packs_trajectories=False)")
+    NaN past a row's steps) in one batched call of the scorer's own, where `packs_trajectories`; ConfigError for a
+    scorer without that capability (callers ask `packs_trajectories` first)."""
+    raise ConfigError(f"scorer {self.name!r} does not score whole trajectories (packs_trajectories=False)")
 
   def score_newest(self, inputs: ScoreInputs, newest_span: Int[Array, "b 2"]) -> Float[Array, " b"]:
     """Scores [B] of one step per row (the newest, in a search); newest_span [B, 2]. Equals the last column of
