@@ -170,6 +170,30 @@ class Int:
     return "an int" + _bounds(self.low, self.high, False, False)
 
 
+SEED_LIMIT = 2**32
+"""Seeds are ints in [0, 2**32): a PRNG key holds 32 bits of the seed, so a larger seed would silently wrap onto a
+smaller one (seed 7 and 7 + 2**32 would sample the same)."""
+
+SEED = Int(0, SEED_LIMIT - 1)
+"""The one rule every public entry that takes a seed checks it against (configs through `check_fields`, arguments
+through `check_seed`)."""
+
+
+def check_seed(value: Any, name: str) -> int:
+  """`value` as a Python int if it passes `SEED`; ConfigError `<name>: expected an int in [0, 4294967295], got ...`
+  otherwise (a float, a bool, a string, a negative or too large number)."""
+  if not SEED.ok(value):
+    raise ConfigError(f"{name}: expected a seed, {SEED}, got {value!r}")
+  return int(value)
+
+
+def check_seeds(values: Any, name: str) -> list[int]:
+  """Each item of `values` checked by `check_seed` as `<name>[i]`; ConfigError when `values` is not a sequence."""
+  if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or not hasattr(values, "__iter__"):
+    raise ConfigError(f"{name}: expected a sequence of seeds, got {values!r}")
+  return [check_seed(v, f"{name}[{i}]") for i, v in enumerate(values)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Real:
   """A finite number (not a bool) between low and high, each bound closed unless marked open."""

@@ -10,12 +10,18 @@ import shutil
 import tempfile
 from typing import Any, Iterable
 
+from reprobe_jax.io.seal import file_digest, seal_path
+
 
 @contextlib.contextmanager
-def atomic_open(path, mode: str = "w", **kwargs):
+def atomic_open(path, mode: str = "w", *, seal: bool = False, **kwargs):
   """Yields a temporary file beside `path`; after the block it is flushed, synced and renamed over `path`
   (os.replace is atomic on one file system). On any error, Ctrl-C included, the temporary file is removed and
-  `path` keeps its old content."""
+  `path` keeps its old content.
+
+  With `seal`, the file's digest is then written beside it (`reprobe_jax.io.seal`); an old seal is removed before
+  the file is replaced, so a crash in between leaves a file without a seal (refused, or redone by a job's stage),
+  never one with a wrong seal."""
   path = os.fspath(path)
   folder = os.path.dirname(os.path.abspath(path))
   os.makedirs(folder, exist_ok=True)
@@ -25,27 +31,41 @@ def atomic_open(path, mode: str = "w", **kwargs):
       yield f
       f.flush()
       os.fsync(f.fileno())
+    hexdigest = file_digest(tmp) if seal else None
+    if seal:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(seal_path(path))
     os.replace(tmp, path)
   except BaseException:
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)
     raise
+  if seal:
+    write_seal(path, hexdigest)
 
 
-def write_json(path, obj: Any, indent: int | None = 1) -> None:
-  """Writes `obj` as JSON, atomically (`atomic_open`)."""
-  with atomic_open(path) as f:
+def write_seal(path: str | os.PathLike, hexdigest: str | None = None) -> None:
+  """Writes the seal of `path` (its sha256, computed when not given) atomically beside it, in `sha256sum` format."""
+  path = os.fspath(path)
+  hexdigest = hexdigest or file_digest(path)
+  with atomic_open(seal_path(path), "w", encoding="utf-8") as f:
+    f.write(f"{hexdigest}  {os.path.basename(path)}\n")
+
+
+def write_json(path, obj: Any, indent: int | None = 1, *, seal: bool = False) -> None:
+  """Writes `obj` as JSON, atomically (`atomic_open`), sealed when asked."""
+  with atomic_open(path, seal=seal) as f:
     json.dump(obj, f, indent=indent)
 
 
-def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> None:
+def write_jsonl(path: str | os.PathLike, records: Iterable[Any], *, seal: bool = False) -> None:
   """Writes one JSON object per line; records are dicts or objects with `to_json()` (Problem,
   Trace, Trajectory).
 
   The file appears complete or not at all: lines go to a temporary file in the same folder, which replaces `path`
   only after every record was written (os.replace is atomic on one file system).
   """
-  with atomic_open(path, "w", encoding="utf-8") as f:
+  with atomic_open(path, "w", encoding="utf-8", seal=seal) as f:
     for record in records:
       obj = record.to_json() if hasattr(record, "to_json") else record
       # allow_nan=False: NaN is not JSON, and other readers would reject the file later.

@@ -9,16 +9,21 @@ import os
 from typing import Any
 
 from reprobe_jax.errors import DataFormatError
+from reprobe_jax.io.seal import check_data, regular_file
 
 
-def read_text(path: str | os.PathLike, what: str = "file") -> str:
-  """The UTF-8 text of `path`; DataFormatError naming the path (and the byte offset of the first bad byte)."""
-  path = os.fspath(path)
+def read_text(path: str | os.PathLike, what: str = "file", *, sealed: bool = False) -> str:
+  """The UTF-8 text of `path`; DataFormatError naming the path (and the byte offset of the first bad byte), when it
+  is not a regular file (a named pipe would block the read forever), and, when `sealed`, when its bytes do not match
+  its seal (`reprobe_jax.io.seal`)."""
+  path = regular_file(path, what)
   try:
     with open(path, "rb") as f:
       data = f.read()
   except OSError as e:
     raise DataFormatError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+  if sealed:
+    check_data(path, data, what)
   try:
     return data.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -28,11 +33,13 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
     ) from None
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file", *, kind: type | None = dict) -> Any:
+def read_json(
+  path: str | os.PathLike, what: str = "JSON file", *, kind: type | None = dict, sealed: bool = False
+) -> Any:
   """The parsed JSON of `path`; DataFormatError naming the path on unreadable, non-UTF-8 or invalid JSON, and
-  when the top-level value is not of type `kind` (default dict; None accepts any)."""
+  when the top-level value is not of type `kind` (default dict; None accepts any). `sealed` as in `read_text`."""
   path = os.fspath(path)
-  text = read_text(path, what)
+  text = read_text(path, what, sealed=sealed)
   try:
     obj = json.loads(text)
   except json.JSONDecodeError as e:
@@ -46,12 +53,12 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", *, kind: type | 
   return obj
 
 
-def read_jsonl(path: str | os.PathLike, what: str = "JSONL file") -> list[tuple[int, Any]]:
+def read_jsonl(path: str | os.PathLike, what: str = "JSONL file", *, sealed: bool = False) -> list[tuple[int, Any]]:
   """(line number, parsed object) for every non-blank line; DataFormatError 'path:line: ...' on unreadable,
-  non-UTF-8 or invalid lines."""
+  non-UTF-8 or invalid lines. `sealed` as in `read_text`."""
   path = os.fspath(path)
   out = []
-  for number, line in enumerate(read_text(path, what).split("\n"), start=1):
+  for number, line in enumerate(read_text(path, what, sealed=sealed).split("\n"), start=1):
     if not line.strip():
       continue
     try:

@@ -13,7 +13,7 @@ from typing import Generic, Iterator, NamedTuple, TypeVar
 from reprobe_jax.annotate import JudgePrompts, JudgeSettings, annotator_key, check_annotator
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureSpec, model_fingerprint
-from reprobe_jax.fields import Int, OneOf, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.fields import SEED, Int, OneOf, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.jobs.runs import run_key
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.prm.train import PRMTrainConfig
@@ -84,7 +84,7 @@ class ReprobeConfig:
     check_fields(
       self,
       {
-        "seed": Int(0),
+        "seed": SEED,
         "mode": OneOf(MODES),
         "train_domains": Seq(OneOf(DOMAINS)),
         "ood_domains": Seq(OneOf(DOMAINS), nonempty=False),

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 from reprobe_jax.errors import DataFormatError
 from reprobe_jax.io.atomic import write_json
 from reprobe_jax.io.readers import read_json
+from reprobe_jax.io.seal import is_sealed
 
 Progress = Callable[[str, int, int], None]  # (stage label, done, total); the label's first word names the stage
 
@@ -50,16 +51,22 @@ class Run:
     """Whether every named artifact exists."""
     return all(os.path.exists(self.path(a)) for a in artifacts)
 
+  def sealed(self, *artifacts: str) -> bool:
+    """Whether every named artifact exists with its seal (`reprobe_jax.io.seal`): a stage's files are done only
+    then; whether they still match their seals is checked where they are read (`read_json(..., sealed=True)`)."""
+    return all(is_sealed(self.path(a)) for a in artifacts)
+
   def stage(self, name: str, artifacts: Sequence[str], make: Callable[[], Any]) -> bool:
-    """Runs `make` (which writes `artifacts`) unless they all exist, and records its wall time as `name`. Returns
-    whether it ran. `make` should write each artifact atomically, so an interrupted stage reruns."""
-    if self.exists(*artifacts):
+    """Runs `make` (which writes `artifacts`, each atomically and sealed) unless they are all there with their
+    seals, and records its wall time as `name`. Returns whether it ran. A stage interrupted before its last seal
+    was written reruns."""
+    if self.sealed(*artifacts):
       return False
     with self.timed(name):
       make()
-    missing = [a for a in artifacts if not self.exists(a)]
+    missing = [a for a in artifacts if not self.sealed(a)]
     if missing:  # a bug in the stage: a rerun would redo it forever
-      raise RuntimeError(f"stage {name!r} in {self.directory} did not write {missing}")
+      raise RuntimeError(f"stage {name!r} in {self.directory} did not write {missing} with their seals")
     return True
 
   @contextlib.contextmanager

@@ -21,7 +21,7 @@ import numpy as np
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.features import model_fingerprint
-from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.fields import SEED, Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
 from reprobe_jax.io.readers import read_jsonl
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
@@ -71,7 +71,7 @@ class SPAEJobConfig:
         "few_shot": Int(0),
         "batch_size": Int(1),
         "split": OneOf(("val", "test")),
-        "seed": Int(0),
+        "seed": SEED,
       },
     )
     check_fields(self.sampling, {"temperature": Real(0.0, low_open=True)}, field_name(self, "sampling"))

@@ -10,6 +10,7 @@ from typing import Mapping
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.fields import (
+  SEED,
   Int,
   OneOf,
   Pairs,
@@ -54,7 +55,7 @@ class TinyLMShape:
 
 
 # What TrainLMConfig's fields must be (checked where the build config holds one).
-TRAIN_LM_RULES = {"steps": Int(1), "batch_size": Int(1), "seed": Int(0), "checkpoint_every": Int(1)}
+TRAIN_LM_RULES = {"steps": Int(1), "batch_size": Int(1), "seed": SEED, "checkpoint_every": Int(1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +92,7 @@ class SyntheticBuildConfig:
     check_fields(
       self,
       {
-        "seed": Int(0),
+        "seed": SEED,
         "train_problems_per_difficulty": Int(1),
         "family_weights": Pairs(OneOf(FAMILIES), Real(0.0)),
         "prompt_loss_weight": Real(0.0),

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from reprobe_jax.fields import Int, OneOf, Real, check_fields, field_name
+from reprobe_jax.fields import SEED, Int, OneOf, Real, check_fields, field_name
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.features import model_fingerprint
 from reprobe_jax.eval.metrics import pr_auc, roc_auc
@@ -87,7 +87,7 @@ class PRMTrainConfig:
         "epochs": Int(1),
         "patience": Int(1),
         "pos_weight": Real(0.0, low_open=True),
-        "seed": Int(0),
+        "seed": SEED,
         "train_backbone": OneOf((True, False)),
       },
     )

@@ -19,7 +19,7 @@ from absl import logging
 from flax import nnx
 
 from reprobe_jax.io.atomic import write_json
-from reprobe_jax.fields import Int, Real, check_fields
+from reprobe_jax.fields import SEED, Int, Real, check_fields
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.metrics import pr_auc, roc_auc
 from reprobe_jax.probe.data import Example, pack_shape, pack_steps
@@ -50,7 +50,7 @@ class ProbeTrainConfig:
         "epochs": Int(1),
         "patience": Int(1),
         "pos_weight": Real(0.0, low_open=True),
-        "seed": Int(0),
+        "seed": SEED,
       },
     )
 

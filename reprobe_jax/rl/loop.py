@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name
+from reprobe_jax.fields import SEED, Int, OneOf, Real, Seq, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features.extraction import model_fingerprint
 from reprobe_jax.models import make_mesh
@@ -122,7 +122,7 @@ class RLConfig:
         "train_difficulties": Seq(OneOf(DIFFICULTIES)),
         "train_problems": Int(1),
         "few_shot": Int(0),
-        "seed": Int(0),
+        "seed": SEED,
         "log_every": Int(1),
         "checkpoint_every": Int(1),
       },

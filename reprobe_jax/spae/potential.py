@@ -27,7 +27,7 @@ import numpy as np
 from jaxtyping import Array, Float, Integer
 
 from reprobe_jax.errors import ConfigError, shape_errors
-from reprobe_jax.fields import Int, OneOf, Real, check_fields
+from reprobe_jax.fields import SEED, Int, OneOf, Real, check_fields
 from reprobe_jax.tasks.formats import ANSWER_OPENER
 
 READINGS = ("paper", "reference_code")
@@ -70,7 +70,7 @@ class ProbeConfig:
         "eps_sat": Real(-1.0, 1.0),
         "reading": OneOf(READINGS),
         "top_logprobs": Int(1),
-        "seed": Int(0),
+        "seed": SEED,
         "batch_size": Int(1),
       },
     )

@@ -11,7 +11,7 @@ import numpy as np
 
 from reprobe_jax import steps as step_lib
 from reprobe_jax.features.spec import FeatureSpec, union_capture, with_logprobs
-from reprobe_jax.fields import Int, OneOf, check_fields
+from reprobe_jax.fields import SEED, Int, OneOf, check_fields
 from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams
 from reprobe_jax.tasks import Problem
 from reprobe_jax.trajectories.prompts import prompt_text
@@ -48,7 +48,7 @@ class TrajectoryConfig:
         "samples": Int(1),
         "max_new_tokens": Int(1),
         "batch_size": Int(1),
-        "seed": Int(0),
+        "seed": SEED,
         "few_shot": Int(0),
         "first_step": OneOf((False, True)),
         "goal_mark": OneOf((False, True)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from reprobe_jax.fields import Int, OneOf, check_fields, field_name
+from reprobe_jax.fields import SEED, Int, OneOf, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.registry import Registry
@@ -55,7 +55,7 @@ class SearchConfig:
         "max_new_tokens": Int(1),
         "lookahead": Int(0),
         "aggregation": OneOf(AGGREGATIONS),
-        "seed": Int(0),
+        "seed": SEED,
         "dedupe": OneOf((False, True)),
       },
     )

@@ -20,7 +20,7 @@ from reprobe_jax.trajectories import TrajectoryConfig
     ("samples", 0, "an int >= 1, got 0"),
     ("max_new_tokens", 2.0, "int.*got 2.0"),
     ("batch_size", 0, "got 0"),
-    ("seed", -3, "an int >= 0, got -3"),
+    ("seed", -3, r"an int in \[0, 4294967295\], got -3"),
     ("few_shot", True, "int.*got True"),
   ],
 )
