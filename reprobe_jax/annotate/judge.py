@@ -33,6 +33,7 @@ from absl import logging
 
 from reprobe_jax.annotate.records import Record, as_trajectory, labelled, record_id
 from reprobe_jax.errors import ConfigError, DataFormatError, JudgeBackendError, ReprobeError
+from reprobe_jax.fields import check_seed
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.tasks.base import Problem, get_family
 
@@ -308,7 +309,7 @@ class SelfJudge:
     if max_new_tokens < 1 or batch_size < 1:
       raise ConfigError(f"SelfJudge: max_new_tokens and batch_size must be >= 1, found {max_new_tokens}, {batch_size}")
     self.lm, self.sampling, self.max_new_tokens, self.batch_size = lm, sampling, max_new_tokens, batch_size
-    self.seed = seed
+    self.seed = check_seed(seed, "SelfJudge seed")
     self._calls = 0  # each call samples with fresh seeds, the same ones on every run
 
   def chat(self, prompt: str) -> str:

@@ -18,6 +18,7 @@ from reprobe_jax.annotate.judge import JudgePrompts, OpenAICompatibleJudge, Self
 from reprobe_jax.annotate.records import Record
 from reprobe_jax.annotate.rule import annotate_rule
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.fields import SEED, Int, check_fields
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.registry import Registry
 from reprobe_jax.tasks.base import Problem
@@ -34,6 +35,9 @@ class SelfJudgeSampling:
   max_new_tokens: int = 1024
   batch_size: int = 8
   seed: int = 0
+
+  def __post_init__(self):
+    check_fields(self, {"max_new_tokens": Int(1), "batch_size": Int(1), "seed": SEED})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from typing import Any, Iterable
 
-from reprobe_jax.io.seal import file_digest, seal_path
+from reprobe_jax.io.seal import SUFFIX, file_digest, seal_path
 
 
 @contextlib.contextmanager
@@ -50,6 +50,20 @@ def write_seal(path: str | os.PathLike, hexdigest: str | None = None) -> None:
   hexdigest = hexdigest or file_digest(path)
   with atomic_open(seal_path(path), "w", encoding="utf-8") as f:
     f.write(f"{hexdigest}  {os.path.basename(path)}\n")
+
+
+def seal_folder(directory: str | os.PathLike, *, last: str | None = None) -> None:
+  """Seals every regular file under `directory` (a saved model or probe folder: each file gets its own seal, so a
+  damaged one is named when the folder is checked with `reprobe_jax.io.seal.check_folder`). The file `last` (a
+  path relative to the folder) is sealed after all others: a job that takes its seal as "the folder is complete"
+  never sees a folder sealed halfway."""
+  directory = os.fspath(directory)
+  paths = []
+  for root, _, files in os.walk(directory):
+    paths += [os.path.join(root, n) for n in files if not n.endswith(SUFFIX) and not n.startswith(".")]
+  end = os.path.join(directory, last) if last else None
+  for path in sorted(paths, key=lambda p: (p == end, p)):
+    write_seal(path)
 
 
 def write_json(path, obj: Any, indent: int | None = 1, *, seal: bool = False) -> None:

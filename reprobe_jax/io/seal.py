@@ -13,7 +13,7 @@ import hashlib
 import os
 import stat
 
-from reprobe_jax.errors import DataFormatError
+from reprobe_jax.errors import DataFormatError, ReprobeError
 
 SUFFIX = ".sha256"
 
@@ -23,17 +23,17 @@ def seal_path(path: str | os.PathLike) -> str:
   return os.fspath(path) + SUFFIX
 
 
-def regular_file(path: str | os.PathLike, what: str = "file") -> str:
-  """`path` if it names a regular file (after links); DataFormatError naming it otherwise (missing, a folder, a
-  named pipe or a device, any of which would make a reader fail late or block forever)."""
+def regular_file(path: str | os.PathLike, what: str = "file", error: type[ReprobeError] = DataFormatError) -> str:
+  """`path` if it names a regular file (after links); `error` naming it otherwise (missing, a folder, a named pipe
+  or a device, any of which would make a reader fail late or block forever)."""
   path = os.fspath(path)
   try:
     mode = os.stat(path).st_mode
   except OSError as e:
-    raise DataFormatError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    raise error(f"{path}: cannot read {what} ({e.strerror or e})") from None
   if not stat.S_ISREG(mode):
     kind = "a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else "not a regular file"
-    raise DataFormatError(f"{path}: {what} must be a regular file, but it is {kind}")
+    raise error(f"{path}: {what} must be a regular file, but it is {kind}")
   return path
 
 
@@ -91,3 +91,17 @@ def check_seal(path: str | os.PathLike, what: str = "file") -> None:
   with open(path, "rb") as f:
     data = f.read()
   check_data(path, data, what)
+
+
+def check_folder(directory: str | os.PathLike, what: str = "folder", *, required: bool = True) -> None:
+  """`check_seal` for every regular file under `directory` (written by `reprobe_jax.io.atomic.seal_folder`);
+  DataFormatError naming the first file that is damaged or, when `required`, has no seal. With `required=False`
+  a folder written elsewhere (no seals at all) passes, but one whose files are sealed is checked."""
+  directory = os.fspath(directory)
+  files = []
+  for root, _, names in os.walk(directory):
+    files += [os.path.join(root, n) for n in sorted(names) if not n.endswith(SUFFIX) and not n.startswith(".")]
+  if not required and not any(os.path.exists(seal_path(f)) for f in files):
+    return
+  for path in files:
+    check_seal(path, f"{what} file {os.path.relpath(path, directory)}")

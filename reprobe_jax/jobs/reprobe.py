@@ -93,7 +93,7 @@ def samples(job: ReprobeJob, problems: Splits[Problem]) -> Splits[Trajectory] | 
   are captured while sampling and go straight into their stores (no second forward). None when the labelled
   trajectories exist already: there is nothing left to label."""
   cfg, run, lm = job.cfg, job.run, job.lm
-  if run.exists(*LABELLED):
+  if run.sealed(*LABELLED):
     return None
   specs = feature_specs(cfg)
 
@@ -119,9 +119,10 @@ def samples(job: ReprobeJob, problems: Splits[Problem]) -> Splits[Trajectory] | 
         sample_trajectories(
           lm, ps, cfg.mode, cfg.trajectories, on_batch=on_batch, feature_specs=specs, on_features=store
         ),
+        seal=True,
       ),
     )
-    return read_trajectories(run.path(name))
+    return read_trajectories(run.path(name), sealed=True)
 
   return Splits(*(one(split, ps) for split, ps in problems.items()))
 
@@ -138,12 +139,12 @@ def trajectories(job: ReprobeJob, problems: Splits[Problem], samples: Splits[Tra
       out = annotate(every, {p.id: p for ps in problems for p in ps}, cfg.annotator, cfg.judge, cfg.labels_path, job.lm)
       start = 0
       for name, split in zip(LABELLED, samples):
-        write_jsonl(run.path(name), out[start : start + len(split)])
+        write_jsonl(run.path(name), out[start : start + len(split)], seal=True)
         start += len(split)
       job.tick(f"annotate ({cfg.annotator})", len(every), len(every))
 
     run.stage("annotate", list(LABELLED), label)
-  return Splits(*(read_trajectories(run.path(name)) for name in LABELLED))
+  return Splits(*(read_trajectories(run.path(name), sealed=True) for name in LABELLED))
 
 
 def features(job: ReprobeJob, trajectories: Splits[Trajectory]) -> dict[str, FeatureStore]:
@@ -210,14 +211,14 @@ def _check_probe_spec(pdir: str, spec: dict) -> None:
   spec = json.loads(json.dumps(spec))
   spec_path = os.path.join(pdir, "probe_spec.json")
   if os.path.exists(spec_path):
-    old = read_json(spec_path, "probe spec")
+    old = read_json(spec_path, "probe spec", sealed=True)
     for key in spec:
       if old.get(key) != spec[key]:
         raise FeatureMismatchError(
           f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
           f"data has {spec[key]!r}; use another workdir"
         )
-  write_json(spec_path, spec)
+  write_json(spec_path, spec, seal=True)
 
 
 def prm(job: ReprobeJob, trajectories: Splits[Trajectory]) -> TrainedPRM | None:

@@ -19,12 +19,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
+from reprobe_jax.io.atomic import atomic_open, seal_folder, write_json, write_jsonl
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.eval.bands import TARGET_COLUMNS
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.models import LanguageModel, ModelConfig, load_pretrained
 from reprobe_jax.io.readers import read_json, read_jsonl
+from reprobe_jax.io.seal import check_folder
 from reprobe_jax.synthetic.interrupt import interrupted_examples
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.runs import Progress, Run, no_progress
@@ -89,11 +90,14 @@ def problems(job: TargetJob) -> BuildProblems:
 
   def make():
     train, held = _problems(job.cfg)
-    write_problems(run.path("problems_train.jsonl"), train)
-    write_problems(run.path("problems_eval.jsonl"), held)
+    write_problems(run.path("problems_train.jsonl"), train, seal=True)
+    write_problems(run.path("problems_eval.jsonl"), held, seal=True)
 
   run.stage("problems_s", ["problems_train.jsonl", "problems_eval.jsonl"], make)
-  return BuildProblems(read_problems(run.path("problems_train.jsonl")), read_problems(run.path("problems_eval.jsonl")))
+  return BuildProblems(
+    read_problems(run.path("problems_train.jsonl"), sealed=True),
+    read_problems(run.path("problems_eval.jsonl"), sealed=True),
+  )
 
 
 def model(job: TargetJob, problems: BuildProblems) -> str:
@@ -102,7 +106,8 @@ def model(job: TargetJob, problems: BuildProblems) -> str:
   folder."""
   cfg, run = job.cfg, job.run
   model_dir = run.path("model")
-  if run.exists("model/config.json"):
+  if run.sealed("model/config.json"):
+    check_folder(model_dir, "trained target")
     return model_dir
   with run.timed("data_s"):
     pairs, interrupted = [], []
@@ -157,6 +162,7 @@ def model(job: TargetJob, problems: BuildProblems) -> str:
   write_json(run.path("train_losses.json"), losses, indent=None)
   lm.tokenizer = tokenizer
   lm.save_pretrained(model_dir)
+  seal_folder(model_dir, last="config.json")  # its seal marks the stage done
   return model_dir
 
 
@@ -164,16 +170,16 @@ def report(job: TargetJob, problems: BuildProblems, model: str) -> str:
   """The target's own samples on the held-out problems (samples_eval.jsonl) and their report (report.json,
   report.md), made where missing. Returns the build folder."""
   cfg, run = job.cfg, job.run
-  if not run.exists("report.json"):
+  if not run.sealed("report.json"):
     lm = load_pretrained(model)
     with run.timed("eval_s"):
       records = _sample_all(lm, problems.held, cfg, job.tick)
-      write_jsonl(run.path("samples_eval.jsonl"), records)
+      write_jsonl(run.path("samples_eval.jsonl"), records, seal=True)
     out = make_report(records, cfg, lm)
     out["timings_s"] = run.timings()
-    write_json(run.path("report.json"), out, indent=2)
     with atomic_open(run.path("report.md")) as f:
       f.write(report_markdown(out))
+    write_json(run.path("report.json"), out, indent=2, seal=True)  # last: its seal marks the stage done
   return run.directory
 
 
@@ -277,7 +283,7 @@ def difficulty_markdown(reports: Sequence[Mapping[str, Mapping]]) -> str:
 def load_report(out: str) -> dict:
   """The build's report.json (`make_report`); DataFormatError naming the file when it is damaged."""
   path = os.path.join(out, "report.json")
-  report = read_json(path, "target report")
+  report = read_json(path, "target report", sealed=True)
   groups = report.get("groups")
   if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
     raise DataFormatError(f"{path}: target report needs a 'groups' object of objects, found {groups!r:.80}")
@@ -289,7 +295,7 @@ def load_report(out: str) -> dict:
 
 
 def read_samples(out: str) -> list[dict]:
-  return [rec for _, rec in read_jsonl(os.path.join(out, "samples_eval.jsonl"))]
+  return [rec for _, rec in read_jsonl(os.path.join(out, "samples_eval.jsonl"), sealed=True)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

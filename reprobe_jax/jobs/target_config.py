@@ -23,7 +23,7 @@ from reprobe_jax.fields import (
   sorted_pairs,
 )
 from reprobe_jax.jobs.runs import run_key
-from reprobe_jax.synthetic.train_lm import TrainLMConfig
+from reprobe_jax.synthetic.train_lm import TRAIN_LM_RULES, TrainLMConfig
 from reprobe_jax.tasks import DIFFICULTIES, make_problems
 from reprobe_jax.tasks.formats import MODES, user_prompt
 from reprobe_jax.tasks.traces import TraceNoise, solve_many
@@ -52,10 +52,6 @@ class TinyLMShape:
       raise ConfigError(
         f"{field_name(self, 'num_kv_heads')}: expected a divisor of num_heads={self.num_heads}, got {self.num_kv_heads}"
       )
-
-
-# What TrainLMConfig's fields must be (checked where the build config holds one).
-TRAIN_LM_RULES = {"steps": Int(1), "batch_size": Int(1), "seed": SEED, "checkpoint_every": Int(1)}
 
 
 @dataclasses.dataclass(frozen=True)

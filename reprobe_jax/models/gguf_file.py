@@ -21,6 +21,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
 
 from reprobe_jax.errors import CheckpointError, ConfigError, UnsupportedModelError
+from reprobe_jax.io.seal import regular_file
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -143,7 +144,7 @@ def _value(cur: _Cursor, vtype: int, key: str) -> Any:
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
   """Parses a GGUF (v2/v3, little-endian) file's header, metadata and tensor table; CheckpointError naming the
   file for anything truncated, out of range, repeated or overlapping, before any tensor data is touched."""
-  path = os.fspath(path)
+  path = regular_file(path, "GGUF file", CheckpointError)  # a named pipe would block the read
   try:
     with open(path, "rb") as f:
       buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""

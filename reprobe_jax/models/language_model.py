@@ -19,6 +19,7 @@ import reprobe_jax.models.sampling as sampling
 from reprobe_jax import kernels
 from reprobe_jax.io.atomic import atomic_folder
 from reprobe_jax.errors import CacheFullError, ConfigError, shape_errors
+from reprobe_jax.fields import check_seed
 from reprobe_jax.models.capture import CaptureSpec, ForwardOutput, TokenFeatures
 from reprobe_jax.models.checkpoint import export_tensors
 from reprobe_jax.models.config import ModelConfig
@@ -173,7 +174,9 @@ class LanguageModel:
   def random(cls, config: ModelConfig, *, seed: int = 0, dtype="float32", tokenizer=None) -> "LanguageModel":
     """A randomly initialised model (for training from scratch and tests)."""
     dt = resolve_dtype(dtype)
-    graphdef, params = nnx.split(Decoder(config, dtype=dt, rngs=nnx.Rngs(seed)))
+    graphdef, params = nnx.split(
+      Decoder(config, dtype=dt, rngs=nnx.Rngs(check_seed(seed, "LanguageModel.random seed")))
+    )
     return cls(config, graphdef, params, tokenizer, dtype=dt)
 
   def module(self) -> Decoder:

@@ -21,6 +21,7 @@ from reprobe_jax.errors import CheckpointError
 from reprobe_jax.fields import Int
 from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.io.readers import read_json
+from reprobe_jax.io.seal import regular_file
 
 _ST_DTYPES = {
   "F64": np.float64,
@@ -64,7 +65,7 @@ class SafetensorsFile:
   CheckpointError naming the file and the tensor."""
 
   def __init__(self, path: str):
-    self.path = path = os.fspath(path)
+    self.path = path = regular_file(path, "safetensors file", CheckpointError)  # a named pipe would block the read
     try:
       size = os.path.getsize(path)
       with open(path, "rb") as f:

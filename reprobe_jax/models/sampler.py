@@ -25,6 +25,7 @@ import numpy as np
 import reprobe_jax.models.decoding as decoding
 import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.errors import CacheFullError, ConfigError, shape_errors
+from reprobe_jax.fields import check_seed, check_seeds
 from reprobe_jax.models.capture import CaptureSpec, TokenFeatures
 from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.decode_state import DecodeState, StopRule
@@ -111,10 +112,11 @@ class Sampler:
     n = _positive_int("n", n)
     if isinstance(extra_slots, bool) or not isinstance(extra_slots, (int, np.integer)) or extra_slots < 0:
       raise ConfigError(f"extra_slots must be an integer >= 0, got {extra_slots!r}")
+    seed = check_seed(seed, "seed")
     lm = self.lm
     ids = lm.encode(prompts)
     if prompt_seeds is not None:
-      prompt_seeds = [_seed(f"prompt_seeds[{j}]", v) for j, v in enumerate(prompt_seeds)]
+      prompt_seeds = check_seeds(prompt_seeds, "prompt_seeds")
       if len(prompt_seeds) != len(ids):
         raise ConfigError(f"prompt_seeds: need one seed per prompt ({len(ids)}), got {len(prompt_seeds)}")
     for j, p in enumerate(ids):
@@ -270,12 +272,6 @@ class Sampler:
         )
       )
     return out
-
-
-def _seed(name: str, value) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**32:
-    raise ConfigError(f"{name} must be an integer in [0, 2**32), got {value!r}")
-  return int(value)
 
 
 def _positive_int(name: str, value) -> int:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from reprobe_jax.io.atomic import atomic_folder
+from reprobe_jax.io.atomic import atomic_folder, seal_folder
 from reprobe_jax.errors import CheckpointError, ConfigError
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.checkpoint import export_tensors, load_tensors
@@ -41,6 +41,7 @@ from reprobe_jax.models.loading import load_tokenizer, resolve_path
 from reprobe_jax.models.sampling import extend_in_jit
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
 from reprobe_jax.io.readers import read_json
+from reprobe_jax.io.seal import check_folder
 
 QWEN_SEPARATOR = "<extra_0>"  # Qwen2.5-Math-PRM's step separator
 HEAD_TENSORS = ("score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias")
@@ -154,6 +155,7 @@ def load_prm(
   cfg_path = os.path.join(path, "config.json")
   if not os.path.isdir(path) or not os.path.exists(cfg_path):
     raise CheckpointError(f"{path}: not a PRM folder (no config.json)")
+  check_folder(path, "PRM folder", required=False)  # one `save_prm` wrote is sealed; a downloaded one is not
   raw = read_json(cfg_path, "PRM config")
   cfg = _backbone_config(ModelConfig.from_hf_dict(raw, source=cfg_path))
   head_arrays: dict[str, np.ndarray] = {}
@@ -247,6 +249,7 @@ def save_prm(
     )
     if tokenizer is not None:
       tokenizer.save_pretrained(tmp)
+    seal_folder(tmp, last="config.json")  # each file's digest beside it: load_prm refuses a damaged file
 
 
 # ------------------------------------------------------------------------------------------------ scoring

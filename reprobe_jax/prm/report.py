@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from reprobe_jax.errors import DataFormatError
+from reprobe_jax.io.seal import check_seal
 from reprobe_jax.eval.metrics import pr_auc
 from reprobe_jax.prm.combine import CascadeCurve, Fusion, cascade_curve, fit_fusion
 
@@ -32,7 +33,9 @@ class SplitScores:
 
 def read_step_scores(path: str) -> dict[str, SplitScores]:
   """{'val': ..., 'test': ...} from `jobs.reprobe_scores.write_step_scores`' file; DataFormatError naming it when
-  a split or its arrays are missing or of different lengths."""
+  a split or its arrays are missing or of different lengths, or when the file does not match its seal (it is read
+  back by the job that wrote it)."""
+  check_seal(path, "step-scores file")
   try:
     with np.load(path) as z:
       arrays = {k: z[k] for k in z.files}

@@ -50,6 +50,7 @@ from reprobe_jax.prm.model import (
 )
 from reprobe_jax.probe.train import weighted_bce
 from reprobe_jax.io.readers import read_json
+from reprobe_jax.io.seal import check_folder
 from reprobe_jax.io.atomic import write_json
 from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
@@ -240,6 +241,7 @@ def train_prm(
   }
   model_dir = os.path.join(workdir, MODEL)
   if os.path.exists(os.path.join(model_dir, "config.json")):
+    check_folder(model_dir, "trained PRM")  # this job's own output: every file must match its seal
     stored = read_json(os.path.join(model_dir, "config.json"), "PRM config").get("prm_training")
     if stored != json.loads(json.dumps(depends)):
       raise CheckpointError(
@@ -304,11 +306,11 @@ def train_prm(
     logging.warning("PRM in %s: no epoch had a finite validation PR-AUC; keeping the last epoch's parameters", workdir)
     best = result.params
   prm = as_prm(best)
-  write_json(os.path.join(workdir, HISTORY), [as_epoch(e) for e in result.history])
+  write_json(os.path.join(workdir, HISTORY), [as_epoch(e) for e in result.history], seal=True)
   save_prm(prm, model_dir, tokenizer=lm.tokenizer, separator=cfg.separator, extra={"prm_training": depends})
   return prm
 
 
 def history(workdir: str) -> list[dict]:
   """The per-epoch history of a finished training folder (train_loss, val_pr_auc, val_roc_auc, improved)."""
-  return read_json(os.path.join(workdir, HISTORY), "PRM training history", kind=list)
+  return read_json(os.path.join(workdir, HISTORY), "PRM training history", kind=list, sealed=True)

@@ -17,6 +17,7 @@ import numpy as np
 
 from reprobe_jax.models import LanguageModel, ModelConfig
 from reprobe_jax.models.logprob import masked_mean_nll, sequence_logprobs
+from reprobe_jax.fields import SEED, Int, check_fields
 from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 
@@ -39,6 +40,13 @@ class TrainLMConfig:
   )
   seed: int = 0
   checkpoint_every: int = 100
+
+  def __post_init__(self):
+    check_fields(self, TRAIN_LM_RULES)
+
+
+# What TrainLMConfig's fields must be (checked where it is made, and named from the build config that holds one).
+TRAIN_LM_RULES = {"steps": Int(1), "batch_size": Int(1), "seed": SEED, "checkpoint_every": Int(1)}
 
 
 def encode_examples(

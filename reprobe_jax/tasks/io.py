@@ -11,11 +11,12 @@ from reprobe_jax.io.readers import read_jsonl
 from reprobe_jax.tasks.base import Problem
 
 
-def read_problems(path: str | os.PathLike) -> list[Problem]:
-  """The problems of a JSONL file, validated; DataFormatError naming 'path:line' and the field on any defect."""
+def read_problems(path: str | os.PathLike, *, sealed: bool = False) -> list[Problem]:
+  """The problems of a JSONL file, validated; DataFormatError naming 'path:line' and the field on any defect (and,
+  when `sealed`, when the file does not match its seal: a job's own stored problems)."""
   path = os.fspath(path)
   problems, seen = [], {}
-  for number, record in read_jsonl(path):
+  for number, record in read_jsonl(path, sealed=sealed):
     where = f"{path}:{number}"
     problem = Problem.from_json(record, where=where)
     if problem.id in seen:
@@ -25,6 +26,6 @@ def read_problems(path: str | os.PathLike) -> list[Problem]:
   return problems
 
 
-def write_problems(path: str | os.PathLike, problems: Iterable[Problem]) -> None:
-  """Writes problems as JSONL, atomically."""
-  write_jsonl(path, problems)
+def write_problems(path: str | os.PathLike, problems: Iterable[Problem], *, seal: bool = False) -> None:
+  """Writes problems as JSONL, atomically (and sealed when asked)."""
+  write_jsonl(path, problems, seal=seal)

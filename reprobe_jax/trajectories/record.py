@@ -236,11 +236,12 @@ def _steps(raw: list, n_tokens: int | None, name: str) -> tuple[StepSpan, ...]:
   return tuple(steps)
 
 
-def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
-  """The trajectories of a JSONL file, checked; DataFormatError naming 'path:line', the trajectory and the field."""
+def read_trajectories(path: str | os.PathLike, *, sealed: bool = False) -> list[Trajectory]:
+  """The trajectories of a JSONL file, checked; DataFormatError naming 'path:line', the trajectory and the field
+  (and, when `sealed`, the file when it does not match its seal: a job's own stored trajectories)."""
   path = os.fspath(path)
   out, seen = [], {}
-  for number, obj in read_jsonl(path):
+  for number, obj in read_jsonl(path, sealed=sealed):
     traj = Trajectory.from_json(obj, f"{path}:{number}: ")
     if traj.id in seen:
       raise DataFormatError(f"{path}:{number}: duplicate trajectory id {traj.id!r} (first on line {seen[traj.id]})")

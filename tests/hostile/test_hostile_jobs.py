@@ -22,6 +22,7 @@ from configs import judge_prompts
 from reprobe_jax.jobs import reprobe_config
 from reprobe_jax.fields import replace_fields
 from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError, ReprobeError
+from reprobe_jax.io import write_seal
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.data import Example
 from reprobe_jax.probe.train import ProbeTrainConfig, train_probe
@@ -342,7 +343,11 @@ def test_damaged_timings_are_named(tmp_path, text, match):
   ],
 )
 def test_damaged_target_report_is_named(tmp_path, text, match):
+  """Sealed (as if the build had written it) so the content checks are reached; unsealed it is refused first."""
   (tmp_path / "report.json").write_text(text)
+  with pytest.raises(DataFormatError, match=r"report\.json: target report has no seal"):
+    build.load_report(str(tmp_path))
+  write_seal(tmp_path / "report.json")
   with pytest.raises(DataFormatError, match=match):
     build.load_report(str(tmp_path))
 
