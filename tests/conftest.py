@@ -23,6 +23,26 @@ def _release_compiled_programs():
   gc.collect()
 
 
+def require_cpu_kernels(*builds):
+  """Skips when this machine cannot build the CPU decode kernels (no C++ compiler, a platform other than Linux or
+  macOS, REPROBE_JAX_CPU_KERNELS=0), and fails with the compiler's error when it can and the build fails: a
+  broken `decode.cc` must fail the suite, not skip it. `builds` default to the matmul's and the attention's."""
+  from reprobe_jax import kernels
+  from reprobe_jax.kernels import attention
+
+  for built in builds or (kernels.status(), attention.status()):
+    if built.failed:
+      pytest.fail(f"the CPU decode kernels failed to build: {built.reason}\n{built.log[-4000:]}", pytrace=False)
+    if built.target is None:
+      pytest.skip(f"no CPU decode kernels on this machine ({built.cause}): {built.reason}")
+
+
+@pytest.fixture
+def cpu_kernels():
+  """The CPU decode kernels, built: see `require_cpu_kernels`."""
+  require_cpu_kernels()
+
+
 VOCAB_WORDS = (
   ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(90)] + [".\n", "a.\n", "\n\n", "=", "+", "-", "Step", ":"]
 )

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import require_cpu_kernels
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")  # the `bench` extra
@@ -611,8 +612,7 @@ def test_chain_packed_is_the_same_product_and_refuses_what_the_kernel_cannot_tak
   from bench import chain
   from reprobe_jax import kernels
 
-  if not kernels.available():
-    pytest.skip(f"kernel not built: {kernels.unavailable_reason()}")
+  require_cpu_kernels()
   rng = np.random.default_rng(0)
   for m, k, n in ((1, 576, 192), (8, 1536, 576), (32, 576, 1536)):
     x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
@@ -627,13 +627,10 @@ def test_chain_packed_is_the_same_product_and_refuses_what_the_kernel_cannot_tak
 def test_attention_bench_sides_compute_the_same_and_bad_lists_are_refused():
   import jax.numpy as jnp
   from bench import attention as ab
-  from reprobe_jax import kernels
-  from reprobe_jax.kernels import attention
 
   with pytest.raises(SystemExit, match="--batches and --slots must list positive integers"):
     ab.main(["--slots=0"])
-  if not attention.available():
-    pytest.skip(f"kernel not built: {kernels.unavailable_reason()}")
+  require_cpu_kernels()
   rng = np.random.default_rng(0)
   q = jnp.asarray(rng.standard_normal((6, ab.GROUPS, ab.HEAD), dtype=np.float32))
   k, v = (jnp.asarray(rng.standard_normal((6, 40, ab.HEAD), dtype=np.float32)) for _ in range(2))

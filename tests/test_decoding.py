@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import require_cpu_kernels
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import CaptureSpec, SamplingParams, load_pretrained
@@ -353,10 +354,8 @@ def test_batch_one_decode_copies_no_cache(lm, packed):
   one-row cache write into a second fusion for the reshape and copied every layer's K and V cache on every step
   (and again where the step's cond joined); the kernels now take [B, KV, S, Dh] as it is and the compiled loop has
   none of those copies, with XLA's products or the kernels (docs/kernels.md, the batch-1 bandwidth)."""
-  from reprobe_jax import kernels
-
-  if packed and not kernels.available():
-    pytest.skip(f"kernel not built: {kernels.unavailable_reason()}")
+  if packed:
+    require_cpu_kernels()
   from reprobe_jax.models import LanguageModel
 
   m = LanguageModel(lm.config, lm.graphdef, lm.params, lm.tokenizer)

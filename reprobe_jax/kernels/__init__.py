@@ -11,6 +11,7 @@ from reprobe_jax.kernels.packed_matmul import (
   pack,
   packed_matmul,
   reference_packed_matmul,
+  status,
   unavailable_reason,
 )
 
@@ -22,5 +23,6 @@ __all__ = [
   "pack",
   "packed_matmul",
   "reference_packed_matmul",
+  "status",
   "unavailable_reason",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from reprobe_jax.kernels.build import build
+from reprobe_jax.kernels.build import Built, build
 
 MAX_QUERIES = 64  # queries per (row, KV head) up to which the decode path uses these kernels (G * T; decode: G)
 
@@ -20,8 +20,14 @@ _QK = ("ReprobeDecodeQk", "reprobe_decode_qk")
 _PV = ("ReprobeDecodePv", "reprobe_decode_pv")
 
 
+def status() -> Built:
+  """The build of the two products: the first one unavailable, else the scores' (see `packed_matmul.status`)."""
+  qk, pv = build(_SOURCE, *_QK), build(_SOURCE, *_PV)
+  return pv if qk.target is not None and pv.target is None else qk
+
+
 def available() -> bool:
-  return build(_SOURCE, *_QK).target is not None and build(_SOURCE, *_PV).target is not None
+  return status().target is not None
 
 
 def _target(which) -> str:

@@ -19,7 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from reprobe_jax.kernels.build import build
+from reprobe_jax.kernels.build import Built, build
 
 PANEL = 32  # columns per panel (two 16-float vectors in the kernel)
 # Rows up to which the decode path uses the kernel: on a 2-core AMD EPYC (Zen 4) a 30-layer chain of SmolLM2's
@@ -33,14 +33,20 @@ MIN_MODEL_BYTES = 64 << 20
 _SOURCE, _SYMBOL, _TARGET = "decode.cc", "ReprobePackedMatmul", "reprobe_packed_matmul"
 
 
+def status() -> Built:
+  """The kernel's build (built on the first call): its FFI target, or why there is none and whether that is a
+  failed build (`Built.failed`) or what this machine lacks."""
+  return build(_SOURCE, _SYMBOL, _TARGET)
+
+
 def available() -> bool:
   """True when the kernel is compiled and registered (built on the first call)."""
-  return build(_SOURCE, _SYMBOL, _TARGET).target is not None
+  return status().target is not None
 
 
 def unavailable_reason() -> str:
   """Why the kernel is not available ('' when it is)."""
-  return build(_SOURCE, _SYMBOL, _TARGET).reason
+  return status().reason
 
 
 def pack(w: jax.Array) -> jax.Array:
@@ -78,7 +84,7 @@ def packed_matmul(x: jax.Array, wp: jax.Array, n: int) -> jax.Array:
     raise ValueError(f"packed_matmul: float32 only, got {x.dtype} and {wp.dtype}")
   if rows > MAX_ROWS:
     raise ValueError(f"packed_matmul: {rows} rows, at most MAX_ROWS={MAX_ROWS}")
-  built = build(_SOURCE, _SYMBOL, _TARGET)
+  built = status()
   if built.target is None:
     raise RuntimeError(f"packed_matmul kernel unavailable: {built.reason}")
   call = jax.ffi.ffi_call(built.target, jax.ShapeDtypeStruct((rows, n), jnp.float32), vmap_method="sequential")
