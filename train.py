@@ -63,7 +63,7 @@ def _rl_setup(config):
 def run_rl(config) -> None:
   lm, rl_cfg, pcfg, ecfg = _rl_setup(config)
   with ProgressBars() as bars:
-    s = rl.run(lm, rl_cfg, pcfg, ecfg, workdir_of(config), progress=bars.update)
+    s = rl.run(lm, rl_cfg, pcfg, ecfg, workdir_of(config), progress=bars.update, where="config")
   folder = rl.run_folder(workdir_of(config), lm, rl_cfg, pcfg, ecfg)
   print(
     f"\n{rl_cfg.advantage}, seed {rl_cfg.seed}, {s['steps']} steps; seconds per step: "
@@ -83,7 +83,9 @@ def run_rl_compare(config) -> None:
   seeds = check_seeds(config.get("seeds"))
   lm, rl_cfg, pcfg, ecfg = _rl_setup(config)
   with ProgressBars() as bars:
-    s = rl.compare(lm, rl_cfg, pcfg, ecfg, config.methods, seeds, workdir_of(config), progress=bars.update)
+    s = rl.compare(
+      lm, rl_cfg, pcfg, ecfg, config.methods, seeds, workdir_of(config), progress=bars.update, where="config"
+    )
   print("\n" + s["table"])
   print(f"Wrote {s['directory']}/table.md, summary.json, curves.png")
 

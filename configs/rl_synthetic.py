@@ -10,6 +10,7 @@ domain (arithmetic) and out of domain (planning, qa), the same problems for ever
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from configs import spae_synthetic
 
@@ -40,7 +41,11 @@ def get_config() -> ml_collections.ConfigDict:
       optimizer=dict(learning_rate=5e-4, schedule="constant", warmup_steps=0, grad_clip=1.0, weight_decay=0.0),
       mini_batches=2,
       micro_batches=1,
+      # None: the method's default (--config.rl.dynamic_sampling=false, --config.rl.clip_high=0.3, ...)
+      dynamic_sampling=config_dict.placeholder(bool),
       clip_low=0.2,
+      clip_high=config_dict.placeholder(float),
+      aggregation=config_dict.placeholder(str),  # token-mean | seq-mean-token-mean
       kl_coef=0.0,
       alpha=0.5,
       xi=0.5,

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.machine import describe
-from reprobe_jax.fields import plain, replace_fields
+from reprobe_jax.fields import check_seeds, plain, replace_fields
 from reprobe_jax.io.atomic import atomic_open, write_json
 from reprobe_jax.jobs import rl_report as report_lib
 from reprobe_jax.jobs import spae
@@ -27,8 +27,10 @@ from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.runs import Progress, no_progress, run_key
 from reprobe_jax.jobs.spae import SPAEJobConfig
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.rl.loop import RLConfig, RLResult, signature, train_rl
+from reprobe_jax.rl.loop import RLConfig, RLResult, check_probe_room, check_run, default_mesh, signature, train_rl
 from reprobe_jax.spae.potential import ProbeConfig
+from reprobe_jax.spae.prober import Prober
+from reprobe_jax.trajectories import prompt_text
 
 EVAL_MODES = ("plain",)
 
@@ -36,6 +38,19 @@ EVAL_MODES = ("plain",)
 def rl_config_from_dict(d) -> RLConfig:
   """The CLI's `config.rl` section -> RLConfig, checked whole (ConfigError naming `config.rl.<field>`)."""
   return replace_fields(RLConfig(), plain(d), root="config.rl")
+
+
+def check(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, *, where: str = "") -> None:
+  """Everything a run needs from the model and the configs, before it creates anything (ConfigError naming the
+  field; `where` 'config' names the CLI's config.rl.* and config.eval.*): the training run (`check_run`), and room in
+  the context for the held-out evaluation's longest prompt + its max_new_tokens + the probe's suffix and answer."""
+  if not isinstance(ecfg, SPAEJobConfig):
+    raise ConfigError(f"RL job: expected an SPAEJobConfig for the evaluation, got {type(ecfg).__name__}")
+  check_run(lm, cfg, pcfg, mesh=default_mesh(), where=f"{where}.rl" if where else "")
+  problems = [p for d in ecfg.domains for p in spae.problems_of(ecfg, d)]
+  prompts = lm.encode([prompt_text(lm, p, "thinking", ecfg.few_shot) for p in problems])
+  field = f"{where}.eval.max_new_tokens" if where else "SPAEJobConfig.max_new_tokens"
+  check_probe_room(Prober(lm, pcfg), prompts, [p.answer for p in problems], ecfg.max_new_tokens, field)
 
 
 def run_folder(root: str, lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig) -> str:
@@ -91,7 +106,7 @@ def summary(job: RLJob, policy: RLResult, evaluation: dict) -> dict:
     "train": policy.metrics,
     "stage_seconds": report_lib.stage_seconds(policy.metrics),
   }
-  write_json(os.path.join(job.folder, "summary.json"), out)
+  write_json(os.path.join(job.folder, "summary.json"), out, seal=True)
   return out
 
 
@@ -103,14 +118,29 @@ GRAPH = Graph(
 
 
 def run(
-  lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, workdir: str, *, progress: Progress | None = None
+  lm,
+  cfg: RLConfig,
+  pcfg: ProbeConfig,
+  ecfg: SPAEJobConfig,
+  workdir: str,
+  *,
+  progress: Progress | None = None,
+  where: str = "",
 ) -> dict:
-  """Trains (or resumes) one method and evaluates the result; returns (and writes summary.json) the run's summary."""
+  """Trains (or resumes) one method and evaluates the result; returns (and writes summary.json) the run's summary.
+  Every check (`check`, its errors named from `where`) runs before the run folder is made: a run refused writes
+  nothing."""
+  check(lm, cfg, pcfg, ecfg, where=where)
+  return _run(lm, cfg, pcfg, ecfg, workdir, progress)
+
+
+def _run(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, workdir: str, progress: Progress | None) -> dict:
   folder = run_folder(workdir, lm, cfg, pcfg, ecfg)
   os.makedirs(folder, exist_ok=True)
   write_json(
     os.path.join(folder, "config.json"),
     {"rl": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg), "eval": dataclasses.asdict(ecfg)},
+    seal=True,
   )
   return GraphRun(GRAPH, RLJob(lm, cfg, pcfg, ecfg, folder, progress or no_progress))["summary"]
 
@@ -143,13 +173,8 @@ def runs(job: CompareJob) -> dict[str, list[dict]]:
   for seed in job.seeds:
     for m in job.methods:
       per[m].append(
-        run(
-          job.lm,
-          dataclasses.replace(job.cfg, advantage=m, seed=seed),
-          job.pcfg,
-          job.ecfg,
-          job.workdir,
-          progress=job.tick,
+        _run(  # every run was checked before the comparison started
+          job.lm, dataclasses.replace(job.cfg, advantage=m, seed=seed), job.pcfg, job.ecfg, job.workdir, job.tick
         )
       )
   return per
@@ -195,13 +220,16 @@ def compare(
   workdir: str,
   *,
   progress: Progress | None = None,
+  where: str = "",
 ) -> dict:
   """Every method x seed from the same start policy, prompts and steps; the start policy evaluated once; writes
-  <workdir>/compare_<key>/{table.md, summary.json, curves.png} and returns the summary."""
-  methods, seeds = tuple(methods), tuple(seeds)
+  <workdir>/compare_<key>/{table.md, summary.json, curves.png} and returns the summary. Every run is checked
+  (`check`) before any work: an unknown method, a bad seed or a run that cannot fit writes nothing."""
+  methods, seeds = tuple(methods), tuple(check_seeds(seeds, "compare: seeds"))
   if not methods or not seeds:
     raise ConfigError(f"compare: need at least one method and one seed, got methods={methods} seeds={seeds}")
   for m in methods:
-    dataclasses.replace(cfg, advantage=m)  # an unknown name fails here, listing the known ones, before any work
+    for seed in seeds:  # an unknown name fails here, listing the known ones
+      check(lm, dataclasses.replace(cfg, advantage=m, seed=seed), pcfg, ecfg, where=where)
   job = CompareJob(lm, cfg, pcfg, ecfg, methods, seeds, workdir, progress or no_progress)
   return GraphRun(COMPARE_GRAPH, job)["comparison"]

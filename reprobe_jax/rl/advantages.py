@@ -17,6 +17,7 @@ from typing import Callable
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from reprobe_jax.fields import Real, check_fields
@@ -75,11 +76,24 @@ def get_estimator(name: str) -> Estimator:
   return ESTIMATORS.get(name)
 
 
-@functools.partial(jax.jit, static_argnames=("name", "cfg"))
 def compute_advantages(
   name: str, inp: AdvantageInputs, cfg: AdvantageConfig = AdvantageConfig()
 ) -> Float[Array, "b t"]:
-  """[B, T] float32 token-level advantages of the estimator `name` (compiled once per name, config and shapes)."""
+  """[B, T] float32 token-level advantages of the estimator `name` (compiled once per name, config and shapes).
+
+  The inputs are checked first (ConfigError naming the field and the row): their shapes against each other, a finite
+  reward on every real row, and, for an estimator that reads step potentials, a finite Phi in [-1, 1] on every probed
+  step of a real row and token steps in [-1, K) on its response tokens. Values are checked where they are concrete
+  (not under an outer jit); padding rows (row_mask False) are never read, whatever they hold."""
+  estimator = get_estimator(name)
+  _check(inp)
+  if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(inp)):
+    _check_values(inp, estimator.needs_potentials)
+  return _compute(name, inp, cfg)
+
+
+@functools.partial(jax.jit, static_argnames=("name", "cfg"))
+def _compute(name: str, inp: AdvantageInputs, cfg: AdvantageConfig) -> Float[Array, "b t"]:
   return get_estimator(name).fn(inp, cfg)
 
 
@@ -88,6 +102,12 @@ def compute_advantages(
 
 def _check(inp: AdvantageInputs) -> tuple[int, int]:
   """(B, T) after checking the shapes against each other (at trace time: shapes are static)."""
+  if not isinstance(inp, AdvantageInputs):
+    raise ConfigError(f"compute_advantages: expected AdvantageInputs, got {type(inp).__name__}")
+  if getattr(inp.response_mask, "ndim", None) != 2:
+    raise ConfigError(
+      f"AdvantageInputs.response_mask: expected shape [B, T], got {getattr(inp.response_mask, 'shape', None)}"
+    )
   b, t = inp.response_mask.shape
   g = inp.group_size
   if not isinstance(g, int) or g < 1 or b % g:
@@ -106,6 +126,39 @@ def _check(inp: AdvantageInputs) -> tuple[int, int]:
   return b, t
 
 
+def _check_values(inp: AdvantageInputs, potentials: bool) -> None:
+  """ConfigError naming the first value a statistic would read that is not a number it can use (host-side)."""
+  rows = np.asarray(inp.row_mask).astype(bool)  # [B]
+  rewards = np.asarray(inp.rewards)
+  bad = np.flatnonzero(rows & ~np.isfinite(rewards))
+  if bad.size:
+    i = int(bad[0])
+    raise ConfigError(
+      f"AdvantageInputs.rewards[{i}] (row {i}, group {i // inp.group_size}) is {rewards[i]}: every real row needs "
+      "a finite reward (one NaN would make its group's, or the batch's, advantages NaN)"
+    )
+  if not potentials or inp.phi.shape[1] == 0:
+    return
+  phi = np.asarray(inp.phi, np.float32)
+  valid = np.asarray(inp.step_valid).astype(bool) & rows[:, None]  # [B, K]
+  bad = np.argwhere(valid & ~(np.abs(phi) <= 1.0 + 1e-5))  # NaN fails too (1e-5: float32 rounding of Phi)
+  if bad.size:
+    i, k = map(int, bad[0])
+    raise ConfigError(
+      f"AdvantageInputs.phi[{i}, {k}] (row {i}, step {k}) is {phi[i, k]} on a probed step (step_valid True): "
+      "expected a finite Phi in [-1, 1] (docs/method.md §B1), or step_valid False where the step was not probed"
+    )
+  steps = np.asarray(inp.token_step)
+  tokens = np.asarray(inp.response_mask).astype(bool) & rows[:, None]  # [B, T]
+  bad = np.argwhere(tokens & ((steps < -1) | (steps >= phi.shape[1])))
+  if bad.size:
+    i, j = map(int, bad[0])
+    raise ConfigError(
+      f"AdvantageInputs.token_step[{i}, {j}] (row {i}, token {j}) is {steps[i, j]}: expected a step in "
+      f"[-1, {phi.shape[1]}) (-1: the row has no boundary)"
+    )
+
+
 def _token_mask(inp: AdvantageInputs) -> jax.Array:
   """[B, T] bool: the response tokens of real rows, the only tokens that get (and shape) an advantage."""
   return inp.response_mask.astype(bool) & inp.row_mask.astype(bool)[:, None]
@@ -116,7 +169,7 @@ def _group_stats(rewards, row_mask, g: int):
 
   The std divides by n - 1 (torch.std, as verl's GRPO does); a group with one real row has std 0."""
   w = row_mask.astype(jnp.float32).reshape(-1, g)  # [B / G, G]
-  r = rewards.astype(jnp.float32).reshape(-1, g)
+  r = jnp.where(w > 0, rewards.astype(jnp.float32).reshape(-1, g), 0.0)  # a padding row's value is never read
   n = jnp.sum(w, axis=1, keepdims=True)  # [B / G, 1]
   mean = jnp.sum(r * w, axis=1, keepdims=True) / jnp.maximum(n, 1.0)
   var = jnp.sum(w * (r - mean) ** 2, axis=1, keepdims=True) / jnp.maximum(n - 1.0, 1.0)

@@ -10,11 +10,8 @@ parameters as an argument, so new parameters compile nothing). Host code only or
 Trainer's step for step i, a function of (params, opt_state, i) and the config alone, so a killed run resumes to the
 same parameters and metrics as an uninterrupted one.
 
-A method is an estimator plus the loss and sampling it is trained with (`METHODS`): GRPO (group z-score,
-sequence-mean token-mean loss, symmetric clip 0.2, no dynamic sampling), DAPO (group z-score, token-mean, clip
-0.2 / 0.28, dynamic sampling), RF-B (group mean baseline, batch whitening; DAPO's loss and sampling) and SPAE
-(docs/method.md §B2; DAPO's loss and sampling, groups dropped before probing). Any of them can be overridden in
-RLConfig.
+A method is an estimator plus the loss and sampling it is trained with (`config.METHODS`, overridable in
+`RLConfig`). `check_run` checks everything a run needs before any work (train_rl and the RL job call it first).
 """
 
 from __future__ import annotations
@@ -28,145 +25,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.fields import SEED, Int, OneOf, Real, Seq, check_fields, field_name
-from reprobe_jax.errors import ConfigError
+from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features.extraction import model_fingerprint
+from reprobe_jax.fields import check_seed, field_name
 from reprobe_jax.models import make_mesh
-from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
+from reprobe_jax.rl.config import RLConfig
 from reprobe_jax.rl.rollout import PromptSet, collect, policy_batch, potentials, rollout_fn, step_batch
 from reprobe_jax.spae.potential import ProbeConfig
 from reprobe_jax.spae.prober import Prober
 from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
-from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, make_problems
+from reprobe_jax.tasks import make_problems
 from reprobe_jax.tasks.splits import SPLIT_SEEDS
-from reprobe_jax.train.optimizer import OptimizerConfig, make_optimizer
+from reprobe_jax.train.optimizer import make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 from reprobe_jax.trajectories import prompt_text
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-  """The loss and sampling an estimator is trained with (the defaults RLConfig's None fields take)."""
-
-  aggregation: str
-  clip_high: float
-  dynamic_sampling: bool
-
-
-_DAPO = Method(aggregation="token-mean", clip_high=0.28, dynamic_sampling=True)
-METHODS = {
-  "grpo": Method(aggregation="seq-mean-token-mean", clip_high=0.2, dynamic_sampling=False),
-  "dapo": _DAPO,
-  "rf_b": _DAPO,
-  "spae": _DAPO,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class RLConfig:
-  """advantage: an estimator's name (`advantages.ESTIMATORS`). Per step: `prompts_per_step` groups of
-  `group_size` samples are trained on; rollout rounds draw `prompts_per_round` prompts each, at most
-  1 + max_refill_rounds rounds when dynamic sampling refills the batch. mini_batches: optimizer updates per
-  rollout batch (clipping acts from the second); micro_batches: gradient accumulation within each. None fields
-  take the method's default (`METHODS`). Train prompts: `train_problems` problems per difficulty of each train
-  domain from the RL train split (disjoint from the target's own data and from val / test)."""
-
-  advantage: str = "spae"
-  steps: int = 20
-  prompts_per_step: int = 8
-  group_size: int = 8
-  prompts_per_round: int = 8
-  max_refill_rounds: int = 2
-  dynamic_sampling: bool | None = None
-  max_new_tokens: int = 192
-  sampling: SamplingParams = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)  # of the rollouts: top_k stays 0
-  optimizer: OptimizerConfig = OptimizerConfig(
-    learning_rate=5e-4, schedule="constant", warmup_steps=0, weight_decay=0.0, grad_clip=1.0
-  )
-  mini_batches: int = 2
-  micro_batches: int = 1
-  clip_low: float = 0.2
-  clip_high: float | None = None
-  aggregation: str | None = None
-  kl_coef: float = 0.0
-  alpha: float = 0.5
-  xi: float = 0.5
-  train_domains: tuple[str, ...] = ("arithmetic",)
-  train_difficulties: tuple[int, ...] = (1, 2, 3)
-  train_problems: int = 200
-  few_shot: int = 0
-  seed: int = 0
-  log_every: int = 1
-  checkpoint_every: int = 10
-
-  def __post_init__(self):
-    adv_lib.get_estimator(self.advantage)  # an unknown name lists the known ones
-    check_fields(
-      self,
-      {
-        "steps": Int(1),
-        "prompts_per_step": Int(1),
-        "group_size": Int(2),
-        "prompts_per_round": Int(1),
-        "max_refill_rounds": Int(0),
-        "max_new_tokens": Int(1),
-        "mini_batches": Int(1),
-        "micro_batches": Int(1),
-        "clip_low": Real(0.0, 1.0),
-        "kl_coef": Real(0.0),
-        "alpha": Real(0.0, 1.0),
-        "xi": Real(0.0),
-        "train_domains": Seq(OneOf(DOMAINS)),
-        "train_difficulties": Seq(OneOf(DIFFICULTIES)),
-        "train_problems": Int(1),
-        "few_shot": Int(0),
-        "seed": SEED,
-        "log_every": Int(1),
-        "checkpoint_every": Int(1),
-      },
-    )
-    check_fields(self.sampling, {"temperature": Real(0.0, low_open=True)}, field_name(self, "sampling"))
-    if self.sampling.top_k != 0:
-      raise ConfigError(
-        f"{field_name(self, 'sampling')}.top_k: expected 0 (off), got {self.sampling.top_k!r}: the "
-        "RL rollouts never filter by top-k (temperature and top_p are theirs to set)"
-      )
-    if self.clip_high is not None and not 0.0 <= self.clip_high:
-      raise ConfigError(f"{field_name(self, 'clip_high')} must be >= 0, got {self.clip_high}")
-    if self.aggregation is not None and self.aggregation not in loss_lib.AGGREGATIONS:
-      raise ConfigError(
-        f"{field_name(self, 'aggregation')} must be one of {loss_lib.AGGREGATIONS}, got {self.aggregation!r}"
-      )
-    if not self.train_domains or not self.train_difficulties:
-      raise ConfigError(f"{field_name(self, 'train_domains')} and train_difficulties must not be empty")
-    rows = self.prompts_per_step * self.group_size
-    if rows % self.mini_batches or (rows // self.mini_batches) % self.micro_batches:
-      raise ConfigError(
-        f"{field_name(self, 'mini_batches')}={self.mini_batches} and micro_batches="
-        f"{self.micro_batches} must divide the {rows} rows of a step (prompts_per_step x "
-        "group_size), micro-batches within each mini-batch"
-      )
-
-  @property
-  def method(self) -> Method:
-    base = METHODS.get(self.advantage, _DAPO)
-    return Method(
-      aggregation=self.aggregation or base.aggregation,
-      clip_high=base.clip_high if self.clip_high is None else self.clip_high,
-      dynamic_sampling=base.dynamic_sampling if self.dynamic_sampling is None else self.dynamic_sampling,
-    )
-
-  @property
-  def rounds(self) -> int:
-    return 1 + (self.max_refill_rounds if self.method.dynamic_sampling else 0)
-
-  def loss_config(self) -> loss_lib.LossConfig:
-    m = self.method
-    return loss_lib.LossConfig(
-      clip_low=self.clip_low, clip_high=m.clip_high, aggregation=m.aggregation, kl_coef=self.kl_coef
-    )
 
 
 def train_prompts(lm, cfg: RLConfig) -> PromptSet:
@@ -370,6 +244,58 @@ def default_mesh():
   return make_mesh(data=jax.device_count()) if jax.device_count() > 1 else None
 
 
+def check_run(lm, cfg: RLConfig, pcfg: ProbeConfig, *, mesh=None, reward=None, where: str = "") -> PromptSet:
+  """Everything a run of `cfg` needs, checked before any work; returns its prompt set. ConfigError naming the field
+  (`<where>.<field>`, where defaults to RLConfig): the configs' types and seed, the reward, the mesh split, the
+  tokenizer, a prompt set that fills every round, and room in the context for the longest prompt + max_new_tokens
+  (+ the probe's suffix and answer when the estimator reads step potentials)."""
+  if not isinstance(cfg, RLConfig) or not isinstance(pcfg, ProbeConfig):
+    raise ConfigError(f"RL: expected an RLConfig and a ProbeConfig, got {type(cfg).__name__}, {type(pcfg).__name__}")
+  name = lambda f: f"{where}.{f}" if where else field_name(cfg, f)  # noqa: E731
+  check_seed(cfg.seed, name("seed"))
+  if reward is not None and not callable(reward):
+    raise ConfigError(f"train_rl: reward must be a function (problem, response text) -> number, got {reward!r}")
+  if mesh is not None:
+    per = cfg.prompts_per_step * cfg.group_size // (cfg.mini_batches * cfg.micro_batches)
+    if per % mesh.shape["data"]:
+      raise ConfigError(
+        f"{name('micro_batches')}: a micro-batch of {per} rows (prompts_per_step x group_size / (mini_batches x "
+        f"micro_batches)) does not split over the mesh's {mesh.shape['data']} 'data' devices"
+      )
+  if lm.tokenizer is None:
+    raise ConfigError("train_rl needs the model's tokenizer (prompts, answer checks, boundaries)")
+  prompts = train_prompts(lm, cfg)
+  try:
+    prompts.plan(cfg.seed, 0, cfg.prompts_per_round, cfg.rounds)  # a set too small to refill every round
+  except ConfigError as e:
+    raise ConfigError(f"{name('train_problems')}={cfg.train_problems}: {e}") from None
+  longest = max(range(len(prompts)), key=lambda i: len(prompts.prompt_ids[i]))
+  room = lm.config.max_position_embeddings
+  if len(prompts.prompt_ids[longest]) + cfg.max_new_tokens > room:
+    raise ConfigError(
+      f"{name('max_new_tokens')}={cfg.max_new_tokens}: RL prompts of up to {len(prompts.prompt_ids[longest])} tokens "
+      f"+ {cfg.max_new_tokens} new tokens exceed the model's max_position_embeddings={room}"
+    )
+  if adv_lib.get_estimator(cfg.advantage).needs_potentials:
+    check_probe_room(
+      Prober(lm, pcfg),
+      prompts.prompt_ids,
+      [p.answer for p in prompts.problems],
+      cfg.max_new_tokens,
+      name("max_new_tokens"),
+    )
+  return prompts
+
+
+def check_probe_room(prober: Prober, prompt_ids, answers, max_new_tokens: int, field: str) -> None:
+  """ConfigError naming `field` unless every prompt + max_new_tokens leaves the probe its suffix and answer."""
+  for p, a in zip(prompt_ids, prober.answer_ids(answers)):
+    try:
+      prober.check_room(len(p) + max_new_tokens, len(a))
+    except CacheFullError as e:
+      raise ConfigError(f"{field}={max_new_tokens}: {e}") from None
+
+
 def train_rl(
   lm,
   cfg: RLConfig,
@@ -381,26 +307,11 @@ def train_rl(
   on_step: Callable[[int, dict], None] | None = None,
 ) -> RLResult:
   """Trains `lm`'s parameters with RL from `lm.params` (or resumes from `workdir`); `lm` itself is not changed.
-  mesh: the update's data-parallel mesh ('data' axis); None on one device, else `default_mesh()`'s over all."""
+  mesh: the update's data-parallel mesh ('data' axis); None on one device, else `default_mesh()`'s over all.
+  reward(problem, response text) -> a finite number (default: the task's answer check, 1.0 or 0.0)."""
   if mesh is None:
     mesh = default_mesh()
-  if mesh is not None:
-    per = cfg.prompts_per_step * cfg.group_size // (cfg.mini_batches * cfg.micro_batches)
-    if per % mesh.shape["data"]:
-      raise ConfigError(
-        f"a micro-batch of {per} rows (prompts_per_step x group_size / (mini_batches x "
-        f"micro_batches)) does not split over the mesh's {mesh.shape['data']} 'data' devices"
-      )
-  if lm.tokenizer is None:
-    raise ConfigError("train_rl needs the model's tokenizer (prompts, answer checks, boundaries)")
-  prompts = train_prompts(lm, cfg)
-  prompts.plan(cfg.seed, 0, cfg.prompts_per_round, cfg.rounds)  # a set too small to refill fails here, before work
-  longest = max(map(len, prompts.prompt_ids))
-  if longest + cfg.max_new_tokens > lm.config.max_position_embeddings:
-    raise ConfigError(
-      f"RL prompts of up to {longest} tokens + max_new_tokens={cfg.max_new_tokens} exceed "
-      f"max_position_embeddings={lm.config.max_position_embeddings}"
-    )
+  prompts = check_run(lm, cfg, pcfg, mesh=mesh, reward=reward)
   tx, lr = make_optimizer(cfg.optimizer, cfg.steps * cfg.mini_batches)  # one optimizer update per mini-batch
   start = jax.tree.map(jnp.array, lm.params)  # a copy: the update donates its input buffers
   step = RLStep(lm, cfg, pcfg, prompts, tx, mesh=mesh, reward=reward, ref_params=lm.params if cfg.kl_coef > 0 else None)

@@ -14,6 +14,7 @@ uninterrupted one: the prompts of step i come from a permutation seeded by (seed
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import zlib
 from typing import Callable, Sequence
 
@@ -22,6 +23,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.fields import Int, check_seed
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.sampling import SamplingParams, bucket
 from reprobe_jax.rl.types import AdvantageInputs, PolicyBatch
@@ -30,6 +32,7 @@ from reprobe_jax.spae.prober import Prober
 from reprobe_jax.tasks.base import Problem
 from reprobe_jax.tasks.formats import check_response
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # rewards are float32 on device: a larger one would become inf
 STEP_BUCKET = 8  # boundaries per row are padded to a multiple of this (few shapes to compile)
 
 
@@ -50,6 +53,9 @@ class PromptSet:
   def plan(self, seed: int, step: int, per_round: int, rounds: int) -> list[np.ndarray]:
     """The prompt indices of each of step `step`'s rounds: consecutive blocks of one permutation seeded by
     (seed, step), so no prompt repeats within a step. ConfigError when the set cannot fill `rounds` rounds."""
+    check_seed(seed, "PromptSet.plan: seed")
+    if not Int(0).ok(step):
+      raise ConfigError(f"PromptSet.plan: step: expected {Int(0)}, got {step!r}")
     need = per_round * rounds
     if need > len(self):
       raise ConfigError(
@@ -109,6 +115,29 @@ class CollectStats:
 RolloutFn = Callable[[np.ndarray, int], list[Group]]  # (prompt indices, round) -> one group per prompt
 
 
+def reward_of(
+  check: Callable[[Problem, str], float], name: str, prompts: PromptSet, i: int, s: int, text: str
+) -> float:
+  """check(problem i, response text) as a float, refused where it enters (before any update): ConfigError naming
+  the reward function, the problem and the response, unless it is a finite real number (a Python or NumPy int or
+  float; not a bool, an array, a string or None) that float32 holds. An exception inside it is named the same way."""
+  where = f"the reward function {name} on problem {i} ({prompts.problems[i].id!r}), response {s}"
+  try:
+    value = check(prompts.problems[i], text)
+  except Exception as e:
+    raise ConfigError(f"{where} raised {type(e).__name__}: {e}") from e
+  ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+  if ok:
+    try:
+      ok = abs(float(value)) <= FLOAT32_MAX  # False for NaN and inf
+    except OverflowError:  # an int past float's range
+      ok = False
+  if not ok:
+    shown = repr(value) if len(repr(value)) <= 200 else repr(value)[:200] + "..."
+    raise ConfigError(f"{where} returned {shown}: expected a finite number (an int or a float within float32)")
+  return float(value)
+
+
 def rollout_fn(
   lm,
   prompts: PromptSet,
@@ -124,7 +153,13 @@ def rollout_fn(
   now (the jitted decode takes the parameters as an argument: new parameters compile nothing). Rows read their
   prompt's prefill as a shared prefix; row (problem, sample) of round r draws from a key of (seed, step, r, the
   problem's id, sample). reward(problem, response text) -> R; default: the task family's answer check."""
-  check = reward or (lambda p, text: float(check_response(p, text, "thinking").correct))
+  check_seed(seed, "rollout_fn: seed")
+  if reward is None:
+    check, name = (lambda p, text: float(check_response(p, text, "thinking").correct)), "(the task's answer check)"
+  elif callable(reward):
+    check, name = reward, getattr(reward, "__qualname__", None) or repr(reward)
+  else:
+    raise ConfigError(f"rollout_fn: reward must be a function (problem, response text) -> number, got {reward!r}")
   smp = lm.sampler(sampling, capture=CaptureSpec())
   eos = lm.tokenizer.eos_token_id
 
@@ -147,7 +182,7 @@ def rollout_fn(
             sample=s,
             response_ids=tuple(row.tokens),
             ended=ended,
-            reward=float(check(prompts.problems[i], lm.tokenizer.decode(body))),
+            reward=reward_of(check, name, prompts, int(i), s, lm.tokenizer.decode(body)),
           )
         )
       groups.append(Group(prompt=int(i), trajectories=tuple(trajs)))

@@ -12,7 +12,6 @@ improvement. Library code stays quiet: progress goes to an `on_step` callback (t
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import json
@@ -27,7 +26,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.fields import SEED, check_fields
 from reprobe_jax.models.sharding import as_global, as_local
+from reprobe_jax.train import checksum
 from reprobe_jax.train.tblog import ScalarWriter
 
 LossFn = Callable[..., Any]  # (params, batch, rng, frozen) -> loss, or (loss, {name: scalar}) with has_aux
@@ -54,6 +55,7 @@ class TrainerConfig:
   keep_latest: int = 1
 
   def __post_init__(self):
+    check_fields(self, {"seed": SEED})
     for name in ("steps", "log_every", "checkpoint_every", "keep_latest"):
       if getattr(self, name) < 1:
         raise ConfigError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -106,12 +108,14 @@ class Trainer:
   """The shell around one train step: `fit(params, batches)` trains from scratch or resumes from `workdir`.
 
   Writes `workdir/train_state` (orbax steps: {'state': params and optimiser state, 'meta': JSON of per-step
-  metrics, evaluations and the best step, and what the checkpoint depends on: the TrainerConfig, the caller's
-  `signature` (e.g. the model's shape and optimiser settings) and the shape and dtype of every state leaf}) and
+  metrics, evaluations and the best step, what the checkpoint depends on: the TrainerConfig, the caller's
+  `signature` (e.g. the model's shape and optimiser settings) and the shape and dtype of every state leaf, and the
+  `checksum` of the state's bytes and of this meta (`train.checksum`), written with each save}) and
   `workdir/tb` (train/<metric> means every `log_every` steps, train/learning_rate, and at each evaluation
   train/mean_loss since the last one and val/<metric>). A resume refuses, with a CheckpointError naming the
-  folder, a checkpoint made with another config or state shapes, and one orbax cannot read (truncated, deleted
-  or garbled files).
+  folder, a checkpoint made with another config or state shapes, one orbax cannot read (truncated, deleted
+  or garbled files), one whose state or meta does not match its checksum (changed in place), and one without a
+  checksum (written before checkpoints carried one: its data cannot be checked).
   """
 
   def __init__(
@@ -204,6 +208,13 @@ class Trainer:
     ]
     if bad or meta["step"] != step:
       raise self._unreadable(step, ValueError(f"training state without a valid {bad[0] if bad else 'step'!r}"))
+    if not checksum.well_formed(meta.get(checksum.KEY)):
+      raise CheckpointError(
+        f"{self._step_dir(step)}: the checkpoint has no valid checksum (written before checkpoints carried one, or "
+        f"its meta was edited), so its data cannot be checked; delete {self.workdir} to train anew"
+      )
+    if meta[checksum.KEY]["meta"] != checksum.meta_digest(meta):
+      raise self._changed(step, "its meta (metrics, evaluations, best step, config)")
     for key, now in (("config", self.signature), ("tree", tree)):
       if key in meta and meta[key] != now:  # (a checkpoint from before these were stored has nothing to compare)
         diff = _first_difference(meta[key], now)
@@ -214,12 +225,24 @@ class Trainer:
         )
     return meta
 
-  def _restore_state(self, mngr, step: int, abstract) -> dict:
+  def _changed(self, step: int, what: str) -> CheckpointError:
+    return CheckpointError(
+      f"{self._step_dir(step)}: {what} does not match the checksum written with it (changed or damaged after the "
+      f"save); delete that step folder to resume from an earlier one, or {self.workdir} to train anew"
+    )
+
+  def _restore_state(self, mngr, step: int, abstract, meta: dict) -> dict:
+    """The state saved at `step` (whose checked meta is `meta`), its bytes compared with the stored checksum."""
     try:
       state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(as_global(abstract))))
-      return as_local(state["state"], abstract)
+      state = as_local(state["state"], abstract)
     except Exception as e:  # orbax raises whatever its readers raise on damaged files or other shapes
       raise self._unreadable(step, e) from None
+    stored, now = meta[checksum.KEY]["state"], checksum.state_digests(state)
+    if not checksum.same_state(stored, now):
+      counts = f" (saved by {len(stored)} processes, restored by {len(now)})" if len(stored) != len(now) else ""
+      raise self._changed(step, f"the saved state (parameters and optimizer state){counts}")
+    return state
 
   def _improves(self, score: float, best: float | None) -> bool:
     if not np.isfinite(score):
@@ -253,7 +276,7 @@ class Trainer:
       latest = mngr.latest_step()
       if latest is not None:
         meta = self._restore_meta(mngr, latest, tree)
-        state = self._restore_state(mngr, latest, abstract)
+        state = self._restore_state(mngr, latest, abstract, meta)
         params, opt_state = state["params"], state["opt_state"]
         meta["config"], meta["tree"] = self.signature, tree
         self._check_best(mngr, meta)
@@ -299,10 +322,11 @@ class Trainer:
       best_params = None
       if meta["best_step"] is not None:
         self._check_best(mngr, meta)
+        best = meta["best_step"]
         best_params = (
           params
-          if meta["best_step"] == meta["step"]
-          else self._restore_state(mngr, meta["best_step"], abstract)["params"]
+          if best == meta["step"]
+          else self._restore_state(mngr, best, abstract, self._restore_meta(mngr, best, tree))["params"]
         )
       return TrainResult(
         params=params,
@@ -346,13 +370,15 @@ class Trainer:
     if entry is not None:  # what orbax ranks by (see _manager); JSON has no NaN, so a non-finite score is None
       score = entry[f"val_{self.cfg.best_metric}"]
       ckpt_metrics = {self.cfg.best_metric: score if np.isfinite(score) else None, "improved": entry["improved"]}
-    # The save may finish in the background while `meta` grows: it gets a copy.
+    # The save may finish in the background while `meta` grows: it gets a copy (made through JSON, as restored).
     # On a multi-process job orbax saves only arrays of the whole job: process-local state is lent a replicated
     # global copy for the save (and restored through one).
-    state = as_global({"params": params, "opt_state": opt_state})
+    state = {"params": params, "opt_state": opt_state}
+    saved = json.loads(json.dumps({k: v for k, v in meta.items() if k != checksum.KEY}))  # as restored
+    saved[checksum.KEY] = checksum.stamp(saved, state)  # before the save: the next step donates these buffers
     mngr.save(
       step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(copy.deepcopy(meta))),
+      args=ocp.args.Composite(state=ocp.args.StandardSave(as_global(state)), meta=ocp.args.JsonSave(saved)),
       metrics=ckpt_metrics,
     )
 
