@@ -200,10 +200,10 @@ def decoded(job: SPAEJob) -> Outcomes:
 
       def make(name=name, mode=mode, problems=problems, step=step):
         rows = decode_domain(lm, job.prober, cfg, problems, mode == "truncated", progress=step)
-        write_jsonl(run.path(name), [_row_json(r) for r in rows])
+        write_jsonl(run.path(name), [_row_json(r) for r in rows], seal=True)
 
       run.stage(f"{domain}_{mode}_s", [name], make)
-      rows = [_row_from(o, job.pcfg.eps_sat) for _, o in read_jsonl(run.path(name), name)]
+      rows = [_row_from(o, job.pcfg.eps_sat) for _, o in read_jsonl(run.path(name), name, sealed=True)]
       out[domain][mode] = [
         spae_metrics.outcome_from(problems[r.prompt_index], r.response_ids, lm.tokenizer, r.potentials) for r in rows
       ]
