@@ -46,7 +46,7 @@ class ThinkingRow:
 
 def trajectory_seed(prompt_seed: int, sample: int, samples: int) -> int:
   """The probe's per-trajectory seed of sample s of a prompt (unique per (prompt seed, sample), in [0, 2**32))."""
-  return (int(prompt_seed) * samples + sample) % (2**32)
+  return (check_seed(prompt_seed, "trajectory_seed: prompt_seed") * samples + sample) % (2**32)
 
 
 def decode_thinking(

@@ -25,6 +25,7 @@ from reprobe_jax.features import FeatureSpec
 from reprobe_jax.io import write_jsonl, write_seal
 from reprobe_jax.jobs import rl as rl_job
 from reprobe_jax.jobs import spae as job
+from reprobe_jax.jobs import spae_report
 from reprobe_jax.jobs import target_config
 from reprobe_jax.jobs.bands import check_seeds as check_config_seeds
 from reprobe_jax.jobs.cli import job_section, reprobe_setup
@@ -33,7 +34,7 @@ from reprobe_jax.probe import ProbeBundle, load_probe, save_probe
 from reprobe_jax.probe import ProbeConfig as ProbeModelConfig
 from reprobe_jax.probe.train import new_probe
 from reprobe_jax.rl.advantages import AdvantageConfig
-from reprobe_jax.spae.decode import decode_thinking
+from reprobe_jax.spae.decode import decode_thinking, trajectory_seed
 from reprobe_jax.spae.potential import ProbeConfig, StepPotentials, saturated, step_potential
 from reprobe_jax.spae.prober import Prober, cut_keys
 from reprobe_jax.tasks import make_problems
@@ -78,6 +79,9 @@ def test_every_seed_argument_of_spae_has_the_one_check(probing):
     decode_thinking(lm, prober, prompts, answers, [0, 1], seed=1.5, **kw)
   with pytest.raises(ConfigError, match=r"^decode_thinking: prompt_seeds: expected a sequence of seeds"):
     decode_thinking(lm, prober, prompts, answers, 7, **kw)
+  with pytest.raises(ConfigError, match=r"^trajectory_seed: prompt_seed: expected a seed.*got 1\.5$"):
+    trajectory_seed(1.5, 0, 2)  # was truncated to 1
+  assert trajectory_seed(2**32 - 1, 1, 2) == (2 * (2**32 - 1) + 1) % 2**32
   with pytest.raises(ConfigError, match=r"^cut_keys: trajectory_seeds\[0\]: expected a seed"):
     cut_keys(0, [-1], np.zeros((1, 1), np.int32))
   with pytest.raises(ConfigError, match=r"^cut_keys: seed: expected a seed"):
@@ -320,6 +324,15 @@ def test_the_job_refuses_a_damaged_rows_file_and_a_changed_boundary(synthetic_lm
   write_jsonl(path, rows, seal=True)
   with pytest.raises(DataFormatError, match=rf"^{re.escape(path)}:1: trajectory of .* the potentials have"):
     job.evaluate(synthetic_lm, cfg, pcfg, copy)
+
+
+def test_the_seeds_report_needs_every_seeds_groups():
+  one = {"groups": {"in_domain": {"plain": {k: 0.5 for k, *_ in spae_report.COLUMNS}}}}
+  assert "0.5 +- 0.0" in spae_report.seeds_markdown([one, one])
+  with pytest.raises(ConfigError, match=r"^seeds_markdown: no seed's metrics"):
+    spae_report.seeds_markdown([])
+  with pytest.raises(ConfigError, match=r"^seeds_markdown: seed 1's metrics have no in_domain plain decoding"):
+    spae_report.seeds_markdown([one, {"groups": {}}])
 
 
 def test_a_job_that_cannot_fit_creates_nothing(synthetic_lm, tmp_path):
