@@ -11,7 +11,6 @@ with each step scorer at equal budgets; configs/tts_synthetic.py), tts_seeds (th
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from absl import app
@@ -27,6 +26,7 @@ from reprobe_jax.jobs.bands import band_key, beside_bands, check_seeds
 from reprobe_jax.jobs.cli import (
   ProgressBars,
   build_target,
+  job_section,
   parse_flags,
   reprobe_setup,
   run_job,
@@ -141,8 +141,7 @@ def run_tts_seeds(config) -> None:
 
 
 def _spae_once(config) -> dict:
-  jcfg = spae.job_config_from_dict(config.get("spae", {}))
-  jcfg = dataclasses.replace(jcfg, seed=config.get("seed", jcfg.seed))
+  jcfg = job_section(config, "spae", spae.job_config_from_dict)  # the top-level config.seed, named so
   pcfg = spae.probe_config_from_dict(config.get("probe", {}))
   lm = build_target(config)  # every field above is checked before the target is built
   with ProgressBars() as bars:

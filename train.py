@@ -10,10 +10,17 @@ from __future__ import annotations
 from absl import app
 from ml_collections import config_flags
 
-from reprobe_jax.fields import plain
 from reprobe_jax.jobs import reprobe, rl, target, target_config
 from reprobe_jax.jobs.bands import check_seeds
-from reprobe_jax.jobs.cli import ProgressBars, build_target, parse_flags, reprobe_setup, run_job, workdir_of
+from reprobe_jax.jobs.cli import (
+  ProgressBars,
+  build_target,
+  job_section,
+  parse_flags,
+  reprobe_setup,
+  run_job,
+  workdir_of,
+)
 from reprobe_jax.jobs.reprobe_config import prm_config_from_dict, prm_folder
 from reprobe_jax.jobs.spae import job_config_from_dict, probe_config_from_dict
 from reprobe_jax.prm.train import history as prm_history
@@ -54,7 +61,7 @@ def run_reprobe(config) -> None:
 
 def _rl_setup(config):
   """(start policy, RLConfig, ProbeConfig, eval SPAEJobConfig): every field checked before the target is built."""
-  rl_cfg = rl.rl_config_from_dict({**plain(config.get("rl", {})), "advantage": config.advantage, "seed": config.seed})
+  rl_cfg = job_section(config, "rl", rl.rl_config_from_dict, ("advantage", "seed"))
   pcfg = probe_config_from_dict(config.get("probe", {}))
   ecfg = job_config_from_dict(config.get("eval", {}))
   return build_target(config), rl_cfg, pcfg, ecfg

@@ -15,8 +15,8 @@ from configs import (
   tts_smollm2,
   tts_synthetic,
 )
-from reprobe_jax.fields import plain
 from reprobe_jax.jobs import spae as spae_job
+from reprobe_jax.jobs.cli import job_section
 from reprobe_jax.jobs.rl import rl_config_from_dict
 from reprobe_jax.jobs.reprobe_config import config_from_dict, prm_config_from_dict
 from reprobe_jax.jobs.target_config import config_from_dict as target_config
@@ -29,11 +29,11 @@ def _check(c):
     prm_config_from_dict(c.get("prm"))
   if c.job in ("tts", "tts_seeds"):
     check_prm(tts_config_from_dict(c.tts), prm_config_from_dict(c.get("prm")))
-  if c.job in ("spae", "spae_seeds"):
-    spae_job.job_config_from_dict(c.spae)
+  if c.job in ("spae", "spae_seeds"):  # as eval.py reads them
+    job_section(c, "spae", spae_job.job_config_from_dict)
     spae_job.probe_config_from_dict(c.probe)
   if c.job in ("rl", "rl_compare"):  # as train.py reads them
-    rl_config_from_dict({**plain(c.rl), "advantage": c.advantage, "seed": c.seed})
+    job_section(c, "rl", rl_config_from_dict, ("advantage", "seed"))
     spae_job.job_config_from_dict(c.eval)
     spae_job.probe_config_from_dict(c.probe)
   if not c.get("target_path"):

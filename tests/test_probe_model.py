@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.io import write_seal
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec
 from reprobe_jax.models.safetensors_io import SafetensorsFile, write_safetensors
 from reprobe_jax.probe import (
@@ -215,9 +216,14 @@ def _bundle(seed=0):
 def test_bundle_round_trip_is_exact(tmp_path):
   bundle, feats, mask, spans = _bundle()
   save_probe(bundle, str(tmp_path / "probe"))
-  assert sorted(os.listdir(tmp_path / "probe")) == ["config.json", "model.safetensors"]
+  assert sorted(os.listdir(tmp_path / "probe")) == [
+    "config.json",
+    "config.json.sha256",
+    "model.safetensors",
+    "model.safetensors.sha256",
+  ]
   meta = json.loads((tmp_path / "probe" / "config.json").read_text())
-  assert meta["format_version"] == 1 and meta["model_fingerprint"] == "abc123" and meta["probe"]["d_model"] == 32
+  assert meta["format_version"] == 2 and meta["model_fingerprint"] == "abc123" and meta["probe"]["d_model"] == 32
   back = load_probe(str(tmp_path / "probe"), model_fingerprint="abc123")
   assert back.config == bundle.config and back.features == bundle.features and back.model_fingerprint == "abc123"
   for (pa, a), (pb, b) in zip(nnx.to_flat_state(bundle.params), nnx.to_flat_state(back.params)):
@@ -245,8 +251,10 @@ def test_load_probe_names_the_file_and_field(tmp_path):
     shutil.copytree(good, d)
     if meta_change is not None:
       (d / "config.json").write_text(json.dumps(meta_change(json.loads(json.dumps(meta)))))
+      write_seal(str(d / "config.json"))  # sealed again, so the field checks behind the seal are reached
     if tensors_change is not None:
       write_safetensors(str(d / "model.safetensors"), tensors_change(dict(tensors)))
+      write_seal(str(d / "model.safetensors"))
     return str(d)
 
   def drop(m, *path):

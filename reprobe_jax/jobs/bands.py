@@ -12,22 +12,22 @@ from typing import Any, Mapping, Sequence
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.bands import BandFile, differing, flatten, grids, is_timing, outside, shared_keys
-from reprobe_jax.fields import plain
+from reprobe_jax.fields import SEED, plain
 from reprobe_jax.jobs.runs import run_key
 from reprobe_jax.jobs.target_config import config_from_dict, without_unused_interrupts
 
 
 def check_seeds(seeds) -> tuple[int, ...]:
-  """`config.seeds` as a tuple: at least two distinct non-negative integers (ConfigError naming it otherwise)."""
+  """`config.seeds` as a tuple: at least two distinct seeds (`fields.SEED`; ConfigError naming it otherwise)."""
   ok = (
     isinstance(seeds, (tuple, list))
     and len(seeds) >= 2
+    and all(SEED.ok(x) for x in seeds)
     and len(set(seeds)) == len(seeds)
-    and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)
   )
   if not ok:
-    raise ConfigError(f"config.seeds: expected two or more distinct non-negative integers, got {seeds!r}")
-  return tuple(seeds)
+    raise ConfigError(f"config.seeds: expected two or more distinct seeds, each {SEED}, got {seeds!r}")
+  return tuple(int(x) for x in seeds)
 
 
 # What changes per run, or names band files, not what the bands depend on.

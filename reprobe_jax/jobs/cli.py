@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Callable, NoReturn
+from typing import Any, Callable, Mapping, NoReturn, Sequence, TypeVar
 
 from absl import flags, logging
 from tqdm.auto import tqdm
 
 from reprobe_jax.errors import ConfigError, ReprobeError
+from reprobe_jax.fields import replace_fields
 from reprobe_jax.jobs import target, target_config
 from reprobe_jax.jobs.reprobe_config import ReprobeConfig, check_model, check_target, config_from_dict, run_folder
 from reprobe_jax.models import LanguageModel, load_pretrained, make_mesh
 from reprobe_jax.models.sharding import DistributedConfig, maybe_initialize_distributed
+
+T = TypeVar("T")
 
 _COORDINATOR = flags.DEFINE_string(
   "coordinator_address",
@@ -128,6 +131,21 @@ def workdir_of(config, where: str = "config") -> str:
   if not isinstance(workdir, str) or not workdir:
     raise ConfigError(f"{where}.workdir: expected a non-empty path, got {workdir!r}")
   return workdir
+
+
+def job_section(config, section: str, from_dict: Callable[[Any], T], lifted: Sequence[str] = ("seed",)) -> T:
+  """`from_dict(config.<section>)` with the job's top-level fields `lifted` (its `config.seed`, ...) put in.
+
+  A lifted value is checked first on its own, at the path the user wrote (`replace_fields` at the root
+  `config`), so `--config.seed=-1` is named `config.seed`, not `config.<section>.seed` nor the dataclass's field;
+  the section and the lifted values are then checked together (`from_dict` names `config.<section>.<field>`)."""
+  values = config.get(section, {})
+  values = values.to_dict() if hasattr(values, "to_dict") else values
+  if not isinstance(values, Mapping):
+    raise ConfigError(f"config.{section}: expected a mapping of fields, got {values!r}")
+  given = {name: config[name] for name in lifted if name in config}
+  replace_fields(from_dict({}), given, root="config")
+  return from_dict({**values, **given})
 
 
 def distributed_config() -> DistributedConfig:

@@ -15,18 +15,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import zlib
+from typing import Mapping, NoReturn
 
 import numpy as np
 
-from reprobe_jax.errors import ConfigError
+from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.features import model_fingerprint
 from reprobe_jax.fields import SEED, Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
 from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
-from reprobe_jax.io.readers import read_jsonl
+from reprobe_jax.io.readers import read_jsonl, shown
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
 from reprobe_jax.models import LanguageModel
+from reprobe_jax.models.decode_state import FINISH_NAMES
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.spae import metrics as spae_metrics
 from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
@@ -81,13 +83,18 @@ class SPAEJobConfig:
 
 def job_config_from_dict(d) -> SPAEJobConfig:
   """The CLI's `config.spae` section -> SPAEJobConfig, checked whole (ConfigError naming `config.spae.<field>`)."""
-  return replace_fields(SPAEJobConfig(), plain(d), root="config.spae")
+  return replace_fields(SPAEJobConfig(), _mapping(d), root="config.spae")
 
 
 def probe_config_from_dict(d) -> ProbeConfig:
   """The CLI's `config.probe` section -> the step potential's ProbeConfig (ConfigError naming
   `config.probe.<field>`)."""
-  return replace_fields(ProbeConfig(), plain(d), root="config.probe")
+  return replace_fields(ProbeConfig(), _mapping(d), root="config.probe")
+
+
+def _mapping(d):
+  """A ConfigDict or mapping as a plain dict; anything else as it is (`replace_fields` names it)."""
+  return plain(d) if isinstance(d, Mapping) or hasattr(d, "to_dict") else d
 
 
 def problems_of(cfg: SPAEJobConfig, domain: str) -> list[Problem]:
@@ -125,17 +132,90 @@ def _num(x) -> float | None:
   return None if not np.isfinite(x) else round(float(x), 6)
 
 
-def _row_from(obj: dict, eps_sat: float) -> ThinkingRow:
+ROW_FIELDS = ("prompt_index", "sample", "response_ids", "finish_reason", "truncated_at", "cuts", "acc", "conf")
+UNIT = Real(0.0, 1.0)  # Acc and Conf are means of probabilities (docs/method.md §B1), so Phi is in [-1, 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLimits:
+  """What a stored row of one domain and mode may hold: prompt indices below `problems`, samples below `samples`,
+  token ids below `vocab`, a truncation only when `truncated`."""
+
+  problems: int
+  samples: int
+  vocab: int
+  truncated: bool
+  eps_sat: float
+
+
+def _row_from(obj, limits: RowLimits, where: str) -> ThinkingRow:
+  """A stored row, every field checked (keys, types, ranges, indices against lengths); DataFormatError naming
+  `where` (file:line) and the field otherwise."""
+
+  def bad(field: str, expected, value) -> NoReturn:
+    raise DataFormatError(f"{where}: field {field!r}: expected {expected}, got {shown(value)}")
+
+  def need(field: str, rule, value):
+    if not rule.ok(value):
+      bad(field, rule, value)
+    return value
+
+  def items(field: str, value) -> list:
+    return value if isinstance(value, list) else bad(field, "a list", value)
+
+  if not isinstance(obj, dict):
+    raise DataFormatError(f"{where}: expected a row (a JSON object), got {shown(obj)}")
+  missing, unknown = [k for k in ROW_FIELDS if k not in obj], sorted(set(obj) - set(ROW_FIELDS))
+  if missing or unknown:
+    raise DataFormatError(f"{where}: a row has the fields {list(ROW_FIELDS)}; missing {missing}, unknown {unknown}")
+  ids = items("response_ids", obj["response_ids"])
+  token = Int(0, limits.vocab - 1)
+  if not all(type(t) is int for t in ids) or (ids and not 0 <= min(ids) <= max(ids) < limits.vocab):
+    j = next(j for j, t in enumerate(ids) if not token.ok(t))
+    bad(f"response_ids[{j}]", f"a token id, {token}", ids[j])
+  cuts = items("cuts", obj["cuts"])
+  for j, c in enumerate(cuts):  # each boundary's last token, in order, inside the response
+    need(f"cuts[{j}]", Int(cuts[j - 1] + 1 if j else 0, len(ids) - 1), c)
+  acc, conf = items("acc", obj["acc"]), items("conf", obj["conf"])
+  for field, values in (("acc", acc), ("conf", conf)):
+    if len(values) != len(cuts):
+      bad(field, f"one value per cut ({len(cuts)})", values)
+    for j, (v, other) in enumerate(zip(values, conf if field == "acc" else acc)):
+      if (v is None) != (other is None):  # a skipped boundary has neither
+        bad(f"{field}[{j}]", "null exactly where the other of acc and conf is null", v)
+      if v is not None:
+        need(f"{field}[{j}]", UNIT, v)
+  truncated_at = obj["truncated_at"]
+  if truncated_at is not None or not limits.truncated:
+    need("truncated_at", Int(0, len(cuts) - 1) if limits.truncated else OneOf((None,)), truncated_at)
   nan = lambda v: np.nan if v is None else v
-  pot = StepPotentials.of(obj["cuts"], [nan(v) for v in obj["acc"]], [nan(v) for v in obj["conf"]], eps_sat)
   return ThinkingRow(
-    prompt_index=obj["prompt_index"],
-    sample=obj["sample"],
-    response_ids=tuple(obj["response_ids"]),
-    finish_reason=obj["finish_reason"],
-    potentials=pot,
-    truncated_at=obj["truncated_at"],
+    prompt_index=need("prompt_index", Int(0, limits.problems - 1), obj["prompt_index"]),
+    sample=need("sample", Int(0, limits.samples - 1), obj["sample"]),
+    response_ids=tuple(ids),
+    finish_reason=need("finish_reason", OneOf(tuple(FINISH_NAMES.values())), obj["finish_reason"]),
+    potentials=StepPotentials.of(cuts, [nan(v) for v in acc], [nan(v) for v in conf], limits.eps_sat),
+    truncated_at=truncated_at,
   )
+
+
+def read_rows(path: str, limits: RowLimits) -> list[tuple[int, ThinkingRow]]:
+  """(line, row) of a stored rows file, checked against its seal and row by row (`_row_from`): one row per
+  (problem, sample), each once."""
+  out, seen = [], {}
+  for line, obj in read_jsonl(path, os.path.basename(path), sealed=True):
+    row = _row_from(obj, limits, f"{path}:{line}")
+    key = (row.prompt_index, row.sample)
+    if key in seen:
+      raise DataFormatError(f"{path}:{line}: problem {key[0]} sample {key[1]} again (first on line {seen[key]})")
+    seen[key] = line
+    out.append((line, row))
+  if len(out) != limits.problems * limits.samples:
+    raise DataFormatError(
+      f"{path}: {len(out)} rows, expected {limits.problems * limits.samples} ({limits.problems} problems x "
+      f"{limits.samples} samples)"
+    )
+  return out
 
 
 def decode_domain(lm, prober: Prober, cfg: SPAEJobConfig, problems, truncate: bool, progress=None) -> list[ThinkingRow]:
@@ -200,14 +280,23 @@ def decoded(job: SPAEJob) -> Outcomes:
 
       def make(name=name, mode=mode, problems=problems, step=step):
         rows = decode_domain(lm, job.prober, cfg, problems, mode == "truncated", progress=step)
-        write_jsonl(run.path(name), [_row_json(r) for r in rows])
+        write_jsonl(run.path(name), [_row_json(r) for r in rows], seal=True)
 
       run.stage(f"{domain}_{mode}_s", [name], make)
-      rows = [_row_from(o, job.pcfg.eps_sat) for _, o in read_jsonl(run.path(name), name)]
+      limits = RowLimits(len(problems), cfg.samples, lm.config.vocab_size, mode == "truncated", job.pcfg.eps_sat)
       out[domain][mode] = [
-        spae_metrics.outcome_from(problems[r.prompt_index], r.response_ids, lm.tokenizer, r.potentials) for r in rows
+        _outcome(problems, row, lm, f"{run.path(name)}:{line}") for line, row in read_rows(run.path(name), limits)
       ]
   return out
+
+
+def _outcome(problems, row: ThinkingRow, lm, where: str) -> ThinkingOutcome:
+  """A stored row scored against its problem's oracle; a row whose boundaries are not its response's is named by
+  file and line."""
+  try:
+    return spae_metrics.outcome_from(problems[row.prompt_index], row.response_ids, lm.tokenizer, row.potentials)
+  except DataFormatError as e:
+    raise DataFormatError(f"{where}: {e}") from None
 
 
 def report(job: SPAEJob, decoded: Outcomes) -> dict:
@@ -259,6 +348,11 @@ def evaluate(
   if "plain" not in modes or any(m not in MODES for m in modes):
     raise ConfigError(f"SPAE evaluation modes must be 'plain' and maybe more of {MODES}, got {modes!r}")
   prober = Prober(lm, pcfg)
+  for domain in cfg.domains:  # every trajectory and its probes fit the context, before the run folder exists
+    problems = problems_of(cfg, domain)
+    prompts = lm.encode([prompt_text(lm, p, "thinking", cfg.few_shot) for p in problems])
+    for ids, answer in zip(prompts, prober.answer_ids([p.answer for p in problems])):
+      prober.check_room(len(ids) + cfg.max_new_tokens, len(answer))
   run = Run(run_folder(workdir, lm, cfg, pcfg))
   write_json(run.path("config.json"), {"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)})
   return GraphRun(GRAPH, SPAEJob(lm, cfg, pcfg, prober, run, modes, progress or no_progress))["report"]

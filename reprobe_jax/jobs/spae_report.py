@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.bands import summarise
 
 COLUMNS = (
@@ -25,7 +26,19 @@ def _value(x) -> float:
 
 def seeds_markdown(per_seed: Sequence[dict]) -> str:
   """Rows (group, mode), cells mean +- sd over the seeds' metrics.json dicts (`jobs.spae.evaluate`'s result)."""
+  if not per_seed:
+    raise ConfigError("seeds_markdown: no seed's metrics to summarise")
   first = per_seed[0]
+  missing = [
+    (i, g, m)
+    for i, r in enumerate(per_seed)
+    for g, ms in first["groups"].items()
+    for m in ms
+    if m in ("plain", "truncated") and m not in r.get("groups", {}).get(g, {})
+  ]
+  if missing:
+    i, g, m = missing[0]
+    raise ConfigError(f"seeds_markdown: seed {i}'s metrics have no {g} {m} decoding, seed 0's do")
   head = ["group", "decoding"] + [name for _, name, _, _ in COLUMNS]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for group, modes in first["groups"].items():

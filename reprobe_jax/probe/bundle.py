@@ -2,8 +2,13 @@
 
 On disk it is a folder like a Hugging Face model's: `config.json` (format and version, the ProbeConfig, the
 FeatureSpec and the fingerprint of the target model whose features it was trained on) and `model.safetensors` (the
-parameters by module path, e.g. `layers.0.attn.query.kernel`, float32). Orbax stays the format of training
-checkpoints (exact resume); this is the format a finished probe is shared and loaded in.
+parameters by module path, e.g. `layers.0.attn.query.kernel`, float32), each with its seal (`<file>.sha256`,
+`reprobe_jax.io.seal`), so a bundle changed or damaged after it was saved is refused when it is loaded. Orbax stays
+the format of training checkpoints (exact resume); this is the format a finished probe is shared and loaded in.
+
+Format version 1 (written before bundles were sealed) still loads, without seals and with a warning: its
+config fields and every tensor's name, shape and dtype are checked as before, and refusing it would strand every
+probe saved until then; `save_probe` writes version 2, whose seals must be there and match.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import nnx, struct
 
-from reprobe_jax.io.atomic import atomic_folder
+from reprobe_jax.io.atomic import atomic_folder, write_seal
+from reprobe_jax.io.seal import file_digest, recorded_digest, regular_file, seal_path
 from reprobe_jax.errors import CheckpointError, ConfigError, DataFormatError, ReprobeError
 from reprobe_jax.features.spec import FeatureSpec
 from reprobe_jax.features.store import FeatureMismatchError
@@ -27,7 +34,8 @@ from reprobe_jax.probe.model import ProbeConfig, abstract_probe, score_steps
 from reprobe_jax.io.readers import read_json
 
 FORMAT = "reprobe-probe"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SEALED_SINCE = 2  # the first format version whose files are sealed
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -117,8 +125,37 @@ def _config(cls, raw, source: str, field: str):
     raise CheckpointError(f"{source}: {field!r}: {e}") from e
 
 
+def _folder(directory) -> str:
+  if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+    raise ConfigError(f"probe folder: expected a path, got {directory!r}")
+  return os.fspath(directory)
+
+
+def _regular(path: str, what: str) -> str:
+  """`path` if it is a regular file (a named pipe would block the read forever); CheckpointError naming it."""
+  try:
+    return regular_file(path, what)
+  except DataFormatError as e:
+    raise CheckpointError(str(e)) from None
+
+
+BUNDLE_FILES = (CONFIG_FILE, WEIGHTS_FILE, seal_path(CONFIG_FILE), seal_path(WEIGHTS_FILE))
+
+
 def save_probe(bundle: ProbeBundle, directory: str) -> None:
-  """Writes `directory`/config.json + model.safetensors (float32) atomically: a crash leaves the old folder."""
+  """Writes `directory`/config.json + model.safetensors (float32), each sealed, atomically: a crash leaves the old
+  folder. ConfigError when `directory` is a file or a folder holding anything but a probe bundle (it is replaced
+  whole)."""
+  directory = _folder(directory)
+  if os.path.lexists(directory):
+    if not os.path.isdir(directory):
+      raise ConfigError(f"{directory}: cannot save a probe there: it exists and is not a folder")
+    others = sorted(set(os.listdir(directory)) - set(BUNDLE_FILES))
+    if others:
+      raise ConfigError(
+        f"{directory}: cannot save a probe there: the folder holds {others[:5]}, not only a probe bundle's files, "
+        "and saving replaces it whole"
+      )
   meta = {
     "format": FORMAT,
     "format_version": FORMAT_VERSION,
@@ -134,15 +171,33 @@ def save_probe(bundle: ProbeBundle, directory: str) -> None:
     with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
       json.dump(meta, f, indent=2)
     write_safetensors(os.path.join(tmp, WEIGHTS_FILE), tensors, {"format": FORMAT})
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+      write_seal(os.path.join(tmp, name))
+
+
+def _check_sealed(path: str, what: str) -> None:
+  """DataFormatError unless the bytes of `path` match its seal (which exists)."""
+  want, got = recorded_digest(path, what), file_digest(path, what)
+  if got != want:
+    raise DataFormatError(
+      f"{path}: {what} does not match its seal (sha256 {got[:16]}..., sealed {want[:16]}...): it was changed or "
+      "damaged after save_probe wrote it"
+    )
 
 
 def load_probe(directory: str, *, model_fingerprint: str | None = None) -> ProbeBundle:
-  """Reads a folder `save_probe` wrote. Errors (CheckpointError) name the file and the field or tensor; with
-  `model_fingerprint`, a probe trained on another target model is refused (FeatureMismatchError)."""
+  """Reads a folder `save_probe` wrote. Errors (CheckpointError) name the file and the field or tensor, or say that
+  a file is not a regular one (a named pipe would block the read forever); a file that does not match its seal, or a
+  seal missing from a sealed format, is a DataFormatError naming the file; with `model_fingerprint`, a probe trained
+  on another target model is refused (FeatureMismatchError)."""
+  directory = _folder(directory)
   cfg_path, w_path = os.path.join(directory, CONFIG_FILE), os.path.join(directory, WEIGHTS_FILE)
-  for path in (cfg_path, w_path):
-    if not os.path.exists(path):
+  for path, what in ((cfg_path, "probe config"), (w_path, "probe weights")):
+    if not os.path.lexists(path):
       raise CheckpointError(f"{directory}: no {os.path.basename(path)} (not a probe folder)")
+    _regular(path, what)
+    if os.path.lexists(seal_path(path)):  # sealed files are checked before they are parsed
+      _check_sealed(path, what)
   try:
     meta = read_json(cfg_path, "probe config")
   except DataFormatError as e:  # unreadable, not UTF-8, not JSON, not an object: named, as a checkpoint error
@@ -150,10 +205,23 @@ def load_probe(directory: str, *, model_fingerprint: str | None = None) -> Probe
   for key in ("format", "format_version", "probe", "features"):
     if key not in meta:
       raise CheckpointError(f"{cfg_path}: missing key {key!r}")
-  if meta["format"] != FORMAT or meta["format_version"] != FORMAT_VERSION:
+  version = meta["format_version"]
+  known = isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= FORMAT_VERSION
+  if meta["format"] != FORMAT or not known:
     raise CheckpointError(
-      f"{cfg_path}: format {meta['format']!r} version {meta['format_version']!r}; this reader "
-      f"knows {FORMAT!r} version {FORMAT_VERSION}"
+      f"{cfg_path}: format {meta['format']!r} version {version!r}; this reader "
+      f"knows {FORMAT!r} versions 1 to {FORMAT_VERSION}"
+    )
+  if version >= SEALED_SINCE:  # each present seal was checked above; none may be missing
+    for path, what in ((cfg_path, "probe config"), (w_path, "probe weights")):
+      if not os.path.lexists(seal_path(path)):
+        raise DataFormatError(
+          f"{path}: {what} has no seal ({os.path.basename(seal_path(path))} is missing; a bundle of format "
+          f"version >= {SEALED_SINCE} is saved with one beside each file): copy the whole folder, or save it again"
+        )
+  else:
+    logging.warning(
+      "%s: a probe bundle of format version %d has no seals; save it again to seal it", directory, version
     )
   cfg = _config(ProbeConfig, meta["probe"], cfg_path, "probe")
   spec = _config(FeatureSpec, meta["features"], cfg_path, "features")

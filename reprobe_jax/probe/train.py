@@ -188,5 +188,5 @@ def train_probe(
       "probe in %s: no epoch had a finite validation PR-AUC; returning the last epoch's parameters", workdir
     )
     best_params = result.params
-  write_json(os.path.join(workdir, "history.json"), history)
+  write_json(os.path.join(workdir, "history.json"), history, seal=True)
   return graphdef, best_params, rest, history

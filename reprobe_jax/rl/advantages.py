@@ -24,6 +24,7 @@ from reprobe_jax.fields import Real, check_fields
 from reprobe_jax.errors import ConfigError, shape_errors
 from reprobe_jax.registry import Registry
 from reprobe_jax.rl.types import AdvantageInputs
+from reprobe_jax.spae.potential import EPS_SAT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,7 @@ class AdvantageConfig:
   def __post_init__(self):
     # alpha <= 1 keeps f = 1 - alpha (1 - exp(-C)) in [1 - alpha, 1], never flipping the sign of A_group.
     check_fields(
-      self, {"alpha": Real(0.0, 1.0), "xi": Real(0.0), "eps_sat": Real(-1.0, 1.0), "std_eps": Real(0.0, low_open=True)}
+      self, {"alpha": Real(0.0, 1.0), "xi": Real(0.0), "eps_sat": EPS_SAT, "std_eps": Real(0.0, low_open=True)}
     )
 
 

@@ -76,7 +76,7 @@ class RLConfig:
   checkpoint_every: int = 10
 
   def __post_init__(self):
-    adv_lib.get_estimator(self.advantage)  # an unknown name lists the known ones
+    check_fields(self, {"advantage": OneOf(adv_lib.ESTIMATORS.names())})  # the ones registered now, by field
     check_fields(
       self,
       {

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.fields import Int, check_seed, check_seeds
 import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.sampling import SamplingParams, bucket
@@ -45,7 +46,7 @@ class ThinkingRow:
 
 def trajectory_seed(prompt_seed: int, sample: int, samples: int) -> int:
   """The probe's per-trajectory seed of sample s of a prompt (unique per (prompt seed, sample), in [0, 2**32))."""
-  return (int(prompt_seed) * samples + sample) % (2**32)
+  return (check_seed(prompt_seed, "trajectory_seed: prompt_seed") * samples + sample) % (2**32)
 
 
 def decode_thinking(
@@ -67,6 +68,15 @@ def decode_thinking(
   `close` forced in at its first saturated boundary. Rows come back prompt-major (prompt p, sample s)."""
   if lm.tokenizer is None:
     raise ConfigError("decode_thinking needs the model's tokenizer")
+  if not isinstance(prober, Prober) or prober.lm is not lm:
+    raise ConfigError(f"decode_thinking: prober: expected a Prober of this model, got {type(prober).__name__}")
+  for name, value in (("max_new_tokens", max_new_tokens), ("samples", samples)):
+    if not Int(1).ok(value):
+      raise ConfigError(f"decode_thinking: {name}: expected {Int(1)}, got {value!r}")
+  prompt_ids = prober.token_rows(prompt_ids, "decode_thinking: prompt_ids")
+  prompt_seeds = check_seeds(prompt_seeds, "decode_thinking: prompt_seeds")
+  seed = check_seed(seed, "decode_thinking: seed")
+  ans = prober.answer_ids(answers, "decode_thinking: answers")
   if len(prompt_ids) != len(answers) or len(prompt_ids) != len(prompt_seeds):
     raise ConfigError(
       f"decode_thinking: {len(prompt_ids)} prompts, {len(answers)} answers, {len(prompt_seeds)} "
@@ -75,7 +85,6 @@ def decode_thinking(
   close_ids = list(lm.tokenizer(close, add_special_tokens=False)["input_ids"])
   if truncate and not close_ids:
     raise ConfigError(f"decode_thinking: the closing text {close!r} tokenizes to nothing")
-  ans = prober.answer_ids(answers)
   for p, a in zip(prompt_ids, ans):
     prober.check_room(len(p) + max_new_tokens, len(a))
   smp = lm.sampler(

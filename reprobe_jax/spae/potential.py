@@ -27,10 +27,15 @@ import numpy as np
 from jaxtyping import Array, Float, Integer
 
 from reprobe_jax.errors import ConfigError, shape_errors
-from reprobe_jax.fields import SEED, Int, OneOf, Real, check_fields
+from reprobe_jax.fields import SEED, Int, OneOf, Real, check_fields, field_name
 from reprobe_jax.tasks.formats import ANSWER_OPENER
 
 READINGS = ("paper", "reference_code")
+
+EPS_SAT = Real(-1.0, 1.0, high_open=True)
+"""The saturation threshold's rule: Phi is in [-1, 1] (docs/method.md §B1) and a boundary is saturated when
+Phi > eps_sat, so both outcomes are reachable exactly for eps_sat in [-1, 1) (at 1 nothing ever saturates, below -1
+every probed boundary does)."""
 
 
 def step_potential(acc: Float[Array, "*s"], conf: Float[Array, "*s"]) -> Float[Array, "*s"]:
@@ -67,7 +72,7 @@ class ProbeConfig:
         "samples": Int(1),
         "max_tokens": Int(1),
         "temperature": Real(0.0, low_open=True),
-        "eps_sat": Real(-1.0, 1.0),
+        "eps_sat": EPS_SAT,
         "reading": OneOf(READINGS),
         "top_logprobs": Int(1),
         "seed": SEED,
@@ -75,7 +80,7 @@ class ProbeConfig:
       },
     )
     if not isinstance(self.suffix, str) or not self.suffix:
-      raise ConfigError(f"ProbeConfig.suffix: expected a non-empty string, got {self.suffix!r}")
+      raise ConfigError(f"{field_name(self, 'suffix')}: expected a non-empty string, got {self.suffix!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +112,8 @@ class StepPotentials:
   @classmethod
   def of(cls, cuts, acc, conf, eps_sat: float = 0.9) -> "StepPotentials":
     """From per-boundary cuts, Acc and Conf (Phi computed here)."""
+    if not EPS_SAT.ok(eps_sat):
+      raise ConfigError(f"StepPotentials.eps_sat: expected {EPS_SAT}, got {eps_sat!r}")
     acc = np.asarray(acc, np.float64)
     conf = np.asarray(conf, np.float64)
     return cls(np.asarray(cuts, np.int64).reshape(-1), acc, conf, step_potential(acc, conf), eps_sat)

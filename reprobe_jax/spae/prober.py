@@ -23,13 +23,15 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Integer, Key
 
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, shape_errors
+from reprobe_jax.fields import check_seed, check_seeds
+from reprobe_jax.io.readers import shown
 from reprobe_jax.models import decoding
 import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.xla_options import decode_jit
-from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, THINK_OPEN, StepBoundary
+from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, THINK_OPEN, StepBoundary, token_ids
 from reprobe_jax.spae.potential import ProbeConfig, StepPotentials
 
 CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of this (few shapes, little padding)
@@ -191,7 +193,9 @@ probe, probe_in_jit = decode_jit(
 
 def cut_keys(seed: int, trajectory_seeds, ordinals) -> Key[Array, "b c"]:
   """[B, C] typed keys fold_in(fold_in(key(seed), trajectory_seeds[b]), ordinals[b, c])."""
-  base = decode_state.prompt_keys(seed, trajectory_seeds)  # [B]
+  seed = check_seed(seed, "cut_keys: seed")
+  seeds = np.asarray(check_seeds(trajectory_seeds, "cut_keys: trajectory_seeds"), np.uint32)
+  base = decode_state.prompt_keys(seed, seeds)  # [B]
   ords = jnp.asarray(ordinals, jnp.uint32)
   return jax.vmap(lambda k, o: jax.vmap(lambda x: jax.random.fold_in(k, x))(o))(base, ords)
 
@@ -226,13 +230,32 @@ class Prober:
 
   # -- inputs
 
-  def answer_ids(self, answers: Sequence[str]) -> list[list[int]]:
+  def answer_ids(self, answers: Sequence[str], where: str = "answers") -> list[list[int]]:
+    """The token ids of each ground-truth answer; ConfigError naming `<where>[i]` unless it is a string (bytes
+    would be probed as the text "b'...'"), DataFormatError when it tokenizes to nothing."""
+    if isinstance(answers, (str, bytes)) or not hasattr(answers, "__len__") or not hasattr(answers, "__iter__"):
+      raise ConfigError(f"{where}: expected a sequence of answer strings, got {shown(answers)}")
     out = []
     for i, a in enumerate(answers):
-      ids = list(self.lm.tokenizer(str(a), add_special_tokens=False)["input_ids"]) if a is not None else []
+      if not isinstance(a, str):
+        raise ConfigError(f"{where}[{i}]: expected the ground-truth answer as a string, got {shown(a)}")
+      ids = list(self.lm.tokenizer(a, add_special_tokens=False)["input_ids"])
       if not ids:
         raise DataFormatError(f"SPAE probing: ground-truth answer {i} ({a!r}) tokenizes to no tokens")
       out.append(ids)
+    return out
+
+  def token_rows(self, rows, where: str) -> list[list[int]]:
+    """Each row of `rows` as a list of token ids of this model's vocabulary; ConfigError naming `<where>[i]`."""
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__len__") or not hasattr(rows, "__iter__"):
+      raise ConfigError(f"{where}: expected a sequence of token id sequences, got {shown(rows)}")
+    out = []
+    for i, row in enumerate(rows):
+      try:
+        out.append(token_ids(row))
+      except DataFormatError as e:
+        raise ConfigError(f"{where}[{i}]: {e}") from None
+    self.lm.check_ids(out, where)
     return out
 
   def check_thinking(self, response_ids: Sequence[Sequence[int]], names: Sequence[str] | None = None) -> None:
@@ -288,6 +311,7 @@ class Prober:
       chex.assert_axis_dimension(cuts, 0, state.batch)
       chex.assert_equal_shape([cuts, ordinals])
       chex.assert_type([cuts, ordinals], int)
+    trajectory_seeds = check_seeds(trajectory_seeds, "Prober.probe_state: trajectory_seeds")
     if not len(answers) == len(trajectory_seeds) == state.batch:
       raise ConfigError(
         f"Prober.probe_state: {len(answers)} answers and {len(trajectory_seeds)} seeds for "
@@ -299,7 +323,7 @@ class Prober:
     alen = np.ones(b, np.int32)
     for i, ids in enumerate(answers):
       ans[i, a - len(ids) :], alen[i] = ids, len(ids)
-    keys = cut_keys(self.cfg.seed, np.asarray(trajectory_seeds, np.uint32), np.maximum(ordinals, 0))
+    keys = cut_keys(self.cfg.seed, trajectory_seeds, np.maximum(ordinals, 0))
     cfg = self.cfg
     buf = bucket(len(self.suffix_ids) + max(a, cfg.max_tokens))
     return probe(
@@ -344,14 +368,19 @@ class Prober:
   ) -> list[StepPotentials]:
     """The potentials at every boundary of every trajectory (prompt ids, response ids without EOS, the true
     answer, a seed per trajectory: the same trajectory and seed give the same potentials in any batch)."""
+    prompt_ids = self.token_rows(prompt_ids, "potentials: prompt_ids")
+    response_ids = self.token_rows(response_ids, "potentials: response_ids")
+    trajectory_seeds = check_seeds(trajectory_seeds, "potentials: trajectory_seeds")
+    ans = self.answer_ids(answers, "potentials: answers")
     m = len(response_ids)
     if not (len(prompt_ids) == len(answers) == len(trajectory_seeds) == m):
       raise ConfigError(
         f"potentials: {len(prompt_ids)} prompts, {m} responses, {len(answers)} answers and "
         f"{len(trajectory_seeds)} seeds; need one of each per trajectory"
       )
+    if names is not None and (isinstance(names, str) or len(names) != m):
+      raise ConfigError(f"potentials: names: expected one name per trajectory ({m}), got {shown(names)}")
     self.check_thinking(response_ids, names)
-    ans = self.answer_ids(answers)
     for p, r, a in zip(prompt_ids, response_ids, ans):
       self.check_room(len(p) + len(r), len(a))
     cuts = self.boundaries(response_ids)

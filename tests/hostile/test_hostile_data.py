@@ -662,6 +662,7 @@ def test_fuzz_manifest(store_dir, tmp_path_factory, data):
 
 
 def test_probe_bundle_config_json_is_read_with_names(tmp_path):
+  from reprobe_jax.io import write_seal
   from reprobe_jax.probe import ProbeBundle, ProbeConfig, load_probe, save_probe
   from reprobe_jax.probe.train import new_probe
 
@@ -671,6 +672,7 @@ def test_probe_bundle_config_json_is_read_with_names(tmp_path):
   path = tmp_path / "p" / "config.json"
   meta = json.loads(path.read_text())
   path.write_bytes(json.dumps(meta).encode().replace(b"reprobe-probe", b"reprobe-\xffprobe"))
+  write_seal(path)  # sealed again: the checks behind the seal
   with pytest.raises(CheckpointError, match=r"config\.json:1: probe config is not UTF-8"):
     load_probe(str(tmp_path / "p"))
   for change, match in [
@@ -681,6 +683,7 @@ def test_probe_bundle_config_json_is_read_with_names(tmp_path):
     ),
   ]:
     path.write_text(json.dumps({**meta, **change}))
+    write_seal(path)
     with pytest.raises(CheckpointError, match=match):
       load_probe(str(tmp_path / "p"))
 
