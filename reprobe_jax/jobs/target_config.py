@@ -17,6 +17,7 @@ from reprobe_jax.fields import (
   Real,
   Seq,
   check_fields,
+  check_seed,
   field_name,
   plain,
   replace_fields,
@@ -149,6 +150,8 @@ def config_from_dict(c, root: str = "config") -> SyntheticBuildConfig:
   d.pop("workdir", None)
   train = d.pop("train", {})
   if isinstance(train, Mapping):  # the training seed follows the build's seed unless the config sets it
+    if "seed" in d:  # named as the user wrote it, before the training seed copied from it is checked
+      check_seed(d["seed"], f"{root}.seed")
     train = {"seed": d.get("seed", SyntheticBuildConfig.seed), **train}
   return replace_fields(
     SyntheticBuildConfig(),
