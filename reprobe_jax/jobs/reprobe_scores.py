@@ -131,5 +131,5 @@ def write_step_scores(
   ordered = [r for d in domains for r in test if r.domain == d]
   arrays.update({f"test/{k}": v for k, v in columns(ordered).items()})
   arrays.update({f"test/score/{name}": np.concatenate([per[d] for d in domains]) for name, per in test_scores.items()})
-  with atomic_open(path, "wb") as f:
+  with atomic_open(path, "wb", seal=True) as f:  # read back sealed by the TTS job
     np.savez(f, **arrays)
