@@ -168,7 +168,7 @@ def test_candidates_end_at_the_answer_line_and_after_max_steps():
 def test_bad_input_fails_before_any_decoding(lm, monkeypatch):
   monkeypatch.setattr(Sampler, "prefill", lambda *a, **k: pytest.fail("decoding started on bad input"))
   ppl = get_scorer("perplexity")
-  with pytest.raises(ConfigError, match="SearchConfig.n: expected an int >= 1"):
+  with pytest.raises(ConfigError, match=r"SearchConfig.n: expected an int in \[1, 4096\], got 0"):
     SearchConfig("best_of_n", n=0)
   with pytest.raises(ConfigError, match="strategy 'best_of_n', got 'beam'"):
     best_of_n(lm, ppl, PROMPTS, SearchConfig("beam", n=2))
@@ -184,7 +184,7 @@ def test_bad_input_fails_before_any_decoding(lm, monkeypatch):
     best_of_n(lm, ppl, PROMPTS, SearchConfig("best_of_n", aggregation="product"))
   with pytest.raises(ConfigError, match=r"problems\[1\]: problem 'c1': no answer checker for domain 'chess'"):
     best_of_n(lm, ppl, [make_problems("qa", 1, 0, 1)[0], Problem("c1", "chess", "Mate in 2?", "Qh7")], CFG)
-  with pytest.raises(ConfigError, match=r"prompt_seeds: need one integer in \[0, 2\*\*32\) per prompt \(3\)"):
+  with pytest.raises(ConfigError, match=r"prompt_seeds: need one seed per prompt \(3\), got 2"):
     best_of_n(lm, ppl, PROMPTS, CFG, prompt_seeds=[1, 2])
   with pytest.raises(ConfigError, match="scorer must be a StepScorer"):
     best_of_n(lm, "probe", PROMPTS, CFG)

@@ -17,16 +17,30 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from reprobe_jax.errors import ConfigError
+import numpy as np
+
+from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.io.atomic import atomic_open, write_json
+from reprobe_jax.io.seal import check_seal, is_sealed
 from reprobe_jax.jobs import reprobe
 from reprobe_jax.jobs import tts_report as report_lib
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.reprobe_config import ReprobeConfig, prm_folder, split_problems
 from reprobe_jax.jobs.reprobe_records import PRM_ID, ScorerId
 from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
-from reprobe_jax.jobs.tts_cells import Domain, FusionCells, fusion_and_cascade, greedy_cell, stored_cell, strategy_cell
+from reprobe_jax.jobs.tts_cells import (
+  Domain,
+  FusionCells,
+  check_cascade,
+  check_cell,
+  check_search_configs,
+  fusion_and_cascade,
+  greedy_cell,
+  searched_budgets,
+  stored_cell,
+  strategy_cell,
+)
 from reprobe_jax.jobs.tts_config import TTSConfig, check_prm
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.prm import report as prm_report
@@ -34,6 +48,7 @@ from reprobe_jax.prm.combine import Fusion
 from reprobe_jax.prm.train import PRMTrainConfig
 from reprobe_jax.scorers import BASELINES, PRMScorer, ProbeScorer, StepScorer, UncertaintyScorer
 from reprobe_jax.trajectories import prompt_text
+from reprobe_jax.tts.config import STRATEGIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,13 +108,33 @@ def fusion(job: TTSJob, scorers: dict[ScorerId, StepScorer]) -> FusionPick | Non
   if not (PRM_ID in scorers and "best_of_n" in job.tcfg.strategies and any(s.kind == "probe" for s in scorers)):
     return None
   stored = os.path.join(prm_folder(job.reprobe_run.job.run.directory, job.prm), "step_scores.npz")
-  if not os.path.exists(stored):  # the ReProbe job's report writes them (its other stages are done by now)
+  if not is_sealed(stored):  # the ReProbe job's report writes them, sealed (its other stages are done by now)
     job.reprobe_run["report"]
-  combined = prm_report.combine(prm_report.read_step_scores(stored), list(job.cfg.train_domains))
+  check_seal(stored, "step scores")
+  combined = prm_report.combine(checked_step_scores(stored), list(job.cfg.train_domains))
   pick = ScorerId.parse(combined.cascade_probe)
   if pick not in scorers:
     pick = next(s for s in scorers if s.kind == "probe")
   return FusionPick(pick, combined.fusions[pick.feature_set])
+
+
+def checked_step_scores(path: str) -> dict[str, prm_report.SplitScores]:
+  """The ReProbe job's stored step scores (`prm_report.read_step_scores`), each value checked: labels 0, 1 or NaN
+  (unknown), every scorer's scores (the PRM's and the probes': probabilities) in [0, 1] or NaN; DataFormatError
+  naming the file, the split and the array otherwise."""
+  splits = prm_report.read_step_scores(path)
+  for split, s in splits.items():
+    arrays = {
+      "labels": (s.labels, "0, 1 or NaN"),
+      **{f"score/{k}": (v, "a probability in [0, 1] or NaN") for k, v in s.scores.items()},
+    }
+    for name, (v, expected) in arrays.items():
+      v = np.asarray(v, np.float64)
+      ok = (v == 0) | (v == 1) if name == "labels" else (v >= 0) & (v <= 1)
+      wrong = ~(np.isnan(v) | ok)
+      if wrong.any():
+        raise DataFormatError(f"{path}: {split}/{name}: expected {expected}, found {v[wrong][:3].tolist()}")
+  return splits
 
 
 def grid(job: TTSJob, scorers: dict[ScorerId, StepScorer], fusion: FusionPick | None) -> Grid:
@@ -113,6 +148,10 @@ def grid(job: TTSJob, scorers: dict[ScorerId, StepScorer], fusion: FusionPick | 
   test = getattr(split_problems(cfg), tcfg.split)
   results: dict[str, dict[str, dict]] = {}
   cascades: dict[str, dict] = {}
+  # The budgets each kind of cell holds, checked when a stored cell is read back.
+  cell_checks = {
+    s: check_cell(tcfg.budgets if s == "best_of_n" else searched_budgets(tcfg.budgets)) for s in STRATEGIES
+  }
   total = len(tcfg.domains) * (1 + len(tcfg.scorers) * len(tcfg.strategies))
   done = 0
   for domain in tcfg.domains:
@@ -131,13 +170,13 @@ def grid(job: TTSJob, scorers: dict[ScorerId, StepScorer], fusion: FusionPick | 
     )
     per = results.setdefault(domain, {})
     any_scorer = next(iter(scorers.values()))
-    per["greedy"] = stored_cell(run, f"{domain}.greedy", lambda: greedy_cell(dom, any_scorer))
+    per["greedy"] = stored_cell(run, f"{domain}.greedy", lambda: greedy_cell(dom, any_scorer), check_cell([1]))
     done += 1
     job.tick(f"tts {domain}", done, total)
     for sid, scorer in scorers.items():
       for strategy in tcfg.strategies:
         per[f"{strategy}[{sid}]"] = stored_cell(
-          run, f"{domain}.{strategy}.{tag[sid]}", lambda: strategy_cell(dom, strategy, scorer)
+          run, f"{domain}.{strategy}.{tag[sid]}", lambda: strategy_cell(dom, strategy, scorer), cell_checks[strategy]
         )
         done += 1
         job.tick(f"tts {domain}", done, total)
@@ -150,10 +189,13 @@ def grid(job: TTSJob, scorers: dict[ScorerId, StepScorer], fusion: FusionPick | 
         return made[0]
 
       fname = str(ScorerId("fusion", fusion.probe.feature_set))
-      per[f"best_of_n[{fname}]"] = stored_cell(run, f"{domain}.best_of_n.{fname}.{tag[PRM_ID]}", lambda: both().fusion)
+      key = f"{fname}.{tag[PRM_ID]}"
+      per[f"best_of_n[{fname}]"] = stored_cell(
+        run, f"{domain}.best_of_n.{key}", lambda: both().fusion, cell_checks["best_of_n"]
+      )
       cascades[domain] = {
         "probe": str(fusion.probe),
-        **stored_cell(run, f"{domain}.cascade.{fname}.{tag[PRM_ID]}", lambda: both().cascade),
+        **stored_cell(run, f"{domain}.cascade.{key}", lambda: both().cascade, check_cascade(max(tcfg.budgets))),
       }
   return Grid(results, cascades)
 
@@ -199,6 +241,7 @@ def start(
   """A run of the grid over the ReProbe run in `workdir`, in `<workdir>/tts/<key>/` (the key a hash of what every
   cell depends on); its stages computed when first asked for."""
   check_prm(tcfg, prm)
+  check_search_configs(cfg, tcfg)
   uses_prm = PRM_ID in tcfg.scorer_ids
   reprobe_run = reprobe.start(lm, cfg, workdir, prm=prm if uses_prm else None, progress=progress)
   key = run_key({k: v for k, v in dataclasses.asdict(tcfg).items() if k not in ("scorers", "strategies")})

@@ -5,18 +5,20 @@ Best-of-N run rescored by the PRM (`fusion_and_cascade`). Each cell is stored as
 from __future__ import annotations
 
 import dataclasses
-import os
+import math
 import time
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
+from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.io.atomic import write_json
-from reprobe_jax.io.readers import read_json
+from reprobe_jax.io.readers import read_json, shown
+from reprobe_jax.io.seal import is_sealed
 from reprobe_jax.jobs.reprobe_config import ReprobeConfig
 from reprobe_jax.jobs.runs import Run
-from reprobe_jax.jobs.tts_config import TTSConfig, beam_shape, dvts_shape
+from reprobe_jax.jobs.tts_config import MIN_SEARCH_BUDGET, TTSConfig, beam_shape, dvts_shape
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.prm.combine import FRACTIONS, Fusion, cascade_scores
@@ -26,6 +28,46 @@ from reprobe_jax.tasks import Problem
 from reprobe_jax.tts import select
 from reprobe_jax.tts.config import STRATEGIES, SearchConfig
 from reprobe_jax.tts.result import PromptResult
+
+
+def search_config(
+  cfg: ReprobeConfig, tcfg: TTSConfig, strategy: str, budget: int, greedy: bool = False
+) -> SearchConfig:
+  """The SearchConfig of `strategy` at `budget` (B x N = budget for beam search and DVTS)."""
+  t = cfg.trajectories
+  if strategy == "best_of_n":
+    beams, n = 1, budget
+  elif strategy == "beam":
+    beams, n = beam_shape(budget)
+  else:
+    beams, n = dvts_shape(budget)
+  return SearchConfig(
+    strategy=strategy,
+    n=n,
+    beams=beams,
+    max_steps=tcfg.max_steps,
+    max_new_tokens=t.max_new_tokens,
+    lookahead=0 if strategy == "best_of_n" else tcfg.lookahead,
+    aggregation=tcfg.aggregation,
+    sampling=dataclasses.replace(t.sampling, temperature=0.0 if greedy else tcfg.temperature),
+    seed=cfg.seed,
+    dedupe=tcfg.dedupe and strategy == "beam",
+  )
+
+
+def check_search_configs(cfg: ReprobeConfig, tcfg: TTSConfig) -> None:
+  """Every SearchConfig the grid will make (each strategy at each budget it runs, and greedy), made once before
+  anything is created, so a setting no search can take fails first, naming the grid cell it would have failed in."""
+  cells = [("best_of_n", 1, True)] + [
+    (s, b, False)
+    for s in tcfg.strategies
+    for b in (tcfg.budgets if s == "best_of_n" else searched_budgets(tcfg.budgets))
+  ]
+  for strategy, budget, greedy in cells:
+    try:
+      search_config(cfg, tcfg, strategy, budget, greedy)
+    except ConfigError as e:
+      raise ConfigError(f"config.tts: {'greedy' if greedy else strategy} at budget {budget}: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,25 +82,7 @@ class Domain:
 
   def search_config(self, strategy: str, budget: int, greedy: bool = False) -> SearchConfig:
     """The SearchConfig of `strategy` at `budget` (B x N = budget for beam search and DVTS)."""
-    t, tcfg = self.cfg.trajectories, self.tcfg
-    if strategy == "best_of_n":
-      beams, n = 1, budget
-    elif strategy == "beam":
-      beams, n = beam_shape(budget)
-    else:
-      beams, n = dvts_shape(budget)
-    return SearchConfig(
-      strategy=strategy,
-      n=n,
-      beams=beams,
-      max_steps=tcfg.max_steps,
-      max_new_tokens=t.max_new_tokens,
-      lookahead=0 if strategy == "best_of_n" else tcfg.lookahead,
-      aggregation=tcfg.aggregation,
-      sampling=dataclasses.replace(t.sampling, temperature=0.0 if greedy else tcfg.temperature),
-      seed=self.cfg.seed,
-      dedupe=tcfg.dedupe and strategy == "beam",
-    )
+    return search_config(self.cfg, self.tcfg, strategy, budget, greedy)
 
   def summaries(self, results: Sequence[PromptResult], probabilities: bool, seconds: float) -> dict:
     """`select.summarize` of the answers picked from each problem's result, with the seconds per problem."""
@@ -88,14 +112,96 @@ def timed_search(
   return res, time.perf_counter() - t0
 
 
-def stored_cell(run: Run, key: str, make: Callable[[], dict]) -> dict:
-  """A grid cell's stored summary, made (and stored atomically) if missing."""
+def stored_cell(run: Run, key: str, make: Callable[[], dict], check: Callable[[str, dict], None]) -> dict:
+  """A grid cell's stored summary, made (and stored atomically, sealed) if missing or unsealed (a write cut
+  short); read back sealed and checked by `check(path, cell)` (`check_cell`, `check_cascade`): DataFormatError
+  naming the file and the field when it was changed after it was written or holds a value no cell can hold."""
   path = run.path("cells", f"{key}.json")
-  if os.path.exists(path):
-    return read_json(path, "tts cell")
+  if is_sealed(path):
+    cell = read_json(path, "tts cell", sealed=True)
+    check(path, cell)
+    return cell
   cell = make()
-  write_json(path, cell)
+  write_json(path, cell, seal=True)
   return cell
+
+
+# What a stored cell holds: per budget, `select.summarize`'s summary and the seconds per problem.
+_FRACTIONS = select.SELECTIONS  # accuracies of each selection, in [0, 1]
+_COUNTS = {"problems": 1, "mixed_problems": 0}  # ints >= the bound
+_AMOUNTS = ("sampled_steps", "generated_tokens", "seconds_per_problem")  # finite numbers >= 0
+SUMMARY_KEYS = frozenset(_FRACTIONS) | set(_COUNTS) | set(_AMOUNTS) | {"selection_auroc"}
+
+
+def _bad(path: str, field: str, expected: str, value) -> DataFormatError:
+  return DataFormatError(f"{path}: {field}: expected {expected}, found {shown(value)}")
+
+
+def _fraction(path: str, field: str, value, nan: bool = False) -> None:
+  """DataFormatError unless `value` is a number in [0, 1] (or NaN, where `nan`)."""
+  number = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if not (number and (0 <= value <= 1 or (nan and math.isnan(value)))):
+    raise _bad(path, field, "a number in [0, 1]" + (" or NaN" if nan else ""), value)
+
+
+def _mapping(path: str, field: str, value, keys) -> dict:
+  """`value` if it is a JSON object with exactly the keys `keys`; DataFormatError naming the missing or extra ones."""
+  if not isinstance(value, dict):
+    raise _bad(path, field, "a JSON object", value)
+  missing, extra = sorted(set(keys) - set(value)), sorted(set(value) - set(keys))
+  if missing or extra:
+    raise DataFormatError(f"{path}: {field}: expected the keys {sorted(keys)}; missing {missing}, unexpected {extra}")
+  return value
+
+
+def check_summary(path: str, field: str, summary) -> None:
+  """DataFormatError naming `path` and `field.<key>` unless `summary` is one budget's summary: accuracies in [0, 1],
+  selection_auroc in [0, 1] or NaN, counts non-negative ints (at least one problem), costs finite and >= 0."""
+  _mapping(path, field, summary, SUMMARY_KEYS)
+  for k in _FRACTIONS:
+    _fraction(path, f"{field}.{k}", summary[k])
+  _fraction(path, f"{field}.selection_auroc", summary["selection_auroc"], nan=True)
+  for k, low in _COUNTS.items():
+    v = summary[k]
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+      raise _bad(path, f"{field}.{k}", f"an int >= {low}", v)
+  for k in _AMOUNTS:
+    v = summary[k]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+      raise _bad(path, f"{field}.{k}", "a finite number >= 0", v)
+
+
+def check_cell(budgets: Sequence[int]) -> Callable[[str, dict], None]:
+  """The check of a cell that holds a summary at each of `budgets` (and no other key)."""
+
+  def check(path: str, cell: dict) -> None:
+    _mapping(path, "budgets", cell, [str(b) for b in budgets])
+    for b in budgets:
+      check_summary(path, str(b), cell[str(b)])
+
+  return check
+
+
+def check_cascade(budget: int) -> Callable[[str, dict], None]:
+  """The check of a cascade cell made at `budget`: its fractions, step count, and per kind ('prm', 'fusion') one
+  accuracy and one share of PRM calls in [0, 1] per fraction."""
+
+  def check(path: str, cell: dict) -> None:
+    _mapping(path, "cascade", cell, ["budget", "fractions", "steps", "prm", "fusion"])
+    if cell["budget"] != budget or isinstance(cell["budget"], bool):
+      raise _bad(path, "budget", f"the largest budget {budget}", cell["budget"])
+    if cell["fractions"] != list(FRACTIONS):
+      raise _bad(path, "fractions", f"{list(FRACTIONS)}", cell["fractions"])
+    if isinstance(cell["steps"], bool) or not isinstance(cell["steps"], int) or cell["steps"] < 0:
+      raise _bad(path, "steps", "an int >= 0", cell["steps"])
+    for kind in ("prm", "fusion"):
+      for k, v in _mapping(path, kind, cell[kind], ["accuracy", "prm_calls"]).items():
+        if not isinstance(v, list) or len(v) != len(FRACTIONS):
+          raise _bad(path, f"{kind}.{k}", f"a list of {len(FRACTIONS)} numbers (one per fraction)", v)
+        for i, x in enumerate(v):
+          _fraction(path, f"{kind}.{k}[{i}]", x)
+
+  return check
 
 
 def greedy_cell(dom: Domain, scorer: StepScorer) -> dict:
@@ -106,7 +212,7 @@ def greedy_cell(dom: Domain, scorer: StepScorer) -> dict:
 
 def strategy_cell(dom: Domain, strategy: str, scorer: StepScorer) -> dict:
   """{budget: summary} of a strategy with a scorer. Best-of-N runs once at the largest budget (the smaller budgets
-  are its first k trajectories, `select.first_k`); beam search and DVTS run at every budget above 1."""
+  are its first k trajectories, `select.first_k`); beam search and DVTS at every budget of `searched_budgets`."""
   probabilities = select.is_probability_scorer(scorer)
   budgets = dom.tcfg.budgets
   cell = {}
@@ -115,12 +221,16 @@ def strategy_cell(dom: Domain, strategy: str, scorer: StepScorer) -> dict:
     for b in budgets:
       cell[str(b)] = dom.summaries([select.first_k(r, b) for r in res], probabilities, seconds * b / max(budgets))
     return cell
-  for b in budgets:
-    if b == 1:  # B = N = 1 has nothing to choose between: it is one sampled trajectory (Best-of-1)
-      continue
+  for b in searched_budgets(budgets):
     res, seconds = timed_search(dom, strategy, scorer, dom.search_config(strategy, b))
     cell[str(b)] = dom.summaries(res, probabilities, seconds)
   return cell
+
+
+def searched_budgets(budgets: Sequence[int]) -> list[int]:
+  """The budgets beam search and DVTS run at: B x N = 1 has nothing to choose between (it is one sampled
+  trajectory, Best-of-1), so those below `MIN_SEARCH_BUDGET` are left out (`TTSConfig` refuses a grid with none)."""
+  return [b for b in budgets if b >= MIN_SEARCH_BUDGET]
 
 
 def rescore(

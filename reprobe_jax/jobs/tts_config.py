@@ -11,9 +11,13 @@ from reprobe_jax.jobs.reprobe_records import PRM_ID, ScorerId
 from reprobe_jax.prm.train import PRMTrainConfig
 from reprobe_jax.scorers import BASELINES
 from reprobe_jax.tasks import DOMAINS
-from reprobe_jax.tts.config import AGGREGATIONS, STRATEGIES
+from reprobe_jax.tts.config import AGGREGATIONS, MAX_LOOKAHEAD, MAX_ROWS, MAX_STEPS, STRATEGIES
 
 DVTS_CANDIDATES = 4  # N per subtree; the budget's rest is subtrees (search-and-learn's DVTS default shape)
+# The step searches and the smallest budget they run at: at B x N = 1 a search has nothing to choose between (it is
+# Best-of-N at N = 1), so their cells skip budget 1, and a grid whose every budget is 1 would give them empty cells.
+STEP_SEARCHES = ("beam", "dvts")
+MIN_SEARCH_BUDGET = 2
 
 
 class ScorerName:
@@ -60,10 +64,10 @@ class TTSConfig:
         "domains": Seq(OneOf(DOMAINS)),
         "scorers": Seq(ScorerName()),
         "strategies": Seq(OneOf(STRATEGIES.names())),
-        "budgets": Seq(Int(1)),
+        "budgets": Seq(Int(1, MAX_ROWS)),
         "aggregation": OneOf(AGGREGATIONS),
-        "max_steps": Int(1),
-        "lookahead": Int(0),
+        "max_steps": Int(1, MAX_STEPS),
+        "lookahead": Int(0, MAX_LOOKAHEAD),
         "temperature": Real(0.0, low_open=True),
         "split": OneOf(("val", "test")),
         "dedupe": OneOf((False, True)),
@@ -71,6 +75,13 @@ class TTSConfig:
     )
     if tuple(sorted(self.budgets)) != self.budgets:
       raise ConfigError(f"{field_name(self, 'budgets')}: expected increasing budgets, got {self.budgets}")
+    searched = [s for s in self.strategies if s in STEP_SEARCHES]
+    if searched and max(self.budgets) < MIN_SEARCH_BUDGET:
+      raise ConfigError(
+        f"{field_name(self, 'budgets')}: strategy {searched[0]!r} needs a budget >= {MIN_SEARCH_BUDGET} (B x N = 1 "
+        f"has nothing to choose between: it is Best-of-N at N = 1), got {self.budgets}; add a budget >= "
+        f"{MIN_SEARCH_BUDGET} or drop {searched} from {field_name(self, 'strategies')}"
+      )
 
   @property
   def scorer_ids(self) -> list[ScorerId]:

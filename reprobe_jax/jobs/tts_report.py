@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 
 from reprobe_jax.eval.bands import Band, summarise
 from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.jobs.tts_config import MIN_SEARCH_BUDGET
 
 STRATEGY_TITLES = {"best_of_n": "Best-of-N", "beam": "Beam search", "dvts": "DVTS"}
 
@@ -169,6 +170,14 @@ def table_markdown(metrics: dict) -> str:
   cascade = cascade_markdown(metrics)
   if cascade:
     lines += ["", cascade.rstrip("\n")]
+  if min(budgets) < MIN_SEARCH_BUDGET and any(
+    k.startswith(("beam[", "dvts[")) for per in results.values() for k in per
+  ):
+    lines += [
+      "",
+      "Beam search and DVTS have no N = 1 entry: at B x N = 1 a search has nothing to choose between (it is "
+      "one sampled trajectory, Best-of-N at N = 1).",
+    ]
   lines += [
     "",
     "selection AUROC: how well the scorer's trajectory scores rank each problem's own candidates (wrong "

@@ -30,6 +30,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from reprobe_jax.errors import ConfigError, shape_errors
 from reprobe_jax.features import FeatureSpec, with_logprobs
+from reprobe_jax.io.readers import shown
 from reprobe_jax.models.decode_state import DecodeState
 from reprobe_jax.models.sampling import bucket
 
@@ -89,6 +90,49 @@ def check_spans(spans, inputs: ScoreInputs, what: str = "spans") -> None:
     raise ConfigError(f"{what} must be [B, S, 2] with B = {inputs.token_mask.shape[0]}; got {tuple(spans.shape)}")
   with shape_errors(what):
     chex.assert_type(spans, int)
+
+
+def scorer_name(scorer) -> str:
+  """How errors name a scorer: its `name`, else its class's."""
+  name = getattr(scorer, "name", None)
+  return name if isinstance(name, str) else type(scorer).__name__
+
+
+def checked_scores(scorer, out, shape: tuple[int, ...], what: str):
+  """A scorer's output `out` where it enters its caller (the jitted `score` / `score_newest`, and every search
+  strategy: checked while traced, or on the host): an array (jax or numpy) of a floating dtype (NaN marks a step
+  with no tokens) and exactly `shape` ([B, S]: one score per step span of each row; [B]: one per row's newest step).
+  Returns it; ConfigError naming the scorer, its method (`what`) and what it returned otherwise (a list, a [B] array
+  for [B, S], integer scores, ...)."""
+  name = scorer_name(scorer)
+  if not hasattr(out, "shape") or not hasattr(out, "dtype"):
+    raise ConfigError(f"scorer {name!r}: {what} must return an array of scores {list(shape)}, got {shown(out)}")
+  if not jnp.issubdtype(out.dtype, jnp.floating):
+    raise ConfigError(
+      f"scorer {name!r}: {what} must return floating-point scores (NaN for a step with no tokens), got dtype "
+      f"{out.dtype}"
+    )
+  if tuple(out.shape) != tuple(shape):
+    rows = "[B, S]: one score per step span of each row" if len(shape) == 2 else "[B]: one score per row"
+    raise ConfigError(f"scorer {name!r}: {what} must return scores {rows}, here {list(shape)}; got {list(out.shape)}")
+  return out
+
+
+def bad_scores(scores, spans):
+  """Bool mask [...] of the steps with tokens (span end > start) whose score is NaN or +-inf: a score is finite
+  wherever a step has tokens (only an empty step scores NaN). scores [...] and spans [..., 2]: numpy on the host,
+  or traced inside a jit."""
+  xp = np if isinstance(scores, np.ndarray) else jnp
+  return ~xp.isfinite(scores) & (spans[..., 1] > spans[..., 0])
+
+
+def nonfinite_error(scorer, count: int, where: str) -> ConfigError:
+  """What a strategy raises when `bad_scores` finds `count` steps with tokens whose scores are not finite: such a
+  score would be ranked silently (NaN last, -inf first)."""
+  return ConfigError(
+    f"scorer {scorer_name(scorer)!r} gave {count} step(s) with tokens a NaN or infinite score ({where}): a score "
+    "must be finite wherever a step has tokens (NaN only marks a step with none)"
+  )
 
 
 class StepScorer(abc.ABC):
@@ -163,14 +207,15 @@ def take_carry(carry, rows):
 def score(scorer: StepScorer, inputs: ScoreInputs, spans: jax.Array) -> jax.Array:
   """Jitted `scorer.score`: [B, S] float32; compiles once per scorer configuration and (B, T, S)."""
   check_spans(spans, inputs)
-  return scorer.score(inputs, spans).astype(jnp.float32)
+  return checked_scores(scorer, scorer.score(inputs, spans), spans.shape[:2], "score").astype(jnp.float32)
 
 
 @jax.jit
 def score_newest(scorer: StepScorer, inputs: ScoreInputs, newest_span: jax.Array) -> jax.Array:
   """Jitted `scorer.score_newest`: [B] float32 for newest_span [B, 2]."""
   check_spans(newest_span[:, None, :], inputs, "newest_span [B, 2]")
-  return scorer.score_newest(inputs, newest_span).astype(jnp.float32)
+  out = scorer.score_newest(inputs, newest_span)
+  return checked_scores(scorer, out, newest_span.shape[:1], "score_newest").astype(jnp.float32)
 
 
 def inputs_from_state(

@@ -11,11 +11,13 @@ from typing import Mapping, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from reprobe_jax.errors import DataFormatError
+from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.fields import Int
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.scorers.base import ScoreInputs, StepScorer, score
 
 FIELDS = ("features", "logprobs", "entropy", "self_certainty")
+MAX_BATCH = 2**16  # rows per jitted call: the padded [B, T] arrays are allocated whole
 
 
 def record_rows(records: Sequence[dict]) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
@@ -72,7 +74,10 @@ def pad_rows(
 def score_rows(
   scorer: StepScorer, rows: Sequence[Mapping[str, np.ndarray]], spans: Sequence[np.ndarray], *, batch_size: int = 32
 ) -> list[np.ndarray]:
-  """Scores [S_i] of every row's steps with the jitted `score`, in batches of rows of similar length."""
+  """Scores [S_i] of every row's steps with the jitted `score`, in batches of rows of similar length; batch_size an
+  int in [1, MAX_BATCH] (ConfigError naming it otherwise)."""
+  if not Int(1, MAX_BATCH).ok(batch_size):
+    raise ConfigError(f"score_rows: batch_size: expected {Int(1, MAX_BATCH)}, got {batch_size!r}")
   order = sorted(range(len(rows)), key=lambda i: len(next(iter(rows[i].values()))))
   out: list[np.ndarray | None] = [None] * len(rows)
   for c in range(0, len(order), batch_size):

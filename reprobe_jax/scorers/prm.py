@@ -8,14 +8,18 @@ steps, and each round appends only the newest step (`advance`), where search-and
 
 from __future__ import annotations
 
+import inspect
+import os
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.io.readers import shown
 from reprobe_jax.prm.model import PRM, append_step, load_prm, prefill, step_rewards
 from reprobe_jax.scorers.base import ScoreInputs, StepScorer
-from reprobe_jax.scorers.registry import SCORERS
+from reprobe_jax.scorers.registry import SCORERS, unknown_arguments
 
 
 @struct.dataclass
@@ -62,7 +66,15 @@ class PRMScorer(StepScorer):
 
 @SCORERS.register("prm")
 def _prm_scorer(prm: PRM | None = None, *, path: str | None = None, **load_kwargs) -> PRMScorer:
-  """From a PRM in memory or a checkpoint folder / hub id (`prm.model.load_prm`'s keyword arguments)."""
+  """From a PRM in memory or a checkpoint folder / hub id (`prm.model.load_prm`'s keyword arguments, with path=)."""
   if (prm is None) == (path is None):
     raise ConfigError("the PRM scorer needs exactly one of prm= or path=")
-  return PRMScorer(prm if prm is not None else load_prm(path, **load_kwargs))
+  loads = [p.name for p in inspect.signature(load_prm).parameters.values() if p.kind is p.KEYWORD_ONLY]
+  unknown_arguments("prm", load_kwargs, ["prm", "path"] + loads)
+  if prm is not None and not isinstance(prm, PRM):
+    raise ConfigError(f"scorer 'prm': prm: expected a PRM, got {shown(prm)}")
+  if prm is not None and load_kwargs:
+    raise ConfigError(f"scorer 'prm': {sorted(load_kwargs)} load a PRM from path=, not one given as prm=")
+  if path is not None and not isinstance(path, (str, os.PathLike)):
+    raise ConfigError(f"scorer 'prm': path: expected a folder path or hub id, got {shown(path)}")
+  return PRMScorer(prm if prm is not None else load_prm(os.fspath(path), **load_kwargs))

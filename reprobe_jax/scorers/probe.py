@@ -3,6 +3,7 @@ end)."""
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import jax
@@ -13,6 +14,7 @@ from jaxtyping import Array, Float, Int
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureSpec
+from reprobe_jax.io.readers import shown
 from reprobe_jax.probe.bundle import ProbeBundle, load_probe
 from reprobe_jax.probe.data import pack_spans, spans_shape
 from reprobe_jax.probe.model import score_packed
@@ -77,4 +79,12 @@ def _probe_scorer(
   """From a bundle in memory or a saved probe folder (checked against the target's fingerprint when given)."""
   if (bundle is None) == (path is None):
     raise ConfigError("the probe scorer needs exactly one of bundle= or path=")
-  return ProbeScorer(bundle if bundle is not None else load_probe(path, model_fingerprint=model_fingerprint))
+  if bundle is not None and not isinstance(bundle, ProbeBundle):
+    raise ConfigError(f"scorer 'probe': bundle: expected a ProbeBundle, got {shown(bundle)}")
+  if path is not None and not isinstance(path, (str, os.PathLike)):
+    raise ConfigError(f"scorer 'probe': path: expected a folder path, got {shown(path)}")
+  if model_fingerprint is not None and not isinstance(model_fingerprint, str):
+    raise ConfigError(f"scorer 'probe': model_fingerprint: expected a string or None, got {shown(model_fingerprint)}")
+  if bundle is not None and model_fingerprint is not None:
+    raise ConfigError("scorer 'probe': model_fingerprint checks a probe loaded from path=, not a bundle")
+  return ProbeScorer(bundle if bundle is not None else load_probe(os.fspath(path), model_fingerprint=model_fingerprint))

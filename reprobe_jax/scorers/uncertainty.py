@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from reprobe_jax.errors import ConfigError
+from reprobe_jax.fields import check_seed
 from reprobe_jax.scorers.base import ScoreInputs, StepScorer, step_token_mask
 from reprobe_jax.scorers.registry import SCORERS
 
@@ -46,8 +47,11 @@ class UncertaintyScorer(StepScorer):
 
   @classmethod
   def create(cls, name: str, seed: int = 0) -> "UncertaintyScorer":
+    """The baseline `name`; seed (an int in [0, 2**32), `fields.SEED`) keys 'random' and is checked for every
+    baseline (the TTS job hands each the run's seed)."""
     if name not in BASELINES:
       raise ConfigError(f"unknown baseline {name!r}; known: {BASELINES}")
+    seed = check_seed(seed, f"scorer {name!r}: seed")
     return cls(name=name, key=jax.random.key(seed) if name == "random" else None)
 
   def score(self, inputs: ScoreInputs, spans: jax.Array) -> jax.Array:

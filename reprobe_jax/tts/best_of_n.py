@@ -30,7 +30,7 @@ from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.decode_state import FINISH_NAMES, DecodeState
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.scorers import StepScorer, inputs_from_state, prompt_rows
+from reprobe_jax.scorers import StepScorer, bad_scores, checked_scores, inputs_from_state, nonfinite_error, prompt_rows
 from reprobe_jax.tasks import Problem
 from reprobe_jax.tasks.formats import MODES, is_answer_line
 from reprobe_jax.steps.modes import STEP_MODE
@@ -53,7 +53,8 @@ def _score_steps(
   per_prompt = lambda x: x.reshape((-1, n) + x.shape[1:])  # [B, ...] -> [P, n, ...]
   # One prompt at a time (lax.map, not vmap): the n rows of a prompt are scored in one batched call, and memory
   # holds one prompt's [n * S, T] probe windows, not every prompt's (960 rows of 32 steps would need ~10 GB).
-  scores = jax.lax.map(lambda a: scorer.score(*a), (jax.tree.map(per_prompt, inputs), per_prompt(spans)))  # [P, n, S]
+  one = lambda a: checked_scores(scorer, scorer.score(*a), a[1].shape[:2], "score")  # checked while traced
+  scores = jax.lax.map(one, (jax.tree.map(per_prompt, inputs), per_prompt(spans)))  # [P, n, S]
   return scores.reshape(spans.shape[:2]).astype(jnp.float32)
 
 
@@ -180,17 +181,22 @@ def _results(
     responses.append(ids)
     spans.append(steps)
     reasons.append(reason)
+  longest = max(map(len, spans)) or 1
+  padded = np.zeros((state.batch, bucket(longest, minimum=4), 2), np.int32)  # [B, S, 2]
+  for r, sp in enumerate(spans):
+    if sp:
+      padded[r, : len(sp)] = sp
   if scorer.packs_trajectories:  # a probe: each step's window once, packed (`ProbeScorer.score_trajectories`)
-    scores = scorer.score_trajectories(_features(state, spec=spec, num_layers=lm.config.num_layers), spans)
+    out = scorer.score_trajectories(_features(state, spec=spec, num_layers=lm.config.num_layers), spans)
+    scores = np.asarray(checked_scores(scorer, out, (state.batch, longest), "score_trajectories"))  # [B, S]
   else:
-    padded = np.zeros((state.batch, bucket(max(map(len, spans)) or 1, minimum=4), 2), np.int32)  # [B, S, 2]
-    for r, sp in enumerate(spans):
-      if sp:
-        padded[r, : len(sp)] = sp
     prompts = tuple(jnp.asarray(a) for a in prompt_rows(prompt_ids, cfg.n, state.batch, lm.pad_id()))
     scores = np.asarray(
       _score_steps(scorer, state, jnp.asarray(padded), prompts, n=cfg.n, spec=spec, num_layers=lm.config.num_layers)
     )  # [B, S]
+  bad = bad_scores(scores, padded[:, : scores.shape[1]])
+  if bad.any():
+    raise nonfinite_error(scorer, int(bad.sum()), f"best_of_n, in {int(bad.any(1).sum())} trajectories")
   out = []
   for p in range(n_prompts):
     cands = tuple(

@@ -1,4 +1,6 @@
-"""What every test-time-scaling strategy checks before any work: the scorer against the target, prompt seeds."""
+"""What every test-time-scaling strategy checks: before any work, the scorer against the target and the prompt seeds;
+where a scorer's output enters a strategy (Best-of-N, beam search and DVTS alike), its type, dtype, shape and
+finiteness (`scorers.checked_scores`, `scorers.bad_scores`)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import numpy as np
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, model_fingerprint
+from reprobe_jax.fields import check_seeds
+from reprobe_jax.io.readers import shown
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.scorers import ScoreInputs, StepScorer
+from reprobe_jax.scorers import ScoreInputs, StepScorer, checked_scores, scorer_name
 
 
 def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = None) -> FeatureSpec | None:
@@ -21,10 +25,11 @@ def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = No
   have, a scorer trained on another target is refused (FeatureMismatchError), a scorer that reads token ids must
   share the target's vocabulary, and the scorer traces on ScoreInputs of this target's shapes (which also catches a
   scorer that reads features when none are given); a stateful scorer's init_carry and advance trace too, with a
-  carry of [B, ...] leaves that advance returns in the same shapes. ConfigError naming the scorer otherwise."""
+  carry of [B, ...] leaves that advance returns in the same shapes, and its scores are float arrays of [B, S]
+  (`score`) and [B] (`score_newest`, `advance`; `scorers.checked_scores`). ConfigError naming the scorer otherwise."""
   if not isinstance(scorer, StepScorer):
     raise ConfigError(f"scorer must be a StepScorer (reprobe_jax.scorers.get_scorer), got {type(scorer).__name__}")
-  name = getattr(scorer, "name", type(scorer).__name__)
+  name = scorer_name(scorer)
   if feature_spec is not None and not isinstance(feature_spec, FeatureSpec):
     raise ConfigError(f"feature_spec must be a FeatureSpec, got {type(feature_spec).__name__}")
   spec = feature_spec
@@ -58,6 +63,11 @@ def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = No
   b, t, tp = 2, 16, 16
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   span = jax.ShapeDtypeStruct((b, 2), jnp.int32)
+  feats = f"{spec.name} features (layers {spec.hidden_layers})" if spec is not None else "no features"
+  cannot = lambda e: ConfigError(
+    f"scorer {name!r} cannot score this target ({lm.config.num_layers} layers, hidden size "
+    f"{lm.config.hidden_size}) with {feats}: {e}"
+  )
   try:
     dim = spec.dim(lm.config) if spec is not None else None
     inputs = ScoreInputs(
@@ -70,17 +80,19 @@ def scorer_spec(lm: LanguageModel, scorer, feature_spec: FeatureSpec | None = No
       prompt_ids=jax.ShapeDtypeStruct((b, tp), jnp.int32),
       prompt_mask=jax.ShapeDtypeStruct((b, tp), jnp.bool_),
     )
-    if scorer.stateful:  # a stateful scorer's newest step needs the steps before it: score() and the carry
-      jax.eval_shape(lambda s, i, sp: s.score(i, sp[:, None, :]), scorer, inputs, span)
+    out = jax.eval_shape(lambda s, i, sp: s.score(i, sp), scorer, inputs, jax.ShapeDtypeStruct((b, 3, 2), jnp.int32))
+  except Exception as e:  # the scorer's own code raising while traced (a user's scorer): named, before any work
+    raise cannot(e) from e
+  checked_scores(scorer, out, (b, 3), "score")  # as every strategy checks it again where the scores enter it
+  try:
+    if scorer.stateful:  # a stateful scorer's newest step needs the steps before it: the carry
       _check_carry(scorer, inputs, span, t + 8)
     else:
-      jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, span)
-  except (ConfigError, TypeError, ValueError) as e:
-    feats = f"{spec.name} features (layers {spec.hidden_layers})" if spec is not None else "no features"
-    raise ConfigError(
-      f"scorer {name!r} cannot score this target ({lm.config.num_layers} layers, hidden size "
-      f"{lm.config.hidden_size}) with {feats}: {e}"
-    ) from e
+      out = jax.eval_shape(lambda s, i, sp: s.score_newest(i, sp), scorer, inputs, span)
+  except Exception as e:
+    raise cannot(e) from e
+  if not scorer.stateful:
+    checked_scores(scorer, out, (b,), "score_newest")
   return spec
 
 
@@ -93,9 +105,11 @@ def _check_carry(scorer: StepScorer, inputs: ScoreInputs, span, room: int) -> No
   bad = [shape for shape, _ in shapes(carry) if not shape or shape[0] != b]
   if bad:
     raise ConfigError(f"init_carry must return leaves of leading dim B = {b} (one per row); got leaves of shapes {bad}")
-  scores, after = jax.eval_shape(lambda s, c, i, sp: s.advance(c, i, sp), scorer, carry, inputs, span)
-  if not hasattr(scores, "shape") or tuple(scores.shape) != (b,):
-    raise ConfigError(f"advance must return (scores [B] = [{b}], carry); its scores are {scores}")
+  out = jax.eval_shape(lambda s, c, i, sp: s.advance(c, i, sp), scorer, carry, inputs, span)
+  if not isinstance(out, tuple) or len(out) != 2:
+    raise ConfigError(f"advance must return (scores [B] = [{b}], carry); got {shown(out)}")
+  scores, after = out
+  checked_scores(scorer, scores, (b,), "advance")
   if jax.tree.structure(after) != jax.tree.structure(carry) or shapes(after) != shapes(carry):
     raise ConfigError(
       f"advance must return a carry of init_carry's structure and shapes {shapes(carry)}; got {shapes(after)}"
@@ -108,9 +122,7 @@ def prompt_seeds_for(ids: Sequence[Sequence[int]], given: Sequence[int] | None =
   seeds (SearchConfig.seed is the base key)."""
   if given is None:
     return [zlib.crc32(np.asarray(p, np.int64).tobytes()) for p in ids]
-  seeds = list(given)
-  if len(seeds) != len(ids) or not all(
-    isinstance(s, (int, np.integer)) and not isinstance(s, bool) and 0 <= s < 2**32 for s in seeds
-  ):
-    raise ConfigError(f"prompt_seeds: need one integer in [0, 2**32) per prompt ({len(ids)}), got {seeds!r}")
-  return [int(s) for s in seeds]
+  seeds = check_seeds(given, "prompt_seeds")
+  if len(seeds) != len(ids):
+    raise ConfigError(f"prompt_seeds: need one seed per prompt ({len(ids)}), got {len(seeds)}: {shown(given)}")
+  return seeds

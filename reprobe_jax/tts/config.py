@@ -20,6 +20,13 @@ STRATEGIES: Registry[Callable[..., list[PromptResult]]] = Registry("search strat
 # 'min' is the paper's min over steps of P(correct), i.e. the worst step's score; 'product' is 1 - prod P(correct)
 # and needs scores that are probabilities (the probe, a PRM).
 AGGREGATIONS = ("min", "mean", "last", "product")
+# Upper bounds of the int fields that become shapes or int32 arrays of the compiled search (rows per prompt, the step
+# slots, the token budget, the unrolled lookahead): a larger value is a ConfigError naming the field, not an
+# OverflowError deep in a jit or a program too large to compile.
+MAX_ROWS = 4096  # n x beams decode rows per prompt
+MAX_STEPS = 4096  # step slots per row
+MAX_NEW_TOKENS = 2**20  # tokens per trajectory (a target's context bounds it further)
+MAX_LOOKAHEAD = 16  # greedy steps past a candidate, each one unrolled into the search program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,16 +56,24 @@ class SearchConfig:
       self,
       {
         "strategy": OneOf(STRATEGIES.names()),
-        "n": Int(1),
-        "beams": Int(1),
-        "max_steps": Int(1),
-        "max_new_tokens": Int(1),
-        "lookahead": Int(0),
+        "n": Int(1, MAX_ROWS),
+        "beams": Int(1, MAX_ROWS),
+        "max_steps": Int(1, MAX_STEPS),
+        "max_new_tokens": Int(1, MAX_NEW_TOKENS),
+        "lookahead": Int(0, MAX_LOOKAHEAD),
         "aggregation": OneOf(AGGREGATIONS),
         "seed": SEED,
         "dedupe": OneOf((False, True)),
       },
     )
+    if self.n * self.beams > MAX_ROWS:
+      raise ConfigError(
+        f"{field_name(self, 'n')}: n x beams = {self.n} x {self.beams} decode rows per prompt, at most {MAX_ROWS}"
+      )
+    if not isinstance(self.sampling, SamplingParams):
+      raise ConfigError(
+        f"{field_name(self, 'sampling')}: expected a SamplingParams, got {type(self.sampling).__name__}"
+      )
     if self.strategy == "best_of_n" and self.beams != 1:
       raise ConfigError(
         f"{field_name(self, 'beams')}: best_of_n has no beams (use n for its trajectories), got {self.beams}"

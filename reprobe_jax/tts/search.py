@@ -25,6 +25,10 @@ candidate step is the one that survives; a lookahead advances a copy of it step 
 lookahead step replaces the candidate's, as for a stateless scorer) and drops the copy; at selection the
 survivors' carries are gathered with their decode rows (`take_carry`).
 
+The scorer's output is checked where it enters (`scorers.checked_scores`: a float array of one score per row, while
+traced), and a live row's step with tokens scored NaN or +-inf is counted in the book, ends the loop and is refused
+on the host (ConfigError naming the scorer) instead of being ranked last (NaN) or first (-inf).
+
 What the loop carries, how a row finishes and what the search hands back: `search_state`.
 """
 
@@ -47,7 +51,15 @@ import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.decode_state import FINISH_LENGTH, FINISH_STOP, DecodeState
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.xla_options import decode_jit
-from reprobe_jax.scorers import StepScorer, inputs_from_state, prompt_rows, take_carry
+from reprobe_jax.scorers import (
+  StepScorer,
+  bad_scores,
+  checked_scores,
+  inputs_from_state,
+  nonfinite_error,
+  prompt_rows,
+  take_carry,
+)
 from reprobe_jax.steps import ANSWER_PREFIX, STEP_MODE, StepBoundary, answer_lines, answer_table
 from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
 from reprobe_jax.tts.config import SearchConfig
@@ -93,7 +105,9 @@ def _score(plan: SearchPlan, env: SearchEnv, state: DecodeState, spans, p: int) 
   """[R] scores of each row's step spans [R, 2], the scorer vmapped over prompts (row index = index in its prompt)."""
   inputs = inputs_from_state(state, plan.spec, plan.num_layers, env.prompts)
   split = jax.tree.map(lambda x: _per_prompt(x, p), inputs)
-  out = jax.vmap(env.scorer.score_newest)(split, _per_prompt(spans, p))  # [P, rows]
+  rows = spans.shape[0] // p
+  one = lambda i, sp: checked_scores(env.scorer, env.scorer.score_newest(i, sp), (rows,), "score_newest")
+  out = jax.vmap(one)(split, _per_prompt(spans, p))  # [P, rows], checked while traced
   return out.reshape(-1).astype(jnp.float32)
 
 
@@ -103,7 +117,7 @@ def _advance(plan: SearchPlan, env: SearchEnv, carry, state: DecodeState, spans,
   out, carry = env.scorer.advance(
     carry, inputs_from_state(state, plan.spec, plan.num_layers, env.prompts), jnp.where(rows[:, None], spans, 0)
   )
-  return out.astype(jnp.float32), carry
+  return checked_scores(env.scorer, out, rows.shape, "advance").astype(jnp.float32), carry
 
 
 def _reason(env: SearchEnv, state: DecodeState, spans, steps) -> Int[Array, " r"]:
@@ -213,6 +227,7 @@ def _round(plan: SearchPlan, env: SearchEnv, loop: SearchLoop) -> SearchLoop:
     n_steps=book.n_steps + live,
     last=jnp.where(live, score, book.last),
     sampled=book.sampled + jnp.sum(_per_prompt(live + la_steps, p), axis=1, dtype=jnp.int32),
+    bad=book.bad + jnp.sum(_per_prompt(live & bad_scores(score, score_spans), p), axis=1, dtype=jnp.int32),
     generated=book.generated + jnp.sum(_per_prompt(state.lengths - before + la_tokens, p), axis=1, dtype=jnp.int32),
   )
   g = lambda x: jnp.take(x, src, axis=0)
@@ -251,6 +266,7 @@ def _search_impl(env: SearchEnv, state: DecodeState, *, plan: SearchPlan) -> tup
     last=jnp.full((r_rows,), jnp.nan, jnp.float32),
     sampled=jnp.zeros((p,), jnp.int32),
     generated=jnp.zeros((p,), jnp.int32),
+    bad=jnp.zeros((p,), jnp.int32),
   )
   carry = ()
   if env.scorer.stateful:  # room: the response buffer, one token per step slot and per lookahead step
@@ -259,7 +275,8 @@ def _search_impl(env: SearchEnv, state: DecodeState, *, plan: SearchPlan) -> tup
       state.buffer_len + plan.history + plan.lookahead,
     )
   body = functools.partial(_round, plan, env)
-  cond = lambda loop: (loop.round < env.max_steps) & jnp.any(~loop.book.ended)
+  # A non-finite score of a step with tokens ends the search: the host refuses the scorer (`run_search`).
+  cond = lambda loop: (loop.round < env.max_steps) & jnp.any(~loop.book.ended) & ~jnp.any(loop.book.bad > 0)
   out = jax.lax.while_loop(cond, body, SearchLoop(state=state, book=book, carry=carry, round=jnp.zeros((), jnp.int32)))
   return out.state, out.book
 
@@ -343,4 +360,7 @@ def run_search(
   )
   state, book = _search(env, state, plan=plan)
   out = FinalRows(*jax.device_get((state.tokens, state.lengths, book)))
+  if out.book.bad.any():
+    where = f"{cfg.strategy}, in {int((out.book.bad > 0).sum())} prompt(s)"
+    raise nonfinite_error(scorer, int(out.book.bad.sum()), where)
   return results(out, len(ids), plan, lm.eos_mask())

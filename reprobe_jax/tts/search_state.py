@@ -101,6 +101,7 @@ class SearchBook:
   last: Float[Array, " r"]  # the newest selected step's score (the row's rank)
   sampled: Int[Array, " p"]  # steps sampled per prompt (discarded candidates and lookahead included)
   generated: Int[Array, " p"]  # tokens generated per prompt (lookahead included)
+  bad: Int[Array, " p"]  # steps with tokens the scorer gave a NaN or infinite score (`scorers.bad_scores`), per prompt
 
 
 class SearchLoop(NamedTuple):
