@@ -17,12 +17,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import numpy as np
 
-from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.io.atomic import atomic_open, write_json
-from reprobe_jax.io.seal import check_seal, is_sealed
+from reprobe_jax.io.seal import is_sealed
 from reprobe_jax.jobs import reprobe
 from reprobe_jax.jobs import tts_report as report_lib
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
@@ -110,31 +109,11 @@ def fusion(job: TTSJob, scorers: dict[ScorerId, StepScorer]) -> FusionPick | Non
   stored = os.path.join(prm_folder(job.reprobe_run.job.run.directory, job.prm), "step_scores.npz")
   if not is_sealed(stored):  # the ReProbe job's report writes them, sealed (its other stages are done by now)
     job.reprobe_run["report"]
-  check_seal(stored, "step scores")
-  combined = prm_report.combine(checked_step_scores(stored), list(job.cfg.train_domains))
+  combined = prm_report.combine(prm_report.read_step_scores(stored), list(job.cfg.train_domains))
   pick = ScorerId.parse(combined.cascade_probe)
   if pick not in scorers:
     pick = next(s for s in scorers if s.kind == "probe")
   return FusionPick(pick, combined.fusions[pick.feature_set])
-
-
-def checked_step_scores(path: str) -> dict[str, prm_report.SplitScores]:
-  """The ReProbe job's stored step scores (`prm_report.read_step_scores`), each value checked: labels 0, 1 or NaN
-  (unknown), every scorer's scores (the PRM's and the probes': probabilities) in [0, 1] or NaN; DataFormatError
-  naming the file, the split and the array otherwise."""
-  splits = prm_report.read_step_scores(path)
-  for split, s in splits.items():
-    arrays = {
-      "labels": (s.labels, "0, 1 or NaN"),
-      **{f"score/{k}": (v, "a probability in [0, 1] or NaN") for k, v in s.scores.items()},
-    }
-    for name, (v, expected) in arrays.items():
-      v = np.asarray(v, np.float64)
-      ok = (v == 0) | (v == 1) if name == "labels" else (v >= 0) & (v <= 1)
-      wrong = ~(np.isnan(v) | ok)
-      if wrong.any():
-        raise DataFormatError(f"{path}: {split}/{name}: expected {expected}, found {v[wrong][:3].tolist()}")
-  return splits
 
 
 def grid(job: TTSJob, scorers: dict[ScorerId, StepScorer], fusion: FusionPick | None) -> Grid:

@@ -33,8 +33,9 @@ class SplitScores:
 
 def read_step_scores(path: str) -> dict[str, SplitScores]:
   """{'val': ..., 'test': ...} from `jobs.reprobe_scores.write_step_scores`' file; DataFormatError naming it when
-  a split or its arrays are missing or of different lengths, or when the file does not match its seal (it is read
-  back by the job that wrote it)."""
+  a split or its arrays are missing or of different lengths, when a value is out of range (labels 0, 1 or NaN for
+  unknown; every scorer's scores, the PRM's and the probes', probabilities in [0, 1] or NaN), or when the file does
+  not match its seal (it is read back by the jobs that wrote it)."""
   check_seal(path, "step-scores file")
   try:
     with np.load(path) as z:
@@ -53,7 +54,20 @@ def read_step_scores(path: str) -> dict[str, SplitScores]:
     if bad:
       raise DataFormatError(f"{path}: {split} arrays {bad} do not have one value per step ({n})")
     out[split] = SplitScores(np.asarray(arrays[f"{split}/labels"], np.float64), arrays[f"{split}/domain"], scores)
+    _check_values(path, split, out[split])
   return out
+
+
+def _check_values(path: str, split: str, s: SplitScores) -> None:
+  arrays = {
+    "labels": (s.labels, "0, 1 or NaN"),
+    **{f"score/{k}": (v, "a probability in [0, 1] or NaN") for k, v in s.scores.items()},
+  }
+  for name, (v, expected) in arrays.items():
+    ok = (v == 0) | (v == 1) if name == "labels" else (v >= 0) & (v <= 1)
+    wrong = ~(np.isnan(v) | ok)
+    if wrong.any():
+      raise DataFormatError(f"{path}: {split}/{name}: expected {expected}, found {v[wrong][:3].tolist()}")
 
 
 def _finite(*xs) -> np.ndarray:

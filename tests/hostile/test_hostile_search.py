@@ -16,7 +16,7 @@ import pytest
 from flax import struct
 
 from reprobe_jax.errors import ConfigError, DataFormatError
-from reprobe_jax.io.atomic import write_json
+from reprobe_jax.io.atomic import atomic_open, write_json
 from reprobe_jax.jobs import tts as tts_job
 from reprobe_jax.jobs import tts_report
 from reprobe_jax.jobs.runs import Run
@@ -26,6 +26,7 @@ from reprobe_jax.jobs.tts_config import TTSConfig, tts_config_from_dict
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.sampler import Sampler
 from reprobe_jax.prm.combine import FRACTIONS
+from reprobe_jax.prm.report import read_step_scores
 from reprobe_jax.scorers import (
   ScoreInputs,
   StepScorer,
@@ -470,17 +471,17 @@ def _step_scores(path, labels=(0.0, 1.0, math.nan), prm=(0.1, 0.9, math.nan)):
     arrays[f"{split}/labels"] = np.asarray(labels, np.float32)
     arrays[f"{split}/domain"] = np.asarray(["qa"] * len(labels))
     arrays[f"{split}/score/prm"] = np.asarray(prm, np.float32)
-  with open(path, "wb") as f:
+  with atomic_open(path, "wb", seal=True) as f:  # as the ReProbe job writes them
     np.savez(f, **arrays)
 
 
 def test_the_stored_step_scores_the_tts_job_reads_are_checked(tmp_path):
   path = str(tmp_path / "step_scores.npz")
   _step_scores(path)
-  assert set(tts_job.checked_step_scores(path)) == {"val", "test"}
+  assert set(read_step_scores(path)) == {"val", "test"}
   _step_scores(path, labels=(0.0, 2.0, 1.0))
   with pytest.raises(DataFormatError, match=rf"^{path}: val/labels: expected 0, 1 or NaN, found \[2\.0\]$"):
-    tts_job.checked_step_scores(path)
+    read_step_scores(path)
   _step_scores(path, prm=(0.1, 5.0, -math.inf))
   with pytest.raises(DataFormatError, match=rf"^{path}: val/score/prm: expected a probability .*found \[5\.0, -inf\]$"):
-    tts_job.checked_step_scores(path)
+    read_step_scores(path)
