@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from reprobe_jax.errors import ConfigError, DataFormatError
+from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.eval.metrics import pr_auc
 from reprobe_jax.prm.combine import CascadeCurve, Fusion, cascade_curve, cascade_scores, fit_fusion, plot_cascade
 from reprobe_jax.io.readers import read_json
@@ -186,7 +187,8 @@ def test_report_fits_fusion_on_val_and_starts_the_cascade_from_the_probe_best_on
   arrays = {"val/labels": yv, "val/domain": np.asarray(["a"] * 300), "test/labels": yt, "test/domain": dom_t}
   arrays.update({f"val/score/{k}": v for k, v in sv.items()})
   arrays.update({f"test/score/{k}": v for k, v in st.items()})
-  np.savez(tmp_path / "s.npz", **arrays)
+  with atomic_open(tmp_path / "s.npz", "wb", seal=True) as f:  # sealed, as the ReProbe job writes it
+    np.savez(f, **arrays)
   c = combine(read_step_scores(str(tmp_path / "s.npz")), ["a", "b"])
   assert c.cascade_probe == "probe[good]"
   want = fit_fusion(sv["probe[weak]"], sv["prm"], yv)(st["probe[weak]"], st["prm"])
