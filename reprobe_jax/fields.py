@@ -174,16 +174,23 @@ SEED_LIMIT = 2**32
 """Seeds are ints in [0, 2**32): a PRNG key holds 32 bits of the seed, so a larger seed would silently wrap onto a
 smaller one (seed 7 and 7 + 2**32 would sample the same)."""
 
-SEED = Int(0, SEED_LIMIT - 1)
+
+@dataclasses.dataclass(frozen=True)
+class _Seed(Int):
+  def __str__(self) -> str:
+    return "a seed, " + super().__str__()
+
+
+SEED = _Seed(0, SEED_LIMIT - 1)
 """The one rule every public entry that takes a seed checks it against (configs through `check_fields`, arguments
-through `check_seed`)."""
+through `check_seed`): `expected a seed, an int in [0, 4294967295], got ...` either way."""
 
 
 def check_seed(value: Any, name: str) -> int:
-  """`value` as a Python int if it passes `SEED`; ConfigError `<name>: expected an int in [0, 4294967295], got ...`
-  otherwise (a float, a bool, a string, a negative or too large number)."""
+  """`value` as a Python int if it passes `SEED`; ConfigError `<name>: expected a seed, an int in [0, 4294967295],
+  got ...` otherwise (a float, a bool, a string, a negative or too large number)."""
   if not SEED.ok(value):
-    raise ConfigError(f"{name}: expected a seed, {SEED}, got {value!r}")
+    raise ConfigError(f"{name}: expected {SEED}, got {value!r}")
   return int(value)
 
 

@@ -114,7 +114,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ({"probe": {"dropout": 1.0}}, r"^config\.probe\.dropout: expected a finite number in \[0\.0, 1\.0\)"),
     ({"probe": {"d_model": -4}}, r"^config\.probe\.d_model"),
     ({"seed": {"a": 1}}, r"^config\.seed: expected an int, got \{'a': 1\}$"),
-    ({"seed": -1}, r"^config\.seed: expected an int in \[0, 4294967295\]"),
+    ({"seed": -1}, r"^config\.seed: expected a seed, an int in \[0, 4294967295\]"),
     ({"mode": "prose"}, r"^config\.mode: expected one of 'line', 'thinking', got 'prose'$"),
     ({"train_domains": ()}, r"^config\.train_domains: expected a non-empty distinct tuple"),
     ({"train_domains": ("chess",)}, r"^config\.train_domains: .*got \('chess',\)$"),

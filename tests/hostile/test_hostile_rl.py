@@ -226,13 +226,15 @@ def test_misshapen_advantage_inputs_are_named(make, match):
 
 @pytest.mark.parametrize("seed", [2**32, 2**64, -1, 1.5, True, "3"])
 def test_rl_seeds_follow_the_seed_rule(seed):
-  with pytest.raises(ConfigError, match=rf"^RLConfig\.seed: expected an int in \[0, 4294967295\], got {seed!r}"):
+  with pytest.raises(
+    ConfigError, match=rf"^RLConfig\.seed: expected a seed, an int in \[0, 4294967295\], got {seed!r}"
+  ):
     _tiny_rl(seed=seed)
   with pytest.raises(ConfigError, match=r"^config\.rl\.seed: expected"):
     rl_job.rl_config_from_dict({"seed": seed})
   with pytest.raises(ConfigError, match=r"^PromptSet\.plan: seed: expected a seed"):
     _PROMPTS.plan(seed, 0, 1, 1)
-  with pytest.raises(ConfigError, match=r"^TrainerConfig\.seed: expected an int in \[0, 4294967295\]"):
+  with pytest.raises(ConfigError, match=r"^TrainerConfig\.seed: expected a seed, an int in \[0, 4294967295\]"):
     TrainerConfig(steps=1, seed=seed)
 
 

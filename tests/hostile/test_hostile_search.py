@@ -64,7 +64,7 @@ def lm():
 
 @pytest.mark.parametrize("seed", [7 + 2**32, 2**64, -1, 1.5, True, "7", None])
 def test_a_search_seed_outside_32_bits_is_refused_not_wrapped(seed):
-  with pytest.raises(ConfigError, match=r"^SearchConfig\.seed: expected an int in \[0, 4294967295\], got "):
+  with pytest.raises(ConfigError, match=r"^SearchConfig\.seed: expected a seed, an int in \[0, 4294967295\], got "):
     SearchConfig(seed=seed)
   assert SearchConfig(seed=2**32 - 1).seed == 2**32 - 1
 

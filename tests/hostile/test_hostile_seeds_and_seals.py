@@ -63,7 +63,7 @@ def test_the_discovery_finds_the_configs():
 @pytest.mark.parametrize("seed", BAD_SEEDS, ids=repr)
 def test_every_config_refuses_a_seed_past_32_bits_or_of_another_type(cls, seed):
   """Seed 7 and 7 + 2**32 used to sample the same; 2**64 and 2**70 ended in a raw OverflowError."""
-  with pytest.raises(ConfigError, match=rf"^{cls.__name__}\.seed: expected an int in \[0, 4294967295\]"):
+  with pytest.raises(ConfigError, match=rf"^{cls.__name__}\.seed: expected a seed, an int in \[0, 4294967295\]"):
     cls(seed=seed, **REQUIRED.get(cls.__name__, {}))
 
 
@@ -84,7 +84,7 @@ def test_check_seed_names_the_argument_and_returns_a_python_int():
     check_seeds(5, "s")
   with pytest.raises(ConfigError, match=r"^s: expected a sequence of seeds"):
     check_seeds("12", "s")
-  assert str(SEED) == "an int in [0, 4294967295]"
+  assert str(SEED) == "a seed, an int in [0, 4294967295]"
 
 
 @pytest.mark.parametrize("seed", [2**32, -1, 1.5])

@@ -510,7 +510,7 @@ def test_lifted_fields_are_named_where_written_and_sections_where_theirs():
 
 @pytest.mark.parametrize("seeds", [(0, -1), (0, 2**32), (0, 1.5), (0, [1]), (0,)])
 def test_a_bad_seeds_flag_is_named_as_typed(seeds):
-  with pytest.raises(ConfigError, match=r"^config\.seeds: expected two or more distinct seeds, each an int in \[0, "):
+  with pytest.raises(ConfigError, match=r"^config\.seeds: expected two or more distinct seeds, each a seed, an int in \[0, "):
     check_config_seeds(seeds)
 
 
@@ -531,7 +531,9 @@ def test_eval_py_names_the_seed_flag_and_writes_nothing(tmp_path):
     timeout=300,
   )
   assert proc.returncode == 1, proc.stderr[-2000:]
-  assert proc.stderr.strip().splitlines()[-1] == "error: config.seed: expected an int in [0, 4294967295], got -1"
+  assert (
+    proc.stderr.strip().splitlines()[-1] == "error: config.seed: expected a seed, an int in [0, 4294967295], got -1"
+  )
   assert not workdir.exists()
 
 
@@ -559,5 +561,7 @@ def test_every_entry_names_the_seed_flag(tmp_path, script, config, job_name):
     argv.append(f"--config.target.workdir={workdir}/target")
   proc = subprocess.run([sys.executable, script, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1, proc.stderr[-2000:]
-  assert proc.stderr.strip().splitlines()[-1].startswith("error: config.seed: expected an int in [0, 4294967295]")
+  assert (
+    proc.stderr.strip().splitlines()[-1].startswith("error: config.seed: expected a seed, an int in [0, 4294967295]")
+  )
   assert not workdir.exists()
