@@ -510,7 +510,9 @@ def test_lifted_fields_are_named_where_written_and_sections_where_theirs():
 
 @pytest.mark.parametrize("seeds", [(0, -1), (0, 2**32), (0, 1.5), (0, [1]), (0,)])
 def test_a_bad_seeds_flag_is_named_as_typed(seeds):
-  with pytest.raises(ConfigError, match=r"^config\.seeds: expected two or more distinct seeds, each a seed, an int in \[0, "):
+  with pytest.raises(
+    ConfigError, match=r"^config\.seeds: expected two or more distinct seeds, each a seed, an int in \[0, "
+  ):
     check_config_seeds(seeds)
 
 
