@@ -188,11 +188,11 @@ class IdBook:
   def __init__(self):
     self._seen: dict[str, str] = {}
 
-  def add(self, at: RecordAt, field: str = "id") -> None:
-    """Records `at.id`; the error naming both records when it was seen before."""
-    if at.id in self._seen:
-      raise at.error(field, f"repeats the id {at.id!r} of {self._seen[at.id]} (ids must be unique in a file)")
-    self._seen[at.id] = at.where
+  def add(self, at: RecordAt, id: str, field: str = "id") -> None:
+    """Records the id of the record at `at`; the error naming both records when it was seen before."""
+    if id in self._seen:
+      raise at.error(field, f"repeats the id {id!r} of {self._seen[id]} (ids must be unique in a file)")
+    self._seen[id] = at.where
 
 
 def stem(path: str) -> str:

@@ -55,7 +55,7 @@ def read_gsm8k(path: str | os.PathLike) -> list[MathProblem]:
   out, ids = [], IdBook()
   for at, record in read_records(path, "GSM8K file"):
     obj = at.object(record)
-    _set_id(at, obj, "id", path, ids)
+    rid = _set_id(at, obj, "id", path, ids)
     question = at.take(obj, "question", "text")
     worked, mark, final = at.take(obj, "answer", "text").rpartition("####")
     if not mark:
@@ -63,7 +63,7 @@ def read_gsm8k(path: str | os.PathLike) -> list[MathProblem]:
     if not final.strip():
       raise at.error("answer", "has nothing after its '####'")
     meta = _rest(obj, ("id", "question", "answer"))
-    out.append(MathProblem(at.id, question, final.strip(), worked.strip(), "gsm8k", meta))
+    out.append(MathProblem(rid, question, final.strip(), worked.strip(), "gsm8k", meta))
   return out
 
 
@@ -77,7 +77,7 @@ def read_math(path: str | os.PathLike) -> list[MathProblem]:
   out, ids = [], IdBook()
   for at, record in read_records(path, "MATH file"):
     obj = at.object(record)
-    _set_id(at, obj, "unique_id", path, ids)
+    rid = _set_id(at, obj, "unique_id", path, ids)
     question = at.take(obj, "problem", "text")
     solution = at.take(obj, "solution", "string")
     level = obj.get("level")
@@ -93,7 +93,7 @@ def read_math(path: str | os.PathLike) -> list[MathProblem]:
       if not answer.strip():
         raise at.error("solution", "ends with an empty \\boxed{} and the record has no 'answer' field")
     meta = _rest(obj, ("problem", "solution", "answer"))
-    out.append(MathProblem(at.id, question, answer.strip(), solution, "math", meta))
+    out.append(MathProblem(rid, question, answer.strip(), solution, "math", meta))
   return out
 
 
@@ -104,11 +104,11 @@ def read_plain(path: str | os.PathLike) -> list[MathProblem]:
   out, ids = [], IdBook()
   for at, record in read_records(path, "JSONL file of problems"):
     obj = at.object(record)
-    _set_id(at, obj, "id", path, ids)
+    rid = _set_id(at, obj, "id", path, ids)
     question = at.take(obj, "question", "text")
     answer = at.take(obj, "answer", "answer")
     meta = _rest(obj, ("id", "question", "answer"))
-    out.append(MathProblem(at.id, question, answer.strip(), None, "jsonl", meta))
+    out.append(MathProblem(rid, question, answer.strip(), None, "jsonl", meta))
   return out
 
 
@@ -151,7 +151,7 @@ def read_processbench(path: str | os.PathLike) -> list[LabelledSolution]:
   for at, record in read_records(path, "ProcessBench file"):
     obj = at.object(record)
     at.id = at.take(obj, "id", "id")
-    ids.add(at)
+    ids.add(at, at.id)
     question = at.take(obj, "problem", "text")
     steps = _texts(at, at.take(obj, "steps", "list"), "steps")
     label = at.take(obj, "label", "int")
@@ -173,7 +173,8 @@ def read_prm800k(path: str | os.PathLike) -> tuple[list[MathProblem], list[Label
   stopped). A step with several completions and none chosen ends the solution; a step after it is refused.
 
   Labels, as in "Let's Verify Step by Step" (Lightman et al., 2023): rating -1 is incorrect (1.0), 0 (neutral)
-  and +1 correct (0.0), a null rating unknown (None); the raw ratings are kept in `meta["ratings"]`.
+  and +1 correct (0.0), a null rating unknown (None); the raw ratings are kept in `meta["ratings"]`, with the
+  line's labeler, timestamp, generation, finish_reason and phase 2's pre_generated_answer.
   `final_answer_correct` is True when the labelling finished at a correct solution (`finish_reason` 'solution')
   and None otherwise (an error found says nothing of the final answer). Each distinct problem is also a
   MathProblem (reference answer `question.ground_truth_answer`). A rating outside -1..1 or a `chosen_completion`
@@ -184,7 +185,6 @@ def read_prm800k(path: str | os.PathLike) -> tuple[list[MathProblem], list[Label
   solutions = []
   for at, record in read_records(path, "PRM800K file"):
     obj = at.object(record)
-    at.id = f"{stem(path)}-{at.key}"
     q = at.take(obj, "question", "object")
     question = at.take(q, "problem", "text", field="question.problem")
     answer = at.take(q, "ground_truth_answer", "answer", field="question.ground_truth_answer").strip()
@@ -204,9 +204,12 @@ def read_prm800k(path: str | os.PathLike) -> tuple[list[MathProblem], list[Label
       continue
     labels = tuple(None if r is None else float(r == -1) for r in ratings)
     meta = {k: v for k, v in obj.items() if k not in ("question", "label")}
+    meta.update({k: v for k, v in q.items() if k in ("pre_generated_answer", "pre_generated_verifier_score")})
     meta.update(finish_reason=finish, ratings=list(ratings))
     final = True if finish == "solution" else None
-    solutions.append(LabelledSolution(at.id, pid, question, tuple(steps), labels, final, "prm800k", meta))
+    solutions.append(
+      LabelledSolution(f"{stem(path)}-{at.key}", pid, question, tuple(steps), labels, final, "prm800k", meta)
+    )
   return [p for p, _ in problems.values()], solutions
 
 
@@ -259,11 +262,14 @@ def _texts(at: RecordAt, values: list, field: str) -> tuple[str, ...]:
   return tuple(at.check(v, "text", f"{field}[{i}]") for i, v in enumerate(values))
 
 
-def _set_id(at: RecordAt, obj: dict, name: str, path: str, ids: IdBook) -> None:
-  """The record's id from field `name` when present, else `<file stem>-<line>`; refused when repeated."""
-  given = at.take(obj, name, "id", optional=True)
-  at.id = given if given is not None else f"{stem(path)}-{at.key}"
-  ids.add(at, name if given is not None else "id")
+def _set_id(at: RecordAt, obj: dict, name: str, path: str, ids: IdBook) -> str:
+  """The record's id: field `name` when present (then named in every later error), else `<file stem>-<line>`;
+  refused when another record of the file has it."""
+  at.id = at.take(obj, name, "id", optional=True)
+  own = at.id is not None
+  rid = at.id if own else f"{stem(path)}-{at.key}"
+  ids.add(at, rid, name if own else f"{name} (none given, so {rid!r})")
+  return rid
 
 
 def _rest(obj: dict, read: tuple[str, ...]) -> dict[str, Any]:
