@@ -98,7 +98,7 @@ def test_math_reads_the_answer_field_or_the_last_boxed_of_the_solution(tmp_path)
   }
   a, b = read_math(write_lines(tmp_path / "math.jsonl", [math500, hendrycks]))
   assert (a.id, a.answer, a.source) == ("test/precalculus/807.json", "\\left( 3, \\frac{\\pi}{2} \\right)", "math")
-  assert a.meta == {"subject": "Precalculus", "level": 2, "unique_id": "test/precalculus/807.json"}
+  assert a.meta == {"subject": "Precalculus", "level": 2}
   assert (b.id, b.answer, b.solution) == ("math-2", "\\frac{3}{4}", hendrycks["solution"])
   assert b.meta == {"level": "Level 1", "type": "Prealgebra"}
 

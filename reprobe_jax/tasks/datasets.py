@@ -51,20 +51,16 @@ def read_gsm8k(path: str | os.PathLike) -> list[MathProblem]:
   `answer` is the text after the last '####' as written (thousands separators kept, '1,000'), `solution` the worked
   text before it (GSM8K's calculator annotations `<<48/2=24>>` kept). A record without '####', or with nothing
   after it, is refused naming the line and the field 'answer'. An optional `id` is used when present."""
-  path = os.fspath(path)
-  out, ids = [], IdBook()
-  for at, record in read_records(path, "GSM8K file"):
-    obj = at.object(record)
-    rid = _set_id(at, obj, "id", path, ids)
-    question = at.take(obj, "question", "text")
+
+  def answer(at: RecordAt, obj: dict) -> tuple[str, str]:
     worked, mark, final = at.take(obj, "answer", "text").rpartition("####")
     if not mark:
       raise at.error("answer", "has no '#### <final answer>' (GSM8K writes the final value after '#### ')")
     if not final.strip():
       raise at.error("answer", "has nothing after its '####'")
-    meta = _rest(obj, ("id", "question", "answer"))
-    out.append(MathProblem(rid, question, final.strip(), worked.strip(), "gsm8k", meta))
-  return out
+    return final, worked.strip()
+
+  return _read_problems(path, "gsm8k", ("id", "question", "answer"), answer)
 
 
 def read_math(path: str | os.PathLike) -> list[MathProblem]:
@@ -72,43 +68,56 @@ def read_math(path: str | os.PathLike) -> list[MathProblem]:
   Hugging Face HuggingFaceH4/MATH-500 test.jsonl, or Hendrycks' MATH problems gathered into one JSONL): the
   answer is the `answer` field when present, else the content of the solution's last `\\boxed{...}` (or
   `\\fbox{...}`), nested braces included; neither is a DataFormatError naming the line and 'solution'. The id is
-  `unique_id` when present; level, type / subject and unique_id go to `meta`."""
-  path = os.fspath(path)
-  out, ids = [], IdBook()
-  for at, record in read_records(path, "MATH file"):
-    obj = at.object(record)
-    rid = _set_id(at, obj, "unique_id", path, ids)
-    question = at.take(obj, "problem", "text")
+  `unique_id` when present; level, type / subject and any other field go to `meta`."""
+
+  def answer(at: RecordAt, obj: dict) -> tuple[str, str]:
     solution = at.take(obj, "solution", "string")
     level = obj.get("level")
     if level is not None and (isinstance(level, bool) or not isinstance(level, (str, int))):
       raise at.error("level", f"must be a string ('Level 3') or an integer, got {shown(level)}")
     for name in ("type", "subject"):
       at.take(obj, name, "string", optional=True)
-    answer = at.take(obj, "answer", "answer", optional=True)
-    if answer is None:
-      answer = last_boxed(solution)
-      if answer is None:
-        raise at.error("solution", "has no \\boxed{...} final answer and the record no 'answer' field")
-      if not answer.strip():
-        raise at.error("solution", "ends with an empty \\boxed{} and the record has no 'answer' field")
-    meta = _rest(obj, ("problem", "solution", "answer"))
-    out.append(MathProblem(rid, question, answer.strip(), solution, "math", meta))
-  return out
+    given = at.take(obj, "answer", "answer", optional=True)
+    if given is not None:
+      return given, solution
+    boxed = last_boxed(solution)
+    if boxed is None:
+      raise at.error("solution", "has no \\boxed{...} final answer and the record no 'answer' field")
+    if not boxed.strip():
+      raise at.error("solution", "ends with an empty \\boxed{} and the record has no 'answer' field")
+    return boxed, solution
+
+  return _read_problems(path, "math", ("unique_id", "problem", "solution", "answer"), answer)
 
 
 def read_plain(path: str | os.PathLike) -> list[MathProblem]:
   """A plain JSONL of problems (`{"question", "answer", "id"?}`; any other fields go to `meta`): answers are text
   or numbers (kept as text); ids default to `<file stem>-<line>`; a repeated id is refused naming both lines."""
+  return _read_problems(
+    path, "jsonl", ("id", "question", "answer"), lambda at, obj: (at.take(obj, "answer", "answer"), None)
+  )
+
+
+_FILES = {"gsm8k": "GSM8K file", "math": "MATH file", "jsonl": "JSONL file of problems"}
+
+
+def _read_problems(
+  path: str | os.PathLike,
+  source: str,
+  fields: tuple[str, ...],
+  answer: Callable[[RecordAt, dict], tuple[str, str | None]],
+) -> list[MathProblem]:
+  """The loop the problem formats share. `fields` are the id field, the question field and the fields `answer`
+  reads (the record's other fields go to `meta`); `answer(at, obj)` gives the reference answer and the worked
+  solution (or None)."""
   path = os.fspath(path)
   out, ids = [], IdBook()
-  for at, record in read_records(path, "JSONL file of problems"):
+  for at, record in read_records(path, _FILES[source]):
     obj = at.object(record)
-    rid = _set_id(at, obj, "id", path, ids)
-    question = at.take(obj, "question", "text")
-    answer = at.take(obj, "answer", "answer")
-    meta = _rest(obj, ("id", "question", "answer"))
-    out.append(MathProblem(rid, question, answer.strip(), None, "jsonl", meta))
+    rid = _set_id(at, obj, fields[0], path, ids)
+    question = at.take(obj, fields[1], "text")
+    final, solution = answer(at, obj)
+    out.append(MathProblem(rid, question, final.strip(), solution, source, _rest(obj, fields)))
   return out
 
 
