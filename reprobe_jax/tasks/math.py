@@ -4,8 +4,8 @@
 answer equals a reference one and why (an `AnswerVerdict`), and `is_equivalent` is its yes/no. Numbers, fractions,
 decimals, percents, thousands separators, units, currency signs, `x = ...`, tuples, intervals and plain words are
 settled by exact rules (`tasks/math_normalize.py`); everything else by math-verify (Hugging Face's Math-Verify
-library) in a worker process with a time limit that holds in
-any thread and in worker processes (`tasks/math_sandbox.py`). docs/tasks.md ("Math answers") gives the rules.
+library) in a worker process, with a time limit that holds in any thread and in worker processes
+(`tasks/math_sandbox.py`). docs/tasks.md ("Math answers") gives the rules.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ REASONS = {
   "comparison failed": None,
 }
 
-_GSM8K = re.compile(r"####[ \t]*([^\n]*)")
-_THE_ANSWER_IS = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\s*:?[ \t]*([^\n]*)", re.IGNORECASE)
+_GSM8K = re.compile(r"####")
+_THE_ANSWER_IS = re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b:?", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
 _LAST_NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 
@@ -74,10 +74,10 @@ def extract_answer(text: str) -> str | None:
   if boxed is not None:
     return boxed
   for pattern in (_GSM8K, _THE_ANSWER_IS):
-    found = [m.group(1) for m in pattern.finditer(text)]
-    if found:
-      sentence = _SENTENCE_END.split(found[-1], maxsplit=1)[0] if pattern is _THE_ANSWER_IS else found[-1]
-      answer = _tidy(sentence)
+    ends = [m.end() for m in pattern.finditer(text)]
+    if ends:
+      line = text[ends[-1] :].split("\n", 1)[0]
+      answer = _tidy(_SENTENCE_END.split(line, maxsplit=1)[0] if pattern is _THE_ANSWER_IS else line)
       if answer is not None:
         return answer
   numbers = _LAST_NUMBER.findall(text)

@@ -89,7 +89,7 @@ def clean(text: str) -> str:
       s = s[len(opening) : -len(closing)].strip()
       break
   s = _DFRAC.sub(r"\\frac", s)
-  s = _TEXT.sub(r" \1 ", s)
+  s = _TEXT.sub(r" \1", s)
   s = _LEFT_RIGHT.sub("", s)
   s = _SPACING.sub(" ", s)
   s = _DEGREES.sub("", s)
