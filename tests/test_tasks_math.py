@@ -242,3 +242,14 @@ def test_time_limit_holds_in_a_worker_process():
     pid, owners, result = pool.submit(_owners_then_timed_slow_judge).result(timeout=60)
   assert owners == [pid]  # the child compared with a worker of its own, not one of its parent's
   _check_timed(result)
+
+
+@pytest.mark.parametrize(
+  "text",
+  ["\\boxed{" * 100_000, "\\boxed{}" * 100_000, "\\boxed 5" * 100_000, "the answer is " * 50_000, "1" * 200_000 + "!"],
+)
+def test_extraction_and_the_exact_rules_stay_linear_on_hostile_text(text):
+  start = time.monotonic()
+  extract_answer(text)
+  judge_answer(text[:100_000], "1", timeout=LIMIT_S)  # goes to math-verify when the exact rules cannot settle it
+  assert time.monotonic() - start < 5.0  # measured: 0.2-0.6 s each for the extraction on a 2-core machine

@@ -15,6 +15,7 @@ from fractions import Fraction
 ROUND_PLACES = 6  # a decimal answer is compared to this many places, as math-verify's default float_rounding
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BOX_TOKEN = re.compile(r"\s+([^\s${}\\]+)")  # `\boxed 5`: the token after the space
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _DFRAC = re.compile(r"\\[dt]frac(?![A-Za-z])")
 _TEXT = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -40,11 +41,11 @@ _WORDS = re.compile(r"[^\W\d_]+(?:[\s'\-]+[^\W\d_]+)*")
 _OPEN, _CLOSE = {"(": 1, "[": 1, "{": 1}, {")": 1, "]": 1, "}": 1}
 
 
-def balanced_group(text: str, start: int) -> str | None:
+def balanced_group(text: str, start: int, limit: int | None = None) -> str | None:
   """The text inside the brace group opening at `text[start] == '{'`, braces balanced and escaped braces (`\\{`)
-  passed over; None when the group is not closed."""
-  depth, j = 0, start
-  while j < len(text):
+  passed over; None when the group does not close before `limit` (default: the end)."""
+  depth, j, end = 0, start, len(text) if limit is None else limit
+  while j < end:
     c = text[j]
     if c == "\\":
       j += 2
@@ -60,14 +61,21 @@ def balanced_group(text: str, start: int) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-  """The content of the last well-formed, non-empty `\\boxed{...}` / `\\fbox{...}` (or `\\boxed 5`), stripped."""
+  """The content of the last well-formed, non-empty `\\boxed{...}` / `\\fbox{...}` (or `\\boxed 5`), stripped.
+
+  Linear in the text however many boxes it holds: when a box does not close, no earlier box can close after its
+  start (it would have to close the later one first), so earlier scans stop there."""
+  limit = len(text)
   for m in reversed(list(_BOX.finditer(text))):
-    rest = text[m.end() :]
-    gap = len(rest) - len(rest.lstrip())
-    if rest[gap : gap + 1] == "{":
-      content = balanced_group(text, m.end() + gap)
+    j = m.end()
+    while j < limit and text[j].isspace():
+      j += 1
+    if j < limit and text[j] == "{":
+      content = balanced_group(text, j, limit)
+      if content is None:
+        limit = m.start()
     else:
-      token = re.match(r"\s+([^\s${}]+)", rest)
+      token = _BOX_TOKEN.match(text, m.end())
       content = token.group(1) if token else None
     if content and content.strip():
       return content.strip()
