@@ -24,21 +24,18 @@ def _watch_parent(parent: int) -> None:
 
 
 def _parse(parse, text: str) -> list:
-  # `$...$` makes math-verify read the whole answer as LaTeX; no fallback, so an empty list means unparseable.
-  return parse(f"${text}$", fallback_mode="no_fallback", parsing_timeout=None)
+  """math-verify's readings of `text` as LaTeX (the `$...$`), none when it reads nothing or raises (no fallback)."""
+  try:
+    return parse(f"${text}$", fallback_mode="no_fallback", parsing_timeout=None)
+  except Exception:
+    return []
 
 
 def _compare(parse, verify, predicted: str, reference: str) -> tuple[bool | None, str]:
-  try:
-    gold = _parse(parse, reference)
-  except Exception:
-    gold = []
+  gold = _parse(parse, reference)
   if not gold:
     return None, "unparseable reference"
-  try:
-    pred = _parse(parse, predicted)
-  except Exception:
-    pred = []
+  pred = _parse(parse, predicted)
   if not pred:
     return None, "unparseable prediction"
   try:
