@@ -11,9 +11,9 @@ import pytest
 
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.tasks.dataset_records import LabelledSolution
+from reprobe_jax.tasks.math_normalize import last_boxed
 from reprobe_jax.tasks.datasets import (
   FORMATS,
-  last_boxed,
   problem_id,
   read_dataset,
   read_gsm8k,

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from reprobe_jax.io.readers import shown
 from reprobe_jax.registry import Registry
+from reprobe_jax.tasks.math_normalize import last_boxed
 from reprobe_jax.tasks.dataset_records import (
   Dataset,
   IdBook,
@@ -119,31 +120,6 @@ def _read_problems(
     final, solution = answer(at, obj)
     out.append(MathProblem(rid, question, final.strip(), solution, source, _rest(obj, fields)))
   return out
-
-
-def last_boxed(text: str) -> str | None:
-  """The content of the last `\\boxed{...}` or `\\fbox{...}` of `text`, nested braces kept (an escaped `\\{`, `\\}`
-  is a literal brace, not a group's), or the token after `\\boxed ` (`\\boxed 5`); None when there is none or its
-  group is not closed."""
-  start, command = max((text.rfind(c), c) for c in ("\\boxed", "\\fbox"))
-  if start < 0:
-    return None
-  i = start + len(command)
-  if text.startswith(" ", i):  # \boxed 5: one token, up to a space or the closing '$'
-    token = text[i:].split()
-    return token[0].split("$")[0] or None if token else None
-  if not text.startswith("{", i):
-    return None
-  depth, j = 0, i
-  while j < len(text):
-    if text[j] == "\\":
-      j += 2  # the escaped character is text, whatever it is
-      continue
-    depth += {"{": 1, "}": -1}.get(text[j], 0)
-    if depth == 0:
-      return text[i + 1 : j]
-    j += 1
-  return None
 
 
 # ---- step-labelled solutions ----
