@@ -5,6 +5,7 @@ process on an answer sympy would chew on for minutes (`9^{9^{9}}` against `1`)."
 from __future__ import annotations
 
 import concurrent.futures
+import multiprocessing
 import os
 import threading
 import time
@@ -237,8 +238,10 @@ def _owners_then_timed_slow_judge() -> tuple[int, list[int], tuple[AnswerVerdict
 
 
 def test_time_limit_holds_in_a_worker_process():
-  judge_answer("\\sqrt{4}", "2")  # the parent holds a worker when it forks: the child must start its own
-  with concurrent.futures.ProcessPoolExecutor(max_workers=1) as pool:
+  """In a pool worker (spawned: forking a process that runs JAX's threads can deadlock, so the test never forks)."""
+  judge_answer("\\sqrt{4}", "2")  # the parent holds a worker: the child must start its own
+  spawn = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
     pid, owners, result = pool.submit(_owners_then_timed_slow_judge).result(timeout=60)
   assert owners == [pid]  # the child compared with a worker of its own, not one of its parent's
   _check_timed(result)
