@@ -1,4 +1,6 @@
-"""Task families with exact step checkers, answer formats and scripted training traces (docs/tasks.md).
+"""Task families with exact step checkers, answer formats and scripted training traces (docs/tasks.md); math
+answers (`extract_answer`, `judge_answer` / `is_equivalent`) and readers of public data files (`read_dataset`:
+GSM8K, MATH, plain JSONL, ProcessBench, PRM800K).
 
 Each family's module registers its instance in `FAMILIES` (`tasks.base`) when imported; this package imports them
 all, so `get_family(name)` finds every built-in family.
@@ -23,7 +25,10 @@ from reprobe_jax.tasks.formats import (
   step_texts_for_check,
   user_prompt,
 )
+from reprobe_jax.tasks.dataset_records import Dataset, LabelledSolution, MathProblem
+from reprobe_jax.tasks.datasets import read_dataset
 from reprobe_jax.tasks.io import read_problems, write_problems
+from reprobe_jax.tasks.math import AnswerVerdict, extract_answer, is_equivalent, judge_answer
 from reprobe_jax.tasks.planning import Planning
 from reprobe_jax.tasks.qa import MultiHopQA
 from reprobe_jax.tasks.traces import Trace, TraceNoise, solve, solve_many
@@ -66,7 +71,9 @@ def make_problems(family: str | TaskFamily, n: int, seed: int, difficulty: int) 
 
 
 __all__ = [
+  "AnswerVerdict",
   "DIFFICULTIES",
+  "Dataset",
   "DOMAINS",
   "FAMILIES",
   "Arithmetic",
@@ -76,16 +83,22 @@ __all__ = [
   "TaskFamily",
   "Trace",
   "TraceNoise",
+  "LabelledSolution",
+  "MathProblem",
   "check_response",
   "check_thinking",
   "classify_paragraph",
+  "extract_answer",
   "first_error",
   "formats",
   "get_family",
   "io",
+  "is_equivalent",
+  "judge_answer",
   "make_problems",
   "parse_line",
   "parse_thinking",
+  "read_dataset",
   "read_problems",
   "render_line",
   "render_thinking",
