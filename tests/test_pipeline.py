@@ -201,7 +201,8 @@ def test_logistic_regression_baseline_separates_and_matches_sklearn():
 
 def test_few_shot_prompts_hold_worked_examples_of_the_same_family(lm):
   from reprobe_jax.tasks import get_family
-  from reprobe_jax.trajectories import SHOT_SEED, few_shot_turns, prompt_text
+  from reprobe_jax.tasks.examples import SHOT_SEED
+  from reprobe_jax.trajectories import few_shot_turns, prompt_text
 
   problem = make_problems("qa", 1, 7, 2)[0]
   turns = few_shot_turns(problem, "line", 2)
@@ -226,7 +227,8 @@ def test_few_shot_prompts_hold_worked_examples_of_the_same_family(lm):
 def test_first_step_prompts_spell_out_the_examples_and_the_question(lm):
   from reprobe_jax.errors import ConfigError
   from reprobe_jax.tasks import get_family
-  from reprobe_jax.trajectories import SHOT_SEED, TrajectoryConfig, few_shot_turns, prompt_text
+  from reprobe_jax.tasks.examples import SHOT_SEED
+  from reprobe_jax.trajectories import TrajectoryConfig, few_shot_turns, prompt_text
 
   family = get_family("qa")
   problem = make_problems("qa", 1, 7, 1)[0]
@@ -242,7 +244,8 @@ def test_first_step_prompts_spell_out_the_examples_and_the_question(lm):
 def test_goal_mark_marks_the_move_into_the_goal_in_planning_examples_only(lm):
   from reprobe_jax.errors import ConfigError
   from reprobe_jax.tasks import get_family
-  from reprobe_jax.trajectories import SHOT_SEED, TrajectoryConfig, few_shot_turns, prompt_text, with_done_mark
+  from reprobe_jax.tasks.examples import SHOT_SEED, with_done_mark
+  from reprobe_jax.trajectories import TrajectoryConfig, few_shot_turns, prompt_text
 
   family = get_family("planning")
   problem = make_problems("planning", 1, 7, 1)[0]

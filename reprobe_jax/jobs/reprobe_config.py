@@ -19,7 +19,7 @@ from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.prm.train import PRMTrainConfig
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.train import ProbeTrainConfig
-from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, Problem
+from reprobe_jax.tasks import DIFFICULTIES, FAMILIES, Problem
 from reprobe_jax.tasks.formats import MODES
 from reprobe_jax.tasks.splits import spread
 from reprobe_jax.trajectories import TrajectoryConfig, prompt_text
@@ -86,8 +86,8 @@ class ReprobeConfig:
       {
         "seed": SEED,
         "mode": OneOf(MODES),
-        "train_domains": Seq(OneOf(DOMAINS)),
-        "ood_domains": Seq(OneOf(DOMAINS), nonempty=False),
+        "train_domains": Seq(OneOf(FAMILIES.names())),
+        "ood_domains": Seq(OneOf(FAMILIES.names()), nonempty=False),
         "train_problems": Int(1),
         "val_problems": Int(1),
         "test_problems": Int(1),

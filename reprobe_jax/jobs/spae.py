@@ -35,7 +35,7 @@ from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
 from reprobe_jax.spae.metrics import ThinkingOutcome
 from reprobe_jax.spae.potential import ProbeConfig, StepPotentials
 from reprobe_jax.spae.prober import Prober
-from reprobe_jax.tasks import DIFFICULTIES, DOMAINS, Problem
+from reprobe_jax.tasks import DIFFICULTIES, FAMILIES, Problem
 from reprobe_jax.tasks.splits import spread
 from reprobe_jax.trajectories import prompt_text
 
@@ -65,8 +65,8 @@ class SPAEJobConfig:
       self,
       {
         "problems": Int(1),
-        "domains": Seq(OneOf(DOMAINS)),
-        "in_domain": Seq(OneOf(DOMAINS)),
+        "domains": Seq(OneOf(FAMILIES.names())),
+        "in_domain": Seq(OneOf(FAMILIES.names())),
         "difficulties": Seq(OneOf(DIFFICULTIES)),
         "samples": Int(1),
         "max_new_tokens": Int(1),

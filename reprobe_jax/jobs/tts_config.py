@@ -10,7 +10,7 @@ from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, 
 from reprobe_jax.jobs.reprobe_records import PRM_ID, ScorerId
 from reprobe_jax.prm.train import PRMTrainConfig
 from reprobe_jax.scorers import BASELINES
-from reprobe_jax.tasks import DOMAINS
+from reprobe_jax.tasks import FAMILIES
 from reprobe_jax.tts.config import AGGREGATIONS, MAX_LOOKAHEAD, MAX_ROWS, MAX_STEPS, STRATEGIES
 
 DVTS_CANDIDATES = 4  # N per subtree; the budget's rest is subtrees (search-and-learn's DVTS default shape)
@@ -61,7 +61,7 @@ class TTSConfig:
       self,
       {
         "problems": Int(1),
-        "domains": Seq(OneOf(DOMAINS)),
+        "domains": Seq(OneOf(FAMILIES.names())),
         "scorers": Seq(ScorerName()),
         "strategies": Seq(OneOf(STRATEGIES.names())),
         "budgets": Seq(Int(1, MAX_ROWS)),

@@ -14,7 +14,7 @@ from reprobe_jax.fields import SEED, Int, OneOf, Real, Seq, check_fields, field_
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
-from reprobe_jax.tasks import DIFFICULTIES, DOMAINS
+from reprobe_jax.tasks import DIFFICULTIES, FAMILIES
 from reprobe_jax.train.optimizer import OptimizerConfig
 
 
@@ -92,7 +92,7 @@ class RLConfig:
         "kl_coef": Real(0.0),
         "alpha": Real(0.0, 1.0),
         "xi": Real(0.0),
-        "train_domains": Seq(OneOf(DOMAINS)),
+        "train_domains": Seq(OneOf(FAMILIES.names())),
         "train_difficulties": Seq(OneOf(DIFFICULTIES)),
         "train_problems": Int(1),
         "few_shot": Int(0),

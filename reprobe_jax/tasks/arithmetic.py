@@ -17,16 +17,8 @@ from typing import Any
 import numpy as np
 
 from reprobe_jax.io.readers import shown
-from reprobe_jax.tasks.base import (
-  FAMILIES,
-  Problem,
-  State,
-  TaskFamily,
-  advance_pointer,
-  family_rng,
-  integer_text,
-  read_int,
-)
+from reprobe_jax.tasks.family import SyntheticFamily
+from reprobe_jax.tasks.base import register_task, Problem, State, advance_pointer, family_rng, integer_text, read_int
 
 _OPS = ("+", "-", "*")
 _WORDS = {"+": "+ {b}", "-": "- {b}", "*": "* {b}"}
@@ -63,7 +55,7 @@ def _feasible(v: int) -> list[tuple[str, int, int]]:
   return out
 
 
-class Arithmetic(TaskFamily):
+class Arithmetic(SyntheticFamily):
   """Start value plus operations; state = (index of the next operation, previous written result)."""
 
   name = "arithmetic"
@@ -239,4 +231,4 @@ class Arithmetic(TaskFamily):
     ]
 
 
-FAMILIES.register(Arithmetic.name, Arithmetic())
+register_task(Arithmetic())

@@ -1,6 +1,12 @@
-"""Problem records and the interface every task family implements (the rule-based annotator of docs/method.md §A2(a)).
+"""Problem records, the task interface and its registry, and the synthetic families' base class.
 
-A family is a small state machine over the steps of a solution. `judge_step` takes the state left by the steps
+A task (`Task`) is what a job needs to know about a kind of problem: how to ask it (the user message, worked
+examples), how to read a response (steps and the final answer, in either response format of docs/method.md §A1),
+whether an answer is right (equivalence with the reference), and, where it can, whether each step is right (an exact
+checker: the rule-based annotator of docs/method.md §A2(a)). Tasks are registered by name in `TASKS`; a problem's
+`domain` names its task, so user code adds a kind of problem by registering a `Task` (`register_task`).
+
+A synthetic family (`TaskFamily`) is a task with a generator, a scripted solver and an exact checker. A family is a small state machine over the steps of a solution. `judge_step` takes the state left by the steps
 *as written* and one parsed step, and says whether that step follows validly; the state it returns is built from
 what the step wrote, right or wrong, so an error is counted where it happens and later steps that build correctly
 on a wrong value are correct.
@@ -23,7 +29,6 @@ import numpy as np
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.registry import Registry
 
-DOMAINS = ("arithmetic", "planning", "qa")
 DIFFICULTIES = (1, 2, 3)
 _FIELDS = (("id", str), ("domain", str), ("question", str), ("answer", str), ("data", dict))
 
@@ -69,10 +74,13 @@ class Problem:
       values[name] = value
     if not values["id"]:
       raise DataFormatError(f"{where}: field 'id' is empty")
-    if values["domain"] not in DOMAINS:
-      raise DataFormatError(f"{where}: field 'domain' must be one of {', '.join(DOMAINS)}, found {values['domain']!r}")
+    if values["domain"] not in TASKS:
+      raise DataFormatError(
+        f"{where}: field 'domain' names no registered task: {values['domain']!r} (registered: "
+        f"{', '.join(TASKS.names())}; `reprobe_jax.tasks.register_task` adds one)"
+      )
     problem = cls(**values)
-    get_family(problem.domain).validate(problem, where)
+    get_task(problem.domain).validate(problem, where)
     return problem
 
 
@@ -136,15 +144,103 @@ def family_rng(name: str, seed: int, difficulty: int) -> np.random.Generator:
   return np.random.default_rng([int(seed), int(difficulty), zlib.crc32(name.encode())])
 
 
-class TaskFamily(abc.ABC):
+class Task(abc.ABC):
+  """A kind of problem, as every job sees it (module docstring). Subclasses give `validate`, `user_prompt` and
+  `normalize_answer`; the rest has defaults: responses read by the response formats' parsers
+  (`tasks.response`), answers compared through `normalize_answer`, no worked examples and no exact step checker.
+  """
+
+  name: str = ""
+  # Whether `judge_steps` labels steps exactly (the rule-based annotator of docs/method.md §A2(a)); a task without
+  # gives NaN step labels, and its step labels come from an LLM judge or a file (docs/own-data.md).
+  exact_steps: bool = False
+
+  @abc.abstractmethod
+  def validate(self, problem: Problem, where: str) -> None:
+    """Raises DataFormatError naming `where` and the field when `problem` is not one this task can pose and check."""
+    ...
+
+  @abc.abstractmethod
+  def user_prompt(self, problem: Problem, mode: str, *, example: bool = True, first_step: bool = False) -> str:
+    """The user message: the question and how to lay out the steps and the answer in response format `mode`.
+
+    example: the format instruction may show a made-up step (left out after worked examples, which show it);
+    first_step: spell out where the first step starts when the question leaves it implicit.
+    """
+    ...
+
+  def worked_examples(
+    self, mode: str, k: int, *, first_step: bool = False, goal_mark: bool = False
+  ) -> list[tuple[str, str]]:
+    """k (user message, assistant response) pairs shown before the problem as earlier chat turns; ConfigError
+    when the task has fewer than k."""
+    if k:
+      raise ConfigError(f"task {self.name!r} has no worked examples; asked for {k}")
+    return []
+
+  def parse_response(self, text: str, mode: str) -> tuple[list[str], str | None]:
+    """(the response's steps, its final answer as written or None) in response format `mode`."""
+    from reprobe_jax.tasks.response import parse_line, parse_thinking
+
+    return parse_line(text) if mode == "line" else parse_thinking(text)
+
+  @abc.abstractmethod
+  def normalize_answer(self, answer: str) -> str | None:
+    """The canonical form of an answer (equal forms, equal answers; the key answers are voted on by), or None
+    when `answer` is not an answer of this task."""
+    ...
+
+  def is_equivalent(self, predicted: str, reference: str) -> bool:
+    """Whether two answers are the same answer (by default: equal canonical forms)."""
+    given = self.normalize_answer(predicted)
+    return given is not None and given == self.normalize_answer(reference)
+
+  def check_answer(self, problem: Problem, answer: str | None) -> bool:
+    """Whether `answer` equals the problem's true answer (not the answer the written steps imply): the outcome
+    label every task has."""
+    return answer is not None and self.is_equivalent(answer, problem.answer)
+
+  def judge_steps(self, problem: Problem, steps: Sequence[str], mode: str) -> list[float]:
+    """Per-step labels (1.0 incorrect, 0.0 correct, NaN unknown; docs/method.md §A2) of `steps` as
+    `parse_response` cut them; all NaN for a task without an exact checker (`exact_steps` False)."""
+    return [math.nan] * len(steps)
+
+  def reference_steps(self, problem: Problem) -> list[str]:
+    """A correct solution's steps, shown to an LLM judge (docs/method.md §A2(b)); [] when the task has none."""
+    return []
+
+
+# Every task registers one instance under its name when its module is imported (the package imports the built-in
+# ones); the synthetic families are also in FAMILIES.
+TASKS: Registry[Task] = Registry("task")
+
+
+def register_task(task: Task) -> Task:
+  """Registers `task` under `task.name` (a family also as a family) and returns it; ConfigError when the name is
+  taken or `task` is not a Task."""
+  if not isinstance(task, Task):
+    raise ConfigError(f"register_task needs a Task instance, got {type(task).__name__}")
+  TASKS.register(task.name, task)
+  if isinstance(task, TaskFamily):
+    FAMILIES.register(task.name, task)
+  return task
+
+
+def get_task(name: str) -> Task:
+  """The task called `name` (one of TASKS); ConfigError naming the registered ones otherwise."""
+  return TASKS.get(name)
+
+
+class TaskFamily(Task):
   """Base class of a task family: generator, scripted solver and exact step checker (docs/method.md §A2(a)).
 
   Subclasses implement the state machine (`initial_state`, `parse_step`, `step_key`, `judge_step`, `is_done`,
   `state_answer`, `match_score`), the solver moves (`honest_step`, `error_step`, `error_rates`), `generate`,
-  `validate` and `normalize_answer`; checking and reference solutions are shared here.
+  `validate` and `normalize_answer`; checking, prompts and reference solutions are shared here, and
+  `tasks.family.SyntheticFamily` adds exact labels in both response formats and worked examples.
   """
 
-  name: str = ""
+  exact_steps = True
   step_hint: str = ""  # one sentence for the prompt: how a step is written, with a made-up example
   step_rule: str = ""  # the same without the example, for prompts whose worked examples already show the format
   flip_kinds: tuple[str, ...] = ()  # error kinds a right-to-wrong re-check may use, in order of preference
@@ -266,12 +362,17 @@ class TaskFamily(abc.ABC):
       labels.append(0.0 if ok else 1.0)
     return labels
 
-  def check_answer(self, problem: Problem, answer: str | None) -> bool:
-    """Whether `answer` equals the problem's true answer (not the answer the written steps imply)."""
-    if answer is None:
-      return False
-    given = self.normalize_answer(answer)
-    return given is not None and given == self.normalize_answer(problem.answer)
+  def user_prompt(self, problem: Problem, mode: str, *, example: bool = True, first_step: bool = False) -> str:
+    """The question (with its first step's start spelled out when `first_step`), then the family's step hint (its
+    made-up example left out unless `example`) and the response format's layout."""
+    question = self.first_step_question(problem) if first_step else problem.question
+    hint = self.step_hint if example or not self.step_rule else self.step_rule
+    # Kept short: the built-in tiny model reads every prompt token on two CPU cores, many thousand times.
+    if mode == "line":
+      how = f"Solve step by step, one '- Step k:' line each ({hint}), then '<Answer>: ...'."
+    else:
+      how = f"Think in <think> paragraphs ({hint}), then '**Final Answer**' and \\boxed{{}}."
+    return f"{question}\n\n{how}"
 
   first_error = staticmethod(first_error)
 
@@ -280,10 +381,10 @@ class TaskFamily(abc.ABC):
     return DataFormatError(f"{where}: {self.name} data: {message}")
 
 
-# Every family registers one instance under its name when its module is imported (the package imports them all).
-FAMILIES: Registry[TaskFamily] = Registry("task family")
+# The synthetic families (generators and scripted solvers), registered by `register_task`.
+FAMILIES: Registry[TaskFamily] = Registry("synthetic task family")
 
 
 def get_family(name: str) -> TaskFamily:
-  """The task family called `name` (one of FAMILIES); ConfigError naming the known ones otherwise."""
+  """The synthetic family called `name` (one of FAMILIES); ConfigError naming the known ones otherwise."""
   return FAMILIES.get(name)

@@ -17,7 +17,7 @@ from reprobe_jax.errors import DataFormatError
 from reprobe_jax.io.readers import read_json, read_jsonl, shown
 from reprobe_jax.io.seal import regular_file
 from reprobe_jax.steps.labels import labels_from_json
-from reprobe_jax.tasks.base import first_error
+from reprobe_jax.tasks.base import Problem, first_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,17 @@ class MathProblem:
   def to_json(self) -> dict:
     """The record as a JSON object."""
     return dataclasses.asdict(self)
+
+  def to_problem(self) -> Problem:
+    """The problem of the math task ('math', `tasks.math_task`) every job takes: the solution, source and the
+    record's other fields in `data`."""
+    return Problem(
+      id=self.id,
+      domain="math",
+      question=self.question,
+      answer=self.answer,
+      data={"solution": self.solution, "source": self.source, "meta": dict(self.meta)},
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,5 @@
-"""Answer formats: line mode (docs/method.md §A1) and thinking mode (docs/method.md §B1), their prompts, parsers and
-checkers.
-
-Line mode:      "- Step 1: 12 + 5 = 17\\n- Step 2: ...\\n<Answer>: 36"
-Thinking mode:  "<think>\\nStep 1: 12 + 5 = 17.\\n\\nStep 2: ...\\n\\n</think>\\n\\n**Final Answer**\\n\\\\boxed{36}"
+"""Responses checked by their task: `check_response` and `user_prompt` for any task, and the synthetic families'
+thinking-mode checker (docs/method.md §A2(a), thinking variant). The text of the two formats is `tasks.response`.
 
 In thinking mode every paragraph ends with ".\\n\\n" (the SPAE step boundary). A paragraph is a work step
 ("Step 2: 12 * 3 = 36."), a reflection that re-checks an earlier step ("Wait, let me check: 12 * 3 = 36."), or
@@ -17,18 +14,22 @@ from typing import Any, NamedTuple, Sequence
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.steps.modes import RESPONSE_FORMATS as MODES
-from reprobe_jax.tasks.base import Problem, State, TaskFamily, first_error, get_family
+from reprobe_jax.tasks.base import Problem, State, TaskFamily, first_error, get_family, get_task
+from reprobe_jax.tasks.response import (  # noqa: F401 (the formats' text, re-exported for their callers)
+  ANSWER_OPENER,
+  is_answer_line,
+  parse_line,
+  parse_thinking,
+  render_line,
+  render_thinking,
+)
 
 REFLECT_PREFIXES = ("Wait, let me check: ", "Let me double-check: ", "Hmm, let me verify: ")
-_LINE_STEP = re.compile(r"^\s*[-*]?\s*step\s*(\d+)\s*[:.]\s*(.*?)\s*$", re.IGNORECASE)
-_LINE_ANSWER = re.compile(r"^\s*<answer>\s*:?\s*(.*?)\s*$", re.IGNORECASE)
-_HEADER = re.compile(r"^\s*(reasoning steps|solution|steps)\s*:?\s*$", re.IGNORECASE)
 _REFLECT = re.compile(
   r"^\s*(?:wait|hmm|actually|let me)\b[^:]*\b(?:check|verify)\b[^:]*:\s*(.*)$", re.IGNORECASE | re.DOTALL
 )  # 'check' also covers re-check and double-check
 _WORK_PREFIX = re.compile(r"^\s*(?:(?:first|next|then|now)\s*,|step\s*\d+\s*[:.])\s*", re.IGNORECASE)
 _CLAIM = re.compile(r"^\s*so,?\s+the\s+(?:final\s+)?(?:answer|result)\s+is\s*:?\s*(.+?)\s*\.?\s*$", re.IGNORECASE)
-_BOUNDARY = ".\n\n"
 
 
 def _family(problem: Problem) -> TaskFamily:
@@ -40,97 +41,7 @@ def _check_mode(mode: str) -> None:
     raise ConfigError(f"answer mode must be one of {MODES}, found {mode!r}")
 
 
-# --- line mode ---------------------------------------------------------------------------------------------------
-
-
-def render_line(steps: Sequence[str], answer: str | None) -> str:
-  """'- Step k: body' per step, then '<Answer>: answer' (docs/method.md §A1 line mode)."""
-  lines = [f"- Step {k}: {body}" for k, body in enumerate(steps, start=1)]
-  if answer is not None:
-    lines.append(f"<Answer>: {answer}")
-  return "\n".join(lines)
-
-
-def parse_line(text: str) -> tuple[list[str], str | None]:
-  """(step bodies, answer or None) from line-mode text; tolerant of model output.
-
-  Steps are the non-empty lines before the answer line (docs/method.md §A1); header lines are skipped; a 'Step k:'
-  prefix is removed where present, and other lines are kept whole so the checker can label them (NaN if unparseable).
-  Text after the answer line is ignored.
-  """
-  steps: list[str] = []
-  for line in (text or "").splitlines():
-    if not line.strip() or _HEADER.match(line):
-      continue
-    m = _LINE_ANSWER.match(line)
-    if m:
-      return steps, m.group(1)
-    m = _LINE_STEP.match(line)
-    steps.append(m.group(2) if m else line.strip().lstrip("-* ").strip())
-  return steps, None
-
-
-def is_answer_line(text: str) -> bool:
-  """Whether a line-mode step (an aligned line, docs/method.md §A1) is the '<Answer>: X' line rather than a reasoning
-  step."""
-  return _LINE_ANSWER.match((text or "").strip()) is not None
-
-
 # --- thinking mode -----------------------------------------------------------------------------------------------
-
-
-def _with_period(paragraph: str) -> str:
-  paragraph = paragraph.strip()
-  return paragraph if paragraph.endswith(".") else paragraph + "."
-
-
-# What opens the final answer; SPAE's probe appends it inside the thinking to ask for the answer so far (docs/method.md
-# §B1).
-ANSWER_OPENER = "**Final Answer**\n\\boxed{"
-
-
-def render_thinking(paragraphs: Sequence[str], answer: str | None) -> str:
-  """'<think>\\n' + paragraphs each ending in '.\\n\\n' + '</think>\\n\\n**Final Answer**\\n\\\\boxed{answer}'."""
-  body = "".join(_with_period(p) + "\n\n" for p in paragraphs)
-  tail = "" if answer is None else f"{ANSWER_OPENER}{answer}}}"
-  return f"<think>\n{body}</think>\n\n{tail}"
-
-
-def _last_boxed(text: str) -> str | None:
-  """Content of the last \\boxed{...}, braces balanced; None when there is none or it is unclosed."""
-  start = text.rfind("\\boxed{")
-  if start < 0:
-    return None
-  depth, i = 1, start + len("\\boxed{")
-  for j in range(i, len(text)):
-    if text[j] == "{":
-      depth += 1
-    elif text[j] == "}":
-      depth -= 1
-      if depth == 0:
-        return text[i:j].strip()
-  return None
-
-
-def parse_thinking(text: str) -> tuple[list[str], str | None]:
-  """(paragraphs, answer or None) from thinking-mode text; tolerant of model output.
-
-  Paragraphs are split at '.\\n\\n' (the SPAE boundary of docs/method.md §A1/B1) before '</think>'; each keeps its final
-  period; a trailing piece without a boundary is kept as the last paragraph. Without '<think>' the text starts at
-  the beginning; without '</think>' everything is thinking. The answer is the last \\boxed{...} after '</think>'
-  (anywhere when '</think>' is missing).
-  """
-  text = text or ""
-  start = text.find("<think>")
-  start = 0 if start < 0 else start + len("<think>")
-  end = text.find("</think>", start)
-  thinking = text[start:] if end < 0 else text[start:end]
-  after = text if end < 0 else text[end + len("</think>") :]
-  pieces = thinking.split(_BOUNDARY)
-  paragraphs = [(p + ".").strip() for p in pieces[:-1] if p.strip()]
-  if pieces[-1].strip():
-    paragraphs.append(pieces[-1].strip())
-  return paragraphs, _last_boxed(after)
 
 
 def work_paragraph(body: str, number: int) -> str:
@@ -299,34 +210,23 @@ class Checked(NamedTuple):
 
 
 def check_response(problem: Problem, text: str, mode: str) -> Checked:
-  """Parses a model response in `mode` and labels its steps with the rule-based checker (docs/method.md §A2(a))."""
+  """Parses a model response in `mode` with the problem's task and labels it: its steps by the task's exact checker
+  (docs/method.md §A2(a); NaN for a task without one) and its answer against the true answer."""
   _check_mode(mode)
-  family = _family(problem)
-  if mode == "line":
-    steps, answer = parse_line(text)
-    labels = family.check_steps(problem, steps)
-  else:
-    steps, answer = parse_thinking(text)
-    labels = check_thinking(problem, steps)
-  return Checked(steps, labels, answer, family.check_answer(problem, answer), first_error(labels))
+  task = get_task(problem.domain)
+  steps, answer = task.parse_response(text, mode)
+  labels = task.judge_steps(problem, steps, mode)
+  return Checked(steps, labels, answer, task.check_answer(problem, answer), first_error(labels))
 
 
 def user_prompt(problem: Problem, mode: str, example: bool = True, first_step: bool = False) -> str:
-  """The user message: the question, then how to lay out the steps and the answer in `mode`.
+  """The user message of `problem` in response format `mode`, as its task writes it (`Task.user_prompt`).
 
-  example: the step hint gives a made-up step ("like 'the boss of 4 is 9'"). Prompts after worked examples leave
+  example: the step hint may give a made-up step ("like 'the boss of 4 is 9'"). Prompts after worked examples leave
   it out (`trajectories.prompt_text`): the examples show the format, and SmolLM2-135M copied the made-up step's
   people into its own qa steps (docs/tasks.md, "SmolLM2").
   first_step: the question with its first step's starting point spelled out (`TaskFamily.first_step_question`;
   qa's start person as the first look-up's subject, planning's start room as the first move's origin).
   """
   _check_mode(mode)
-  family = _family(problem)
-  question = family.first_step_question(problem) if first_step else problem.question
-  hint = family.step_hint if example or not family.step_rule else family.step_rule
-  # Kept short: the built-in tiny model reads every prompt token on two CPU cores, many thousand times.
-  if mode == "line":
-    how = f"Solve step by step, one '- Step k:' line each ({hint}), then '<Answer>: ...'."
-  else:
-    how = f"Think in <think> paragraphs ({hint}), then '**Final Answer**' and \\boxed{{}}."
-  return f"{question}\n\n{how}"
+  return get_task(problem.domain).user_prompt(problem, mode, example=example, first_step=first_step)

@@ -15,7 +15,7 @@ import math
 import re
 
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.tasks import math_sandbox
+import reprobe_jax.tasks.math_sandbox as math_sandbox
 from reprobe_jax.tasks.math_normalize import brackets, clean, last_boxed, number, same_brackets, same_number, words
 
 DEFAULT_TIMEOUT_S = 5.0  # math-verify's own default per comparison

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from reprobe_jax.tasks.base import FAMILIES, Problem, State, TaskFamily, family_rng, integer_text
+from reprobe_jax.tasks.family import SyntheticFamily
+from reprobe_jax.tasks.base import register_task, Problem, State, family_rng, integer_text
 
 # Rooms are numbered 1..12 (at most 7 per house). The checker takes any lower-case word or number as a room name;
 # the generator numbers them because the tiny built-in model copies number tokens (it does so in every arithmetic
@@ -63,7 +64,7 @@ def graph(problem: Problem) -> tuple[dict[str, frozenset[str]], dict[str, int]]:
   return _graph(tuple(tuple(d) for d in problem.data["doors"]), problem.data["goal"])
 
 
-class Planning(TaskFamily):
+class Planning(SyntheticFamily):
   """Shortest-route walking; state = (current room as written, moves written so far)."""
 
   name = "planning"
@@ -221,4 +222,4 @@ class Planning(TaskFamily):
     return [("illegal", noise.p_illegal_move), ("detour", noise.p_detour)]
 
 
-FAMILIES.register(Planning.name, Planning())
+register_task(Planning())

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from reprobe_jax.tasks.base import FAMILIES, Problem, State, TaskFamily, advance_pointer, family_rng
+from reprobe_jax.tasks.family import SyntheticFamily
+from reprobe_jax.tasks.base import register_task, Problem, State, advance_pointer, family_rng
 
 # People are numbered 1..10 and relations come from a small pool: the tiny built-in model copies number tokens (it
 # does so in every arithmetic step) but, within its CPU-minutes budget, never learned to copy names (docs/tasks.md,
@@ -34,7 +35,7 @@ def facts(problem: Problem) -> dict[tuple[str, str], str]:
   return {(s, r): o for s, r, o in problem.data["facts"]}
 
 
-class MultiHopQA(TaskFamily):
+class MultiHopQA(SyntheticFamily):
   """Composed lookups; state = (index of the next hop, previous written entity)."""
 
   name = "qa"
@@ -216,4 +217,4 @@ class MultiHopQA(TaskFamily):
     return [("entity", noise.p_wrong_entity), ("relation", noise.p_wrong_relation), ("skip", noise.p_skip)]
 
 
-FAMILIES.register(MultiHopQA.name, MultiHopQA())
+register_task(MultiHopQA())

@@ -5,7 +5,7 @@
 """
 
 from reprobe_jax.trajectories.record import MODES, RECORD_FIELDS, StepSpan, Trajectory, read_trajectories
-from reprobe_jax.trajectories.prompts import SHOT_SEED, few_shot_turns, prompt_text, with_done_mark
+from reprobe_jax.trajectories.prompts import check_thinking_template, few_shot_turns, opens_thinking, prompt_text
 from reprobe_jax.trajectories.sample import TrajectoryConfig, sample_trajectories
 
 __all__ = [
@@ -14,10 +14,10 @@ __all__ = [
   "StepSpan",
   "Trajectory",
   "read_trajectories",
-  "SHOT_SEED",
+  "check_thinking_template",
+  "opens_thinking",
   "few_shot_turns",
   "prompt_text",
-  "with_done_mark",
   "TrajectoryConfig",
   "sample_trajectories",
 ]

@@ -1,65 +1,27 @@
-"""Prompts: the chat-formatted prompt of a problem, after worked examples (few-shot turns) of the same family.
-
-The worked examples are clean reference solutions (`tasks.traces.solve`) of other problems of the family, drawn from
-their own seed (`SHOT_SEED`), so no example is a problem of any split.
+"""Prompts: the chat-formatted prompt of a problem, after its task's worked examples (earlier chat turns), through the
+target's chat template; thinking templates (a generation prompt that ends with '<think>') included.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Sequence
-
-import numpy as np
-
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.tasks import Problem, get_family, make_problems
-from reprobe_jax.tasks.formats import render_line, user_prompt
-from reprobe_jax.tasks.traces import TraceNoise, solve
-
-SHOT_SEED = 3_000_017  # few-shot examples come from their own seed, disjoint from every split
+from reprobe_jax.steps.modes import THINK_CLOSE, THINK_OPEN
+from reprobe_jax.tasks import Problem, get_task
+from reprobe_jax.tasks.formats import user_prompt
 
 
 def few_shot_turns(
   problem: Problem, mode: str, k: int, first_step: bool = False, goal_mark: bool = False
 ) -> list[dict]:
-  """k (user, assistant) message pairs: the same family's problems with their clean reference solutions
-  (`first_step`, `goal_mark`: as `TrajectoryConfig`'s)."""
-  return [dict(m) for m in _shots(problem.domain, mode, k, first_step, goal_mark)]
-
-
-def with_done_mark(problem: Problem, steps: Sequence[str]) -> list[str]:
-  """Line-mode step bodies with the family's `done_mark` added to the step after which the checker finds the chain
-  complete (none added where the family has no mark or the steps never complete it)."""
-  family = get_family(problem.domain)
-  out = list(steps)
-  if not family.done_mark:
-    return out
-  state = family.initial_state(problem)
-  for i, body in enumerate(steps):
-    parsed = family.parse_step(body)
-    if parsed is None:
-      break
-    _, state = family.judge_step(problem, state, parsed, None)
-    if family.is_done(problem, state):
-      out[i] = body + family.done_mark
-      break
-  return out
-
-
-@functools.lru_cache(maxsize=64)
-def _shots(domain: str, mode: str, k: int, first_step: bool = False, goal_mark: bool = False) -> tuple:
-  if goal_mark and mode != "line":
-    raise ConfigError(f"trajectories.goal_mark marks line-mode worked examples; answer mode is {mode!r}")
-  turns = []
-  for shot in make_problems(domain, k, SHOT_SEED, 1) if k > 0 else []:
-    trace = solve(shot, shot.domain, np.random.default_rng(0), mode, TraceNoise.clean())
-    text = render_line(with_done_mark(shot, trace.steps), trace.answer) if goal_mark else trace.text
-    turns += [
-      (("role", "user"), ("content", user_prompt(shot, mode, example=False, first_step=first_step))),
-      (("role", "assistant"), ("content", text)),
-    ]
-  return tuple(turns)
+  """k (user, assistant) message pairs: worked examples of the problem's task (`first_step`, `goal_mark`: as
+  `TrajectoryConfig`'s)."""
+  turns = get_task(problem.domain).worked_examples(mode, k, first_step=first_step, goal_mark=goal_mark)
+  return [
+    m
+    for user, assistant in turns
+    for m in ({"role": "user", "content": user}, {"role": "assistant", "content": assistant})
+  ]
 
 
 def prompt_text(
@@ -75,3 +37,29 @@ def prompt_text(
   if getattr(lm.tokenizer, "chat_template", None):
     return lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
   return "\n\n".join(m["content"] for m in messages) + ("\n\n" if few_shot else "")
+
+
+def opens_thinking(prompt: str) -> bool:
+  """Whether a chat-formatted prompt ends inside the thinking: its template ends the generation prompt with
+  '<think>' (DeepSeek-R1-Distill, QwQ and others), so the response starts thinking without the opening tag."""
+  return prompt.rstrip().endswith(THINK_OPEN)
+
+
+def check_thinking_template(prompt: str, mode: str, *, opens: bool = False, where: str = "the prompt") -> None:
+  """ConfigError, before any sampling, when a chat-formatted prompt cannot hold a thinking-mode response: its
+  template closes the thinking in the generation prompt (it ends with '</think>': thinking switched off, so no
+  step would be probed), or `opens` says the target is a thinking model whose template opens the thinking and the
+  prompt does not end with '<think>' (a template without '<think>' for a thinking job)."""
+  if mode != "thinking":
+    return
+  tail = prompt.rstrip()
+  if tail.endswith(THINK_CLOSE):
+    raise ConfigError(
+      f"{where}: the chat template closes the thinking in the generation prompt (it ends with '{THINK_CLOSE}': "
+      "thinking switched off), so a thinking-mode job would probe no step; turn thinking on or use answer mode 'line'"
+    )
+  if opens and not tail.endswith(THINK_OPEN):
+    raise ConfigError(
+      f"{where}: the target is declared a thinking model whose template opens the thinking, but the generation "
+      f"prompt does not end with '{THINK_OPEN}' (its end: {tail[-40:]!r}); load the model's own chat template"
+    )
