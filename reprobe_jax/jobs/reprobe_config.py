@@ -20,6 +20,7 @@ from reprobe_jax.prm.train import PRMTrainConfig
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.tasks import DIFFICULTIES, FAMILIES, Problem
+from reprobe_jax.tasks.data import DataConfig, load_data
 from reprobe_jax.tasks.formats import MODES
 from reprobe_jax.tasks.splits import spread
 from reprobe_jax.trajectories import TrajectoryConfig, prompt_text
@@ -79,6 +80,9 @@ class ReprobeConfig:
   annotator: str = "rule"
   judge: JudgeSettings = JudgeSettings()
   labels_path: str = ""
+  # The user's data file (docs/own-data.md): when `data.path` is set the problems of every split come from it (the
+  # math task, domain 'math') and the synthetic fields (domains, problem counts, difficulties) are not read.
+  data: DataConfig = DataConfig()
 
   def __post_init__(self):
     check_fields(
@@ -103,7 +107,7 @@ class ReprobeConfig:
         f"{field_name(self, 'ood_domains')}: {both} also in train_domains; a domain is either "
         "trained on (in domain) or held out"
       )
-    for name in ("trajectories", "probe", "train", "judge"):
+    for name in ("trajectories", "probe", "train", "judge", "data"):
       cls = type(getattr(ReprobeConfig, name))
       if not isinstance(getattr(self, name), cls):
         raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
@@ -111,8 +115,18 @@ class ReprobeConfig:
 
   @property
   def domains(self) -> list[str]:
-    """Every test domain: the training domains (in domain), then the held-out ones."""
-    return list(self.train_domains + self.ood_domains)
+    """Every test domain: the training domains (in domain), then the held-out ones ('math' alone on a data file)."""
+    return list(self.in_domains + self.held_out_domains)
+
+  @property
+  def in_domains(self) -> tuple[str, ...]:
+    """The domains the probes train on: `train_domains`, or ('math',) on a data file."""
+    return ("math",) if self.data.enabled else self.train_domains
+
+  @property
+  def held_out_domains(self) -> tuple[str, ...]:
+    """The held-out test domains: `ood_domains`, none on a data file."""
+    return () if self.data.enabled else self.ood_domains
 
 
 def check_model(cfg: ReprobeConfig, *, num_layers: int, context: int, vocab_size: int) -> None:
@@ -189,7 +203,10 @@ class Splits(NamedTuple, Generic[T]):
 
 def split_problems(cfg: ReprobeConfig) -> Splits[Problem]:
   """train / val in the training domains, test in every domain; difficulties mixed evenly (the held-out domains'
-  test problems at `ood_difficulties` when it is set)."""
+  test problems at `ood_difficulties` when it is set). On a data file (`cfg.data`), its splits (`load_data`)."""
+  if cfg.data.enabled:
+    data = load_data(cfg.data)
+    return Splits(*(list(data.problems[s]) for s in ("train", "val", "test")))
 
   def take(domains, n, split, difficulties=cfg.difficulties):
     return [p for d in domains for p in spread(d, n, split, cfg.seed, difficulties)]
@@ -228,6 +245,8 @@ def run_folder(root: str, lm: LanguageModel, cfg: ReprobeConfig) -> str:
   for option in ("first_step", "goal_mark"):  # off: the same prompts, the folder it had before the option existed
     if not getattr(cfg.trajectories, option):
       del config["trajectories"][option]
+  if not cfg.data.enabled:  # the synthetic world: the folder it had before data files existed
+    del config["data"]
   annotation = annotator_key(cfg.annotator, cfg.judge, cfg.labels_path)
   if annotation is not None:
     config["annotation"] = annotation
