@@ -75,7 +75,7 @@ def _per_seed(config, seeds):
   for seed in seeds:
     one = config.copy_and_resolve_references()
     one.seed = seed
-    if "target" in one:
+    if "target" in one and not isinstance(one.target, str):  # the built-in target's build section
       one.target.seed = seed
     print(f"\n=== seed {seed} ===")
     yield one

@@ -179,11 +179,26 @@ def target_placement() -> dict:
   return out
 
 
+def pretrained_target(config) -> str:
+  """The pretrained target a job names: `config.target` when it is a string (the math configs: a Hugging Face
+  folder, a .gguf file, a hub id in the local cache or an alias such as 'smollm2'), else `config.target_path`
+  (the synthetic configs, whose `config.target` is the built-in target's build section); '' for the built-in one.
+  ConfigError naming the field for anything but a string."""
+  if isinstance(config.get("target"), str):
+    if not config.target:
+      raise ConfigError("config.target: expected a model (a HF folder, a .gguf file or a hub id), got ''")
+    return config.target
+  path = config.get("target_path", "")
+  if not isinstance(path, str):
+    raise ConfigError(f"config.target_path: expected a path or hub id (empty = the built-in target), got {path!r}")
+  return path
+
+
 def build_target(config) -> LanguageModel:
-  """The target LM of a job: `config.target_path` if set, else the built-in synthetic one (built or reused); placed
-  by `--target_dtype` and `--mesh`."""
-  if config.get("target_path"):
-    return load_pretrained(config.target_path, **target_placement())
+  """The target LM of a job: the pretrained one it names (`pretrained_target`), else the built-in synthetic one
+  (built or reused); placed by `--target_dtype` and `--mesh`."""
+  if pretrained_target(config):
+    return load_pretrained(pretrained_target(config), **target_placement())
   with ProgressBars() as bars:
     out = target.build(
       target_config.config_from_dict(config.target, "config.target"), config.target.workdir, progress=bars.update
@@ -194,8 +209,8 @@ def build_target(config) -> LanguageModel:
 
 
 def target_report(config) -> dict | None:
-  """The built-in target's report (`jobs.target.build`, reused from its cache), or None for a `target_path` job."""
-  if config.get("target_path"):
+  """The built-in target's report (`jobs.target.build`, reused from its cache), or None for a pretrained target."""
+  if pretrained_target(config):
     return None
   return target.load_report(
     target.build(target_config.config_from_dict(config.target, "config.target"), config.target.workdir)
@@ -215,12 +230,7 @@ def reprobe_setup(config) -> tuple[LanguageModel, ReprobeConfig, str]:
   context, vocabulary) before anything is sampled: for the built-in target from its config, before the build."""
   cfg = config_from_dict(config)
   workdir = workdir_of(config)
-  target_path = config.get("target_path")
-  if not isinstance(target_path, str):
-    raise ConfigError(
-      f"config.target_path: expected a path or hub id (empty = the built-in target), got {target_path!r}"
-    )
-  if not target_path:
+  if not pretrained_target(config):
     built = target_config.config_from_dict(config.target, "config.target")
     workdir_of(config.target, "config.target")
     check_model(
