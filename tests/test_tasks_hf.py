@@ -205,5 +205,10 @@ def test_without_the_extra_a_dataset_folder_says_how_to_install_it(tmp_path, mon
   monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
   with pytest.raises(ConfigError, match=r"needs the `datasets` package: pip install 'reprobe-jax\[hf\]'"):
     read_dataset(folder, "gsm8k")
-  with pytest.raises(ConfigError, match=r"pip install 'reprobe-jax\[hf\]'"):
+  with pytest.raises(ConfigError, match=r"gsm8k_dir: reading .* pip install 'reprobe-jax\[hf\]'"):
     load_data(DataConfig(path=f"{folder}::test", format="gsm8k"))
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ConfigError, match=r"^data/gsm8k \(no local file or folder, so a hub id\): reading"):
+    read_dataset("data/gsm8k", "gsm8k")  # a mistyped folder reads as a hub id: the message says so
+  with pytest.raises(DataFormatError, match=r"^gsm8k\.jsonl: no such file or folder, and not a Hugging Face hub id"):
+    read_dataset("gsm8k.jsonl::test", "gsm8k")  # neither: not found, whether or not the extra is installed

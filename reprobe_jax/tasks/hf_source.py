@@ -55,7 +55,9 @@ def _open(path: str, what: str):
   """The `datasets.Dataset` of one split."""
   parts = path.split(SEPARATOR)
   base = parts[0]
-  hf = _datasets()
+  if not os.path.isdir(base) and not _is_hub_id(base):
+    raise DataFormatError(f"{base}: no such file or folder, and not a Hugging Face hub id (owner/name)")
+  hf = _datasets(base if os.path.isdir(base) else f"{base} (no local file or folder, so a hub id)")
   if os.path.isdir(base):
     if len(parts) > 2:
       raise ConfigError(f"{path}: a saved dataset folder takes at most one '::split' suffix, got {parts[1:]}")
@@ -69,8 +71,6 @@ def _open(path: str, what: str):
     except (OSError, ValueError, KeyError, IndexError) as e:  # IndexError: `datasets` 5.2 on a folder of 0 rows
       raise DataFormatError(f"{base}: cannot read the saved Hugging Face dataset ({type(e).__name__}: {e})") from None
     return _split(loaded, path, parts[1] if len(parts) == 2 else None)
-  if not _is_hub_id(base):
-    raise DataFormatError(f"{base}: no such file or folder, and not a Hugging Face hub id (owner/name)")
   if len(parts) > 3:
     raise ConfigError(f"{path}: a hub id takes at most '::config::split', got {parts[1:]}")
   config = parts[1] if len(parts) == 3 else None
@@ -122,14 +122,14 @@ def _split(loaded, path: str, split: str | None):
   return loaded[split]
 
 
-def _datasets():
-  """The `datasets` module; ConfigError saying how to install it when it is missing."""
+def _datasets(source: str):
+  """The `datasets` module; ConfigError naming `source` and saying how to install it when it is missing."""
   try:
     # Imported at first use, not at the top: `datasets` (with pyarrow and pandas) is an optional extra, and the
     # files readers, which most runs use, must not need it or pay for its import.
     import datasets
   except ImportError:
     raise ConfigError(
-      "reading a Hugging Face dataset needs the `datasets` package: pip install 'reprobe-jax[hf]'"
+      f"{source}: reading a Hugging Face dataset needs the `datasets` package: pip install 'reprobe-jax[hf]'"
     ) from None
   return datasets
