@@ -4,8 +4,10 @@ and the field."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import re
 
 import pytest
 
@@ -343,12 +345,109 @@ BAD = [
     [":2:", "'question.ground_truth_answer' is '3'", ":1 gives the same problem '2'"],
   ),
 ]
-FIRST = {
-  "gsm8k": GOOD_GSM,
-  "math": {"problem": "x?", "solution": "\\boxed{1}"},
-  "jsonl": {"id": "q1", "question": "a?", "answer": "1"},
-}
+GOOD_MATH = {"problem": "x?", "solution": "So $\\boxed{3}$.", "unique_id": "test/algebra/2.json"}
+BAD += [
+  # a record without its answer, in each format (ProcessBench's is its label, above)
+  ("gsm8k no answer", "gsm8k", _with(GOOD_GSM, answer=...), [":2: field 'answer' is missing"]),
+  ("jsonl no answer", "jsonl", {"id": "q2", "question": "b?"}, [":2: record 'q2': field 'answer' is missing"]),
+  (
+    "math no solution, answer null",
+    "math",
+    {"problem": "x?", "solution": "It is three.", "answer": None},
+    [":2:", "field 'solution' has no \\boxed{...} final answer and the record no 'answer' field"],
+  ),
+  # an unparseable answer
+  (
+    "math empty box",
+    "math",
+    {"problem": "x?", "solution": "$\\boxed{ }$"},
+    [":2:", "'solution' has no \\boxed{...} final answer"],
+  ),
+  ("gsm8k marks only", "gsm8k", _with(GOOD_GSM, answer="####"), [":2: field 'answer' has nothing after its '####'"]),
+  ("jsonl answer NaN", "jsonl", {"question": "b?", "answer": math.nan}, [":2:", "'answer' must be", "float nan"]),
+  ("jsonl answer empty", "jsonl", {"question": "b?", "answer": "  "}, [":2:", "'answer' must be a string or a number"]),
+  # duplicate ids, in each format that has them
+  ("gsm8k duplicate id", "gsm8k", _with(GOOD_GSM, id="bad-1"), [":2: record 'bad-1': field 'id' repeats", ":1"]),
+  (
+    "math duplicate unique_id",
+    "math",
+    GOOD_MATH,
+    [":2: record 'test/algebra/2.json': field 'unique_id' repeats", "bad.jsonl:1"],
+  ),
+  # PRM800K ratings outside -1..1 on the other side, and not whole
+  ("prm rating -2", "prm800k", _prm_with_steps(step(("a", -2))), [":2:", "completions[0].rating' must be -1, 0 or 1"]),
+  ("prm rating 0.5", "prm800k", _prm_with_steps(step(("a", 0.5))), [":2:", "rating' must be an integer, got float"]),
+]
+FIRST = {"gsm8k": GOOD_GSM, "math": GOOD_MATH, "jsonl": {"id": "q1", "question": "a?", "answer": "1"}}
 FIRST.update(processbench=GOOD_PB, prm800k=GOOD_PRM)
+
+
+def _set(record: dict, field: str, value) -> dict:
+  """A deep copy of `record` with the value at `field` ('label.steps[0].completions[0].text') replaced."""
+  out = copy.deepcopy(record)
+  *parents, last = re.findall(r"[^.\[\]]+", field)
+  node = out
+  for key in parents:
+    node = node[int(key)] if key.isdigit() else node[key]
+  node[int(last) if last.isdigit() else last] = value
+  return out
+
+
+_STEP0 = "label.steps[0]"
+# A wrong type for every field each reader reads: (format, field, wrong value, what the message says it must be).
+WRONG_TYPES = [
+  ("gsm8k", "id", [1], "a non-empty string or an integer"),
+  ("gsm8k", "question", 7, "a non-empty string"),
+  ("math", "unique_id", True, "a non-empty string or an integer"),
+  ("math", "problem", ["x?"], "a non-empty string"),
+  ("math", "solution", 3, "a string"),
+  ("math", "answer", [3], "a string or a number (not empty)"),
+  ("math", "type", 4, "a string"),
+  ("math", "subject", {"name": "Algebra"}, "a string"),
+  ("math", "level", 2.5, "a string ('Level 3') or an integer"),
+  ("jsonl", "id", 1.5, "a non-empty string or an integer"),
+  ("jsonl", "question", {"text": "a?"}, "a non-empty string"),
+  ("processbench", "id", None, "a non-empty string or an integer"),
+  ("processbench", "problem", 5, "a non-empty string"),
+  ("processbench", "steps", "a\nb", "a list"),
+  ("processbench", "generator", 7, "a string"),
+  ("prm800k", "question", "What is $1+1$?", "a JSON object"),
+  ("prm800k", "question.problem", 1, "a non-empty string"),
+  ("prm800k", "question.ground_truth_answer", ["2"], "a string or a number (not empty)"),
+  ("prm800k", "question.ground_truth_solution", 2, "a string"),
+  ("prm800k", "label", [], "a JSON object"),
+  ("prm800k", "label.steps", {}, "a list"),
+  ("prm800k", "label.finish_reason", 1, "a string"),
+  ("prm800k", _STEP0, "1 + 1 = 2", "a JSON object"),
+  ("prm800k", f"{_STEP0}.completions", "1 + 1 = 2", "a list"),
+  ("prm800k", f"{_STEP0}.completions[0]", "1 + 1 = 2", "a JSON object"),
+  ("prm800k", f"{_STEP0}.completions[0].text", None, "a string"),
+  ("prm800k", f"{_STEP0}.chosen_completion", "0", "an integer"),
+  ("prm800k", f"{_STEP0}.human_completion", 3, "a string"),  # checked though the path takes the chosen completion
+]
+GOOD = {
+  "gsm8k": _with(GOOD_GSM, id="g-2"),
+  "math": _with(GOOD_MATH, unique_id="m-2"),
+  "jsonl": {"question": "b?", "answer": 2},
+}
+GOOD.update(processbench=_with(GOOD_PB, id="g-2", generator="Qwen2-7B-Instruct"), prm800k=GOOD_PRM)
+BAD.append(
+  (
+    "prm800k human_completion.text wrong type",
+    "prm800k",
+    _set(GOOD_PRM, f"{_STEP0}.human_completion", {"text": None, "rating": None}),
+    [":2:", f"field '{_STEP0}.human_completion.text' must be a string, got NoneType None"],
+  )
+)
+BAD += [
+  (f"{f} {field} wrong type", f, _set(GOOD[f], field, value), [":2:", f"field '{field}' must be {kind}, got "])
+  for f, field, value, kind in WRONG_TYPES
+]
+
+
+@pytest.mark.parametrize("format", sorted(GOOD))
+def test_the_records_the_wrong_types_are_made_from_are_good(tmp_path, format):
+  read_dataset(write_lines(tmp_path / "good.jsonl", [FIRST[format], GOOD[format]]), format)
 
 
 @pytest.mark.parametrize("format, bad, parts", [b[1:] for b in BAD], ids=[b[0] for b in BAD])

@@ -19,6 +19,7 @@ from reprobe_jax.fields import SEED, Int, OneOf, Real, check_fields, field_name
 from reprobe_jax.tasks.base import Problem
 from reprobe_jax.tasks.dataset_records import LabelledSolution, MathProblem
 from reprobe_jax.tasks.datasets import FORMATS, read_dataset
+from reprobe_jax.tasks.hf_source import is_hf_source
 
 SPLITS = ("train", "val", "test")
 STEP_LABELLED = ("processbench", "prm800k")  # formats whose records are solutions with step labels
@@ -26,8 +27,9 @@ STEP_LABELLED = ("processbench", "prm800k")  # formats whose records are solutio
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """A data file for a job. path: the file ('' = the built-in synthetic world); format: one of gsm8k | math |
-  jsonl | processbench | prm800k | hf (a Hugging Face `datasets` folder, with the `hf` extra); limit: use the first
+  """A data file for a job. path: the file ('' = the built-in synthetic world), or a Hugging Face `datasets` folder
+  or hub id in the local cache, `::split` to pick a split (`tasks.hf_source`, with the `hf` extra); format: how its
+  records read, one of gsm8k | math | jsonl | processbench | prm800k; limit: use the first
   `limit` problems of the shuffled file (0: all); seed: the shuffle's; val / test: the fractions of the problems in
   those splits (the rest is train; 0 leaves a split empty, and a job that needs it refuses to start)."""
 
@@ -90,7 +92,7 @@ def load_data(cfg: DataConfig) -> DataSplits:
   ConfigError when no file is named or a split the fractions ask for would be empty."""
   if not cfg.enabled:
     raise ConfigError(f"{field_name(cfg, 'path')}: no data file named")
-  if not os.path.exists(cfg.path):
+  if not os.path.exists(cfg.path) and not is_hf_source(cfg.path):  # a hub id or `folder::split` is no local path
     raise DataFormatError(f"{cfg.path}: no such file or folder ({field_name(cfg, 'path')})")
   data = read_dataset(cfg.path, cfg.format)
   problems = {p.id: p.to_problem() for p in data.problems}

@@ -18,6 +18,7 @@ from reprobe_jax.io.readers import read_json, read_jsonl, shown
 from reprobe_jax.io.seal import regular_file
 from reprobe_jax.steps.labels import labels_from_json
 from reprobe_jax.tasks.base import Problem, first_error
+from reprobe_jax.tasks.hf_source import SEPARATOR, is_hf_source, read_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +170,12 @@ class RecordAt:
 def read_records(path: str | os.PathLike, what: str) -> list[tuple[RecordAt, Any]]:
   """Every record of a JSONL file, or of a JSON array file (the first non-space character is '['), with where it
   is; DataFormatError naming the file when it holds no record, and (from `reprobe_jax.io.readers`) on a missing
-  file, non-UTF-8 bytes or invalid JSON, naming the line."""
+  file, non-UTF-8 bytes or invalid JSON, naming the line. A Hugging Face dataset (`tasks.hf_source`: a folder
+  `save_to_disk` wrote, a hub id in the local cache, an optional `::split`) gives its rows, at `path[row i]`."""
   path = os.fspath(path)
-  if _first_character(path, what) == "[":
+  if is_hf_source(path):
+    out = [(RecordAt(f"{path}[row {i}]", i), r) for i, r in read_rows(path, what)]
+  elif _first_character(path, what) == "[":
     out = [(RecordAt(f"{path}[{i}]", i), r) for i, r in enumerate(read_json(path, what, kind=list))]
   else:
     out = [(RecordAt(f"{path}:{n}", n), r) for n, r in read_jsonl(path, what)]
@@ -207,5 +211,7 @@ class IdBook:
 
 
 def stem(path: str) -> str:
-  """The file name without its extension: the prefix of the ids of records that have none."""
-  return os.path.splitext(os.path.basename(path))[0]
+  """The file name without its extension: the prefix of the ids of records that have none (a Hugging Face
+  dataset's folder or name, then its split: `gsm8k-test`)."""
+  base, *split = path.split(SEPARATOR)
+  return "-".join([os.path.splitext(os.path.basename(base.rstrip("/")))[0], *split])

@@ -217,14 +217,13 @@ def _follow(at: RecordAt, steps: list) -> tuple[list[str], list[int | None]]:
     if ended is not None:
       raise at.error(field, f"follows {ended}, where the labelled path ended (several completions, none chosen)")
     chosen = at.take(step, "chosen_completion", "int", field=f"{field}.chosen_completion", optional=True)
-    human = step.get("human_completion")
+    human = _human_text(at, step.get("human_completion"), f"{field}.human_completion")
     if chosen is not None:
       if not 0 <= chosen < len(options):
         raise at.error(f"{field}.chosen_completion", f"must index the step's {len(options)} completions, got {chosen}")
       option = options[chosen]
     elif human is not None:
-      text = human.get("text") if isinstance(human, dict) else human
-      option = (at.check(text, "string", f"{field}.human_completion"), 1)
+      option = (human, 1)
     elif len(options) == 1:
       option = options[0]
     else:
@@ -233,6 +232,14 @@ def _follow(at: RecordAt, steps: list) -> tuple[list[str], list[int | None]]:
     texts.append(option[0])
     ratings.append(option[1])
   return texts, ratings
+
+
+def _human_text(at: RecordAt, human: Any, field: str) -> str | None:
+  """The text of a step's `human_completion` (an object with a `text`, or the text itself), checked whether or not
+  the path takes it; None when there is none."""
+  if isinstance(human, dict):
+    return at.take(human, "text", "string", field=f"{field}.text")
+  return None if human is None else at.check(human, "string", field)
 
 
 def problem_id(question: str, source: str) -> str:
