@@ -172,7 +172,7 @@ def _solver_paragraphs(lm: LanguageModel, problems, rng) -> list[list[int]]:
   """Token ids of paragraphs made of the solver's thinking sentences (steps, 'So the answer is', re-checks) of
   `problems`, consecutive sentences joined until a paragraph holds PARAGRAPH_TOKENS[0] tokens, each ending '.\\n\\n'."""
   from reprobe_jax import tasks
-  from reprobe_jax.tasks.formats import parse_thinking
+  from reprobe_jax.tasks.response import parse_thinking
 
   tok = lm.tokenizer
   out, group = [], []

@@ -13,7 +13,8 @@ from reprobe_jax.jobs import target_config as build
 from reprobe_jax.synthetic.interrupt import boundary_ends, interrupted_examples
 from reprobe_jax.synthetic.train_lm import encode_examples
 from reprobe_jax.tasks import make_problems
-from reprobe_jax.tasks.formats import ANSWER_OPENER, answers_so_far, parse_thinking
+from reprobe_jax.tasks.formats import answers_so_far
+from reprobe_jax.tasks.response import ANSWER_OPENER, parse_thinking
 from reprobe_jax.tasks.traces import solve_many
 
 

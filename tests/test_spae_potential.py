@@ -17,7 +17,8 @@ from reprobe_jax.spae.decode import decode_thinking, trajectory_seed
 from reprobe_jax.spae.potential import ProbeConfig, StepPotentials, saturated, step_potential
 from reprobe_jax.spae.prober import Prober
 from reprobe_jax.tasks import make_problems
-from reprobe_jax.tasks.formats import ANSWER_OPENER, user_prompt
+from reprobe_jax.tasks.formats import user_prompt
+from reprobe_jax.tasks.response import ANSWER_OPENER
 from reprobe_jax.tasks.traces import TraceNoise, solve_many
 
 

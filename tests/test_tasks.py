@@ -704,7 +704,8 @@ def test_malformed_records_name_file_and_line(tmp_path, line3, message):
 
 def test_thinking_progress_agrees_with_the_solver():
   """Replaying a sampled-like trajectory finds where the scripted solver established its answer, and its R2W flips."""
-  from reprobe_jax.tasks.formats import parse_thinking, thinking_progress
+  from reprobe_jax.tasks.formats import thinking_progress
+  from reprobe_jax.tasks.response import parse_thinking
 
   for family in ("arithmetic", "planning", "qa"):
     problems = make_problems(family, 60, 3, 2)

@@ -22,7 +22,7 @@ import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.probe import Probe, ProbeBundle, ProbeConfig
 from reprobe_jax.scorers import StepScorer, get_scorer, inputs_from_state, score_newest, step_token_mask
 from reprobe_jax.steps import StepBoundary
-from reprobe_jax.tasks.formats import is_answer_line
+from reprobe_jax.tasks.response import is_answer_line
 from reprobe_jax.tts import SearchConfig
 from reprobe_jax.tts import search
 from reprobe_jax.tts.beam import beam_search

@@ -35,7 +35,7 @@ from reprobe_jax.annotate.records import Record, as_trajectory, labelled, record
 from reprobe_jax.errors import ConfigError, DataFormatError, JudgeBackendError, ReprobeError
 from reprobe_jax.fields import check_seed
 from reprobe_jax.models import LanguageModel, SamplingParams
-from reprobe_jax.tasks.base import Problem, get_family
+from reprobe_jax.tasks.base import Problem, get_task
 
 
 class JudgeBackend(Protocol):
@@ -104,12 +104,14 @@ class JudgePrompts:
 
 
 def reference_solution(problem: Problem | str) -> str:
-  """The reference the judge sees: the family's scripted correct steps when it can solve the problem, then the
-  true answer; just the answer otherwise; a note when only the question is known."""
+  """The reference the judge sees: the task's correct steps (`Task.reference_steps`: a family's scripted solution, a
+  math problem's worked solution cut into steps), then 'Final answer: X' with the true answer; the final answer line
+  alone when the task has no steps for it (a math problem without a worked solution), so the prompt's 'Reference
+  solution:' still shows what is right; a note when only the question is known."""
   if isinstance(problem, str):
     return "(no reference solution given)"
   try:
-    steps = get_family(problem.domain).reference_steps(problem)
+    steps = get_task(problem.domain).reference_steps(problem)
   except (ReprobeError, KeyError, IndexError, TypeError, ValueError):
     steps = []  # a problem without checker data (e.g. imported): the answer alone
   lines = [f"Step {k}: {body}" for k, body in enumerate(steps, start=1)]
@@ -193,7 +195,7 @@ def annotate_judge(
   """New records labelled by an LLM judge (docs/method.md §A2(b)); `annotator` = 'judge:<backend name>'.
 
   problems: problem id -> Problem, or -> question text (for data without checker data). reference_fn gives the
-    reference solution shown to the judge (default: the family's reference steps and the true answer).
+    reference solution shown to the judge (default: the task's reference steps and the true answer).
   per_step: True = one call per step (the thinking-mode variant), False = two-stage over the whole trajectory;
     None = by each record's `mode` ('thinking' per step, otherwise two-stage).
   keep_replies: add `judge_replies` (the raw replies) to each record, for auditing.

@@ -14,7 +14,7 @@ from reprobe_jax.prm.train import prm_scores
 from reprobe_jax.probe import linear
 from reprobe_jax.probe.data import Example, examples
 from reprobe_jax.probe.train import predict_examples
-from reprobe_jax.tasks import formats
+from reprobe_jax.tasks.response import is_answer_line
 from reprobe_jax.trajectories import Trajectory
 
 
@@ -31,7 +31,7 @@ def test_steps(cfg: ReprobeConfig, test: list[Trajectory]) -> TestSteps:
     groups[d] = np.concatenate([[r.problem_id] * len(r.labels) for r in recs])
     domain[d] = d
     if cfg.mode == "line":  # the same steps without the '<Answer>' lines, whose base rate differs by domain
-      answer = np.concatenate([[formats.is_answer_line(s.text) for s in r.steps] for r in recs]).astype(bool)
+      answer = np.concatenate([[is_answer_line(s.text) for s in r.steps] for r in recs]).astype(bool)
       labels[f"{d} (steps)"] = np.where(answer, np.nan, labels[d])
       groups[f"{d} (steps)"] = groups[d]
       domain[f"{d} (steps)"] = d
@@ -121,7 +121,7 @@ def write_step_scores(
       "problem_id": np.asarray([r.problem_id for r, _, _ in steps], str),
       "domain": np.asarray([r.domain for r, _, _ in steps], str),
       "step": np.asarray([k for _, k, _ in steps], np.int32),
-      "answer": np.asarray([r.mode == "line" and formats.is_answer_line(s.text) for r, _, s in steps], bool),
+      "answer": np.asarray([r.mode == "line" and is_answer_line(s.text) for r, _, s in steps], bool),
     }
 
   arrays = {f"val/{k}": v for k, v in columns(val).items()}

@@ -138,6 +138,13 @@ def reward_of(
   return float(value)
 
 
+def answer_reward(problem: Problem, text: str) -> float:
+  """The default outcome reward R in {0, 1} (docs/method.md §B2): 1.0 when the thinking-mode response's final answer
+  (`Task.parse_response`) is the problem's true answer by its task's `check_answer` (any task: a family's exact
+  answer, the math task's equivalence), else 0.0."""
+  return float(check_response(problem, text, "thinking").correct)
+
+
 def rollout_fn(
   lm,
   prompts: PromptSet,
@@ -152,10 +159,10 @@ def rollout_fn(
   """Binds the rollout of one step: G samples per prompt from the decode-state API with `lm.params` as they are
   now (the jitted decode takes the parameters as an argument: new parameters compile nothing). Rows read their
   prompt's prefill as a shared prefix; row (problem, sample) of round r draws from a key of (seed, step, r, the
-  problem's id, sample). reward(problem, response text) -> R; default: the task family's answer check."""
+  problem's id, sample). reward(problem, response text) -> R; default: `answer_reward`, the task's answer check."""
   check_seed(seed, "rollout_fn: seed")
   if reward is None:
-    check, name = (lambda p, text: float(check_response(p, text, "thinking").correct)), "(the task's answer check)"
+    check, name = answer_reward, "(the task's answer check)"
   elif callable(reward):
     check, name = reward, getattr(reward, "__qualname__", None) or repr(reward)
   else:

@@ -5,7 +5,10 @@ A `ThinkingOutcome` is one evaluated thinking trajectory: its length, where `</t
 is right, the step potentials at its paragraph boundaries (`potential.StepPotentials`), the kind of the paragraph
 each boundary closes, and the oracle step (the paragraph after which the task's exact replay first has the answer,
 `formats.thinking_progress`). Boundary c closes paragraph c of the thinking, so boundary and paragraph indices are
-the same; a trailing paragraph that no boundary closes has no potential.
+the same; a trailing paragraph that no boundary closes has no potential. Correctness is any task's outcome label
+(`formats.check_response`); kinds and the oracle replay a synthetic family's steps, so for another task (math) a
+paragraph's kind is 'reflect' when it is phrased as a re-check (`formats.is_recheck`) and 'other' otherwise, and
+there is no oracle (oracle agreement n/a).
 
 `summarise` gives the paper's numbers over k samples per problem: Acc@k, Len@k, solving tokens (up to and including
 the first saturated boundary), checking tokens (from there to `</think>`, correct answers), R2W (wrong final answer
@@ -31,8 +34,9 @@ from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.spae.potential import StepPotentials
 from reprobe_jax.steps import THINK_CLOSE, align, token_end_offsets, token_ids
-from reprobe_jax.tasks.base import Problem
-from reprobe_jax.tasks.formats import check_response, classify_paragraph, parse_thinking, thinking_progress
+from reprobe_jax.tasks.base import FAMILIES, Problem
+from reprobe_jax.tasks.formats import check_response, classify_paragraph, is_recheck, thinking_progress
+from reprobe_jax.tasks.response import parse_thinking
 
 KINDS = ("step", "reflect", "other")
 DISPLACEMENTS = ("synchronised", "early", "late", "never")
@@ -61,7 +65,7 @@ class ThinkingOutcome:
   character of '</think>' (None if the thinking is never closed); correct: the final answer is right; cuts [C]:
   response-token index of each boundary's last token; acc, conf, phi [C] (NaN = skipped boundary); kinds [C]: the
   kind ('step' | 'reflect' | 'other') of the paragraph boundary c closes; oracle: the paragraph index where the
-  answer is first established (None if never)."""
+  answer is first established (None if never, or when the task is no synthetic family)."""
 
   problem_id: str
   n_tokens: int
@@ -169,6 +173,8 @@ def outcome_from(
       f"{name}: its {len(texts)} boundary-closed paragraphs {texts!r} are not the first of the "
       f"{len(paragraphs)} paragraphs the thinking parser reads {paragraphs!r}"
     )
+  family = problem.domain in FAMILIES  # only a family's paragraphs parse as steps and replay (module docstring)
+  kind = (lambda p: classify_paragraph(problem, p)) if family else (lambda p: "reflect" if is_recheck(p) else "other")
   at = text.find(THINK_CLOSE)
   think_end = None if at < 0 else bisect.bisect_right(ends, at)  # the first token that ends past its '<'
   return ThinkingOutcome(
@@ -180,8 +186,8 @@ def outcome_from(
     acc=potentials.acc,
     conf=potentials.conf,
     phi=potentials.phi,
-    kinds=tuple(classify_paragraph(problem, p) for p in texts),
-    oracle=thinking_progress(problem, paragraphs).established,
+    kinds=tuple(kind(p) for p in texts),
+    oracle=thinking_progress(problem, paragraphs).established if family else None,
     eps_sat=potentials.eps_sat,
   )
 

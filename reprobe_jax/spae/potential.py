@@ -28,7 +28,7 @@ from jaxtyping import Array, Float, Integer
 
 from reprobe_jax.errors import ConfigError, shape_errors
 from reprobe_jax.fields import SEED, Int, OneOf, Real, check_fields, field_name
-from reprobe_jax.tasks.formats import ANSWER_OPENER
+from reprobe_jax.tasks.response import ANSWER_OPENER
 
 READINGS = ("paper", "reference_code")
 

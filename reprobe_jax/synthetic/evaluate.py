@@ -25,7 +25,8 @@ from reprobe_jax.steps.labels import labels_to_json
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.synthetic.tokenizer import chat_prompt
 from reprobe_jax.tasks import Problem
-from reprobe_jax.tasks.formats import check_response, check_thinking, parse_thinking, thinking_progress, user_prompt
+from reprobe_jax.tasks.formats import check_response, check_thinking, thinking_progress, user_prompt
+from reprobe_jax.tasks.response import parse_thinking
 from reprobe_jax.steps.modes import STEP_MODE
 
 CONFIDENT = 0.5  # a wrong step whose every sampled token had at least this probability is a confident mistake

@@ -25,7 +25,8 @@ import numpy as np
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.tasks import Problem
-from reprobe_jax.tasks.formats import ANSWER_OPENER, answers_so_far, parse_thinking, user_prompt
+from reprobe_jax.tasks.formats import answers_so_far, user_prompt
+from reprobe_jax.tasks.response import ANSWER_OPENER, parse_thinking
 
 BOUNDARY = ".\n\n"
 

@@ -27,13 +27,10 @@ from reprobe_jax.tasks.formats import (
   check_response,
   check_thinking,
   classify_paragraph,
-  parse_line,
-  parse_thinking,
-  render_line,
-  render_thinking,
   step_texts_for_check,
   user_prompt,
 )
+from reprobe_jax.tasks.response import parse_line, parse_thinking, render_line, render_thinking
 from reprobe_jax.tasks.family import SyntheticFamily
 from reprobe_jax.tasks.dataset_records import Dataset, LabelledSolution, MathProblem
 from reprobe_jax.tasks.datasets import read_dataset

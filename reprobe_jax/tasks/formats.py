@@ -14,15 +14,7 @@ from typing import Any, NamedTuple, Sequence
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.steps.modes import RESPONSE_FORMATS as MODES
-from reprobe_jax.tasks.base import Problem, State, TaskFamily, first_error, get_family, get_task
-from reprobe_jax.tasks.response import (  # noqa: F401 (the formats' text, re-exported for their callers)
-  ANSWER_OPENER,
-  is_answer_line,
-  parse_line,
-  parse_thinking,
-  render_line,
-  render_thinking,
-)
+from reprobe_jax.tasks.base import FAMILIES, Problem, State, TaskFamily, first_error, get_family, get_task
 
 REFLECT_PREFIXES = ("Wait, let me check: ", "Let me double-check: ", "Hmm, let me verify: ")
 _REFLECT = re.compile(
@@ -33,6 +25,14 @@ _CLAIM = re.compile(r"^\s*so,?\s+the\s+(?:final\s+)?(?:answer|result)\s+is\s*:?\
 
 
 def _family(problem: Problem) -> TaskFamily:
+  """The problem's synthetic family; ConfigError naming the problem and its task when the task is none (its
+  paragraphs have no step parser and no state to replay: the math task)."""
+  if problem.domain not in FAMILIES:
+    raise ConfigError(
+      f"problem {problem.id!r}: task {problem.domain!r} is not a synthetic family, so its thinking paragraphs cannot "
+      f"be parsed as steps and replayed (classify_paragraph, check_thinking, answers_so_far and thinking_progress "
+      f"need one of {', '.join(FAMILIES.names())}); check_response labels any task's answer"
+    )
   return get_family(problem.domain)
 
 
@@ -78,6 +78,12 @@ def split_paragraph(problem: Problem, paragraph: str) -> tuple[str, str | None, 
   body = _strip_period(_WORK_PREFIX.sub("", paragraph or "", count=1))
   parsed = family.parse_step(body)
   return ("step", body, parsed) if parsed is not None else ("other", None, None)
+
+
+def is_recheck(paragraph: str) -> bool:
+  """Whether a thinking paragraph is phrased as a re-check of earlier work ('Wait, let me check: ...'), read from its
+  words alone, so for any task (`classify_paragraph` also parses what it re-checks, for a synthetic family)."""
+  return _REFLECT.match(paragraph or "") is not None
 
 
 def classify_paragraph(problem: Problem, paragraph: str) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.steps.labels import labels_to_json
 import reprobe_jax.tasks.formats as formats
+from reprobe_jax.tasks.response import parse_line, parse_thinking, render_line, render_thinking
 from reprobe_jax.tasks.base import Problem, State, TaskFamily, get_family
 
 _RETRIES = 8
@@ -160,8 +161,8 @@ def _draft_line(family: TaskFamily, problem: Problem, rng: np.random.Generator, 
     family, problem, family.initial_state(problem), rng, noise, family.max_steps(problem)
   )
   answer = family.state_answer(problem, state)
-  text = formats.render_line(bodies, answer)
-  steps, parsed_answer = formats.parse_line(text)
+  text = render_line(bodies, answer)
+  steps, parsed_answer = parse_line(text)
   labels = family.check_steps(problem, steps)
   return Trace(
     problem_id=problem.id,
@@ -237,8 +238,8 @@ def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generat
         w2r = how == "fix" and right_after
   rechecked = any(formats.classify_paragraph(problem, p) == "reflect" for p in paragraphs)
   answer = family.state_answer(problem, state)
-  text = formats.render_thinking(paragraphs, answer)
-  steps, parsed_answer = formats.parse_thinking(text)
+  text = render_thinking(paragraphs, answer)
+  steps, parsed_answer = parse_thinking(text)
   labels = formats.check_thinking(problem, steps)
   return Trace(
     problem_id=problem.id,

@@ -31,8 +31,9 @@ from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.models.decode_state import FINISH_NAMES, DecodeState
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.scorers import StepScorer, bad_scores, checked_scores, inputs_from_state, nonfinite_error, prompt_rows
-from reprobe_jax.tasks import Problem
-from reprobe_jax.tasks.formats import MODES, is_answer_line
+from reprobe_jax.tasks.base import Problem
+from reprobe_jax.tasks.formats import MODES
+from reprobe_jax.tasks.response import is_answer_line
 from reprobe_jax.steps.modes import STEP_MODE
 from reprobe_jax.trajectories import prompt_text
 from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
@@ -80,7 +81,7 @@ def best_of_n(
   """N = cfg.n trajectories per prompt, each step scored (docs/method.md §A7 Best-of-N); one PromptResult per prompt.
 
   problems: Problems (prompted with `trajectories.prompt_text` in `mode`, after `few_shot` worked examples; their
-  family must check answers) or prompts (texts or token ids). Greedy is cfg with temperature 0 and n = 1.
+  domain must name a registered task, which reads and checks their answers) or prompts (texts or token ids). Greedy is cfg with temperature 0 and n = 1.
   prompt_seeds: one integer in [0, 2**32) per prompt (default `checks.prompt_seeds_for`); row s of prompt p draws
   from its own key, so a prompt gets the same result in any batch. batch_size: prompts per prefill (default all).
   A candidate ends at EOS, its token budget, its max_steps-th step ('max_steps') or, in line mode, its '<Answer>'

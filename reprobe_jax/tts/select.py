@@ -4,8 +4,10 @@ budgets.
 Host-side numpy over `PromptResult`s of any strategy. Scores are "higher = more likely incorrect" throughout:
 a candidate's trajectory score aggregates its step scores (`SearchConfig.aggregation`), the best candidate has the
 lowest, and a vote weighs each candidate by a decreasing function of it. Answers are each candidate's final answer
-as its task family parses and normalises it (`tasks.formats.check_response`, `TaskFamily.normalize_answer`), so
-"12" and "12." are one answer where the family says so; an unparseable answer is no answer and wins no vote.
+as its task parses it (`Task.parse_response`, through `tasks.formats.check_response`) and keys it for the vote
+(`Task.normalize_answer`), so "12" and "12." are one answer where the task says so (the math task: '18' and '18.00',
+'1,000' and '1000'); an unparseable answer is no answer and wins no vote. Correctness is the task's outcome label
+(`Task.check_answer`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from reprobe_jax.eval.metrics import roc_auc
 
 from reprobe_jax.errors import ConfigError, DataFormatError
-from reprobe_jax.tasks import Problem, TaskFamily, get_family
+from reprobe_jax.tasks.base import Problem, Task, get_task
 from reprobe_jax.tasks.formats import check_response
 from reprobe_jax.tts.config import AGGREGATIONS
 from reprobe_jax.tts.result import Candidate, PromptResult
@@ -119,21 +121,23 @@ class Outcome:
     return getattr(self, "pass_at_n" if selection == "pass@n" else selection)
 
 
-def answer_checker(problem: Problem, where: str = "") -> TaskFamily:
-  """The task family that checks `problem`'s answers; ConfigError naming the problem if its domain has none."""
+def answer_checker(problem: Problem, where: str = "") -> Task:
+  """The task that reads, keys and checks `problem`'s answers; ConfigError naming the problem if its domain names
+  no registered task."""
   try:
-    return get_family(problem.domain)
+    return get_task(problem.domain)
   except ConfigError as e:
     raise ConfigError(f"{where}problem {problem.id!r}: no answer checker for domain {problem.domain!r} ({e})") from None
 
 
 def candidate_answers(problem: Problem, result: PromptResult, tokenizer, mode: str) -> list[tuple[str | None, bool]]:
-  """(normalised answer or None, correct) per candidate: its decoded response checked by the task family."""
-  family = answer_checker(problem)
+  """(voting key or None, correct) per candidate: its decoded response parsed and checked by the problem's task, its
+  answer keyed by `Task.normalize_answer`."""
+  task = answer_checker(problem)
   out = []
   for c in result.candidates:
     checked = check_response(problem, tokenizer.decode(list(c.response_ids)), mode)
-    answer = None if checked.answer is None else family.normalize_answer(checked.answer)
+    answer = None if checked.answer is None else task.normalize_answer(checked.answer)
     out.append((answer, bool(checked.correct) and answer is not None))
   return out
 
@@ -181,7 +185,7 @@ def choose(answers: Sequence[str | None], correct: Sequence[bool], scores, *, pr
 def select(
   problem: Problem, result: PromptResult, tokenizer, *, mode: str, aggregation: str, probabilities: bool
 ) -> Outcome:
-  """One prompt's Outcome: candidates' answers checked by the family, trajectory scores by `aggregation`, every
+  """One prompt's Outcome: candidates' answers checked by their task, trajectory scores by `aggregation`, every
   selection. `probabilities`: whether the scorer's scores are probabilities (`is_probability_scorer`)."""
   if not result.candidates:
     raise DataFormatError(f"problem {problem.id!r}: the search returned no candidates")
