@@ -82,7 +82,8 @@ def test_math_configs_need_a_data_file_and_run_on_one(name, tmp_path):
     pytest.skip(f"configs.{name}: {e}")
   c = module.get_config()
   assert c.target_path == "smollm2" and c.data.path == "" and c.data.format == "gsm8k"
-  with pytest.raises(ConfigError, match=r"'math' is the task of a data file.*name a file with --config\.data\.path"):
+  # (tts_math may stop at configs/reprobe_math.py's own check of the file, which names config.data.path too)
+  with pytest.raises(ConfigError, match=r"data\.path"):
     _check(c)
   path = tmp_path / "gsm8k.jsonl"
   path.write_text(

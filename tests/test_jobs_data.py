@@ -8,11 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import zlib
 
 import jax
 import numpy as np
 import pytest
+import test_rl_loop
 
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.jobs import rl as rl_job
@@ -34,12 +34,12 @@ QUESTIONS = [
 ]
 
 
-def write_gsm8k(path, n: int) -> str:
-  """A GSM8K-format file of n problems ('question', 'answer' ending '#### x')."""
+def write_gsm8k(path, n: int, shift: int = 0) -> str:
+  """A GSM8K-format file of n problems ('question', 'answer' ending '#### x'); `shift` changes every number."""
   with open(path, "w") as f:
     for i in range(n):
       q, solve = QUESTIONS[i % len(QUESTIONS)]
-      a, b = 10 + 3 * i, 2 + i % 4
+      a, b = 10 + 3 * i + shift, 2 + i % 4
       x = solve(a, b)
       f.write(json.dumps({"question": q.format(a=a, b=b), "answer": f"{a} and {b} give <<{x}>>{x}.\n#### {x}"}) + "\n")
   return str(path)
@@ -131,10 +131,10 @@ def test_spae_decodes_the_data_split(synthetic_lm, tmp_path, data):
   assert [p.id for p in spae_job.problems_of(cfg, "math")] == test[:2]
   for mode in spae_job.MODES:
     assert os.path.exists(os.path.join(result["directory"], f"rows_math_{mode}.jsonl"))
-  # another file at the same path is another run folder
-  synthetic = spae_job.run_folder(str(tmp_path), synthetic_lm, cfg, ProbeConfig(samples=2, max_tokens=3))
-  write_gsm8k(data.path, 9)
-  assert spae_job.run_folder(str(tmp_path), synthetic_lm, cfg, ProbeConfig(samples=2, max_tokens=3)) != synthetic
+  # other problems in the file at the same path: another run folder
+  before = spae_job.run_folder(str(tmp_path), synthetic_lm, cfg, ProbeConfig(samples=2, max_tokens=3))
+  write_gsm8k(data.path, 8, shift=1)
+  assert spae_job.run_folder(str(tmp_path), synthetic_lm, cfg, ProbeConfig(samples=2, max_tokens=3)) != before
 
 
 @NEEDS_MATH_OUTCOMES
@@ -156,31 +156,7 @@ def test_tts_grid_on_the_data_split(synthetic_lm, tmp_path, data):
 
 
 def _tiny_rl(data: DataConfig, **kw) -> loop.RLConfig:
-  base = dict(
-    advantage="dapo",
-    steps=2,
-    prompts_per_step=2,
-    group_size=2,
-    prompts_per_round=2,
-    max_refill_rounds=1,
-    max_new_tokens=12,
-    optimizer=dataclasses.replace(loop.RLConfig().optimizer, learning_rate=1e-2),
-    mini_batches=2,
-    checkpoint_every=1,
-    train_domains=("math",),
-    data=data,
-  )
-  base.update(kw)
-  return loop.RLConfig(**base)
-
-
-def _coin_reward(problem, text):
-  """A reward that mixes within groups on a random model's noise: the parity of the response's CRC."""
-  return float(zlib.crc32(text.encode()) % 2)
-
-
-class _Kill(Exception):
-  pass
+  return test_rl_loop._tiny_rl(**{"steps": 2, "train_domains": ("math",), "data": data, **kw})
 
 
 def _recording(monkeypatch) -> list[list[int]]:
@@ -206,7 +182,7 @@ def test_rl_on_data_resumes_at_its_data_position(synthetic_lm, tmp_path, data, m
   prompts = loop.train_prompts(synthetic_lm, cfg)
   assert [p.id for p in prompts.problems] == [p.id for p in train] and prompts.order == PromptOrder(len(train), 0)
   drawn = _recording(monkeypatch)
-  whole = loop.train_rl(synthetic_lm, cfg, pcfg, str(tmp_path / "whole"), reward=_coin_reward)
+  whole = loop.train_rl(synthetic_lm, cfg, pcfg, str(tmp_path / "whole"), reward=test_rl_loop._coin_reward)
   assert whole.step == 2
   # each step draws on from where the last stopped: the order's positions, consumed round by round
   flat = [i for r in drawn for i in r]
@@ -217,13 +193,15 @@ def test_rl_on_data_resumes_at_its_data_position(synthetic_lm, tmp_path, data, m
 
   def kill(step, m):
     if step == 2:
-      raise _Kill()
+      raise test_rl_loop._Kill()
 
-  with pytest.raises(_Kill):  # killed after step 2's rollout, before its checkpoint: step 1's is the latest
-    loop.train_rl(synthetic_lm, cfg, pcfg, str(tmp_path / "cut"), reward=_coin_reward, on_step=kill)
+  with pytest.raises(
+    test_rl_loop._Kill
+  ):  # killed after step 2's rollout, before its checkpoint: step 1's is the latest
+    loop.train_rl(synthetic_lm, cfg, pcfg, str(tmp_path / "cut"), reward=test_rl_loop._coin_reward, on_step=kill)
   assert drawn == uninterrupted
   drawn[:] = []
-  resumed = loop.train_rl(synthetic_lm, cfg, pcfg, str(tmp_path / "cut"), reward=_coin_reward)
+  resumed = loop.train_rl(synthetic_lm, cfg, pcfg, str(tmp_path / "cut"), reward=test_rl_loop._coin_reward)
   assert drawn == uninterrupted[int(whole.metrics["rounds"][0]) :]  # step 2 again, at step 1's data position
   assert resumed.metrics["data_position"] == whole.metrics["data_position"]
   for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params)):

@@ -78,9 +78,7 @@ def run_folder(root: str, lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobCon
   ecfg = eval_config(cfg, ecfg)
   return os.path.join(
     root,
-    run_key(
-      {**signature(lm, cfg, pcfg), "eval": spae.config_key(ecfg)}, data_fingerprint(cfg), spae.data_fingerprint(ecfg)
-    ),
+    run_key({**signature(lm, cfg, pcfg), "eval": config_key(ecfg)}, data_fingerprint(cfg), spae.data_fingerprint(ecfg)),
   )
 
 
@@ -166,7 +164,7 @@ def _run(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, workdir: str
   os.makedirs(folder, exist_ok=True)
   write_json(
     os.path.join(folder, "config.json"),
-    {"rl": config_key(cfg), "probe": dataclasses.asdict(pcfg), "eval": spae.config_key(ecfg)},
+    {"rl": config_key(cfg), "probe": dataclasses.asdict(pcfg), "eval": config_key(ecfg)},
     seal=True,
   )
   return GraphRun(GRAPH, RLJob(lm, cfg, pcfg, ecfg, folder, progress or no_progress))["summary"]
@@ -214,7 +212,7 @@ def comparison(job: CompareJob, start_eval: dict, runs: dict[str, list[dict]]) -
     job.workdir,
     "compare_"
     + run_key(
-      {"rl": config_key(job.cfg), "methods": job.methods, "seeds": job.seeds, "eval": spae.config_key(job.ecfg)},
+      {"rl": config_key(job.cfg), "methods": job.methods, "seeds": job.seeds, "eval": config_key(job.ecfg)},
       data_fingerprint(job.cfg),
       spae.data_fingerprint(job.ecfg),
     ),

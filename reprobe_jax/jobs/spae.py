@@ -13,8 +13,6 @@ Appendix C.1).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import zlib
 from typing import Mapping, NoReturn
@@ -32,12 +30,12 @@ from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.decode_state import FINISH_NAMES
 from reprobe_jax.models.sampling import SamplingParams
+from reprobe_jax.rl.config import DATA_TASK, config_key, no_data_file, problems_fingerprint
 from reprobe_jax.spae import metrics as spae_metrics
 from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
 from reprobe_jax.spae.metrics import ThinkingOutcome
 from reprobe_jax.spae.potential import ProbeConfig, StepPotentials
 from reprobe_jax.spae.prober import Prober
-from reprobe_jax.rl.config import DATA_TASK, no_data_file
 from reprobe_jax.tasks import DIFFICULTIES, TASKS, Problem
 from reprobe_jax.tasks.data import DataConfig, load_data
 from reprobe_jax.tasks.splits import spread
@@ -137,22 +135,9 @@ def problems_of(cfg: SPAEJobConfig, domain: str) -> list[Problem]:
   return spread(domain, cfg.problems, cfg.split, cfg.seed, cfg.difficulties)
 
 
-def config_key(cfg: SPAEJobConfig) -> dict:
-  """The job config as its run folder's key reads it: without `data` on the synthetic world (the key it had before
-  data files existed)."""
-  out = dataclasses.asdict(cfg)
-  if not cfg.data.enabled:
-    del out["data"]
-  return out
-
-
 def data_fingerprint(cfg: SPAEJobConfig) -> str:
-  """Hash of a data run's problems (a changed file at the same path gives a new run folder); '' on the synthetic
-  world, whose problems its config decides."""
-  if not cfg.data.enabled:
-    return ""
-  blob = json.dumps([p.to_json() for p in problems_of(cfg, DATA_TASK)], sort_keys=True)
-  return hashlib.sha256(blob.encode()).hexdigest()
+  """Hash of a data run's problems; '' on the synthetic world, whose problems its config decides."""
+  return problems_fingerprint(problems_of(cfg, DATA_TASK)) if cfg.data.enabled else ""
 
 
 def prompt_seed(problem) -> int:

@@ -8,6 +8,8 @@ token-mean, clip 0.2 / 0.28, dynamic sampling. RF-B (group mean baseline, batch 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.fields import SEED, Int, OneOf, Real, Seq, check_fields, field_name
@@ -19,7 +21,6 @@ from reprobe_jax.tasks.data import DataConfig
 from reprobe_jax.tasks.datasets import FORMATS
 from reprobe_jax.train.optimizer import OptimizerConfig
 
-
 DATA_TASK = "math"  # the task of a data file's problems (tasks.data.load_data)
 
 
@@ -29,6 +30,20 @@ def no_data_file(field: str) -> ConfigError:
     f"{field}: {DATA_TASK!r} is the task of a data file, and config.data.path names none: name a file with "
     f"--config.data.path=<file> --config.data.format=<{' | '.join(FORMATS.names())}>"
   )
+
+
+def config_key(cfg) -> dict:
+  """A job config with a `data` field as run keys and checkpoints read it: without `data` on the synthetic world (the
+  key it had before data files existed)."""
+  out = dataclasses.asdict(cfg)
+  if not cfg.data.enabled:
+    del out["data"]
+  return out
+
+
+def problems_fingerprint(problems) -> str:
+  """Hash of a data run's problems, so other problems in the file at the same path give another run folder."""
+  return hashlib.sha256(json.dumps([p.to_json() for p in problems], sort_keys=True).encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)

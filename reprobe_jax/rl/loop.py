@@ -8,7 +8,9 @@ Functional core: the advantage estimators (`advantages`), the loss and the jitte
 data-parallel update (`loss`), the rollout and probing calls (the decode-state API and `Prober`, both taking the
 parameters as an argument, so new parameters compile nothing). Host code only orchestrates: `RLStep` is the
 Trainer's step for step i, a function of (params, opt_state, i) and the config alone, so a killed run resumes to the
-same parameters and metrics as an uninterrupted one.
+same parameters and metrics as an uninterrupted one. On a data file (`RLConfig.data`) the prompts come in
+`tasks.data.PromptOrder`; the train state carries the data position (`DataPosition`, checkpointed with the optimizer
+state), so a resumed run draws on where it stopped.
 
 A method is an estimator plus the loss and sampling it is trained with (`config.METHODS`, overridable in
 `RLConfig`). `check_run` checks everything a run needs before any work (train_rl and the RL job call it first).
@@ -18,8 +20,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -34,7 +34,7 @@ from reprobe_jax.fields import check_seed, field_name
 from reprobe_jax.models import make_mesh
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
-from reprobe_jax.rl.config import RLConfig
+from reprobe_jax.rl.config import RLConfig, config_key, problems_fingerprint
 from reprobe_jax.rl.rollout import PromptSet, collect, policy_batch, potentials, rollout_fn, step_batch
 from reprobe_jax.spae.potential import ProbeConfig
 from reprobe_jax.spae.prober import Prober
@@ -283,22 +283,9 @@ class RLResult:
   step: int
 
 
-def config_key(cfg: RLConfig) -> dict:
-  """The RL config as run keys and checkpoints read it: without `data` on the synthetic world (the key it had before
-  data files existed)."""
-  out = dataclasses.asdict(cfg)
-  if not cfg.data.enabled:
-    del out["data"]
-  return out
-
-
 def data_fingerprint(cfg: RLConfig) -> str:
-  """Hash of a data run's train problems (a changed file at the same path gives a new run folder); '' on the
-  synthetic world, whose problems the config decides."""
-  if not cfg.data.enabled:
-    return ""
-  blob = json.dumps([p.to_json() for p in train_problems(cfg)], sort_keys=True)
-  return hashlib.sha256(blob.encode()).hexdigest()
+  """Hash of a data run's train problems; '' on the synthetic world, whose problems the config decides."""
+  return problems_fingerprint(train_problems(cfg)) if cfg.data.enabled else ""
 
 
 def signature(lm, cfg: RLConfig, pcfg: ProbeConfig) -> dict:
