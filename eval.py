@@ -33,9 +33,9 @@ from reprobe_jax.jobs.cli import (
   target_report,
   workdir_of,
 )
-from reprobe_jax.jobs.reprobe_config import prm_config_from_dict
+from reprobe_jax.jobs.reprobe_config import config_from_dict, prm_config_from_dict
 from reprobe_jax.jobs.runs import run_key
-from reprobe_jax.jobs.tts_config import check_prm, tts_config_from_dict
+from reprobe_jax.jobs.tts_config import check_prm, grid_domains, tts_config_from_dict
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/reprobe_synthetic.py", "Job configuration.")
 
@@ -103,6 +103,7 @@ def run_tts(config) -> None:
   tcfg = tts_config_from_dict(config.get("tts", {}))
   prm = prm_config_from_dict(config.get("prm"))
   check_prm(tcfg, prm)  # before the target is built
+  grid_domains(config_from_dict(config), tcfg)  # 'math' without a data file, a domain the split lacks
   lm, cfg, workdir = reprobe_setup(config)
   with ProgressBars() as bars:
     metrics = tts.evaluate(lm, cfg, tcfg, workdir, prm=prm, progress=bars.update)
@@ -141,7 +142,7 @@ def run_tts_seeds(config) -> None:
 
 
 def _spae_once(config) -> dict:
-  jcfg = job_section(config, "spae", spae.job_config_from_dict)  # the top-level config.seed, named so
+  jcfg = job_section(config, "spae", spae.job_config_from_dict, ("seed", "data"))  # config.seed, config.data
   pcfg = spae.probe_config_from_dict(config.get("probe", {}))
   lm = build_target(config)  # every field above is checked before the target is built
   with ProgressBars() as bars:

@@ -61,9 +61,9 @@ def run_reprobe(config) -> None:
 
 def _rl_setup(config):
   """(start policy, RLConfig, ProbeConfig, eval SPAEJobConfig): every field checked before the target is built."""
-  rl_cfg = job_section(config, "rl", rl.rl_config_from_dict, ("advantage", "seed"))
+  rl_cfg = job_section(config, "rl", rl.rl_config_from_dict, ("advantage", "seed", "data"))
   pcfg = probe_config_from_dict(config.get("probe", {}))
-  ecfg = job_config_from_dict(config.get("eval", {}))
+  ecfg = job_section(config, "eval", job_config_from_dict, ("data",))  # a data run evaluates on its test split
   return build_target(config), rl_cfg, pcfg, ecfg
 
 

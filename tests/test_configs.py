@@ -3,6 +3,9 @@ would reject on its first line): the ones CI never runs end to end included (Smo
 
 from __future__ import annotations
 
+import importlib
+import json
+
 import pytest
 
 from configs import (
@@ -20,7 +23,8 @@ from reprobe_jax.jobs.cli import job_section
 from reprobe_jax.jobs.rl import rl_config_from_dict
 from reprobe_jax.jobs.reprobe_config import config_from_dict, prm_config_from_dict
 from reprobe_jax.jobs.target_config import config_from_dict as target_config
-from reprobe_jax.jobs.tts_config import check_prm, tts_config_from_dict
+from reprobe_jax.errors import ConfigError
+from reprobe_jax.jobs.tts_config import check_prm, grid_domains, tts_config_from_dict
 
 
 def _check(c):
@@ -29,12 +33,13 @@ def _check(c):
     prm_config_from_dict(c.get("prm"))
   if c.job in ("tts", "tts_seeds"):
     check_prm(tts_config_from_dict(c.tts), prm_config_from_dict(c.get("prm")))
+    grid_domains(config_from_dict(c), tts_config_from_dict(c.tts))
   if c.job in ("spae", "spae_seeds"):  # as eval.py reads them
-    job_section(c, "spae", spae_job.job_config_from_dict)
+    job_section(c, "spae", spae_job.job_config_from_dict, ("seed", "data"))
     spae_job.probe_config_from_dict(c.probe)
   if c.job in ("rl", "rl_compare"):  # as train.py reads them
-    job_section(c, "rl", rl_config_from_dict, ("advantage", "seed"))
-    spae_job.job_config_from_dict(c.eval)
+    job_section(c, "rl", rl_config_from_dict, ("advantage", "seed", "data"))
+    job_section(c, "eval", spae_job.job_config_from_dict, ("data",))
     spae_job.probe_config_from_dict(c.probe)
   if not c.get("target_path"):
     target_config(c.target, "config.target")
@@ -64,4 +69,25 @@ def test_colab_configs_convert(make, model, smoke, tmp_path):
   c = make(str(tmp_path), model=model, smoke=smoke)
   assert c.workdir.startswith(str(tmp_path))
   assert c.get("target_path", "") == (model or "")
+  _check(c)
+
+
+@pytest.mark.parametrize("name", ["tts_math", "spae_math", "rl_math"])
+def test_math_configs_need_a_data_file_and_run_on_one(name, tmp_path):
+  """The math configs: SmolLM2 by default, refused at start without `config.data.path` (the message says to name a
+  file), and every section converts once a GSM8K-format file is named."""
+  try:
+    module = importlib.import_module(f"configs.{name}")
+  except ImportError as e:  # tts_math builds on configs/reprobe_math.py (the ReProbe math job's config)
+    pytest.skip(f"configs.{name}: {e}")
+  c = module.get_config()
+  assert c.target_path == "smollm2" and c.data.path == "" and c.data.format == "gsm8k"
+  # (tts_math may stop at configs/reprobe_math.py's own check of the file, which names config.data.path too)
+  with pytest.raises(ConfigError, match=r"data\.path"):
+    _check(c)
+  path = tmp_path / "gsm8k.jsonl"
+  path.write_text(
+    "".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(20))
+  )
+  c.data.path = str(path)
   _check(c)

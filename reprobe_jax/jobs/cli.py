@@ -21,7 +21,7 @@ from absl import flags, logging
 from tqdm.auto import tqdm
 
 from reprobe_jax.errors import ConfigError, ReprobeError
-from reprobe_jax.fields import replace_fields
+from reprobe_jax.fields import plain, replace_fields
 from reprobe_jax.jobs import target, target_config
 from reprobe_jax.jobs.reprobe_config import ReprobeConfig, check_model, check_target, config_from_dict, run_folder
 from reprobe_jax.models import LanguageModel, load_pretrained, make_mesh
@@ -143,7 +143,9 @@ def job_section(config, section: str, from_dict: Callable[[Any], T], lifted: Seq
   values = values.to_dict() if hasattr(values, "to_dict") else values
   if not isinstance(values, Mapping):
     raise ConfigError(f"config.{section}: expected a mapping of fields, got {values!r}")
-  given = {name: config[name] for name in lifted if name in config}
+  given = {
+    name: plain(config[name]) if hasattr(config[name], "to_dict") else config[name] for name in lifted if name in config
+  }
   replace_fields(from_dict({}), given, root="config")
   return from_dict({**values, **given})
 

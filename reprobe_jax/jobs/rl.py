@@ -27,10 +27,20 @@ from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.runs import Progress, no_progress, run_key
 from reprobe_jax.jobs.spae import SPAEJobConfig
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.rl.loop import RLConfig, RLResult, check_probe_room, check_run, default_mesh, signature, train_rl
+from reprobe_jax.rl.loop import (
+  RLConfig,
+  RLResult,
+  check_probe_room,
+  check_run,
+  config_key,
+  data_fingerprint,
+  default_mesh,
+  signature,
+  train_rl,
+)
 from reprobe_jax.spae.potential import ProbeConfig
 from reprobe_jax.spae.prober import Prober
-from reprobe_jax.trajectories import prompt_text
+from reprobe_jax.trajectories import check_thinking_template, prompt_text
 
 EVAL_MODES = ("plain",)
 
@@ -47,15 +57,29 @@ def check(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, *, where: s
   if not isinstance(ecfg, SPAEJobConfig):
     raise ConfigError(f"RL job: expected an SPAEJobConfig for the evaluation, got {type(ecfg).__name__}")
   check_run(lm, cfg, pcfg, mesh=default_mesh(), where=f"{where}.rl" if where else "")
-  problems = [p for d in ecfg.domains for p in spae.problems_of(ecfg, d)]
-  prompts = lm.encode([prompt_text(lm, p, "thinking", ecfg.few_shot) for p in problems])
+  problems = [p for d in ecfg.run_domains for p in spae.problems_of(ecfg, d)]
+  texts = [prompt_text(lm, p, "thinking", ecfg.few_shot) for p in problems]
+  check_thinking_template(texts[0], "thinking", where=f"{where}.eval" if where else "SPAEJobConfig")
   field = f"{where}.eval.max_new_tokens" if where else "SPAEJobConfig.max_new_tokens"
-  check_probe_room(Prober(lm, pcfg), prompts, [p.answer for p in problems], ecfg.max_new_tokens, field)
+  check_probe_room(Prober(lm, pcfg), lm.encode(texts), [p.answer for p in problems], ecfg.max_new_tokens, field)
+
+
+def eval_config(cfg: RLConfig, ecfg: SPAEJobConfig) -> SPAEJobConfig:
+  """The held-out evaluation of a run: `ecfg`, on a data run (`cfg.data`) over the same file's `ecfg.split` (the
+  test split: problems the RL prompts, drawn from its train split, never hold) unless `ecfg` names a file itself."""
+  if cfg.data.enabled and not ecfg.data.enabled:
+    return dataclasses.replace(ecfg, data=cfg.data)
+  return ecfg
 
 
 def run_folder(root: str, lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig) -> str:
-  """`<root>/<key>`, the key a hash of the RL, probe and evaluation configs and of the start model."""
-  return os.path.join(root, run_key({**signature(lm, cfg, pcfg), "eval": dataclasses.asdict(ecfg)}))
+  """`<root>/<key>`, the key a hash of the RL, probe and evaluation configs and of the start model (and on a data
+  run of the file's train and evaluation problems)."""
+  ecfg = eval_config(cfg, ecfg)
+  return os.path.join(
+    root,
+    run_key({**signature(lm, cfg, pcfg), "eval": config_key(ecfg)}, data_fingerprint(cfg), spae.data_fingerprint(ecfg)),
+  )
 
 
 def evaluate_policy(
@@ -130,6 +154,7 @@ def run(
   """Trains (or resumes) one method and evaluates the result; returns (and writes summary.json) the run's summary.
   Every check (`check`, its errors named from `where`) runs before the run folder is made: a run refused writes
   nothing."""
+  ecfg = eval_config(cfg, ecfg)
   check(lm, cfg, pcfg, ecfg, where=where)
   return _run(lm, cfg, pcfg, ecfg, workdir, progress)
 
@@ -139,7 +164,7 @@ def _run(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, workdir: str
   os.makedirs(folder, exist_ok=True)
   write_json(
     os.path.join(folder, "config.json"),
-    {"rl": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg), "eval": dataclasses.asdict(ecfg)},
+    {"rl": config_key(cfg), "probe": dataclasses.asdict(pcfg), "eval": config_key(ecfg)},
     seal=True,
   )
   return GraphRun(GRAPH, RLJob(lm, cfg, pcfg, ecfg, folder, progress or no_progress))["summary"]
@@ -187,12 +212,9 @@ def comparison(job: CompareJob, start_eval: dict, runs: dict[str, list[dict]]) -
     job.workdir,
     "compare_"
     + run_key(
-      {
-        "rl": dataclasses.asdict(job.cfg),
-        "methods": job.methods,
-        "seeds": job.seeds,
-        "eval": dataclasses.asdict(job.ecfg),
-      }
+      {"rl": config_key(job.cfg), "methods": job.methods, "seeds": job.seeds, "eval": config_key(job.ecfg)},
+      data_fingerprint(job.cfg),
+      spae.data_fingerprint(job.ecfg),
     ),
   )
   os.makedirs(out, exist_ok=True)
@@ -226,6 +248,7 @@ def compare(
   <workdir>/compare_<key>/{table.md, summary.json, curves.png} and returns the summary. Every run is checked
   (`check`) before any work: an unknown method, a bad seed or a run that cannot fit writes nothing."""
   methods, seeds = tuple(methods), tuple(check_seeds(seeds, "compare: seeds"))
+  ecfg = eval_config(cfg, ecfg)
   if not methods or not seeds:
     raise ConfigError(f"compare: need at least one method and one seed, got methods={methods} seeds={seeds}")
   for m in methods:

@@ -30,14 +30,16 @@ from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.decode_state import FINISH_NAMES
 from reprobe_jax.models.sampling import SamplingParams
+from reprobe_jax.rl.config import DATA_TASK, config_key, no_data_file, problems_fingerprint
 from reprobe_jax.spae import metrics as spae_metrics
 from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
 from reprobe_jax.spae.metrics import ThinkingOutcome
 from reprobe_jax.spae.potential import ProbeConfig, StepPotentials
 from reprobe_jax.spae.prober import Prober
-from reprobe_jax.tasks import DIFFICULTIES, FAMILIES, Problem
+from reprobe_jax.tasks import DIFFICULTIES, TASKS, Problem
+from reprobe_jax.tasks.data import DataConfig, load_data
 from reprobe_jax.tasks.splits import spread
-from reprobe_jax.trajectories import prompt_text
+from reprobe_jax.trajectories import check_thinking_template, prompt_text
 
 MODES = ("plain", "truncated")
 
@@ -46,7 +48,10 @@ MODES = ("plain", "truncated")
 class SPAEJobConfig:
   """problems: per domain; samples: trajectories per problem (k of Acc@k); sampling: of the trajectories, never
   greedy (the released script samples at T=0.6 with nothing else); batch_size: rows per decode call;
-  split: 'test' for the reported numbers, 'val' to look at settings (nothing here is chosen on test)."""
+  split: 'test' for the reported numbers, 'val' to look at settings (nothing here is chosen on test). data: the
+  user's data file (docs/own-data.md): when `data.path` is set the problems are the first `problems` of its `split`
+  (the math task, domain 'math'; `domains` and `in_domain` are then ('math',), `difficulties` is not read), and
+  'math' in `domains` without a file is refused (`no_data_file`)."""
 
   problems: int = 32
   domains: tuple[str, ...] = ("arithmetic", "planning", "qa")
@@ -59,14 +64,15 @@ class SPAEJobConfig:
   batch_size: int = 128
   split: str = "test"
   seed: int = 0
+  data: DataConfig = DataConfig()
 
   def __post_init__(self):
     check_fields(
       self,
       {
         "problems": Int(1),
-        "domains": Seq(OneOf(FAMILIES.names())),
-        "in_domain": Seq(OneOf(FAMILIES.names())),
+        "domains": Seq(OneOf(TASKS.names())),
+        "in_domain": Seq(OneOf(TASKS.names())),
         "difficulties": Seq(OneOf(DIFFICULTIES)),
         "samples": Int(1),
         "max_new_tokens": Int(1),
@@ -79,6 +85,27 @@ class SPAEJobConfig:
     check_fields(self.sampling, {"temperature": Real(0.0, low_open=True)}, field_name(self, "sampling"))
     if not self.domains or not self.difficulties:
       raise ConfigError(f"{field_name(self, 'domains')} and difficulties must not be empty")
+    if not isinstance(self.data, DataConfig):
+      raise ConfigError(f"{field_name(self, 'data')}: expected a DataConfig, got {self.data!r}")
+    if not self.data.enabled and DATA_TASK in self.domains:
+      raise no_data_file(field_name(self, "domains"))
+    for name in ("domains", "in_domain"):
+      value = getattr(self, name)
+      if self.data.enabled and value != getattr(SPAEJobConfig, name) and set(value) != {DATA_TASK}:
+        raise ConfigError(
+          f"{field_name(self, name)}: a data file's problems are all {DATA_TASK!r}, got {value}; leave the default "
+          f"or give ({DATA_TASK!r},)"
+        )
+
+  @property
+  def run_domains(self) -> tuple[str, ...]:
+    """The domains the job decodes: `domains`, or ('math',) on a data file."""
+    return (DATA_TASK,) if self.data.enabled else self.domains
+
+  @property
+  def run_in_domain(self) -> tuple[str, ...]:
+    """The in-domain group: `in_domain`, or ('math',) on a data file."""
+    return (DATA_TASK,) if self.data.enabled else self.in_domain
 
 
 def job_config_from_dict(d) -> SPAEJobConfig:
@@ -98,8 +125,19 @@ def _mapping(d):
 
 
 def problems_of(cfg: SPAEJobConfig, domain: str) -> list[Problem]:
-  """`cfg.problems` problems of the split, spread evenly over the difficulties (the ReProbe split's seeds)."""
+  """`cfg.problems` problems of the split, spread evenly over the difficulties (the ReProbe split's seeds); on a data
+  file the first `cfg.problems` of its split (`tasks.data.load_data`: shuffled by its seed)."""
+  if cfg.data.enabled:
+    problems = list(load_data(cfg.data).problems[cfg.split][: cfg.problems])
+    if not problems:
+      raise ConfigError(f"config.data.{cfg.split}=0: the {cfg.split} split of {cfg.data.path} is empty")
+    return problems
   return spread(domain, cfg.problems, cfg.split, cfg.seed, cfg.difficulties)
+
+
+def data_fingerprint(cfg: SPAEJobConfig) -> str:
+  """Hash of a data run's problems; '' on the synthetic world, whose problems its config decides."""
+  return problems_fingerprint(problems_of(cfg, DATA_TASK)) if cfg.data.enabled else ""
 
 
 def prompt_seed(problem) -> int:
@@ -110,7 +148,8 @@ def prompt_seed(problem) -> int:
 def run_folder(root: str, lm: LanguageModel, cfg: SPAEJobConfig, pcfg: ProbeConfig) -> str:
   """`<root>/<key>`, the key a hash of the job's and the probe's configs and of the target model."""
   return os.path.join(
-    root, run_key({"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)}, model_fingerprint(lm))
+    root,
+    run_key({"spae": config_key(cfg), "probe": dataclasses.asdict(pcfg)}, model_fingerprint(lm), data_fingerprint(cfg)),
   )
 
 
@@ -265,7 +304,7 @@ def decoded(job: SPAEJob) -> Outcomes:
   read back and scored against the task's oracle."""
   cfg, run, lm = job.cfg, job.run, job.lm
   out: Outcomes = {}
-  for domain in cfg.domains:
+  for domain in cfg.run_domains:
     problems = problems_of(cfg, domain)
     out[domain] = {}
     for mode in job.modes:
@@ -305,11 +344,11 @@ def report(job: SPAEJob, decoded: Outcomes) -> dict:
   cfg, run, modes = job.cfg, job.run, job.modes
   result = {"directory": run.directory, "machine": str(describe()), "domains": {}, "groups": {}}
   groups = {
-    "in_domain": [d for d in cfg.domains if d in cfg.in_domain],
-    "out_of_domain": [d for d in cfg.domains if d not in cfg.in_domain],
+    "in_domain": [d for d in cfg.run_domains if d in cfg.run_in_domain],
+    "out_of_domain": [d for d in cfg.run_domains if d not in cfg.run_in_domain],
   }
   table_rows = {}
-  for domain in cfg.domains:
+  for domain in cfg.run_domains:
     for m in modes:
       table_rows[f"{domain} {m}"] = spae_metrics.summarise(decoded[domain][m], cfg.samples)
     result["domains"][domain] = {m: table_rows[f"{domain} {m}"].to_json() for m in modes}
@@ -333,6 +372,20 @@ def report(job: SPAEJob, decoded: Outcomes) -> dict:
 GRAPH = Graph(Stage("decoded", decoded), Stage("report", report, needs=("decoded",)))
 
 
+def check_problems(lm: LanguageModel, prober: Prober, cfg: SPAEJobConfig, field: str = "config.spae") -> None:
+  """Before the run folder exists: the problems can be read (a data file's every record checked, `load_data`), the
+  chat template can hold a thinking response (`check_thinking_template` on the first prompt), and every trajectory
+  and its probes fit the context (CacheFullError otherwise)."""
+  for domain in cfg.run_domains:
+    problems = problems_of(cfg, domain)
+    texts = [prompt_text(lm, p, "thinking", cfg.few_shot) for p in problems]
+    if texts:
+      check_thinking_template(texts[0], "thinking", where=f"{field}: the {domain} prompts")
+    prompts = lm.encode(texts)
+    for ids, answer in zip(prompts, prober.answer_ids([p.answer for p in problems])):
+      prober.check_room(len(ids) + cfg.max_new_tokens, len(answer))
+
+
 def evaluate(
   lm: LanguageModel,
   cfg: SPAEJobConfig,
@@ -348,11 +401,7 @@ def evaluate(
   if "plain" not in modes or any(m not in MODES for m in modes):
     raise ConfigError(f"SPAE evaluation modes must be 'plain' and maybe more of {MODES}, got {modes!r}")
   prober = Prober(lm, pcfg)
-  for domain in cfg.domains:  # every trajectory and its probes fit the context, before the run folder exists
-    problems = problems_of(cfg, domain)
-    prompts = lm.encode([prompt_text(lm, p, "thinking", cfg.few_shot) for p in problems])
-    for ids, answer in zip(prompts, prober.answer_ids([p.answer for p in problems])):
-      prober.check_room(len(ids) + cfg.max_new_tokens, len(answer))
+  check_problems(lm, prober, cfg)
   run = Run(run_folder(workdir, lm, cfg, pcfg))
-  write_json(run.path("config.json"), {"spae": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg)})
+  write_json(run.path("config.json"), {"spae": config_key(cfg), "probe": dataclasses.asdict(pcfg)})
   return GraphRun(GRAPH, SPAEJob(lm, cfg, pcfg, prober, run, modes, progress or no_progress))["report"]

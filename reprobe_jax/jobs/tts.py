@@ -40,7 +40,7 @@ from reprobe_jax.jobs.tts_cells import (
   stored_cell,
   strategy_cell,
 )
-from reprobe_jax.jobs.tts_config import TTSConfig, check_prm
+from reprobe_jax.jobs.tts_config import TTSConfig, check_prm, grid_domains
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.prm import report as prm_report
 from reprobe_jax.prm.combine import Fusion
@@ -109,7 +109,7 @@ def fusion(job: TTSJob, scorers: dict[ScorerId, StepScorer]) -> FusionPick | Non
   stored = os.path.join(prm_folder(job.reprobe_run.job.run.directory, job.prm), "step_scores.npz")
   if not is_sealed(stored):  # the ReProbe job's report writes them, sealed (its other stages are done by now)
     job.reprobe_run["report"]
-  combined = prm_report.combine(prm_report.read_step_scores(stored), list(job.cfg.train_domains))
+  combined = prm_report.combine(prm_report.read_step_scores(stored), list(job.cfg.in_domains))
   pick = ScorerId.parse(combined.cascade_probe)
   if pick not in scorers:
     pick = next(s for s in scorers if s.kind == "probe")
@@ -185,7 +185,7 @@ def report(job: TTSJob, grid: Grid) -> dict:
   metrics = {
     "results": grid.results,
     "config": dataclasses.asdict(job.tcfg),
-    "train_domains": list(job.cfg.train_domains),
+    "train_domains": list(job.cfg.in_domains),
     "machine": str(describe()),
   }
   if grid.cascades:
@@ -221,6 +221,8 @@ def start(
   cell depends on); its stages computed when first asked for."""
   check_prm(tcfg, prm)
   check_search_configs(cfg, tcfg)
+  # On a data file the default domains are the split's own ('math'); a domain the split lacks is refused here.
+  tcfg = dataclasses.replace(tcfg, domains=grid_domains(cfg, tcfg))
   uses_prm = PRM_ID in tcfg.scorer_ids
   reprobe_run = reprobe.start(lm, cfg, workdir, prm=prm if uses_prm else None, progress=progress)
   key = run_key({k: v for k, v in dataclasses.asdict(tcfg).items() if k not in ("scorers", "strategies")})

@@ -7,10 +7,12 @@ import dataclasses
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.jobs.reprobe_config import ReprobeConfig
 from reprobe_jax.jobs.reprobe_records import PRM_ID, ScorerId
 from reprobe_jax.prm.train import PRMTrainConfig
+from reprobe_jax.rl.config import DATA_TASK, no_data_file
 from reprobe_jax.scorers import BASELINES
-from reprobe_jax.tasks import FAMILIES
+from reprobe_jax.tasks import TASKS
 from reprobe_jax.tts.config import AGGREGATIONS, MAX_LOOKAHEAD, MAX_ROWS, MAX_STEPS, STRATEGIES
 
 DVTS_CANDIDATES = 4  # N per subtree; the budget's rest is subtrees (search-and-learn's DVTS default shape)
@@ -45,6 +47,8 @@ class TTSConfig:
   distinct trajectories (`SearchConfig.dedupe`)."""
 
   problems: int = 60
+  # The grid's domains: any registered task the ReProbe split holds. On a data file (config.data) the default is
+  # replaced by the split's own domains ('math'; `grid_domains`).
   domains: tuple[str, ...] = ("arithmetic", "planning", "qa")
   scorers: tuple[str, ...] = ("probe[attn+logit]", "probe[hidden]", "maxprob", "perplexity", "mean_entropy", "random")
   strategies: tuple[str, ...] = STRATEGIES.names()  # ('best_of_n', 'beam', 'dvts')
@@ -61,7 +65,7 @@ class TTSConfig:
       self,
       {
         "problems": Int(1),
-        "domains": Seq(OneOf(FAMILIES.names())),
+        "domains": Seq(OneOf(TASKS.names())),
         "scorers": Seq(ScorerName()),
         "strategies": Seq(OneOf(STRATEGIES.names())),
         "budgets": Seq(Int(1, MAX_ROWS)),
@@ -87,6 +91,23 @@ class TTSConfig:
   def scorer_ids(self) -> list[ScorerId]:
     """`scorers` as ids, in the config's order."""
     return [ScorerId.parse(name) for name in self.scorers]
+
+
+def grid_domains(cfg: ReprobeConfig, tcfg: TTSConfig) -> tuple[str, ...]:
+  """The domains the grid runs: `tcfg.domains`, or on a data file the ReProbe split's domains ('math') when
+  `tcfg.domains` is the default. ConfigError, before any work, naming `config.tts.domains` for a domain the split
+  lacks: a synthetic family on a data file, or 'math' (the data file's task) when no file is named."""
+  if cfg.data.enabled and tcfg.domains == TTSConfig.domains:
+    return tuple(cfg.domains)
+  held = cfg.domains if tcfg.split == "test" else list(cfg.in_domains)  # val: the training domains only
+  lacking = [d for d in tcfg.domains if d not in held]
+  if DATA_TASK in lacking and not cfg.data.enabled:
+    raise no_data_file("config.tts.domains")
+  if lacking:
+    raise ConfigError(
+      f"config.tts.domains: the {tcfg.split} split has no {lacking[0]!r} problems (its domains: {held})"
+    )
+  return tuple(tcfg.domains)
 
 
 def beam_shape(budget: int) -> tuple[int, int]:

@@ -8,14 +8,42 @@ token-mean, clip 0.2 / 0.28, dynamic sampling. RF-B (group mean baseline, batch 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.fields import SEED, Int, OneOf, Real, Seq, check_fields, field_name
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
-from reprobe_jax.tasks import DIFFICULTIES, FAMILIES
+from reprobe_jax.tasks import DIFFICULTIES, TASKS
+from reprobe_jax.tasks.data import DataConfig
+from reprobe_jax.tasks.datasets import FORMATS
 from reprobe_jax.train.optimizer import OptimizerConfig
+
+DATA_TASK = "math"  # the task of a data file's problems (tasks.data.load_data)
+
+
+def no_data_file(field: str) -> ConfigError:
+  """The error of a config that asks for the data file's task ('math') but names no file: what to name."""
+  return ConfigError(
+    f"{field}: {DATA_TASK!r} is the task of a data file, and config.data.path names none: name a file with "
+    f"--config.data.path=<file> --config.data.format=<{' | '.join(FORMATS.names())}>"
+  )
+
+
+def config_key(cfg) -> dict:
+  """A job config with a `data` field as run keys and checkpoints read it: without `data` on the synthetic world (the
+  key it had before data files existed)."""
+  out = dataclasses.asdict(cfg)
+  if not cfg.data.enabled:
+    del out["data"]
+  return out
+
+
+def problems_fingerprint(problems) -> str:
+  """Hash of a data run's problems, so other problems in the file at the same path give another run folder."""
+  return hashlib.sha256(json.dumps([p.to_json() for p in problems], sort_keys=True).encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +73,9 @@ class RLConfig:
   second); micro_batches: gradient accumulation within each. dynamic_sampling, clip_high (the loss's upper clip,
   r <= 1 + clip_high) and aggregation ('token-mean' or 'seq-mean-token-mean'): None takes the method's default
   (`METHODS`). Train prompts: `train_problems` problems per difficulty of each train domain from the RL train split
-  (disjoint from the target's own data and from val / test)."""
+  (disjoint from the target's own data and from val / test); on a data file (`data`), the file's train split in the
+  order `tasks.data.PromptOrder` draws it (the train domains, difficulties and problem count are then not read;
+  train_domains ('math',) without a file is refused: `no_data_file`)."""
 
   advantage: str = "spae"
   steps: int = 20
@@ -74,6 +104,7 @@ class RLConfig:
   seed: int = 0
   log_every: int = 1
   checkpoint_every: int = 10
+  data: DataConfig = DataConfig()
 
   def __post_init__(self):
     check_fields(self, {"advantage": OneOf(adv_lib.ESTIMATORS.names())})  # the ones registered now, by field
@@ -92,7 +123,7 @@ class RLConfig:
         "kl_coef": Real(0.0),
         "alpha": Real(0.0, 1.0),
         "xi": Real(0.0),
-        "train_domains": Seq(OneOf(FAMILIES.names())),
+        "train_domains": Seq(OneOf(TASKS.names())),
         "train_difficulties": Seq(OneOf(DIFFICULTIES)),
         "train_problems": Int(1),
         "few_shot": Int(0),
@@ -122,6 +153,10 @@ class RLConfig:
       )
     if not self.train_domains or not self.train_difficulties:
       raise ConfigError(f"{field_name(self, 'train_domains')} and train_difficulties must not be empty")
+    if not isinstance(self.data, DataConfig):
+      raise ConfigError(f"{field_name(self, 'data')}: expected a DataConfig, got {self.data!r}")
+    if DATA_TASK in self.train_domains and not self.data.enabled:
+      raise no_data_file(field_name(self, "train_domains"))
     rows = self.prompts_per_step * self.group_size
     if rows % self.mini_batches or (rows // self.mini_batches) % self.micro_batches:
       raise ConfigError(

@@ -8,7 +8,9 @@ Functional core: the advantage estimators (`advantages`), the loss and the jitte
 data-parallel update (`loss`), the rollout and probing calls (the decode-state API and `Prober`, both taking the
 parameters as an argument, so new parameters compile nothing). Host code only orchestrates: `RLStep` is the
 Trainer's step for step i, a function of (params, opt_state, i) and the config alone, so a killed run resumes to the
-same parameters and metrics as an uninterrupted one.
+same parameters and metrics as an uninterrupted one. On a data file (`RLConfig.data`) the prompts come in
+`tasks.data.PromptOrder`; the train state carries the data position (`DataPosition`, checkpointed with the optimizer
+state), so a resumed run draws on where it stopped.
 
 A method is an estimator plus the loss and sampling it is trained with (`config.METHODS`, overridable in
 `RLConfig`). `check_run` checks everything a run needs before any work (train_rl and the RL job call it first).
@@ -19,11 +21,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features.extraction import model_fingerprint
@@ -31,26 +34,59 @@ from reprobe_jax.fields import check_seed, field_name
 from reprobe_jax.models import make_mesh
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
-from reprobe_jax.rl.config import RLConfig
+from reprobe_jax.rl.config import RLConfig, config_key, problems_fingerprint
 from reprobe_jax.rl.rollout import PromptSet, collect, policy_batch, potentials, rollout_fn, step_batch
 from reprobe_jax.spae.potential import ProbeConfig
 from reprobe_jax.spae.prober import Prober
 from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
-from reprobe_jax.tasks import make_problems
+from reprobe_jax.tasks import Problem, make_problems
+from reprobe_jax.tasks.data import PromptOrder, load_data
 from reprobe_jax.tasks.splits import SPLIT_SEEDS
 from reprobe_jax.train.optimizer import make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
 from reprobe_jax.trajectories import prompt_text
 
 
-def train_prompts(lm, cfg: RLConfig) -> PromptSet:
-  """The RL prompt set (thinking mode): `train_problems` per difficulty and train domain, from the train split."""
+def train_problems(cfg: RLConfig) -> list[Problem]:
+  """The RL problems: `train_problems` per difficulty and train domain from the synthetic train split, or on a data
+  file (`cfg.data`) the file's train split (`tasks.data.load_data`)."""
+  if cfg.data.enabled:
+    return list(load_data(cfg.data).problems["train"])
   problems = []
   for domain in cfg.train_domains:
     for d in cfg.train_difficulties:
       problems += make_problems(domain, cfg.train_problems, SPLIT_SEEDS["train"] + cfg.seed, d)
+  return problems
+
+
+def train_prompts(lm, cfg: RLConfig) -> PromptSet:
+  """The RL prompt set (thinking mode) of `train_problems`; on a data file drawn in `PromptOrder(n, cfg.seed)`."""
+  problems = train_problems(cfg)
   ids = lm.encode([prompt_text(lm, p, "thinking", cfg.few_shot) for p in problems])
-  return PromptSet(problems=tuple(problems), prompt_ids=tuple(tuple(i) for i in ids))
+  order = PromptOrder(len(problems), cfg.seed) if cfg.data.enabled and problems else None
+  return PromptSet(problems=tuple(problems), prompt_ids=tuple(tuple(i) for i in ids), order=order)
+
+
+class DataPosition(NamedTuple):
+  """A data run's train state beside the policy: the optimizer's state and the data position (the prompts of the
+  `PromptOrder` consumed so far, an int32 scalar), checkpointed and restored with it so a resumed run draws on where
+  the uninterrupted one would."""
+
+  opt_state: Any
+  position: jax.Array  # [] int32
+
+
+def with_data_position(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` whose state also carries the data position (`DataPosition`, 0 at init; the RL step moves it)."""
+
+  def init(params):
+    return DataPosition(tx.init(params), jnp.zeros((), jnp.int32))
+
+  def update(updates, state: DataPosition, params=None):
+    updates, inner = tx.update(updates, state.opt_state, params)
+    return updates, DataPosition(inner, state.position)
+
+  return optax.GradientTransformation(init, update)
 
 
 STEP_METRICS = (
@@ -126,7 +162,20 @@ class RLStep:
     cfg, step = self.cfg, int(step)
     t0 = time.perf_counter()
     self.policy.params = params
-    plan = self.prompts.plan(cfg.seed, step, cfg.prompts_per_round, cfg.rounds)
+    if self.prompts.order is None:  # the synthetic world: the step's prompts are a function of the step
+      plan, position = self.prompts.plan(cfg.seed, step, cfg.prompts_per_round, cfg.rounds), None
+    else:  # a data file: the step draws on from the run's data position
+      opt_state, position = opt_state.opt_state, int(opt_state.position)
+      plan = self.prompts.drawn(position, cfg.prompts_per_round, cfg.rounds)
+    params, opt_state, out = self._train(params, opt_state, step, plan, t0)
+    if position is None:
+      return params, opt_state, out
+    position += int(out["rounds"]) * cfg.prompts_per_round  # the rounds rolled out consumed their prompts
+    return params, DataPosition(opt_state, jnp.asarray(position, jnp.int32)), {**out, "data_position": position}
+
+  def _train(self, params, opt_state, step: int, plan, t0: float):
+    """The step over the prompts of `plan` (one index array per round) with the optimizer's own state."""
+    cfg = self.cfg
     roll = rollout_fn(
       self.policy,
       self.prompts,
@@ -234,9 +283,14 @@ class RLResult:
   step: int
 
 
+def data_fingerprint(cfg: RLConfig) -> str:
+  """Hash of a data run's train problems; '' on the synthetic world, whose problems the config decides."""
+  return problems_fingerprint(train_problems(cfg)) if cfg.data.enabled else ""
+
+
 def signature(lm, cfg: RLConfig, pcfg: ProbeConfig) -> dict:
   """What an RL checkpoint depends on: the start model, the RL and probe configs."""
-  return {"rl": dataclasses.asdict(cfg), "probe": dataclasses.asdict(pcfg), "start_model": model_fingerprint(lm)}
+  return {"rl": config_key(cfg), "probe": dataclasses.asdict(pcfg), "start_model": model_fingerprint(lm)}
 
 
 def default_mesh():
@@ -265,10 +319,16 @@ def check_run(lm, cfg: RLConfig, pcfg: ProbeConfig, *, mesh=None, reward=None, w
   if lm.tokenizer is None:
     raise ConfigError("train_rl needs the model's tokenizer (prompts, answer checks, boundaries)")
   prompts = train_prompts(lm, cfg)
-  try:
-    prompts.plan(cfg.seed, 0, cfg.prompts_per_round, cfg.rounds)  # a set too small to refill every round
-  except ConfigError as e:
-    raise ConfigError(f"{name('train_problems')}={cfg.train_problems}: {e}") from None
+  if prompts.order is None:
+    try:
+      prompts.plan(cfg.seed, 0, cfg.prompts_per_round, cfg.rounds)  # a set too small to refill every round
+    except ConfigError as e:
+      raise ConfigError(f"{name('train_problems')}={cfg.train_problems}: {e}") from None
+  elif len(prompts) < cfg.prompts_per_round:  # the order repeats its prompts only across an epoch's end
+    raise ConfigError(
+      f"{name('prompts_per_round')}={cfg.prompts_per_round}: the train split of {cfg.data.path} has "
+      f"{len(prompts)} problems; a round draws distinct prompts (use more problems or a smaller round)"
+    )
   longest = max(range(len(prompts)), key=lambda i: len(prompts.prompt_ids[i]))
   room = lm.config.max_position_embeddings
   if len(prompts.prompt_ids[longest]) + cfg.max_new_tokens > room:
@@ -316,8 +376,9 @@ def train_rl(
   start = jax.tree.map(jnp.array, lm.params)  # a copy: the update donates its input buffers
   step = RLStep(lm, cfg, pcfg, prompts, tx, mesh=mesh, reward=reward, ref_params=lm.params if cfg.kl_coef > 0 else None)
   tcfg = TrainerConfig(steps=cfg.steps, seed=cfg.seed, log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every)
+  state_tx = tx if prompts.order is None else with_data_position(tx)  # a data run checkpoints its data position
   trainer = Trainer(
-    None, tx, tcfg, workdir, step_fn=step, learning_rate=lr, on_step=on_step, signature=signature(lm, cfg, pcfg)
+    None, state_tx, tcfg, workdir, step_fn=step, learning_rate=lr, on_step=on_step, signature=signature(lm, cfg, pcfg)
   )
   res = trainer.fit(start, lambda i: i)
   return RLResult(params=res.params, metrics=res.metrics, step=res.step)

@@ -30,6 +30,7 @@ from reprobe_jax.rl.types import AdvantageInputs, PolicyBatch
 from reprobe_jax.spae.potential import StepPotentials
 from reprobe_jax.spae.prober import Prober
 from reprobe_jax.tasks.base import Problem
+from reprobe_jax.tasks.data import PromptOrder
 from reprobe_jax.tasks.formats import check_response
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # rewards are float32 on device: a larger one would become inf
@@ -38,14 +39,29 @@ STEP_BUCKET = 8  # boundaries per row are padded to a multiple of this (few shap
 
 @dataclasses.dataclass(frozen=True)
 class PromptSet:
-  """The RL prompts: problems with their encoded prompts (thinking mode)."""
+  """The RL prompts: problems with their encoded prompts (thinking mode). order: None for the synthetic world (each
+  step's prompts by `plan`, a function of the step); a data file's `PromptOrder`, drawn from a position the run
+  carries (`drawn`)."""
 
   problems: tuple[Problem, ...]
   prompt_ids: tuple[tuple[int, ...], ...]
+  order: PromptOrder | None = None
 
   def __post_init__(self):
     if len(self.problems) != len(self.prompt_ids):
       raise ConfigError(f"PromptSet: {len(self.problems)} problems but {len(self.prompt_ids)} prompts")
+    if self.order is not None and self.order.n != len(self.problems):
+      raise ConfigError(f"PromptSet: an order of {self.order.n} prompts for {len(self.problems)} problems")
+
+  def drawn(self, position: int, per_round: int, rounds: int) -> list[np.ndarray]:
+    """The prompt indices of a data run's step whose rounds start at `position` of the order: round r holds
+    positions [position + r * per_round, position + (r + 1) * per_round). A step that rolls out k rounds consumes
+    k * per_round positions (the run stores where it stands: `rl.loop`), so no prompt is skipped; a prompt repeats
+    within a step only across an epoch's end."""
+    if self.order is None:
+      raise ConfigError("PromptSet.drawn: a prompt set without an order (the synthetic world) plans by step")
+    got = np.asarray(self.order.take(position, per_round * rounds), np.int64)
+    return [got[r * per_round : (r + 1) * per_round] for r in range(rounds)]
 
   def __len__(self) -> int:
     return len(self.problems)
