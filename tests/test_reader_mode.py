@@ -16,10 +16,11 @@ from reprobe_jax.eval import processbench
 from reprobe_jax.features import FeatureSpec, token_features
 from reprobe_jax.jobs import reprobe as pipeline
 from reprobe_jax.jobs.reprobe_config import ProbeShape, ReprobeConfig, config_from_dict, split_problems, split_solutions
+from reprobe_jax.jobs.reprobe_reader import outcome_accuracy
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.steps import STEP_MODE, align
 from reprobe_jax.tasks.data import DataConfig, load_data
-from reprobe_jax.trajectories import TrajectoryConfig, render_steps, teacher_force
+from reprobe_jax.trajectories import Trajectory, TrajectoryConfig, render_steps, teacher_force
 
 SPECS = (FeatureSpec.from_name("hidden"), FeatureSpec.from_name("attn+logit"))
 
@@ -254,3 +255,26 @@ def test_a_split_without_labelled_solutions_is_refused_naming_the_field(lm, tmp_
 def test_math_config_without_a_data_file_stops_at_once():
   with pytest.raises(ConfigError, match=r"config\.data\.path is empty.*--config\.data\.path"):
     config_from_dict(reprobe_math.get_config())
+
+
+def test_outcome_accuracy_reads_the_file_for_given_solutions_and_checks_sampled_answers(tmp_path):
+  path = write_jsonl(
+    tmp_path / "gsm8k.jsonl",
+    [{"question": f"{k} + {k}?", "answer": f"{k} + {k} = {2 * k}\n#### {2 * k:,}"} for k in (3, 600)],
+  )
+  cfg = ReprobeConfig(
+    data=DataConfig(path=path, format="gsm8k", val=0.0, test=0.0), annotator="import", labels_path=path
+  )
+  problems = split_problems(cfg)
+  p3, p600 = sorted(problems.train, key=lambda p: len(p.answer))
+
+  def sampled(p, response, k=0):
+    return Trajectory(f"{p.id}#{k}", p.id, "math", "line", (), response=response)
+
+  test = [
+    sampled(p3, "- Step 1: 3 + 3 = 6\n<Answer>: 6"),
+    sampled(p600, "- Step 1: 600 + 600 = 1200\n<Answer>: 1200.0"),  # '1,200' and '1200.0' are one answer
+    sampled(p600, "- Step 1: 600 + 600 = 1100\n<Answer>: 1100", 1),
+    dataclasses.replace(sampled(p3, "x", 1), annotator="import:processbench", extra={"correct": None}),  # unknown
+  ]
+  assert outcome_accuracy(problems, test) == {"accuracy": pytest.approx(2 / 3), "trajectories": 3}
