@@ -18,14 +18,11 @@ import dataclasses
 import re
 from typing import Callable, Mapping, Sequence
 
-import jax.numpy as jnp
 import numpy as np
 
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError
-from reprobe_jax.features.spec import FeatureSpec, forward_values, union_capture
+from reprobe_jax.features.spec import FeatureSpec, forward_values, padded_forward, union_capture
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.models.forward import forward, positions_from_mask
-from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.sharding import to_host
 from reprobe_jax.steps.modes import THINK_OPEN, WHITESPACE
 from reprobe_jax.steps.tokens import token_end_offsets
@@ -161,23 +158,10 @@ def _unforced(
 
 
 def _forward(lm: LanguageModel, chunk, capture, rows: int) -> dict:
-  """One forward pass over a chunk's prompt + response sequences, right-padded to a bucket length and to `rows`
-  rows (one compiled program per bucket): {value name: [rows, T, ...]} on the host."""
-  seqs = [list(r.prompt_ids) + list(r.response_ids) for r, _ in chunk]
-  t = bucket(max(map(len, seqs)))
-  if t > lm.config.max_position_embeddings:
-    t = max(map(len, seqs))
-  ids = np.full((rows, t), lm.pad_id(), np.int32)  # [rows, T]
-  mask = np.zeros((rows, t), np.int32)
-  for r, seq in enumerate(seqs):
-    ids[r, : len(seq)], mask[r, : len(seq)] = seq, 1
-  m = jnp.asarray(mask)
-  res = forward(
-    lm.static_graph, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture, shard=lm.shard
-  )
-  values = forward_values(res)
-  values["token_self_certainty"] = res["token_self_certainty"]
-  return to_host(values)
+  """The chunk's prompt + response sequences in one padded forward (`padded_forward`): {value name: [rows, T, ...]}
+  on the host, in `FeatureSpec.assemble`'s naming plus the self-certainty."""
+  res = padded_forward(lm, [list(r.prompt_ids) + list(r.response_ids) for r, _ in chunk], capture, rows)
+  return to_host({**forward_values(res), "token_self_certainty": res["token_self_certainty"]})
 
 
 def _floats(x) -> tuple[float, ...]:
