@@ -2,6 +2,8 @@
 
   metrics    pr_auc, roc_auc, pr_curve, bootstrap_pr_auc: step-level detection metrics, positive = incorrect step,
              equal to scikit-learn's (docs/method.md §A6)
+  processbench  score, choose_tau, evaluate: ProcessBench's first-error F1 (the first step scored above a threshold
+             chosen on val), beside PR-AUC in reader mode
   baselines  step_scores(name, ...): the uncertainty baselines for one trajectory on the host
   report     scorer_metrics, table_markdown, plot_pr_curves: the PR-AUC table and curves of a set of scorers
   bands      Band, summarise, over_seeds, BandFile, grid_markdown: results over seeds as prediction intervals

@@ -30,7 +30,7 @@ import numpy as np
 from absl import logging
 
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, DistributedError, ReprobeError
-from reprobe_jax.features.spec import FeatureSpec, forward_values
+from reprobe_jax.features.spec import FeatureSpec, forward_values, padded_forward
 from reprobe_jax.features.store import (
   DTYPES,
   FORMAT,
@@ -47,8 +47,6 @@ from reprobe_jax.features.store import (
 )
 from reprobe_jax.io.atomic import atomic_open
 from reprobe_jax.models import LanguageModel
-from reprobe_jax.models.forward import forward, positions_from_mask
-from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.sharding import barrier, failed_processes, spans_processes, to_host
 from reprobe_jax.trajectories.record import Trajectory
 
@@ -110,22 +108,10 @@ def token_features(
   capture = spec.capture()
   out: list[np.ndarray | None] = [None] * len(records)
   order = sorted(range(len(records)), key=lambda i: len(records[i].prompt_ids) + len(records[i].response_ids))
-  pad = lm.pad_id()
   for s in range(0, len(order), batch_size):
     idx = order[s : s + batch_size]
     seqs = [list(records[i].prompt_ids) + list(records[i].response_ids) for i in idx]
-    t = bucket(max(map(len, seqs)))
-    if t > lm.config.max_position_embeddings:
-      t = max(map(len, seqs))
-    lm._check_length(t)
-    ids = np.full((batch_size, t), pad, np.int32)  # right-padded; rows past the chunk are padding
-    mask = np.zeros((batch_size, t), np.int32)
-    for r, seq in enumerate(seqs):
-      ids[r, : len(seq)], mask[r, : len(seq)] = seq, 1
-    m = jnp.asarray(mask)
-    res = forward(
-      lm.static_graph, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture, shard=lm.shard
-    )
+    res = padded_forward(lm, seqs, capture, batch_size)
     feats = to_host(spec.assemble(forward_values(res), lm.config.num_layers))  # rows may live on other processes
     for r, i in enumerate(idx):
       p, n = len(records[i].prompt_ids), len(records[i].response_ids)

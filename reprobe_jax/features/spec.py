@@ -8,19 +8,23 @@ probabilities followed by the token's own log-probability and the entropy of the
 are stored (see docs/method.md).
 
 `FeatureSpec.capture` says what a forward pass or the sampler must capture for one spec, `union_capture` what serves
-several at once; `FeatureSpec.assemble` is the one assembly used by sampling, teacher-forced extraction and bench/.
+several at once; `FeatureSpec.assemble` is the one assembly used by sampling, teacher-forced extraction and bench/;
+`padded_forward` is the one teacher-forced pass (extraction and reader mode's `trajectories.teacher`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.capture import CaptureSpec
+from reprobe_jax.models.forward import forward, positions_from_mask
+from reprobe_jax.models.language_model import LanguageModel
+from reprobe_jax.models.sampling import bucket
 
 PARTS = ("hidden", "attn", "logit")
 
@@ -145,3 +149,21 @@ def with_logprobs(features: Mapping[str, Any], logprobs) -> dict:
   """A sampler's captured `features` with its recorded per-token log-probs [..., N] added as 'token_logprobs' (the
   sampler keeps them apart from the captured statistics), ready for `FeatureSpec.assemble`."""
   return dict(features, token_logprobs=logprobs)
+
+
+def padded_forward(lm: LanguageModel, seqs: Sequence[Sequence[int]], capture, rows: int) -> dict:
+  """One teacher-forced forward of token sequences (prompt + response), right-padded to a bucket length and to
+  `rows` rows (one compiled program per bucket; rows past the sequences are padding): the forward's dict of
+  `ForwardOutput` fields, [rows, T, ...] on device."""
+  t = bucket(max(map(len, seqs)))
+  if t > lm.config.max_position_embeddings:
+    t = max(map(len, seqs))
+  lm._check_length(t)
+  ids = np.full((rows, t), lm.pad_id(), np.int32)  # [rows, T]
+  mask = np.zeros((rows, t), np.int32)
+  for r, seq in enumerate(seqs):
+    ids[r, : len(seq)], mask[r, : len(seq)] = seq, 1
+  m = jnp.asarray(mask)
+  return forward(
+    lm.static_graph, lm.params, jnp.asarray(ids), m, positions_from_mask(m), capture=capture, shard=lm.shard
+  )

@@ -1,24 +1,27 @@
 """The ReProbe job (docs/method.md §A1-§A7): problems -> trajectories -> step labels (rule, self-judge, API judge or
 imported) -> features -> probes -> PR-AUC against uncertainty baselines (and the PRM, when asked), trained in domain
-(arithmetic) and tested in and out of domain (planning, QA), as the paper does.
+(arithmetic) and tested in and out of domain (planning, QA), as the paper does. On the user's data file
+(`config.data`, docs/own-data.md) the problems are its splits (domain 'math') and the report adds the outcome
+accuracy; on a step-labelled file (ProcessBench, PRM800K: reader mode) the target is teacher-forced over the given
+steps instead of sampling, their labels imported, and the report adds ProcessBench's first-error F1.
 
 The job is a graph of stages (`graph.Graph`), read top to bottom below: each is a function of the job's inputs
 (`ReprobeJob`) and of the typed results of the stages it names, and a run (`start`) computes each at most once.
 Every stage writes its artifact under the run folder and is skipped when that artifact exists, so a rerun reuses
 work and an interrupted run resumes (feature extraction and probe training resume mid-way). Artifacts:
-  samples_<split>.jsonl        the sampled trajectories (reprobe_jax.trajectories schema), before labels
+  samples_<split>.jsonl        the sampled trajectories (reprobe_jax.trajectories schema), before labels (reader
+                               mode: the teacher-forced solutions, labelled from the file)
   trajectories_<split>.jsonl   the same, labelled by `config.annotator`
   features/<set>/              feature shards and manifest;  probe/<set>/  checkpoints, history, TensorBoard
   prm/<key>/                   the PRM baseline trained here, when asked (`prm_folder`; reprobe_jax.prm.train's
                                layout, plus step_scores.npz: the val and test step scores of the PRM and the probes)
-  metrics.json, table.md, pr_curves.png, timings.json; with the PRM also cascade.png (reprobe_jax.prm.report)
+  metrics.json, table.md, pr_curves.png, timings.json; with the PRM also cascade.png (reprobe_jax.prm.report);
+  metrics.json's 'outcome' on a data file, 'first_error' (and its table in table.md) in reader mode
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
 import os
 from typing import Sequence
@@ -27,19 +30,36 @@ from reprobe_jax.annotate import annotate
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.machine import describe
 from reprobe_jax.eval.report import plot_pr_curves, scorer_metrics, table_markdown
-from reprobe_jax.features import FeatureMismatchError, FeatureStore, extract, model_fingerprint
+from reprobe_jax.features import FeatureStore, extract
 from reprobe_jax.io.atomic import atomic_open, write_json, write_jsonl
-from reprobe_jax.io.readers import read_json
 from reprobe_jax.jobs.graph import Graph, GraphRun, Stage
 from reprobe_jax.jobs.reprobe_config import (
   ReprobeConfig,
   Splits,
+  check_probe_spec,
   check_target,
   feature_specs,
   prm_folder,
   split_problems,
 )
-from reprobe_jax.jobs.reprobe_records import PRM_ID, PRMComparison, ScorerId, TestScores, TrainedPRM, TrainedProbe
+from reprobe_jax.jobs.reprobe_reader import (
+  first_error_markdown,
+  first_errors,
+  given,
+  outcomes,
+  solutions,
+  teacher_forced,
+)
+from reprobe_jax.jobs.reprobe_records import (
+  LABELLED,
+  PRM_ID,
+  PRMComparison,
+  ReprobeJob,
+  ScorerId,
+  TestScores,
+  TrainedPRM,
+  TrainedProbe,
+)
 from reprobe_jax.jobs.reprobe_scores import (
   baseline_scores,
   probe_scores,
@@ -60,27 +80,8 @@ from reprobe_jax.probe.bundle import ProbeBundle
 from reprobe_jax.probe.data import examples
 from reprobe_jax.probe.train import train_probe
 from reprobe_jax.tasks import Problem
+from reprobe_jax.tasks.dataset_records import LabelledSolution
 from reprobe_jax.trajectories import Trajectory, read_trajectories, sample_trajectories
-
-
-@dataclasses.dataclass(frozen=True)
-class ReprobeJob:
-  """What every stage reads: the target, the config, the run folder, the PRM's training config (None: no PRM
-  baseline) and the progress callback."""
-
-  lm: LanguageModel
-  cfg: ReprobeConfig
-  run: Run
-  prm: PRMTrainConfig | None = None
-  tick: Progress = no_progress
-
-  @functools.cached_property
-  def fingerprint(self) -> str:
-    """The target's fingerprint (`features.model_fingerprint`): what its features and probes were made from."""
-    return model_fingerprint(self.lm)
-
-
-LABELLED = Splits(*(f"trajectories_{split}.jsonl" for split in Splits._fields))  # the labelled trajectories' files
 
 
 def problems(job: ReprobeJob) -> Splits[Problem]:
@@ -88,13 +89,18 @@ def problems(job: ReprobeJob) -> Splits[Problem]:
   return split_problems(job.cfg)
 
 
-def samples(job: ReprobeJob, problems: Splits[Problem]) -> Splits[Trajectory] | None:
+def samples(
+  job: ReprobeJob, problems: Splits[Problem], solutions: Splits[LabelledSolution] | None
+) -> Splits[Trajectory] | None:
   """Every split's sampled trajectories, unlabelled (`samples_<split>.jsonl`); the features of every feature set
-  are captured while sampling and go straight into their stores (no second forward). None when the labelled
+  are captured while sampling and go straight into their stores (no second forward). In reader mode the given
+  solutions teacher-forced instead (`read_solutions`), labelled from the file. None when the labelled
   trajectories exist already: there is nothing left to label."""
   cfg, run, lm = job.cfg, job.run, job.lm
   if run.sealed(*LABELLED):
     return None
+  if solutions is not None:
+    return teacher_forced(job, problems, solutions)
   specs = feature_specs(cfg)
 
   def store(batch, feats):  # features captured while sampling go straight into the stores: no second forward
@@ -129,9 +135,12 @@ def samples(job: ReprobeJob, problems: Splits[Problem]) -> Splits[Trajectory] | 
 
 def trajectories(job: ReprobeJob, problems: Splits[Problem], samples: Splits[Trajectory] | None) -> Splits[Trajectory]:
   """Every split's labelled trajectories (`trajectories_<split>.jsonl`): the samples of all splits labelled in one
-  annotator call (a judge batches its prompts; an imported file must cover every trajectory)."""
+  annotator call (a judge batches its prompts; an imported file must cover every trajectory); in reader mode the
+  samples as they are (labelled from the file; no annotator runs)."""
   cfg, run = job.cfg, job.run
-  if samples is not None:
+  if samples is not None and cfg.reader_mode:
+    given(job, samples)
+  elif samples is not None:
 
     def label():
       every = [t for split in samples for t in split]
@@ -179,7 +188,7 @@ def probes(
     train_ex, val_ex = examples(trajectories.train, store), examples(trajectories.val, store)
     pcfg = ProbeConfig(feature_dim=store.dim, **dataclasses.asdict(cfg.probe))
     pdir = run.path("probe", name)
-    _check_probe_spec(
+    check_probe_spec(
       pdir,
       {
         "probe": dataclasses.asdict(pcfg),
@@ -202,23 +211,6 @@ def probes(
       name, pcfg, graphdef, params, rest, history, ProbeBundle.create(pcfg, params, specs[name], job.fingerprint)
     )
   return out
-
-
-def _check_probe_spec(pdir: str, spec: dict) -> None:
-  """Writes `<pdir>/probe_spec.json`; FeatureMismatchError when a checkpoint there was trained on other features
-  or with another probe shape."""
-  os.makedirs(pdir, exist_ok=True)
-  spec = json.loads(json.dumps(spec))
-  spec_path = os.path.join(pdir, "probe_spec.json")
-  if os.path.exists(spec_path):
-    old = read_json(spec_path, "probe spec", sealed=True)
-    for key in spec:
-      if old.get(key) != spec[key]:
-        raise FeatureMismatchError(
-          f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
-          f"data has {spec[key]!r}; use another workdir"
-        )
-  write_json(spec_path, spec, seal=True)
 
 
 def prm(job: ReprobeJob, trajectories: Splits[Trajectory]) -> TrainedPRM | None:
@@ -284,16 +276,26 @@ def prm_comparison(
   return PRMComparison(prm, step_file, {PRM_ID: test_prm, **fusion}, combined)
 
 
-def report(job: ReprobeJob, scores: TestScores, comparison: PRMComparison | None) -> dict:
+def report(
+  job: ReprobeJob,
+  scores: TestScores,
+  comparison: PRMComparison | None,
+  outcomes: dict | None,
+  first_errors: dict[str, dict] | None,
+) -> dict:
   """Writes metrics.json, table.md, pr_curves.png (and cascade.png with the PRM) and returns the metrics
-  (`report.scorer_metrics`, plus the machine, timings_s and, with the PRM, prm_training and prm_combined)."""
+  (`report.scorer_metrics`, plus the machine, timings_s, with the PRM prm_training and prm_combined, on a data file
+  outcome, in reader mode first_error)."""
   cfg, run, steps = job.cfg, job.run, scores.steps
   every = {**scores.scores, **(comparison.scores if comparison is not None else {})}
   named = {}
   for sid, per in every.items():  # a dataset without the answer lines is scored by its domain's scores
     named[str(sid)] = {**per, **{name: per[d] for name, d in steps.domain.items() if name not in per}}
-  metrics = scorer_metrics(named, steps.labels, cfg.train_domains, cfg.ood_domains, steps.groups, seed=cfg.seed)
+  metrics = scorer_metrics(named, steps.labels, cfg.in_domains, cfg.held_out_domains, steps.groups, seed=cfg.seed)
   metrics["machine"] = str(describe())
+  for key, value in (("outcome", outcomes), ("first_error", first_errors)):
+    if value is not None:
+      metrics[key] = value
   if comparison is not None:
     hist = prm_history(comparison.prm.folder)
     best = [h["val_pr_auc"] for h in hist if h["improved"]]
@@ -309,7 +311,15 @@ def report(job: ReprobeJob, scores: TestScores, comparison: PRMComparison | None
   write_json(run.path("metrics.json"), metrics)
   with atomic_open(run.path("table.md")) as f:
     f.write(
-      table_markdown(metrics) + ("" if comparison is None else "\n" + prm_report.cascade_markdown(comparison.combined))
+      table_markdown(metrics)
+      + ("" if comparison is None else "\n" + prm_report.cascade_markdown(comparison.combined))
+      + (
+        ""
+        if outcomes is None
+        else f"\nOutcome accuracy: {outcomes['accuracy']:.3f} ({outcomes['trajectories']} test "
+        "trajectories with a known outcome).\n"
+      )
+      + ("" if first_errors is None else "\n" + first_error_markdown(first_errors))
     )
   plot_pr_curves(named, {d: steps.labels[d] for d in cfg.domains}, run.path("pr_curves.png"))
   if comparison is not None:
@@ -326,14 +336,17 @@ def report(job: ReprobeJob, scores: TestScores, comparison: PRMComparison | None
 
 GRAPH = Graph(
   Stage("problems", problems),
-  Stage("samples", samples, needs=("problems",)),
+  Stage("solutions", solutions),
+  Stage("samples", samples, needs=("problems", "solutions")),
   Stage("trajectories", trajectories, needs=("problems", "samples")),
   Stage("features", features, needs=("trajectories",)),
   Stage("probes", probes, needs=("trajectories", "features")),
   Stage("prm", prm, needs=("trajectories",)),
   Stage("scores", scores, needs=("trajectories", "features", "probes")),
   Stage("prm_comparison", prm_comparison, needs=("trajectories", "features", "probes", "prm", "scores")),
-  Stage("report", report, needs=("scores", "prm_comparison")),
+  Stage("outcomes", outcomes, needs=("problems", "trajectories")),
+  Stage("first_errors", first_errors, needs=("trajectories", "features", "probes", "prm", "scores", "prm_comparison")),
+  Stage("report", report, needs=("scores", "prm_comparison", "outcomes", "first_errors")),
 )
 
 

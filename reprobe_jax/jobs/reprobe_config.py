@@ -1,5 +1,6 @@
 """The ReProbe job's config and where its runs live: ReprobeConfig (checked whole when made), its parsing from the
-CLI's mapping, the checks against a target's shape, the problems of each split, and the run folder's key.
+CLI's mapping, the checks against a target's shape, the problems (and in reader mode the labelled solutions) of each
+split, the run folder's key, and the check that a probe folder was made for the same probe and features.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from typing import Generic, Iterator, NamedTuple, TypeVar
 
 from reprobe_jax.annotate import JudgePrompts, JudgeSettings, annotator_key, check_annotator
 from reprobe_jax.errors import ConfigError
-from reprobe_jax.features import FeatureSpec, model_fingerprint
+from reprobe_jax.features import FeatureMismatchError, FeatureSpec, model_fingerprint
 from reprobe_jax.fields import SEED, Int, OneOf, Seq, check_fields, field_name, plain, replace_fields
+from reprobe_jax.io.atomic import write_json
+from reprobe_jax.io.readers import read_json
 from reprobe_jax.jobs.runs import run_key
 from reprobe_jax.models import CaptureSpec, LanguageModel
 from reprobe_jax.prm.train import PRMTrainConfig
@@ -21,6 +24,7 @@ from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.tasks import DIFFICULTIES, FAMILIES, Problem
 from reprobe_jax.tasks.data import DataConfig, load_data
+from reprobe_jax.tasks.dataset_records import LabelledSolution
 from reprobe_jax.tasks.formats import MODES
 from reprobe_jax.tasks.splits import spread
 from reprobe_jax.trajectories import TrajectoryConfig, prompt_text
@@ -112,6 +116,11 @@ class ReprobeConfig:
       if not isinstance(getattr(self, name), cls):
         raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
     check_annotator(self.annotator, self.judge, self.labels_path)
+    if self.data.enabled and not self.data.step_labelled and self.annotator == "rule":
+      raise ConfigError(
+        f"{field_name(self, 'annotator')}='rule': the math task of a data file ({self.data.format}) has no exact step "
+        "checker (every step would be unlabelled); use 'self', 'judge' or 'import'"
+      )
 
   @property
   def domains(self) -> list[str]:
@@ -127,6 +136,12 @@ class ReprobeConfig:
   def held_out_domains(self) -> tuple[str, ...]:
     """The held-out test domains: `ood_domains`, none on a data file."""
     return () if self.data.enabled else self.ood_domains
+
+  @property
+  def reader_mode(self) -> bool:
+    """Whether the job reads given solutions instead of sampling (a step-labelled data file: ProcessBench,
+    PRM800K): the target is teacher-forced over their steps and their labels are imported (`annotator` not run)."""
+    return self.data.enabled and self.data.step_labelled
 
 
 def check_model(cfg: ReprobeConfig, *, num_layers: int, context: int, vocab_size: int) -> None:
@@ -166,7 +181,14 @@ def config_from_dict(c) -> ReprobeConfig:
   d = plain(c)
   for k in ("job", "workdir", "target", "target_path", "seeds", "bands", "machine_bands", "tts", "prm"):  # the CLI's
     d.pop(k, None)
-  return replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
+  needs_data = d.pop("data_required", False)  # a config made for the user's data (configs/reprobe_math.py)
+  cfg = replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
+  if needs_data and not cfg.data.enabled:
+    raise ConfigError(
+      "config.data.path is empty: this config runs on your own data; name a file with --config.data.path=FILE "
+      "(and --config.data.format=gsm8k|math|jsonl|processbench|prm800k; docs/own-data.md)"
+    )
+  return cfg
 
 
 def prm_config_from_dict(c) -> PRMTrainConfig | None:
@@ -219,6 +241,25 @@ def split_problems(cfg: ReprobeConfig) -> Splits[Problem]:
   )
 
 
+def split_solutions(cfg: ReprobeConfig) -> Splits[LabelledSolution]:
+  """The labelled solutions of every split of a step-labelled data file (`load_data`: a solution lands in its
+  problem's split). ConfigError naming the split's fraction when a split holds none: the probes train on train,
+  early-stop and choose ProcessBench's threshold on val, and are scored on test."""
+  if not cfg.reader_mode:
+    raise ConfigError(f"config.data.format={cfg.data.format!r}: not a step-labelled format (processbench, prm800k)")
+  data = load_data(cfg.data)
+  out = Splits(*(list(data.solutions[s]) for s in Splits._fields))
+  for split, sols in out.items():
+    if not sols:
+      field = "config.data.val, config.data.test" if split == "train" else f"config.data.{split}"
+      raise ConfigError(
+        f"{field}: the {split} split of {cfg.data.path} holds no labelled solution ({len(data.problems[split])} "
+        f"problems, none with a solution: a PRM800K line whose labelling ended before its first step gives none); "
+        "use more problems or other fractions"
+      )
+  return out
+
+
 def data_fingerprint(lm: LanguageModel, cfg: ReprobeConfig) -> str:
   """Hash of the problems of every split and the prompts the target gets for them, so that a changed task
   generator, question layout, few-shot example or chat template gives a new run folder instead of reusing
@@ -230,6 +271,10 @@ def data_fingerprint(lm: LanguageModel, cfg: ReprobeConfig) -> str:
         lm, p, cfg.mode, cfg.trajectories.few_shot, cfg.trajectories.first_step, cfg.trajectories.goal_mark
       )
       h.update(json.dumps([split, p.to_json(), prompt]).encode())
+  if cfg.reader_mode:  # the given steps and their labels are the trajectories: other ones, another folder
+    for split, sols in split_solutions(cfg).items():
+      for s in sols:
+        h.update(json.dumps([split, s.to_json()]).encode())
   return h.hexdigest()
 
 
@@ -257,3 +302,20 @@ def prm_folder(run_dir: str, prm_cfg: PRMTrainConfig) -> str:
   """`<run>/prm/<key>`, the key a hash of the PRMTrainConfig: where the PRM trained for that config lives
   (`<folder>/model` loads with `load_prm`), beside its history.json and step_scores.npz."""
   return os.path.join(run_dir, "prm", run_key(dataclasses.asdict(prm_cfg)))
+
+
+def check_probe_spec(pdir: str, spec: dict) -> None:
+  """Writes `<pdir>/probe_spec.json`; FeatureMismatchError when a checkpoint there was trained on other features
+  or with another probe shape."""
+  os.makedirs(pdir, exist_ok=True)
+  spec = json.loads(json.dumps(spec))
+  spec_path = os.path.join(pdir, "probe_spec.json")
+  if os.path.exists(spec_path):
+    old = read_json(spec_path, "probe spec", sealed=True)
+    for key in spec:
+      if old.get(key) != spec[key]:
+        raise FeatureMismatchError(
+          f"{pdir}: the probe checkpoint was made with {key}={old.get(key)!r}, but the "
+          f"data has {spec[key]!r}; use another workdir"
+        )
+  write_json(spec_path, spec, seal=True)

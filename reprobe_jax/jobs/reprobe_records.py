@@ -1,20 +1,47 @@
-"""What the ReProbe job's stages hand each other: the id of a step scorer, a trained probe, the PRM trained beside
-the probes, and the test steps with every scorer's scores. The test-time-scaling job reads the same records."""
+"""What the ReProbe job's stages read and hand each other: the job's inputs (`ReprobeJob`), the id of a step scorer,
+a trained probe, the PRM trained beside the probes, and the test steps with every scorer's scores. The
+test-time-scaling job reads the same records."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any
 
 import numpy as np
 from flax import nnx
 
+from reprobe_jax.features import model_fingerprint
+from reprobe_jax.jobs.reprobe_config import ReprobeConfig, Splits
+from reprobe_jax.jobs.runs import Progress, Run, no_progress
+from reprobe_jax.models import LanguageModel
 from reprobe_jax.prm.model import PRM
 from reprobe_jax.prm.report import Combined
 from reprobe_jax.prm.train import PRMTrainConfig
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.bundle import ProbeBundle
+
+
+@dataclasses.dataclass(frozen=True)
+class ReprobeJob:
+  """What every stage reads: the target, the config, the run folder, the PRM's training config (None: no PRM
+  baseline) and the progress callback."""
+
+  lm: LanguageModel
+  cfg: ReprobeConfig
+  run: Run
+  prm: PRMTrainConfig | None = None
+  tick: Progress = no_progress
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """The target's fingerprint (`features.model_fingerprint`): what its features and probes were made from."""
+    return model_fingerprint(self.lm)
+
+
+LABELLED = Splits(*(f"trajectories_{split}.jsonl" for split in Splits._fields))  # the labelled trajectories' files
+
 
 PER_FEATURE_SET = ("probe", "logreg", "fusion")  # the scorer kinds trained (or fitted) once per feature set
 _RENDERED = re.compile(r"(\w+)\[(.+)\]")

@@ -30,7 +30,7 @@ def test_steps(cfg: ReprobeConfig, test: list[Trajectory]) -> TestSteps:
     labels[d] = np.concatenate([np.asarray(r.labels, np.float64) for r in recs])
     groups[d] = np.concatenate([[r.problem_id] * len(r.labels) for r in recs])
     domain[d] = d
-    if cfg.mode == "line":  # the same steps without the '<Answer>' lines, whose base rate differs by domain
+    if cfg.mode == "line" and not cfg.reader_mode:  # without the '<Answer>' lines (whose base rate differs by domain)
       answer = np.concatenate([[is_answer_line(s.text) for s in r.steps] for r in recs]).astype(bool)
       labels[f"{d} (steps)"] = np.where(answer, np.nan, labels[d])
       groups[f"{d} (steps)"] = groups[d]
