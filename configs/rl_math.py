@@ -3,27 +3,27 @@ thinking mode, on the train split of a GSM8K, MATH or JSONL file, evaluated on i
 
     python train.py --config=configs/rl_math.py --config.data.path=gsm8k_train.jsonl --config.data.format=gsm8k
     python train.py --config=configs/rl_math.py --config.data.path=... --config.advantage=dapo --config.rl.steps=50
-    python train.py --config=configs/rl_math.py --config.data.path=... --config.target_path=<HF folder | .gguf | hub id>
+    python train.py --config=configs/rl_math.py --config.data.path=... --config.target=<HF folder | .gguf | hub id>
 
 The prompts are the data's train split in the order `tasks.data.PromptOrder` draws it (every epoch shuffled anew
 from `config.seed`); each step consumes the prompts of the rounds it rolls out, and the run checkpoints its data
 position, so a resumed run draws on where it stopped. The reward is the math task's answer check
 (`tasks.math.is_equivalent`). The held-out evaluation (docs/method.md §B3) is the first `config.eval.problems` of the
-same file's test split. The model is `config.target_path` (`config.target` is the built-in target's build section).
+same file's test split. The model is `config.target`.
 Two steps of 2 prompts x 4 samples: sized for a 20-problem file in minutes on 2 CPU cores (`--config.rl.steps=`
 for a real run); a config without `--config.data.path` is refused at start. Not part of CI.
 """
 
 import ml_collections
 
-from configs import rl_synthetic, spae_math
+from configs import reprobe_math, rl_synthetic, spae_math
 
 
 def get_config() -> ml_collections.ConfigDict:
   c = rl_synthetic.get_config()
   spae = spae_math.get_config()
   c.workdir = "artifacts/rl_math"
-  c.target_path = spae.target_path
+  reprobe_math.use_pretrained(c, spae.target)
   c.data = spae.data  # the RL prompts come from its train split, the evaluation from its test split
   c.seeds = (0,)
   c.rl.update(

@@ -2,10 +2,9 @@
 MATH or JSONL file.
 
     python eval.py --config=configs/tts_math.py --config.data.path=gsm8k_test.jsonl --config.data.format=gsm8k
-    python eval.py --config=configs/tts_math.py --config.data.path=... --config.target_path=<HF folder | .gguf | hub id>
+    python eval.py --config=configs/tts_math.py --config.data.path=... --config.target=<HF folder | .gguf | hub id>
 
-The model is `config.target_path` (`config.target` is the built-in target's build section of the synthetic
-configs, so the model's flag keeps that name). The target, the data split and the probes are the ReProbe math job's
+The model is `config.target`. The target, the data split and the probes are the ReProbe math job's
 (configs/reprobe_math.py: same workdir and sizes, so a ReProbe run there is reused; what is missing is trained first,
 its step labels from the target judging itself). Greedy, majority and weighted votes, Best-of-N and step-level beam
 search with the first probe of `config.feature_sets` and with Perplexity, at budgets 1, 2 and 4, on the data's

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import test_rl_loop
 
+from configs import judge_prompts
+from reprobe_jax.annotate import JudgePrompts, JudgeSettings
 from reprobe_jax.errors import ConfigError, DataFormatError
 from reprobe_jax.jobs import rl as rl_job
 from reprobe_jax.jobs import spae as spae_job
@@ -69,8 +71,12 @@ def test_math_without_a_data_file_is_refused_naming_the_flag():
     rl_job.rl_config_from_dict({"train_domains": ("math",)})
 
 
+# A data file's math task has no exact step checker: its ReProbe runs label steps by the target judging itself.
+SELF_JUDGE = JudgeSettings(prompts=JudgePrompts.from_dict(judge_prompts.get_config().prompts.to_dict()))
+
+
 def test_a_domain_the_data_split_lacks_is_refused(data):
-  cfg = ReprobeConfig(data=data)
+  cfg = ReprobeConfig(data=data, annotator="self", judge=SELF_JUDGE)
   assert grid_domains(cfg, TTSConfig()) == ("math",)  # the default domains: the split's own
   with pytest.raises(ConfigError, match=r"config\.tts\.domains: the test split has no 'planning' problems"):
     grid_domains(cfg, TTSConfig(domains=("math", "planning")))
@@ -133,6 +139,8 @@ def test_spae_decodes_the_data_split(synthetic_lm, tmp_path, data):
 def test_tts_grid_on_the_data_split(synthetic_lm, tmp_path, data):
   cfg = ReprobeConfig(
     data=data,
+    annotator="self",
+    judge=SELF_JUDGE,
     trajectories=TrajectoryConfig(samples=1, max_new_tokens=24, batch_size=8),
     train=ProbeTrainConfig(batch_size=4, epochs=1),
   )
