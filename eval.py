@@ -34,6 +34,7 @@ from reprobe_jax.jobs.cli import (
   workdir_of,
 )
 from reprobe_jax.jobs.reprobe_config import config_from_dict, prm_config_from_dict
+from reprobe_jax.jobs.reprobe_reader import first_error_markdown
 from reprobe_jax.jobs.runs import run_key
 from reprobe_jax.jobs.tts_config import check_prm, grid_domains, tts_config_from_dict
 
@@ -53,6 +54,11 @@ def run_reprobe(config) -> None:
   metrics, report, workdir = _evaluate(config)
   print("\nStep-level PR-AUC (positive = incorrect step):\n")
   print(table_markdown(metrics))
+  if "outcome" in metrics:  # a data file: how often the target's final answer is right
+    o = metrics["outcome"]
+    print(f"Outcome accuracy: {o['accuracy']:.3f} ({o['trajectories']} test trajectories with a known outcome)")
+  if "first_error" in metrics:  # reader mode: ProcessBench's first-error F1 (threshold chosen on val)
+    print("\n" + first_error_markdown(metrics["first_error"]))
   timings = metrics.get("timings_s", {})
   if timings:
     print("Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
