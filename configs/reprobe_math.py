@@ -49,7 +49,14 @@ def get_config() -> ml_collections.ConfigDict:
   # Self-annotation (docs/method.md §A2): the target judges its own steps with the two-stage prompts of
   # configs/judge_prompts.py; the paper's sampling (T=0.7, top-k 20, top-p 0.95) from judge_prompts.
   c.annotator = "self"
-  c.judge.self_judge.max_new_tokens = 160
+  # One judge call per step (the variant docs/method.md §A2(b) gives thinking mode), its verdict the last 0/1 digit
+  # of the reply: SmolLM2-135M does not write the two-stage judge's Python list (on the 20-problem file of
+  # docs/own-data.md none of 40 trajectories got a parseable list), while about 70% of its per-step replies end in
+  # a verdict. A 135M judge's verdicts are close to noise: for labels worth a PR-AUC use a larger target or
+  # `--config.annotator=judge` with a capable model behind an OpenAI-compatible server (then two-stage:
+  # `--config.judge.per_step=False`).
+  c.judge.per_step = True
+  c.judge.self_judge.max_new_tokens = 96
   c.judge.self_judge.batch_size = 8
   c.prm.enabled = False  # `--config.prm.enabled=True` adds the PRM baseline (fine-tunes SmolLM2: slow on CPU)
   c.prm.separator = "<file_sep>"
