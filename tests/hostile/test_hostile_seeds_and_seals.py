@@ -51,7 +51,7 @@ def _configs_with_a_seed() -> list[type]:
 
 
 CONFIGS = _configs_with_a_seed()
-REQUIRED = {"TrainerConfig": {"steps": 1}}  # configs without a default for every field
+REQUIRED = {"TrainerConfig": {"steps": 1}, "PromptOrder": {"n": 3}}  # configs without a default for every field
 
 
 def test_the_discovery_finds_the_configs():
