@@ -134,7 +134,22 @@ def count_reads(monkeypatch) -> collections.Counter:
   return reads
 
 
-STAGES = ("problems", "samples", "trajectories", "features", "probes", "prm", "scores", "prm_comparison", "report")
+# every stage of the ReProbe graph; on the synthetic world the data-file stages (solutions, outcomes, first_errors)
+# run once each and give None
+STAGES = (
+  "problems",
+  "solutions",
+  "samples",
+  "trajectories",
+  "features",
+  "probes",
+  "prm",
+  "scores",
+  "prm_comparison",
+  "outcomes",
+  "first_errors",
+  "report",
+)
 SPLITS = ("train", "val", "test")
 
 
