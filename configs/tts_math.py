@@ -14,26 +14,16 @@ cores; a config without `--config.data.path` is refused at start. Not part of CI
 
 import ml_collections
 
-from configs import reprobe_math
+from configs import reprobe_math, tts_smollm2
 
 
 def get_config() -> ml_collections.ConfigDict:
   c = reprobe_math.get_config()
   c.job = "tts"
   c.prm.enabled = False
-  c.tts = ml_collections.ConfigDict(
-    dict(
-      problems=8,  # the first 8 of the data's test split (a 20-problem file at test=0.2 has 4)
-      domains=("math",),  # the data file's task; refused without config.data.path
-      scorers=(f"probe[{c.feature_sets[0]}]", "perplexity"),
-      strategies=("best_of_n", "beam"),
-      budgets=(1, 2, 4),
-      aggregation="min",
-      max_steps=8,
-      lookahead=0,
-      temperature=1.0,
-      split="test",
-      dedupe=False,
-    )
-  )
+  c.tts = tts_smollm2.get_config().tts  # SmolLM2's grid on the synthetic worlds, on the data's test split:
+  c.tts.problems = 8  # the first 8 of the split (a 20-problem file at test=0.2 has 4)
+  c.tts.domains = ("math",)  # the data file's task; refused without config.data.path
+  c.tts.scorers = (f"probe[{c.feature_sets[0]}]", "perplexity")
+  c.tts.budgets = (1, 2, 4)
   return c
