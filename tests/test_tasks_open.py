@@ -409,3 +409,41 @@ def test_spae_metrics_on_math_read_what_is_meaningful(tok):
   for replay in (lambda: classify_paragraph(problem, "So 4 * 12 = 48."), lambda: thinking_progress(problem, ["a."])):
     with pytest.raises(ConfigError, match="problem 'p48': task 'math' is not a synthetic family"):
       replay()
+
+
+def test_sampled_steps_take_the_boundary_the_config_names(synthetic_lm, monkeypatch):
+  """`TrajectoryConfig.steps` cuts sampled responses at another boundary (docs/method.md §A1): the aligner is asked
+  for that mode and the spans are its spans on the same ids; '' keeps the response format's own (line mode: lines).
+  (The random tiny model's text seldom ends a sentence, so the modes are told apart by what the aligner is asked.)"""
+  from reprobe_jax.trajectories import TrajectoryConfig, sample, sample_trajectories
+
+  asked = []
+  align = sample.step_lib.align
+
+  def spy(tokenizer, ids, mode, **kw):
+    asked.append(mode)
+    return align(tokenizer, ids, mode, **kw)
+
+  monkeypatch.setattr(sample.step_lib, "align", spy)
+  problems = [Problem("m1", "math", "Tom has 3 apples and buys 4 more. How many now?", "7")]
+  base = dict(samples=2, max_new_tokens=40, sampling=SamplingParams(1.0, 0, 1.0), seed=3)
+  own = sample_trajectories(synthetic_lm, problems, "line", TrajectoryConfig(**base))
+  assert asked == ["line", "line"]
+  cut = sample_trajectories(synthetic_lm, problems, "line", TrajectoryConfig(**base, steps="sentence"))
+  assert asked[2:] == ["sentence", "sentence"]
+  for a, b in zip(own, cut):
+    assert a.response_ids == b.response_ids  # the same samples: only the cutting differs
+    assert [(s.start, s.end) for s in b.steps] == [
+      (s.start, s.end) for s in align(synthetic_lm.tokenizer, list(b.response_ids), "sentence")
+    ]
+  with pytest.raises(ConfigError, match=r"TrajectoryConfig\.steps: expected one of"):
+    TrajectoryConfig(steps="words")
+
+
+def test_the_rule_annotator_refuses_steps_other_than_the_formats_own():
+  from reprobe_jax.jobs.reprobe_config import ReprobeConfig
+  from reprobe_jax.trajectories import TrajectoryConfig
+
+  with pytest.raises(ConfigError, match=r"trajectories\.steps='sentence': the rule annotator labels the line"):
+    ReprobeConfig(trajectories=TrajectoryConfig(steps="sentence"))
+  assert ReprobeConfig(trajectories=TrajectoryConfig(steps="line")).trajectories.steps == "line"  # its own: fine

@@ -25,6 +25,7 @@ from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.tasks import DIFFICULTIES, FAMILIES, Problem
 from reprobe_jax.tasks.data import DataConfig, load_data
 from reprobe_jax.tasks.dataset_records import LabelledSolution
+from reprobe_jax.steps.modes import STEP_MODE
 from reprobe_jax.tasks.formats import MODES
 from reprobe_jax.tasks.splits import spread
 from reprobe_jax.trajectories import TrajectoryConfig, prompt_text
@@ -120,6 +121,12 @@ class ReprobeConfig:
       raise ConfigError(
         f"{field_name(self, 'annotator')}='rule': the math task of a data file ({self.data.format}) has no exact step "
         "checker (every step would be unlabelled); use 'self', 'judge' or 'import'"
+      )
+    own = STEP_MODE[self.mode]
+    if self.annotator == "rule" and self.trajectories.steps not in ("", own):
+      raise ConfigError(
+        f"{field_name(self, 'trajectories')}.steps={self.trajectories.steps!r}: the rule annotator labels the "
+        f"{self.mode} format's own steps ({own}); leave it '' or label with 'self', 'judge' or 'import'"
       )
 
   @property
@@ -287,7 +294,7 @@ def run_folder(root: str, lm: LanguageModel, cfg: ReprobeConfig) -> str:
     del config[name]
   if tuple(cfg.ood_difficulties) in ((), tuple(cfg.difficulties)):  # the same problems: the folder it had before
     del config["ood_difficulties"]
-  for option in ("first_step", "goal_mark"):  # off: the same prompts, the folder it had before the option existed
+  for option in ("first_step", "goal_mark", "steps"):  # off: the same run, the folder it had before the option existed
     if not getattr(cfg.trajectories, option):
       del config["trajectories"][option]
   if not cfg.data.enabled:  # the synthetic world: the folder it had before data files existed

@@ -39,6 +39,11 @@ class TrajectoryConfig:
   # 9 (the goal)'): SmolLM2-135M otherwise walks on past the goal (docs/tasks.md, "SmolLM2"). Line mode only; off
   # for the built-in target.
   goal_mark: bool = False
+  # Where a sampled response's steps end (docs/method.md §A1): '' = its response format's own boundary (line mode's
+  # lines, thinking mode's '.\n\n' paragraphs); 'line', 'sentence' or 'paragraph' for free-form output that does
+  # not keep to the format (sentence mode: a step of under 20 characters joins the next). Exact step labels need the
+  # format's own steps, so a job with the rule annotator refuses any other.
+  steps: str = ""
 
   def __post_init__(self):
     # errors name config.trajectories.<field> when built by replace_fields, else TrajectoryConfig.<field>
@@ -52,6 +57,7 @@ class TrajectoryConfig:
         "few_shot": Int(0),
         "first_step": OneOf((False, True)),
         "goal_mark": OneOf((False, True)),
+        "steps": OneOf(("", "line", "sentence", "paragraph")),
       },
     )
 
@@ -89,7 +95,7 @@ def sample_trajectories(
       ids = gen.token_ids(row)
       n = len(ids) - (1 if ids and ids[-1] == eos else 0)
       ids = ids[:n]
-      steps = step_lib.align(lm.tokenizer, ids, STEP_MODE[mode])
+      steps = step_lib.align(lm.tokenizer, ids, cfg.steps or STEP_MODE[mode])
       batch.append(
         Trajectory(
           id=f"{problem.id}#{row % cfg.samples}",
