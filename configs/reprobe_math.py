@@ -30,7 +30,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.bands = ""  # no shipped bands: the numbers depend on the user's data
   c.machine_bands = ()
   use_pretrained(c, "smollm2")
-  c.data_required = True  # no data file named: a ConfigError before the target is loaded
+  c.train_domains = ("math",)  # the data file's task: refused without config.data.path, before the target loads
+  c.ood_domains = ()
   c.data = ml_collections.ConfigDict(dict(path="", format="gsm8k", limit=0, seed=0, val=0.1, test=0.2))
   c.mode = "line"
   # The math task's four worked examples (tasks/math_task.py) as earlier chat turns: SmolLM2 never saw the step

@@ -253,7 +253,11 @@ def test_a_split_without_labelled_solutions_is_refused_naming_the_field(lm, tmp_
 
 
 def test_math_config_without_a_data_file_stops_at_once():
-  with pytest.raises(ConfigError, match=r"config\.data\.path is empty.*--config\.data\.path"):
+  with pytest.raises(
+    ConfigError,
+    match=r"^config\.train_domains: 'math' is the task of a data file, and config\.data\.path names none: name a "
+    r"file with --config\.data\.path=",
+  ):
     config_from_dict(reprobe_math.get_config())
 
 

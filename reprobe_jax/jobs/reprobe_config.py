@@ -23,7 +23,7 @@ from reprobe_jax.prm.train import PRMTrainConfig
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.train import ProbeTrainConfig
 from reprobe_jax.tasks import DIFFICULTIES, FAMILIES, Problem
-from reprobe_jax.tasks.data import DataConfig, load_data
+from reprobe_jax.tasks.data import DATA_TASK, DataConfig, load_data, no_data_file
 from reprobe_jax.tasks.dataset_records import LabelledSolution
 from reprobe_jax.steps.modes import STEP_MODE
 from reprobe_jax.tasks.formats import MODES
@@ -95,7 +95,7 @@ class ReprobeConfig:
       {
         "seed": SEED,
         "mode": OneOf(MODES),
-        "train_domains": Seq(OneOf(FAMILIES.names())),
+        "train_domains": Seq(OneOf(FAMILIES.names() + (DATA_TASK,))),
         "ood_domains": Seq(OneOf(FAMILIES.names()), nonempty=False),
         "train_problems": Int(1),
         "val_problems": Int(1),
@@ -117,6 +117,8 @@ class ReprobeConfig:
       if not isinstance(getattr(self, name), cls):
         raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
     check_annotator(self.annotator, self.judge, self.labels_path)
+    if DATA_TASK in self.train_domains and not self.data.enabled:  # a config for the user's data, and no file
+      raise no_data_file(field_name(self, "train_domains"))
     if self.data.enabled and not self.data.step_labelled and self.annotator == "rule":
       raise ConfigError(
         f"{field_name(self, 'annotator')}='rule': the math task of a data file ({self.data.format}) has no exact step "
@@ -137,7 +139,7 @@ class ReprobeConfig:
   @property
   def in_domains(self) -> tuple[str, ...]:
     """The domains the probes train on: `train_domains`, or ('math',) on a data file."""
-    return ("math",) if self.data.enabled else self.train_domains
+    return (DATA_TASK,) if self.data.enabled else self.train_domains
 
   @property
   def held_out_domains(self) -> tuple[str, ...]:
@@ -188,14 +190,7 @@ def config_from_dict(c) -> ReprobeConfig:
   d = plain(c)
   for k in ("job", "workdir", "target", "target_path", "seeds", "bands", "machine_bands", "tts", "prm"):  # the CLI's
     d.pop(k, None)
-  needs_data = d.pop("data_required", False)  # a config made for the user's data (configs/reprobe_math.py)
-  cfg = replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
-  if needs_data and not cfg.data.enabled:
-    raise ConfigError(
-      "config.data.path is empty: this config runs on your own data; name a file with --config.data.path=FILE "
-      "(and --config.data.format=gsm8k|math|jsonl|processbench|prm800k; docs/own-data.md)"
-    )
-  return cfg
+  return replace_fields(ReprobeConfig(), d, convert={"judge.prompts": JudgePrompts.from_dict})
 
 
 def prm_config_from_dict(c) -> PRMTrainConfig | None:

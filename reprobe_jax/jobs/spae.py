@@ -30,14 +30,14 @@ from reprobe_jax.jobs.runs import Progress, Run, no_progress, run_key
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.models.decode_state import FINISH_NAMES
 from reprobe_jax.models.sampling import SamplingParams
-from reprobe_jax.rl.config import DATA_TASK, config_key, no_data_file, problems_fingerprint
+from reprobe_jax.rl.config import config_key, problems_fingerprint
 from reprobe_jax.spae import metrics as spae_metrics
 from reprobe_jax.spae.decode import ThinkingRow, decode_thinking
 from reprobe_jax.spae.metrics import ThinkingOutcome
 from reprobe_jax.spae.potential import ProbeConfig, StepPotentials
 from reprobe_jax.spae.prober import Prober
 from reprobe_jax.tasks import DIFFICULTIES, TASKS, Problem
-from reprobe_jax.tasks.data import DataConfig, load_data
+from reprobe_jax.tasks.data import DATA_TASK, DataConfig, load_data, no_data_file
 from reprobe_jax.tasks.splits import spread
 from reprobe_jax.trajectories import check_thinking_template, prompt_text
 

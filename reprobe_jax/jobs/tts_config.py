@@ -10,7 +10,7 @@ from reprobe_jax.fields import Int, OneOf, Real, Seq, check_fields, field_name, 
 from reprobe_jax.jobs.reprobe_config import ReprobeConfig
 from reprobe_jax.jobs.reprobe_records import PRM_ID, ScorerId
 from reprobe_jax.prm.train import PRMTrainConfig
-from reprobe_jax.rl.config import DATA_TASK, no_data_file
+from reprobe_jax.tasks.data import DATA_TASK, no_data_file
 from reprobe_jax.scorers import BASELINES
 from reprobe_jax.tasks import TASKS
 from reprobe_jax.tts.config import AGGREGATIONS, MAX_LOOKAHEAD, MAX_ROWS, MAX_STEPS, STRATEGIES

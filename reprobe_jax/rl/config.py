@@ -17,19 +17,8 @@ from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
 from reprobe_jax.tasks import DIFFICULTIES, TASKS
-from reprobe_jax.tasks.data import DataConfig
-from reprobe_jax.tasks.datasets import FORMATS
+from reprobe_jax.tasks.data import DATA_TASK, DataConfig, no_data_file
 from reprobe_jax.train.optimizer import OptimizerConfig
-
-DATA_TASK = "math"  # the task of a data file's problems (tasks.data.load_data)
-
-
-def no_data_file(field: str) -> ConfigError:
-  """The error of a config that asks for the data file's task ('math') but names no file: what to name."""
-  return ConfigError(
-    f"{field}: {DATA_TASK!r} is the task of a data file, and config.data.path names none: name a file with "
-    f"--config.data.path=<file> --config.data.format=<{' | '.join(FORMATS.names())}>"
-  )
 
 
 def config_key(cfg) -> dict:

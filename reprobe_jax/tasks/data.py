@@ -20,9 +20,19 @@ from reprobe_jax.tasks.base import Problem
 from reprobe_jax.tasks.dataset_records import LabelledSolution, MathProblem
 from reprobe_jax.tasks.datasets import FORMATS, read_dataset
 from reprobe_jax.tasks.hf_source import is_hf_source
+from reprobe_jax.tasks.math_task import MathTask
 
 SPLITS = ("train", "val", "test")
 STEP_LABELLED = ("processbench", "prm800k")  # formats whose records are solutions with step labels
+DATA_TASK = MathTask.name  # the task of every data file's problems (`MathProblem.to_problem`)
+
+
+def no_data_file(field: str) -> ConfigError:
+  """The error of a config that asks for the data file's task (DATA_TASK) but names no file: what to name."""
+  return ConfigError(
+    f"{field}: {DATA_TASK!r} is the task of a data file, and config.data.path names none: name a file with "
+    f"--config.data.path=<file> --config.data.format=<{' | '.join(FORMATS.names())}>"
+  )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from reprobe_jax.io.readers import read_json, read_jsonl, shown
 from reprobe_jax.io.seal import regular_file
 from reprobe_jax.steps.labels import labels_from_json
 from reprobe_jax.tasks.base import Problem, first_error
+from reprobe_jax.tasks.math_task import MathTask
 from reprobe_jax.tasks.hf_source import SEPARATOR, is_hf_source, read_rows
 
 
@@ -44,7 +45,7 @@ class MathProblem:
     record's other fields in `data`."""
     return Problem(
       id=self.id,
-      domain="math",
+      domain=MathTask.name,
       question=self.question,
       answer=self.answer,
       data={"solution": self.solution, "source": self.source, "meta": dict(self.meta)},

@@ -137,4 +137,4 @@ def solution_steps(solution: str, boundary: str = "auto") -> list[str]:
   return [s.strip() for s in _SENTENCE.split(" ".join(text.split())) if s.strip()]
 
 
-MATH = register_task(MathTask())
+register_task(MathTask())
