@@ -78,17 +78,19 @@ def get_estimator(name: str) -> Estimator:
 
 
 def compute_advantages(
-  name: str, inp: AdvantageInputs, cfg: AdvantageConfig = AdvantageConfig()
+  name: str, inp: AdvantageInputs, cfg: AdvantageConfig = AdvantageConfig(), *, check_values: bool = True
 ) -> Float[Array, "b t"]:
   """[B, T] float32 token-level advantages of the estimator `name` (compiled once per name, config and shapes).
 
   The inputs are checked first (ConfigError naming the field and the row): their shapes against each other, a finite
   reward on every real row, and, for an estimator that reads step potentials, a finite Phi in [-1, 1] on every probed
   step of a real row and token steps in [-1, K) on its response tokens. Values are checked where they are concrete
-  (not under an outer jit); padding rows (row_mask False) are never read, whatever they hold."""
+  (not under an outer jit); padding rows (row_mask False) are never read, whatever they hold. check_values=False
+  skips the value checks (they read the arrays back to the host): for inputs the library made itself, whose rewards
+  were checked where they entered (`rollout.reward_of`) and whose Phi was made on device in [-1, 1]."""
   estimator = get_estimator(name)
   _check(inp)
-  if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(inp)):
+  if check_values and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(inp)):
     _check_values(inp, estimator.needs_potentials)
   return _compute(name, inp, cfg)
 

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features.extraction import model_fingerprint
@@ -35,7 +36,8 @@ from reprobe_jax.models import make_mesh
 from reprobe_jax.rl import advantages as adv_lib
 from reprobe_jax.rl import loss as loss_lib
 from reprobe_jax.rl.config import RLConfig, config_key, problems_fingerprint
-from reprobe_jax.rl.rollout import PromptSet, collect, policy_batch, potentials, rollout_fn, step_batch
+from reprobe_jax.rl.probing import probe_kept, with_potentials
+from reprobe_jax.rl.rollout import PromptSet, collect, policy_batch, rollout_fn, step_batch
 from reprobe_jax.spae.potential import ProbeConfig
 from reprobe_jax.spae.prober import Prober
 from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
@@ -44,7 +46,7 @@ from reprobe_jax.tasks.data import PromptOrder, load_data
 from reprobe_jax.tasks.splits import SPLIT_SEEDS
 from reprobe_jax.train.optimizer import make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
-from reprobe_jax.trajectories import prompt_text
+from reprobe_jax.trajectories import check_thinking_template, opens_thinking, prompt_text
 
 
 def train_problems(cfg: RLConfig) -> list[Problem]:
@@ -107,6 +109,7 @@ STEP_METRICS = (
   "phi_mean",
   "saturated_share",
   "checking_tokens",
+  "probed_share",
   "time_rollout",
   "time_probe",
   "time_update",
@@ -140,7 +143,7 @@ class RLStep:
     reward: Callable | None = None,
     ref_params=None,
   ):
-    self.cfg, self.prompts, self.reward = cfg, prompts, reward
+    self.cfg, self.prompts, self.reward, self.tx = cfg, prompts, reward, tx
     self.policy = copy.copy(lm)  # the same model with the parameters of the step (set per call)
     self.estimator = adv_lib.get_estimator(cfg.advantage)
     self.adv_cfg = adv_lib.AdvantageConfig(alpha=cfg.alpha, xi=cfg.xi, eps_sat=pcfg.eps_sat)
@@ -150,6 +153,9 @@ class RLStep:
     self.think_id = think if isinstance(think, int) and think != tok.unk_token_id else None
     close = tok.convert_tokens_to_ids(THINK_CLOSE)
     self.close_id = close if isinstance(close, int) and close != tok.unk_token_id else None
+    # prompts whose chat template opened the thinking: their responses think from the first token, with no <think>
+    self.opened = [opens_thinking(tok.decode(list(p))) for p in prompts.prompt_ids]
+    self._warned = False
     mb = cfg.micro_batches
     self.update = loss_lib.make_update(lm.static_graph, tx, cfg.loss_config(), micro_batches=mb, mesh=mesh)
     self.logprobs = loss_lib.make_logprobs(lm.static_graph, micro_batches=mb * cfg.mini_batches, mesh=mesh)
@@ -206,23 +212,69 @@ class RLStep:
           **{k: 0.0 for k in STEP_METRICS},
           **base,
           "skipped": 1.0,
-          **{k: float("nan") for k in ("kept_reward", "phi_mean", "saturated_share", "checking_tokens")},
+          **{
+            k: float("nan") for k in ("kept_reward", "phi_mean", "saturated_share", "checking_tokens", "probed_share")
+          },
         },
       )
-    pots = None
-    if self.prober is not None:
-      pots = potentials(self.prober, groups, self.prompts, step, self.think_id)
+    kept = [t for g in groups for t in g.trajectories]
+    pots = self._probe(roll, kept, step)
+    roll.states.clear()  # the rounds' KV caches are not needed past the probe
     t2 = time.perf_counter()
     sb = step_batch(
       groups,
-      pots,
+      None,
       self.prompts,
       want=cfg.prompts_per_step,
       group_size=cfg.group_size,
       response_len=response_columns(groups),
       pad_id=self.policy.pad_id(),
     )
-    advantages = adv_lib.compute_advantages(cfg.advantage, sb.adv_inputs, self.adv_cfg)
+    inp = sb.adv_inputs if pots is None else with_potentials(sb, pots)
+    advantages = adv_lib.compute_advantages(cfg.advantage, inp, self.adv_cfg, check_values=False)
+    params, opt_state, fetched, adv_abs = self._update(params, opt_state, sb, advantages)
+    phi, valid = jax.device_get((pots.phi, pots.valid)) if pots is not None else (None, None)
+    # token-weighted over the mini-batches (a mini-batch without tokens contributes nothing)
+    w = np.array([float(f["tokens"]) for f in fetched])
+    mean = lambda k: float(np.sum([float(f[k]) for f in fetched] * w) / max(w.sum(), 1.0))
+    t3 = time.perf_counter()
+    out = {
+      **base,
+      "loss": float(np.mean([float(f["loss"]) for f in fetched])),
+      "kept_reward": float(np.mean([t.reward for t in kept])),
+      "clip_fraction": mean("clip_frac"),
+      "kl": mean("kl_mean"),
+      "grad_norm": float(np.mean([float(f["grad_norm"]) for f in fetched])),
+      "ratio": mean("ratio_mean"),
+      "adv_abs": adv_abs,
+      "time_probe": t2 - t1,
+      "time_update": t3 - t2,
+      "skipped": 0.0,
+    }
+    out.update(self._potential_stats(kept, pots, phi, valid))
+    return params, opt_state, out
+
+  def _probe(self, roll, kept, step: int):
+    """The kept trajectories' step potentials from the rollout's own decode states (`rl.probing`), or None when
+    the estimator reads none. Waits for the device (the phase's time is measured) but fetches nothing."""
+    if self.prober is None:
+      return None
+    pots = probe_kept(self.prober, roll.states, kept, self.prompts, step, [self._thinks(t) for t in kept])
+    return jax.block_until_ready(pots)
+
+  def _thinks(self, t) -> bool:
+    """The trajectory has a thinking block: its prompt opened it (a template ending with `<think>`) or the
+    response holds `<think>` (the token, or the text where the tokenizer splits it)."""
+    if self.opened[t.prompt]:
+      return True
+    if self.think_id is not None:
+      return self.think_id in t.text_ids
+    return THINK_OPEN in self.policy.tokenizer.decode(list(t.text_ids))
+
+  def _update(self, params, opt_state, sb, advantages):
+    """Old log-probs with the rollout's parameters, then `mini_batches` updates; (params, opt_state, the
+    mini-batches' metrics on the host, mean |advantage| over response tokens)."""
+    cfg = self.cfg
     tokens, attn, resp = jnp.asarray(sb.tokens), jnp.asarray(sb.attention_mask), jnp.asarray(sb.response_mask)
     old = self.logprobs(params, tokens, attn, resp)
     ref = self.logprobs(self.ref_params, tokens, attn, resp) if cfg.kl_coef > 0 else None
@@ -234,45 +286,35 @@ class RLStep:
       n_tok, n_seq = loss_lib.batch_counts(part)
       params, opt_state, met = self.update(params, opt_state, part, n_tok, n_seq)
       fetched.append(met)
-    fetched = jax.device_get(fetched)
-    # token-weighted over the mini-batches (a mini-batch without tokens contributes nothing)
-    w = np.array([float(f["tokens"]) for f in fetched])
-    mean = lambda k: float(np.sum([float(f[k]) for f in fetched] * w) / max(w.sum(), 1.0))
-    t3 = time.perf_counter()
-    kept = [t for g in groups for t in g.trajectories]
-    out = {
-      **base,
-      "loss": float(np.mean([float(f["loss"]) for f in fetched])),
-      "kept_reward": float(np.mean([t.reward for t in kept])),
-      "clip_fraction": mean("clip_frac"),
-      "kl": mean("kl_mean"),
-      "grad_norm": float(np.mean([float(f["grad_norm"]) for f in fetched])),
-      "ratio": mean("ratio_mean"),
-      "adv_abs": float(jnp.sum(jnp.abs(advantages) * pb.response_mask) / jnp.maximum(jnp.sum(pb.response_mask), 1)),
-      "time_probe": t2 - t1,
-      "time_update": t3 - t2,
-      "skipped": 0.0,
-    }
-    out.update(self._potential_stats(kept, pots))
-    return params, opt_state, out
+    adv_abs = jnp.sum(jnp.abs(advantages) * pb.response_mask) / jnp.maximum(jnp.sum(pb.response_mask), 1)
+    fetched, adv_abs = jax.device_get((fetched, adv_abs))
+    return params, opt_state, fetched, float(adv_abs)
 
-  def _potential_stats(self, kept, pots) -> dict[str, float]:
+  def _potential_stats(self, kept, pots, phi, valid) -> dict[str, float]:
     """Mean Phi over probed boundaries, share of trajectories with a saturated boundary, and checking tokens (from
     the first saturated boundary to `</think>`, mean over correct saturated trajectories; docs/method.md §B3)."""
     if pots is None:
-      return {"phi_mean": float("nan"), "saturated_share": float("nan"), "checking_tokens": float("nan")}
-    phis = [x for p in pots for x in p.phi if np.isfinite(x)]
-    sat = [p.first_saturated is not None for p in pots]
+      return {k: float("nan") for k in ("phi_mean", "saturated_share", "checking_tokens", "probed_share")}
+    probed = valid.any(axis=1)
+    if not probed.any() and not self._warned:
+      self._warned = True
+      logging.warning(
+        "SPAE: no kept trajectory of this step has a probed boundary (no thinking block with a paragraph step): "
+        "its advantages are RF-B's; see docs/method.md §B1 (the metric probed_share says how often this happens)"
+      )
+    sat = valid & (phi > self.adv_cfg.eps_sat)
     checking = []
-    for t, p in zip(kept, pots):
-      if t.reward > 0 and p.first_saturated is not None:
+    for r, t in enumerate(kept):
+      hit = np.flatnonzero(sat[r])
+      if t.reward > 0 and hit.size:
         ids = list(t.text_ids)
         end = ids.index(self.close_id) if self.close_id is not None and self.close_id in ids else len(ids)
-        checking.append(max(0, end - int(p.cuts[p.first_saturated]) - 1))
+        checking.append(max(0, end - int(pots.cuts[r][hit[0]]) - 1))
     return {
-      "phi_mean": float(np.mean(phis)) if phis else float("nan"),
-      "saturated_share": float(np.mean(sat)),
+      "phi_mean": float(np.mean(phi[valid])) if valid.any() else float("nan"),
+      "saturated_share": float(np.mean(sat.any(axis=1))),
       "checking_tokens": float(np.mean(checking)) if checking else float("nan"),
+      "probed_share": float(np.mean(probed)),
     }
 
 
@@ -319,6 +361,8 @@ def check_run(lm, cfg: RLConfig, pcfg: ProbeConfig, *, mesh=None, reward=None, w
   if lm.tokenizer is None:
     raise ConfigError("train_rl needs the model's tokenizer (prompts, answer checks, boundaries)")
   prompts = train_prompts(lm, cfg)
+  if len(prompts):  # a template that closes the thinking in the prompt leaves no thinking step to train or probe
+    check_thinking_template(lm.tokenizer.decode(list(prompts.prompt_ids[0])), "thinking", where=name("train prompts"))
   if prompts.order is None:
     try:
       prompts.plan(cfg.seed, 0, cfg.prompts_per_round, cfg.rounds)  # a set too small to refill every round

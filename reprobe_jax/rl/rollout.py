@@ -25,6 +25,7 @@ from jaxtyping import Array, Float
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.fields import Int, check_seed
 from reprobe_jax.models.capture import CaptureSpec
+from reprobe_jax.models.decode_state import DecodeState
 from reprobe_jax.models.sampling import SamplingParams, bucket
 from reprobe_jax.rl.types import AdvantageInputs, PolicyBatch
 from reprobe_jax.spae.potential import StepPotentials
@@ -92,6 +93,8 @@ class Trajectory:
   response_ids: tuple[int, ...]  # with the final EOS when the row ended on one
   ended: bool  # the row ended on EOS (else it ran out of budget)
   reward: float
+  round: int = 0  # the rollout round that sampled it
+  row: int = -1  # its row in that round's decode state (`Rollout.states`); -1: none kept
 
   @property
   def text_ids(self) -> tuple[int, ...]:
@@ -161,6 +164,49 @@ def answer_reward(problem: Problem, text: str) -> float:
   return float(check_response(problem, text, "thinking").correct)
 
 
+class Rollout:
+  """One step's rollout, bound by `rollout_fn`: called with (prompt indices, round) it returns one group per prompt
+  and keeps the round's decode state on device in `states[round]` (the KV cache SPAE's probing forks,
+  `rl.probing`), until the step drops it."""
+
+  def __init__(self, lm, prompts: PromptSet, smp, *, group_size, max_new_tokens, seed, step, check, name):
+    self.lm, self.prompts, self.smp = lm, prompts, smp
+    self.group_size, self.max_new_tokens, self.seed, self.step = group_size, max_new_tokens, seed, step
+    self.check, self.name = check, name
+    self.states: dict[int, DecodeState] = {}
+
+  def __call__(self, idx: np.ndarray, round_: int) -> list[Group]:
+    prompts, smp, g = self.prompts, self.smp, self.group_size
+    ids = [list(prompts.prompt_ids[i]) for i in idx]
+    pseeds = [zlib.crc32(f"{prompts.problems[i].id}/{self.step}/{round_}".encode()) for i in idx]
+    state = smp.prefill(ids, max_new_tokens=self.max_new_tokens, n=g, seed=self.seed, prompt_seeds=pseeds)
+    state = smp.decode(state)
+    self.states[round_] = state
+    rows = smp.read(state, list(range(len(idx) * g)))
+    eos = self.lm.tokenizer.eos_token_id
+    groups = []
+    for j, i in enumerate(idx):
+      trajs = []
+      for s in range(g):
+        row = rows[j * g + s]
+        ended = bool(row.tokens) and row.tokens[-1] == eos and row.finish_reason == "eos"
+        body = row.tokens[:-1] if ended else row.tokens
+        text = self.lm.tokenizer.decode(body)
+        trajs.append(
+          Trajectory(
+            prompt=int(i),
+            sample=s,
+            response_ids=tuple(row.tokens),
+            ended=ended,
+            reward=reward_of(self.check, self.name, prompts, int(i), s, text),
+            round=round_,
+            row=j * g + s,
+          )
+        )
+      groups.append(Group(prompt=int(i), trajectories=tuple(trajs)))
+    return groups
+
+
 def rollout_fn(
   lm,
   prompts: PromptSet,
@@ -171,11 +217,12 @@ def rollout_fn(
   seed: int,
   step: int,
   reward: Callable[[Problem, str], float] | None = None,
-) -> RolloutFn:
+) -> Rollout:
   """Binds the rollout of one step: G samples per prompt from the decode-state API with `lm.params` as they are
   now (the jitted decode takes the parameters as an argument: new parameters compile nothing). Rows read their
   prompt's prefill as a shared prefix; row (problem, sample) of round r draws from a key of (seed, step, r, the
-  problem's id, sample). reward(problem, response text) -> R; default: `answer_reward`, the task's answer check."""
+  problem's id, sample). reward(problem, response text) -> R; default: `answer_reward`, the task's answer check.
+  The reward is called on the host once per response of each rolled-out batch; everything else stays on device."""
   check_seed(seed, "rollout_fn: seed")
   if reward is None:
     check, name = answer_reward, "(the task's answer check)"
@@ -184,34 +231,9 @@ def rollout_fn(
   else:
     raise ConfigError(f"rollout_fn: reward must be a function (problem, response text) -> number, got {reward!r}")
   smp = lm.sampler(sampling, capture=CaptureSpec())
-  eos = lm.tokenizer.eos_token_id
-
-  def roll(idx: np.ndarray, round_: int) -> list[Group]:
-    ids = [list(prompts.prompt_ids[i]) for i in idx]
-    pseeds = [zlib.crc32(f"{prompts.problems[i].id}/{step}/{round_}".encode()) for i in idx]
-    state = smp.prefill(ids, max_new_tokens=max_new_tokens, n=group_size, seed=seed, prompt_seeds=pseeds)
-    state = smp.decode(state)
-    rows = smp.read(state, list(range(len(idx) * group_size)))
-    groups = []
-    for j, i in enumerate(idx):
-      trajs = []
-      for s in range(group_size):
-        row = rows[j * group_size + s]
-        ended = bool(row.tokens) and row.tokens[-1] == eos and row.finish_reason == "eos"
-        body = row.tokens[:-1] if ended else row.tokens
-        trajs.append(
-          Trajectory(
-            prompt=int(i),
-            sample=s,
-            response_ids=tuple(row.tokens),
-            ended=ended,
-            reward=reward_of(check, name, prompts, int(i), s, lm.tokenizer.decode(body)),
-          )
-        )
-      groups.append(Group(prompt=int(i), trajectories=tuple(trajs)))
-    return groups
-
-  return roll
+  return Rollout(
+    lm, prompts, smp, group_size=group_size, max_new_tokens=max_new_tokens, seed=seed, step=step, check=check, name=name
+  )
 
 
 def collect(
