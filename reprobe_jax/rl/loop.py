@@ -191,6 +191,7 @@ class RLStep:
       seed=cfg.seed,
       step=step,
       reward=self.reward,
+      keep_states=self.prober is not None,
     )
     groups, stats = collect(roll, plan, cfg.prompts_per_step, dynamic=cfg.method.dynamic_sampling)
     t1 = time.perf_counter()

@@ -166,11 +166,11 @@ def answer_reward(problem: Problem, text: str) -> float:
 
 class Rollout:
   """One step's rollout, bound by `rollout_fn`: called with (prompt indices, round) it returns one group per prompt
-  and keeps the round's decode state on device in `states[round]` (the KV cache SPAE's probing forks,
-  `rl.probing`), until the step drops it."""
+  and, with `keep_states`, keeps the round's decode state on device in `states[round]` (the KV cache SPAE's
+  probing forks, `rl.probing`) until the step drops it."""
 
-  def __init__(self, lm, prompts: PromptSet, smp, *, group_size, max_new_tokens, seed, step, check, name):
-    self.lm, self.prompts, self.smp = lm, prompts, smp
+  def __init__(self, lm, prompts: PromptSet, smp, *, group_size, max_new_tokens, seed, step, check, name, keep_states):
+    self.lm, self.prompts, self.smp, self.keep_states = lm, prompts, smp, keep_states
     self.group_size, self.max_new_tokens, self.seed, self.step = group_size, max_new_tokens, seed, step
     self.check, self.name = check, name
     self.states: dict[int, DecodeState] = {}
@@ -181,7 +181,8 @@ class Rollout:
     pseeds = [zlib.crc32(f"{prompts.problems[i].id}/{self.step}/{round_}".encode()) for i in idx]
     state = smp.prefill(ids, max_new_tokens=self.max_new_tokens, n=g, seed=self.seed, prompt_seeds=pseeds)
     state = smp.decode(state)
-    self.states[round_] = state
+    if self.keep_states:
+      self.states[round_] = state
     rows = smp.read(state, list(range(len(idx) * g)))
     eos = self.lm.tokenizer.eos_token_id
     groups = []
@@ -217,12 +218,14 @@ def rollout_fn(
   seed: int,
   step: int,
   reward: Callable[[Problem, str], float] | None = None,
+  keep_states: bool = False,
 ) -> Rollout:
   """Binds the rollout of one step: G samples per prompt from the decode-state API with `lm.params` as they are
   now (the jitted decode takes the parameters as an argument: new parameters compile nothing). Rows read their
   prompt's prefill as a shared prefix; row (problem, sample) of round r draws from a key of (seed, step, r, the
   problem's id, sample). reward(problem, response text) -> R; default: `answer_reward`, the task's answer check.
-  The reward is called on the host once per response of each rolled-out batch; everything else stays on device."""
+  The reward is called on the host once per response of each rolled-out batch; everything else stays on device.
+  keep_states: keep each round's decode state (`Rollout.states`) for probing the kept rows' boundaries."""
   check_seed(seed, "rollout_fn: seed")
   if reward is None:
     check, name = answer_reward, "(the task's answer check)"
@@ -232,7 +235,16 @@ def rollout_fn(
     raise ConfigError(f"rollout_fn: reward must be a function (problem, response text) -> number, got {reward!r}")
   smp = lm.sampler(sampling, capture=CaptureSpec())
   return Rollout(
-    lm, prompts, smp, group_size=group_size, max_new_tokens=max_new_tokens, seed=seed, step=step, check=check, name=name
+    lm,
+    prompts,
+    smp,
+    group_size=group_size,
+    max_new_tokens=max_new_tokens,
+    seed=seed,
+    step=step,
+    check=check,
+    name=name,
+    keep_states=keep_states,
   )
 
 
