@@ -1,19 +1,19 @@
 """`python -m bench.rl [--quick] [--model=auto|random|build|<model folder>] [--steps=3] [--out=bench_results/]`.
 
 The RL step's time split on the built-in config (configs/rl_synthetic.py's RLConfig and probe): DAPO against SPAE,
-same config and seeds otherwise. Each method runs `RLStep` directly: one warm-up step (it compiles), then `--steps`
-measured steps; per phase (rollout, probing, update; RLStep's `time_rollout`, `time_probe`, `time_update`) and for
-the whole step the median over the measured steps. The update's FLOPs are XLA's own count of the programs the step
-ran (`update_cost`), held to this machine's measured fp32 matmul bound (`bench.timing.matmul_peaks`, measured at the
-run's start and end, the better of the two per figure). Writes `<out>/rl.json` (atomically) with the measurements,
-the machine and a `goals` list as `bench.run` writes one; prints a short table; progress goes to stderr.
+same config and seeds otherwise. Each method runs `RLStep` directly: a warm-up step (it compiles), then `--steps`
+measured steps, the two methods' in turn (load on shared cores falls on both alike); per phase (RLStep's
+`time_rollout`, `time_probe`, `time_update`) and for the whole step the median over the measured steps. The update's
+FLOPs are XLA's own count of the programs the step ran (`update_cost`) against this machine's measured fp32 matmul
+bound (`bench.timing.matmul_peaks` at the run's start and end, the better of the two). Writes `<out>/rl.json`
+(atomically: the measurements, the machine, a `goals` list as `bench.run` writes one), prints a short table;
+progress on stderr.
 
-The policy: `--model=auto` (default) loads the built-in SPAE target where `python train.py
---config=configs/rl_synthetic.py` built it, else `LanguageModel.random` with that target's shape and a tokenizer fitted
-to the synthetic worlds' thinking traces (a random policy never answers right, so its reward is a hash coin of the
-response text, and its responses hold few paragraph boundaries: the probing goals are then reported pending);
-`--model=build` builds the target as the jobs do (minutes); a model folder is loaded as it is. `--quick`: a tiny
-random model and a tiny RL config, one measured step: a smoke run, not a measurement.
+`--model=auto` (default): the built-in SPAE target where `python train.py --config=configs/rl_synthetic.py` built
+it, else `LanguageModel.random` of its shape with a tokenizer fitted to the synthetic worlds' traces (a random policy
+never answers right, so its reward is a hash coin of the response, and it writes few paragraph boundaries: the
+probing goals are then pending). `build`: build the target as the jobs do (minutes); a model folder: that model.
+`--quick`: a tiny random model and RL config, one measured step: a smoke run, not a measurement.
 """
 
 from __future__ import annotations
@@ -108,13 +108,8 @@ def random_target(shape: dict, vocab_size: int, seed: int = 0):
   cfg = ModelConfig(
     family="llama",
     vocab_size=len(tok),
-    hidden_size=shape["hidden_size"],
-    intermediate_size=shape["intermediate_size"],
-    num_layers=shape["num_layers"],
-    num_heads=shape["num_heads"],
-    num_kv_heads=shape["num_kv_heads"],
+    **shape,
     head_dim=shape["hidden_size"] // shape["num_heads"],
-    max_position_embeddings=shape["max_position_embeddings"],
     tie_word_embeddings=True,
     rms_norm_eps=1e-5,
     bos_token_id=tok.bos_token_id,
@@ -127,6 +122,12 @@ def random_target(shape: dict, vocab_size: int, seed: int = 0):
 QUICK_SHAPE = dict(
   hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, max_position_embeddings=256
 )
+
+
+def check_model(model: str) -> None:
+  """ConfigError naming --model unless it is auto, random, build or a model folder (before any work)."""
+  if model not in ("auto", "random", "build") and not os.path.exists(os.path.join(model, "config.json")):
+    raise ConfigError(f"--model={model}: expected auto, random, build or a model folder (with a config.json)")
 
 
 def policy(config, model: str, quick: bool):
@@ -148,8 +149,6 @@ def policy(config, model: str, quick: bool):
     why = "" if model == "random" else f"; no built target at {built}"
     lm = random_target(shape, int(config.target.vocab_size))
     return lm, f"random weights, the built-in SPAE target's shape{why}", coin_reward, True
-  if not os.path.exists(model):
-    raise ConfigError(f"--model={model}: no such model folder (auto, random, build, or a model folder)")
   return load_pretrained(model, dtype="float32"), f"the model folder {model}", None, False
 
 
@@ -206,99 +205,122 @@ def update_cost(step, tx, calls, programs) -> dict:
     "update": loss_lib.make_update(graph, tx, step.cfg.loss_config(), micro_batches=1),
   }
   flops = lambda c: float((c[0] if isinstance(c, (list, tuple)) else c).get("flops", 0.0))  # noqa: E731
-  total, raw, per = 0.0, 0.0, {}
+  total, raw, per, seen = 0.0, 0.0, {}, {}
   for name, args in calls:
-    f = flops(single[name].lower(*args).compile().cost_analysis())
-    total += f
-    raw += flops(programs[name].lower(*args).compile().cost_analysis())
-    per[name] = per.get(name, 0.0) + f
+    key = (name, repr(jax.tree.map(lambda s: (s.shape, str(s.dtype)), args)))
+    if key not in seen:  # mini-batches of one shape: one compilation
+      seen[key] = tuple(flops(p.lower(*args).compile().cost_analysis()) for p in (single[name], programs[name]))
+    f, r = seen[key]
+    total, raw, per[name] = total + f, raw + r, per.get(name, 0.0) + f
   return {"flops": total, "by_program": per, "as_compiled": raw, "calls": [n for n, _ in calls]}
 
 
-def measure(lm, cfg, pcfg, sizes: Sizes, reward) -> dict:
-  """One method: a warm-up step (it compiles), then `sizes.steps` measured steps of `RLStep` (steps that trained
-  nothing, every group dropped, are kept but neither); each step's phases, total, XLA compilations, boundaries
-  probed and update FLOPs."""
-  from reprobe_jax.rl.loop import RLStep, check_run
-  from reprobe_jax.train.optimizer import make_optimizer
+class Method:
+  """One method's `RLStep`, its train state and its steps so far: each `step()` runs the next step and records its
+  phases, total, XLA compilations, boundaries probed and update FLOPs. The first step that trains is the warm-up
+  (it compiles); steps that trained nothing (every group dropped) are kept as 'skipped'; the rest are 'measured'."""
 
-  prompts = check_run(lm, cfg, pcfg, reward=reward)
-  tx, _ = make_optimizer(cfg.optimizer, (sizes.steps + 1) * cfg.mini_batches)
-  step = RLStep(lm, cfg, pcfg, prompts, tx, reward=reward)
-  rec = Recorder(step)
-  params = jax.tree.map(jnp.array, lm.params)  # a copy: the update donates its inputs
-  opt_state = tx.init(params)
-  rows, costs, i, measured = [], {}, 0, 0
-  while measured < sizes.steps:
+  def __init__(self, lm, cfg, pcfg, steps: int, reward):
+    from reprobe_jax.rl.loop import RLStep, check_run
+    from reprobe_jax.train.optimizer import make_optimizer
+
+    self.name = cfg.advantage
+    prompts = check_run(lm, cfg, pcfg, reward=reward)
+    self.tx, _ = make_optimizer(cfg.optimizer, (steps + 1 + MAX_SKIPPED) * cfg.mini_batches)
+    self.rl_step = RLStep(lm, cfg, pcfg, prompts, self.tx, reward=reward)
+    self.rec = Recorder(self.rl_step)
+    self.params = jax.tree.map(jnp.array, lm.params)  # a copy: the update donates its inputs
+    self.opt_state = self.tx.init(self.params)
+    self.rows, self.costs = [], {}
+
+  def measured(self) -> int:
+    return sum(r["role"] == "measured" for r in self.rows)
+
+  def step(self) -> None:
+    i = len(self.rows)
     c0 = timing.COMPILE_CLOCK.count
     t0 = time.perf_counter()
-    params, opt_state, m = step(params, opt_state, i, None, None)
-    jax.block_until_ready(params)
+    self.params, self.opt_state, m = self.rl_step(self.params, self.opt_state, i, None, None)
+    jax.block_until_ready(self.params)
     total = time.perf_counter() - t0
-    calls, boundaries = rec.take()
+    compiles = timing.COMPILE_CLOCK.count - c0
+    calls, boundaries = self.rec.take()
     key = repr([(n, jax.tree.map(lambda s: (s.shape, str(s.dtype)), a)) for n, a in calls])
-    if key not in costs:
-      costs[key] = update_cost(step, tx, calls, rec.programs)
-    trained = not m["skipped"]  # a step whose groups were all dropped ran no update: neither warm-up nor timed
-    warm = not any(r["role"] == "warm-up" for r in rows)
-    role = "skipped" if not trained else "warm-up" if warm else "measured"
-    rows.append(
-      {
-        "step": i,
-        "role": role,
-        **{p: float(m[f"time_{p}"]) for p in PHASES},
-        "total": total,
-        "xla_compiles": timing.COMPILE_CLOCK.count - c0,
-        "boundaries": boundaries,
-        "update_flops": costs[key]["flops"],
-        "update_flops_as_compiled": costs[key]["as_compiled"],
-        "metrics": {k: float(v) for k, v in m.items()},
-      }
-    )
-    r = rows[-1]
+    if key not in self.costs:
+      self.costs[key] = update_cost(self.rl_step, self.tx, calls, self.rec.programs)
+    warm = not any(r["role"] == "warm-up" for r in self.rows)
+    role = "skipped" if m["skipped"] else "warm-up" if warm else "measured"  # a skipped step ran no update
+    r = {
+      "step": i,
+      "role": role,
+      **{p: float(m[f"time_{p}"]) for p in PHASES},
+      "total": total,
+      "xla_compiles": compiles,
+      "boundaries": boundaries,
+      "update_flops": self.costs[key]["flops"],
+      "update_flops_as_compiled": self.costs[key]["as_compiled"],
+      "metrics": {k: float(v) for k, v in m.items()},
+    }
+    self.rows.append(r)
     log(
-      f"  step {i} ({role}): rollout {r['rollout']:.2f} s, probing {r['probe']:.2f} s, update {r['update']:.2f} s "
-      f"({r['update_flops'] / 1e9:.1f} GFLOP), total {total:.2f} s; {boundaries} boundaries, "
-      f"{r['xla_compiles']} compiles"
+      f"  {self.name} step {i} ({role}): rollout {r['rollout']:.2f} s, probing {r['probe']:.2f} s, update "
+      f"{r['update']:.2f} s ({r['update_flops'] / 1e9:.1f} GFLOP), total {total:.2f} s; {boundaries} boundaries, "
+      f"{compiles} compiles"
     )
-    measured += role == "measured"
-    i += 1
-    if sum(r["role"] == "skipped" for r in rows) > MAX_SKIPPED:
-      raise ReprobeError(
-        f"bench.rl: {cfg.advantage}: {MAX_SKIPPED + 1} steps trained nothing (every group's rewards were equal)"
-      )
-  timed = [r for r in rows if r["role"] == "measured"]
-  med = {k: statistics.median(r[k] for r in timed) for k in PHASES + ("total", "update_flops")}
-  return {
-    "median": med,
-    "steps": rows,
-    "steady_compiles": sum(r["xla_compiles"] for r in timed),
-    "boundaries_per_step": statistics.median(r["boundaries"] for r in timed),
-  }
+    if sum(r["role"] == "skipped" for r in self.rows) > MAX_SKIPPED:
+      raise ReprobeError(f"bench.rl: {self.name}: {MAX_SKIPPED + 1} steps trained nothing (every group was dropped)")
+
+  def summary(self) -> dict:
+    timed = [r for r in self.rows if r["role"] == "measured"]
+    keys = PHASES + ("total", "update_flops")
+    return {
+      "median": {k: statistics.median(r[k] for r in timed) for k in keys},
+      "min": {k: min(r[k] for r in timed) for k in keys},  # the least disturbed step, a cross-check on shared cores
+      "steps": self.rows,
+      "steady_compiles": sum(r["xla_compiles"] for r in timed),
+      "boundaries_per_step": statistics.median(r["boundaries"] for r in timed),
+    }
 
 
-def goal(what: str, measured, target: float, *, pending: str | None = None) -> dict:
-  if pending is not None or measured is None:
-    return {"goal": what, "measured": measured, "target": target, "status": "pending", "note": pending}
-  return {"goal": what, "measured": measured, "target": target, "status": "met" if measured <= target else "missed"}
+def measure(lm, cfg, pcfg, sizes: Sizes, reward) -> dict[str, dict]:
+  """Every method of METHODS: each warmed up, then their measured steps in turn (DAPO's step i, SPAE's step i, ...),
+  so that load from other processes on shared cores falls on both alike. {method: `Method.summary()`}."""
+  runs = [Method(lm, dataclasses.replace(cfg, advantage=name), pcfg, sizes.steps, reward) for name in METHODS]
+  for m in runs:
+    log(f"{m.name}: warm-up")
+    while not m.rows or m.rows[-1]["role"] == "skipped":
+      m.step()
+  log(f"{' and '.join(METHODS)} in turn: {sizes.steps} measured steps each")
+  while any(m.measured() < sizes.steps for m in runs):
+    for m in runs:
+      if m.measured() < sizes.steps:
+        m.step()
+  return {m.name: m.summary() for m in runs}
 
 
-def goals(methods: dict, peak: float, random_weights: bool) -> list[dict]:
-  """The three goals, as bench.run writes its own (goal, measured, target, status); on random weights the probing
-  goals are pending (its responses hold few paragraph boundaries: probing time is not what a target's is)."""
+def goals(methods: dict, random_weights: bool) -> list[dict]:
+  """The three goals as bench.run writes its own (goal, measured, target, status: met / missed / pending); on random
+  weights the probing goals are pending (few paragraph boundaries: probing time is not what a target's is)."""
   spae, dapo = methods["spae"]["median"], methods["dapo"]["median"]
-  why = (
-    "random weights: few paragraph boundaries to probe (build the target or pass --model)" if random_weights else None
-  )
-  share = spae["probe"] / spae["rollout"] if spae["rollout"] > 0 else None
-  worst = max(methods[m]["update_of_bound"] for m in METHODS)
-  return [
-    goal(f"SPAE probing <= {PROBE_SHARE_GOAL:.0%} of the rollout's time", share, PROBE_SHARE_GOAL, pending=why),
-    goal(
-      f"an SPAE step <= {SPAE_STEP_GOAL:g}x a DAPO step", spae["total"] / dapo["total"], SPAE_STEP_GOAL, pending=why
+  why = "random weights: few paragraph boundaries to probe (build the target or pass --model)"
+  rows = [
+    (
+      f"SPAE probing <= {PROBE_SHARE_GOAL:.0%} of the rollout's time",
+      spae["probe"] / spae["rollout"],
+      PROBE_SHARE_GOAL,
     ),
-    goal(f"the update within {UPDATE_BOUND_GOAL:g}x of its FLOP bound (worse method)", worst, UPDATE_BOUND_GOAL),
+    (f"an SPAE step <= {SPAE_STEP_GOAL:g}x a DAPO step", spae["total"] / dapo["total"], SPAE_STEP_GOAL),
+    (
+      f"the update within {UPDATE_BOUND_GOAL:g}x of its FLOP bound (worse method)",
+      max(methods[m]["update_of_bound"] for m in METHODS),
+      UPDATE_BOUND_GOAL,
+    ),
   ]
+  out = [{"goal": g, "measured": v, "target": t, "status": "met" if v <= t else "missed"} for g, v, t in rows]
+  if random_weights:
+    for g in out[:2]:
+      g["status"], g["note"] = "pending", why
+  return out
 
 
 def table(result: dict) -> list[str]:
@@ -306,8 +328,8 @@ def table(result: dict) -> list[str]:
   peak = result["roofline"]["peak_flops_per_s"]
   lines = [
     "| method | rollout (s) | probing (s) | update (s) | step (s) | update GFLOP | update bound (s) | "
-    "update / bound | boundaries probed |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "update / bound | boundaries probed | XLA compiles |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for name in METHODS:
     m = result["methods"][name]
@@ -315,8 +337,15 @@ def table(result: dict) -> list[str]:
     lines.append(
       f"| {name.upper()} | {d['rollout']:.2f} | {d['probe']:.2f} | {d['update']:.2f} | {d['total']:.2f} | "
       f"{d['update_flops'] / 1e9:.1f} | {d['update_flops'] / peak:.3f} | {m['update_of_bound']:.1f}x | "
-      f"{m['boundaries_per_step']:g} |"
+      f"{m['boundaries_per_step']:g} | {m['steady_compiles']} |"
     )
+  env, roof = result["environment"], result["roofline"]
+  lines += [
+    "",
+    f"Medians over {result['sizes']['steps']} measured steps after a warm-up step; XLA compiles: during the measured "
+    f"steps. Matmul bound {peak / 1e9:.0f} GFLOP/s ({roof['peak_from']}); 1-min load {env['load_start'][0]:.2f} at "
+    f"start, {env['load_end'][0]:.2f} at end.",
+  ]
   lines += ["", "| goal | measured | target | status |", "|---|---|---|---|"]
   for g in result["goals"]:
     val = "-" if g["measured"] is None else f"{g['measured']:.3g}"
@@ -327,18 +356,14 @@ def table(result: dict) -> list[str]:
 def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool) -> dict:
   """Measures both methods and the roofline; writes `<out_dir>/rl.json`; returns the result."""
   t_start = time.perf_counter()
+  check_model(model)
   config = load_config()
   cfg, pcfg = configs(config, quick)
-  machine = describe()
-  env = {
-    "jax": jax.__version__,
-    "jax_backend": jax.default_backend(),
-    "machine": str(machine),
-    "machine_detail": machine.long(),
-    "cpu": machine.cpu,
-    "threads": timing.threads(),
-    "load_start": list(os.getloadavg()),
-  }
+  mach = describe()
+  env = dict(
+    jax=jax.__version__, jax_backend=jax.default_backend(), machine=str(mach), machine_detail=mach.long(), cpu=mach.cpu
+  )
+  env.update(threads=timing.threads(), load_start=list(os.getloadavg()))
   log(f"machine: {env['machine_detail']}; 1-min load {env['load_start'][0]:.2f}")
   lm, source, reward, random_weights = policy(config, model, quick)
   log(f"policy: {source}")
@@ -347,10 +372,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool) -> dict:
   shapes = timing.gemm_shapes(lm.config, (rows // cfg.mini_batches * length, rows * length))
   log(f"roofline: fp32 matmul on {len(shapes)} GEMM shapes and {sizes.matmul_n}^3, best of {sizes.repeats}")
   peaks = timing.matmul_peaks(shapes, sizes.matmul_n, sizes.repeats)
-  methods = {}
-  for name in METHODS:
-    log(f"{name}: one warm-up step, then {sizes.steps} measured")
-    methods[name] = measure(lm, dataclasses.replace(cfg, advantage=name), pcfg, sizes, reward)
+  methods = measure(lm, cfg, pcfg, sizes, reward)
   if not quick:
     log("roofline, second pass")
     peaks = timing.best_of(peaks, timing.matmul_peaks(shapes, sizes.matmul_n, sizes.repeats))
@@ -379,7 +401,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool) -> dict:
     "environment": env,
     "roofline": peaks,
     "methods": methods,
-    "goals": goals(methods, peak, random_weights),
+    "goals": goals(methods, random_weights),
   }
   result["wall_s"] = time.perf_counter() - t_start
   path = os.path.join(out_dir, "rl.json")
