@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -55,8 +56,7 @@ class Sizes:
 QUICK = Sizes(steps=1, matmul_n=256, repeats=2)
 
 
-def log(*args) -> None:
-  print(*args, file=sys.stderr, flush=True)
+log = functools.partial(print, file=sys.stderr, flush=True)  # progress; the table goes to stdout
 
 
 def load_config():
@@ -66,7 +66,8 @@ def load_config():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   spec = importlib.util.spec_from_file_location("rl_synthetic", os.path.join(root, CONFIG))
   module = importlib.util.module_from_spec(spec)
-  sys.path.insert(0, root)  # the config imports its siblings as `configs.*`
+  if root not in sys.path:  # the config imports its siblings as `configs.*`
+    sys.path.insert(0, root)
   spec.loader.exec_module(module)
   return module.get_config()
 
@@ -152,8 +153,9 @@ def policy(config, model: str, quick: bool):
   return load_pretrained(model, dtype="float32"), f"the model folder {model}", None, False
 
 
-def _abstract(tree):
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False)), tree)
+def _signature(calls) -> str:
+  """The programs and argument shapes of recorded calls, as a key: calls of one signature run the same programs."""
+  return repr([(n, jax.tree.map(lambda s: (s.shape, str(s.dtype)), a)) for n, a in calls])
 
 
 class Recorder:
@@ -179,7 +181,8 @@ class Recorder:
 
   def _wrap(self, name, fn):
     def call(*args):
-      self.calls.append((name, _abstract(args)))
+      weak = lambda x: getattr(x, "weak_type", False)  # noqa: E731
+      self.calls.append((name, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=weak(x)), args)))
       return fn(*args)
 
     return call
@@ -207,7 +210,7 @@ def update_cost(step, tx, calls, programs) -> dict:
   flops = lambda c: float((c[0] if isinstance(c, (list, tuple)) else c).get("flops", 0.0))  # noqa: E731
   total, raw, per, seen = 0.0, 0.0, {}, {}
   for name, args in calls:
-    key = (name, repr(jax.tree.map(lambda s: (s.shape, str(s.dtype)), args)))
+    key = _signature([(name, args)])
     if key not in seen:  # mini-batches of one shape: one compilation
       seen[key] = tuple(flops(p.lower(*args).compile().cost_analysis()) for p in (single[name], programs[name]))
     f, r = seen[key]
@@ -216,9 +219,9 @@ def update_cost(step, tx, calls, programs) -> dict:
 
 
 class Method:
-  """One method's `RLStep`, its train state and its steps so far: each `step()` runs the next step and records its
-  phases, total, XLA compilations, boundaries probed and update FLOPs. The first step that trains is the warm-up
-  (it compiles); steps that trained nothing (every group dropped) are kept as 'skipped'; the rest are 'measured'."""
+  """One method's `RLStep` and train state; `step()` runs the next step and records its phases, total, XLA compiles,
+  boundaries probed and update FLOPs: the first step that trains is the warm-up, one that trained nothing (every
+  group dropped) 'skipped', the rest 'measured'."""
 
   def __init__(self, lm, cfg, pcfg, steps: int, reward):
     from reprobe_jax.rl.loop import RLStep, check_run
@@ -245,9 +248,9 @@ class Method:
     total = time.perf_counter() - t0
     compiles = timing.COMPILE_CLOCK.count - c0
     calls, boundaries = self.rec.take()
-    key = repr([(n, jax.tree.map(lambda s: (s.shape, str(s.dtype)), a)) for n, a in calls])
+    key = _signature(calls)
     if key not in self.costs:
-      self.costs[key] = update_cost(self.rl_step, self.tx, calls, self.rec.programs)
+      self.costs[key] = {**update_cost(self.rl_step, self.tx, calls, self.rec.programs), "shapes": len(self.costs)}
     warm = not any(r["role"] == "warm-up" for r in self.rows)
     role = "skipped" if m["skipped"] else "warm-up" if warm else "measured"  # a skipped step ran no update
     r = {
@@ -259,6 +262,7 @@ class Method:
       "boundaries": boundaries,
       "update_flops": self.costs[key]["flops"],
       "update_flops_as_compiled": self.costs[key]["as_compiled"],
+      "update_shapes": self.costs[key]["shapes"],  # which of the update's argument shapes so far (0, 1, ...)
       "metrics": {k: float(v) for k, v in m.items()},
     }
     self.rows.append(r)
