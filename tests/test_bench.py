@@ -651,3 +651,86 @@ def test_decode_loop_step_times_the_loop_alone_and_says_when_rows_ended_early(ti
   assert r["valid"] is True and r["forwards"] == 7 and len(r["times_s"]) == 5
   assert r["step_s"] == pytest.approx(min(r["times_s"]) / 7)
   assert lm.config.eos_token_ids  # the caller's model keeps its EOS ids
+
+
+# ------------------------------------------------------------------------------------------------ bench.rl
+
+
+@slow
+def test_rl_quick_writes_both_methods_and_the_goals(tmp_path, capsys):
+  from bench import rl
+
+  assert rl.main(["--quick", f"--out={tmp_path}"]) == 0
+  with open(tmp_path / "rl.json") as f:
+    res = json.load(f)
+  assert res["quick"] and res["environment"]["cpu"] and res["model"]["random_weights"]
+  for name in rl.METHODS:
+    m = res["methods"][name]
+    roles = [s["role"] for s in m["steps"]]
+    assert roles.count("warm-up") == 1 and roles.count("measured") == 1, roles
+    d = m["median"]
+    assert d["rollout"] > 0 and d["update"] > 0 and d["total"] >= d["rollout"] + d["update"], d
+    assert d["update_flops"] > 0 and m["update_of_bound"] > 0
+  assert [g["status"] for g in res["goals"]][:2] == ["pending", "pending"]  # random weights: nothing to probe
+  assert res["goals"][2]["status"] in ("met", "missed") and res["goals"][2]["target"] == rl.UPDATE_BOUND_GOAL
+  assert all(set(g) >= {"goal", "measured", "target", "status"} for g in res["goals"])
+  out = capsys.readouterr().out
+  assert "| DAPO |" in out and "| SPAE |" in out
+
+
+def test_rl_goals_worked_example():
+  from bench import rl
+
+  def method(rollout, probe, update, of_bound):
+    return {"median": {"rollout": rollout, "probe": probe, "update": update, "total": rollout + probe + update},
+            "update_of_bound": of_bound}  # fmt: skip
+
+  # SPAE: probing 1.0 of a 2.0 s rollout (50%), step 9.0 s against DAPO's 8.0 s (1.125x); updates 2.5x and 4x bound
+  methods = {"dapo": method(2.0, 0.0, 6.0, 2.5), "spae": method(2.0, 1.0, 6.0, 4.0)}
+  got = rl.goals(methods, random_weights=False)
+  assert [g["measured"] for g in got] == pytest.approx([0.5, 9.0 / 8.0, 4.0])
+  assert [g["status"] for g in got] == ["missed", "met", "missed"]
+  methods["spae"] = method(4.0, 1.0, 2.0, 2.0)  # 25% of the rollout: met at the bound; the update 2.5x: met
+  assert [g["status"] for g in rl.goals(methods, random_weights=False)] == ["met", "met", "met"]
+  assert [g["status"] for g in rl.goals(methods, random_weights=True)] == ["pending", "pending", "met"]
+
+
+def test_rl_update_cost_counts_every_micro_batch(synthetic_lm):
+  # XLA's cost analysis counts a loop body once: a 2-micro-batch log-prob program reports about half its work;
+  # update_cost counts the rows of every micro-batch, at least the causal forward's model FLOPs.
+  import types
+
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from bench import rl, timing
+  from reprobe_jax.rl import loss as loss_lib
+  from reprobe_jax.rl.loop import RLConfig
+
+  b, p, t = 4, 16, 32
+  args = (
+    synthetic_lm.params,
+    jnp.ones((b, p + t), jnp.int32),
+    jnp.ones((b, p + t), jnp.int32),
+    jnp.ones((b, t), jnp.float32),
+  )
+  step = types.SimpleNamespace(policy=synthetic_lm, cfg=RLConfig(advantage="dapo"))
+  programs = {"logprobs": loss_lib.make_logprobs(synthetic_lm.static_graph, micro_batches=2)}
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+  got = rl.update_cost(step, optax.adam(1e-3), [("logprobs", abstract)], programs)
+  model = timing.forward_flops(synthetic_lm.config, b, p + t)
+  assert model <= got["flops"] <= 3 * model, (got, model)
+  assert got["as_compiled"] < 0.75 * got["flops"], got
+  twice = rl.update_cost(step, optax.adam(1e-3), [("logprobs", abstract)] * 2, programs)
+  assert twice["flops"] == pytest.approx(2 * got["flops"]) and twice["calls"] == ["logprobs", "logprobs"]
+
+
+def test_rl_cli_refuses_bad_arguments_before_any_work(tmp_path, capsys):
+  from bench import rl
+
+  assert rl.main(["--steps=0", f"--out={tmp_path}"]) == 1
+  assert "--steps" in capsys.readouterr().err
+  assert rl.main([f"--model={tmp_path / 'nowhere'}", f"--out={tmp_path}"]) == 1
+  assert "--model" in capsys.readouterr().err
+  assert not os.listdir(tmp_path)
