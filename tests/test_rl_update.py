@@ -178,7 +178,7 @@ _MESH_SCRIPT = textwrap.dedent("""
         assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves((params, opt)))
       else:
         for x in (embed, down):
-          assert x.sharding.spec == (None, "fsdp"), x.sharding
+          assert tuple(x.sharding.spec) == (None, "fsdp"), x.sharding
           assert x.addressable_shards[0].data.shape == (x.shape[0], x.shape[1] // 4)  # really a quarter per device
         assert all(not x.sharding.is_fully_replicated for x in moments)  # Adam's moments sharded as their params
         assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(opt) if x.ndim == 0)
@@ -187,8 +187,10 @@ _MESH_SCRIPT = textwrap.dedent("""
       before = compiles[0]
       hlo = step.lower(params, opt, tokens, attn, resp, adv, ref).compile().as_text()
       print(name, "compiles for the HLO text:", compiles[0] - before)
-      gathered = {tuple(int(d) for d in g.split(",") if d) for g in re.findall(r"f32\\[([\\d,]*)\\]\\S* all-gather\\(", hlo)}
-      weights = {tuple(x.shape) for x in jax.tree.leaves(lm.params) if x.ndim == 2}
+      # shapes as sorted dims: the embedding is gathered as the head's [embed, vocab] too
+      found = re.findall(r"f32\\[([\\d,]*)\\]\\S* all-gather\\(", hlo)
+      gathered = {tuple(sorted(int(d) for d in g.split(",") if d)) for g in found}
+      weights = {tuple(sorted(x.shape)) for x in jax.tree.leaves(lm.params) if x.ndim == 2}
       if name == "dp":
         assert "all-reduce" in hlo  # the gradient sum over the row shards: the rows were not gathered
         assert not gathered & weights, gathered  # weights are replicated: none is ever gathered

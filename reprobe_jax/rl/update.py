@@ -206,6 +206,13 @@ class _StepProgram:
     args = self._args(args)
     return self._jitted(*args)
 
+  def put_params(self, params):
+    """`params` (e.g. the frozen reference) placed as the step keeps parameters, once, so that later calls move
+    nothing; unchanged without a mesh."""
+    if self.place.mesh is None:
+      return params
+    return jax.device_put(params, self.place.params(params))
+
   def lower(self, *args):
     args = self._args(args)
     return self._jitted.lower(*args)
