@@ -4,9 +4,6 @@ parallelism on 8 CPU devices against one device, with the shardings and collecti
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -15,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from test_rl_loss import TINY, _copy, _sequences
+from test_rl_loss import TINY, _copy, _sequences, run_on_8_cpu_devices
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models import LanguageModel
 from reprobe_jax.rl.loss import LossConfig, batch_counts, make_logprobs, make_update
@@ -131,21 +128,10 @@ def test_update_flops_counts_every_mini_batch(lm):
 # ------------------------------------------------------------------------------------------------ 8 devices
 
 _MESH_SCRIPT = textwrap.dedent("""
-    import re, sys
-    import jax, jax.numpy as jnp, numpy as np, optax
-    from jax._src import dispatch
-    sys.path[:0] = [sys.argv[1], sys.argv[2]]  # this checkout's package, then its tests folder
     import test_rl_update as t
-    import reprobe_jax
-    assert reprobe_jax.__file__.startswith(sys.argv[1]), reprobe_jax.__file__
-    from reprobe_jax.models import LanguageModel, make_mesh
     from reprobe_jax.rl.loss import LossConfig
     from reprobe_jax.rl.update import make_step_update
 
-    assert jax.device_count() == 8, jax.devices()
-    compiles = [0]
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, d, **kw: compiles.__setitem__(0, compiles[0] + (event == dispatch.BACKEND_COMPILE_EVENT)))
     lm = LanguageModel.random(t.TINY, seed=1)
     a, b = t._inputs(lm, seed=0), t._inputs(lm, seed=3)
     tokens, attn, resp, adv = (jnp.concatenate([x, y]) for x, y in zip(a[:4], b[:4]))  # 16 rows
@@ -208,22 +194,4 @@ _MESH_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow  # three meshes' compiles in a subprocess: over 20 s on 2 cores
 def test_fsdp_and_data_parallel_step_equal_one_device(tmp_path):
-  script = tmp_path / "mesh.py"
-  script.write_text(_MESH_SCRIPT)
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  for k in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS"):
-    env.pop(k, None)
-  here = os.path.dirname(os.path.abspath(__file__))
-  proc = subprocess.run(
-    [sys.executable, str(script), os.path.dirname(here), here],
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=600,
-    cwd=os.path.dirname(here),
-  )
-  assert proc.returncode == 0 and "MESH OK" in proc.stdout, (
-    f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
-  )
+  run_on_8_cpu_devices(tmp_path, _MESH_SCRIPT, "MESH OK", timeout=600)
