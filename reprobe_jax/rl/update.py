@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.fields import Int
 from reprobe_jax.models.sharding import DEFAULT_RULES, ShardingCtx
-from reprobe_jax.rl.loss import LossConfig, chunked_logprobs, update_core
+from reprobe_jax.rl.loss import LossConfig, batch_counts, chunked_logprobs, update_core
 from reprobe_jax.rl.types import PolicyBatch
 
 
@@ -157,9 +157,7 @@ def make_step_update(
 
     def body(carry, xs):
       mb, fresh = xs
-      n_tokens = jnp.sum(mb.response_mask)
-      n_seqs = jnp.sum(jnp.any(mb.response_mask > 0, axis=1).astype(jnp.float32))
-      params, opt_state, metrics = core(*carry, mb, n_tokens, n_seqs, fresh)
+      params, opt_state, metrics = core(*carry, mb, *batch_counts(mb), fresh)  # the mini-batch's own counts
       return (params, opt_state), metrics
 
     (params, opt_state), metrics = jax.lax.scan(
