@@ -323,21 +323,27 @@ def test_micro_batches_must_divide_the_batch(lm):
 
 # ------------------------------------------------------------------------------------------------ data parallel
 
-_DP_SCRIPT = textwrap.dedent("""
-    import sys
+# What every 8-device script starts with (`run_on_8_cpu_devices` puts it first): this checkout's package and tests
+# folder on the path, and `compiles[0]` counting XLA compilations.
+SCRIPT_HEAD = textwrap.dedent("""
+    import re, sys
     import jax, jax.numpy as jnp, numpy as np, optax
     from jax._src import dispatch
     sys.path[:0] = [sys.argv[1], sys.argv[2]]  # this checkout's package, then its tests folder
-    import test_rl_loss as t
     import reprobe_jax
     assert reprobe_jax.__file__.startswith(sys.argv[1]), reprobe_jax.__file__
     from reprobe_jax.models import LanguageModel, make_mesh
-    from reprobe_jax.rl.loss import LossConfig, batch_counts, make_logprobs, make_update
 
     assert jax.device_count() == 8, jax.devices()
     compiles = [0]
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, d, **kw: compiles.__setitem__(0, compiles[0] + (event == dispatch.BACKEND_COMPILE_EVENT)))
+""")
+
+_DP_SCRIPT = textwrap.dedent("""
+    import test_rl_loss as t
+    from reprobe_jax.rl.loss import LossConfig, batch_counts, make_logprobs, make_update
+
     lm = LanguageModel.random(t.TINY, seed=1)
     batch = t._batch(lm)
     tx = optax.sgd(0.5)
@@ -371,10 +377,11 @@ _DP_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
-def test_data_parallel_update_equals_one_device(tmp_path):
-  script = tmp_path / "dp.py"
-  script.write_text(_DP_SCRIPT)
+def run_on_8_cpu_devices(tmp_path, script: str, ok: str, timeout: int = 300) -> str:
+  """Runs SCRIPT_HEAD + `script` in a subprocess with 8 CPU devices; asserts it exits 0 printing `ok`; returns its
+  stdout."""
+  path = tmp_path / "on8.py"
+  path.write_text(SCRIPT_HEAD + script)
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
   env["JAX_PLATFORMS"] = "cpu"
@@ -382,13 +389,19 @@ def test_data_parallel_update_equals_one_device(tmp_path):
     env.pop(k, None)
   here = os.path.dirname(os.path.abspath(__file__))
   proc = subprocess.run(
-    [sys.executable, str(script), os.path.dirname(here), here],
+    [sys.executable, str(path), os.path.dirname(here), here],
     env=env,
     capture_output=True,
     text=True,
-    timeout=300,
+    timeout=timeout,
     cwd=os.path.dirname(here),
   )
-  assert proc.returncode == 0 and "DP OK" in proc.stdout, (
+  assert proc.returncode == 0 and ok in proc.stdout, (
     f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
   )
+  return proc.stdout
+
+
+@pytest.mark.slow  # over 25 s on 2 cores (the default suite must stay under 15 minutes); .ci/run runs it
+def test_data_parallel_update_equals_one_device(tmp_path):
+  run_on_8_cpu_devices(tmp_path, _DP_SCRIPT, "DP OK")

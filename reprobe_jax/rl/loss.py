@@ -6,6 +6,7 @@ micro-batch's loss is divided by the whole batch's token (or row) count, so the 
 to exactly the big batch's (verl #5625 divided each micro-batch by its own count). With a mesh the batch is split
 along its rows over the mesh's 'data' axis and the parameters are replicated: data parallel, XLA adds the gradient
 all-reduce. Nothing depends on parameter values or counts at trace time, so a steady-state loop compiles once.
+`update_core` and `chunked_logprobs` are the pure parts that `rl/update.py` composes into one program per RL step.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import functools
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -178,9 +180,9 @@ def _check_micro(where: str, m) -> None:
     raise ConfigError(f"{where}.micro_batches: expected {Int(1)}, got {m!r}")
 
 
-def _micro_split(tree, m: int, mesh: Mesh | None):
+def _micro_split(tree, m: int, mesh: Mesh | None, axes: tuple[str, ...] = ("data",)):
   """Leaves [B, ...] -> [m, B / m, ...]; micro-batch i holds rows i, i + m, i + 2m, ... so that rows sharded in
-  contiguous blocks over 'data' stay on their device (a strided split is a local reshape)."""
+  contiguous blocks over the mesh's batch `axes` stay on their device (a strided split is a local reshape)."""
 
   def split(x):
     b = x.shape[0]
@@ -188,12 +190,13 @@ def _micro_split(tree, m: int, mesh: Mesh | None):
       raise ConfigError(f"micro_batches={m} must divide the batch of {b} rows")
     y = jnp.swapaxes(x.reshape(b // m, m, *x.shape[1:]), 0, 1)
     if mesh is not None:
-      if (b // m) % mesh.shape["data"]:
+      n = int(np.prod([mesh.shape[a] for a in axes]))
+      if (b // m) % n:
         raise ConfigError(
-          f"micro-batches of {b // m} rows do not split over the mesh's data axis of "
-          f"{mesh.shape['data']} devices (batch {b}, micro_batches={m})"
+          f"micro-batches of {b // m} rows do not split over the mesh's {'x'.join(axes)} axes of "
+          f"{n} devices (batch {b}, micro_batches={m})"
         )
-      y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(None, "data")))
+      y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(None, axes if len(axes) > 1 else axes[0])))
     return y
 
   return jax.tree.map(split, tree)
@@ -204,43 +207,37 @@ def _micro_merge(x):
   return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
 
 
-def make_update(
-  graphdef, tx: optax.GradientTransformation, cfg: LossConfig, *, micro_batches: int, mesh: Mesh | None = None
+def update_core(
+  graphdef, tx, cfg: LossConfig, *, micro_batches: int, shard=None, mesh=None, axes=("data",), unroll: bool = False
 ):
-  """A jitted `update(params, opt_state, batch: PolicyBatch, n_tokens, n_seqs) -> (params, opt_state, metrics)`.
+  """The pure `update(params, opt_state, batch, n_tokens, n_seqs, fresh=None) -> (params, opt_state, metrics)` that
+  `make_update` jits and `update.make_step_update` scans over mini-batches. `fresh` (a traced bool, or None): where
+  True the batch's old log-probabilities are the current parameters' own, read from this forward (stop_gradient)
+  instead of `batch.old_logprobs` (the first mini-batch of a step, whose parameters are still the rollout's).
+  unroll: the micro-batch loop unrolled (the same values; XLA's cost analysis counts a loop's body once, so
+  `update.update_flops` counts an unrolled twin)."""
 
-  The batch's B rows are split into `micro_batches` equal micro-batches (B divisible by it); a `lax.scan` sums their
-  gradients (in float32) and one `tx.update` applies them. n_tokens / n_seqs: the whole batch's counts as device
-  scalars (`batch_counts`); pass the same kind of value every call (a Python int and an array compile apart).
-  params and opt_state are donated (pass a copy of params that are still needed, e.g. `jax.tree.map(jnp.copy,
-  lm.params)`). metrics (float32 device scalars): loss, pg_loss, kl_loss, clip_frac, clip_frac_low,
-  clip_frac_high, ratio_mean, kl_mean, approx_kl_old (means over the batch's tokens), grad_norm (of the summed
-  gradient, before anything `tx` does), tokens. `graphdef`: the module's graphdef or `LanguageModel.static_graph`,
-  closed over. With `mesh` (axes from `reprobe_jax.models.make_mesh`, so Auto): rows sharded over 'data', params and
-  opt_state replicated, every B / micro_batches divisible by the data axis.
-  """
-  _check_micro("make_update", micro_batches)
-  shard, rows, repl = _data_parallel(mesh, "make_update")
-
-  def micro_loss(params, mb: PolicyBatch, n_tokens, n_seqs):
+  def micro_loss(params, mb: PolicyBatch, n_tokens, n_seqs, fresh):
     lp = response_logprobs(graphdef, params, mb, shard)
+    old = mb.old_logprobs if fresh is None else jnp.where(fresh, jax.lax.stop_gradient(lp), mb.old_logprobs)
     ref = mb.ref_logprobs if cfg.kl_coef > 0 else None
-    return policy_loss(lp, mb.old_logprobs, mb.advantages, mb.response_mask, cfg, n_tokens, n_seqs, ref)
+    return policy_loss(lp, old, mb.advantages, mb.response_mask, cfg, n_tokens, n_seqs, ref)
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-  def update(params, opt_state, batch: PolicyBatch, n_tokens, n_seqs):
+  def update(params, opt_state, batch: PolicyBatch, n_tokens, n_seqs, fresh=None):
     batch.check()  # at trace time: shapes are static
-    micro = _micro_split(batch, micro_batches, mesh)
+    micro = _micro_split(batch, micro_batches, mesh, axes)
 
     def body(carry, mb):
       grads, loss, sums = carry
-      (mb_loss, mb_sums), g = grad_fn(params, mb, n_tokens, n_seqs)
+      (mb_loss, mb_sums), g = grad_fn(params, mb, n_tokens, n_seqs, fresh)
       grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
       return (grads, loss + mb_loss.astype(jnp.float32), sums + mb_sums), None
 
     zero = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    (grads, loss, sums), _ = jax.lax.scan(body, (zero, jnp.zeros((), jnp.float32), LossSums.zeros()), micro)
+    init = (zero, jnp.zeros((), jnp.float32), LossSums.zeros())
+    (grads, loss, sums), _ = jax.lax.scan(body, init, micro, unroll=micro_batches if unroll else 1)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -261,26 +258,72 @@ def make_update(
     }
     return params, opt_state, metrics
 
+  return update
+
+
+def make_update(
+  graphdef, tx: optax.GradientTransformation, cfg: LossConfig, *, micro_batches: int, mesh: Mesh | None = None
+):
+  """A jitted `update(params, opt_state, batch: PolicyBatch, n_tokens, n_seqs) -> (params, opt_state, metrics)`.
+
+  The batch's B rows are split into `micro_batches` equal micro-batches (B divisible by it); a `lax.scan` sums their
+  gradients (in float32) and one `tx.update` applies them. n_tokens / n_seqs: the whole batch's counts as device
+  scalars (`batch_counts`); pass the same kind of value every call (a Python int and an array compile apart).
+  params and opt_state are donated (pass a copy of params that are still needed, e.g. `jax.tree.map(jnp.copy,
+  lm.params)`). metrics (float32 device scalars): loss, pg_loss, kl_loss, clip_frac, clip_frac_low,
+  clip_frac_high, ratio_mean, kl_mean, approx_kl_old (means over the batch's tokens), grad_norm (of the summed
+  gradient, before anything `tx` does), tokens. `graphdef`: the module's graphdef or `LanguageModel.static_graph`,
+  closed over. With `mesh` (axes from `reprobe_jax.models.make_mesh`, so Auto): rows sharded over 'data', params and
+  opt_state replicated, every B / micro_batches divisible by the data axis.
+  """
+  _check_micro("make_update", micro_batches)
+  shard, rows, repl = _data_parallel(mesh, "make_update")
+  update = update_core(graphdef, tx, cfg, micro_batches=micro_batches, shard=shard, mesh=mesh)
+
+  def fn(params, opt_state, batch: PolicyBatch, n_tokens, n_seqs):
+    return update(params, opt_state, batch, n_tokens, n_seqs)
+
   if mesh is None:
-    return jax.jit(update, donate_argnums=(0, 1))
+    return jax.jit(fn, donate_argnums=(0, 1))
   shardings = (repl, repl, rows, repl, repl)
   return _placing(
-    jax.jit(update, donate_argnums=(0, 1), in_shardings=shardings, out_shardings=(repl, repl, repl)), shardings
+    jax.jit(fn, donate_argnums=(0, 1), in_shardings=shardings, out_shardings=(repl, repl, repl)), shardings
   )
+
+
+def chunked_logprobs(
+  graphdef,
+  params,
+  tokens,
+  attention_mask,
+  response_mask,
+  *,
+  chunks: int,
+  shard=None,
+  mesh=None,
+  axes=("data",),
+  unroll: bool = False,
+):
+  """`response_logprobs` of [B, ...] rows, `chunks` strided row-slices at a time (`_micro_split`) through a
+  `lax.scan` so that only one slice's logits are live; no gradient. Returns [B, T]."""
+  micro = _micro_split((tokens, attention_mask, response_mask), chunks, mesh, axes)
+  step = lambda _, x: (None, _response_logprobs(graphdef, params, *x, shard))  # noqa: E731
+  _, lp = jax.lax.scan(step, None, micro, unroll=chunks if unroll else 1)  # [chunks, B / chunks, T]
+  return jax.lax.stop_gradient(_micro_merge(lp))
 
 
 def make_logprobs(graphdef, *, micro_batches: int, mesh: Mesh | None = None):
   """A jitted `logprobs(params, tokens, attention_mask, response_mask) -> [B, T]`: `response_logprobs` of a whole
-  batch (old or reference log-probabilities; no gradient is taken), `micro_batches` rows-slices at a time through
-  `lax.map` so that only one micro-batch's logits are live. Shapes as in PolicyBatch; with `mesh` the rows are
-  sharded over 'data' (in and out) and params replicated, as in `make_update`."""
+  batch (old or reference log-probabilities; no gradient is taken), `micro_batches` rows-slices at a time
+  (`chunked_logprobs`) so that only one micro-batch's logits are live. Shapes as in PolicyBatch; with `mesh` the
+  rows are sharded over 'data' (in and out) and params replicated, as in `make_update`."""
   _check_micro("make_logprobs", micro_batches)
   shard, rows, repl = _data_parallel(mesh, "make_logprobs")
 
   def logprobs(params, tokens, attention_mask, response_mask):
-    micro = _micro_split((tokens, attention_mask, response_mask), micro_batches, mesh)
-    lp = jax.lax.map(lambda x: _response_logprobs(graphdef, params, *x, shard), micro)  # [m, B / m, T]
-    return jax.lax.stop_gradient(_micro_merge(lp))
+    return chunked_logprobs(
+      graphdef, params, tokens, attention_mask, response_mask, chunks=micro_batches, shard=shard, mesh=mesh
+    )
 
   if mesh is None:
     return jax.jit(logprobs)
