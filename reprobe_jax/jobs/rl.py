@@ -56,7 +56,7 @@ def check(lm, cfg: RLConfig, pcfg: ProbeConfig, ecfg: SPAEJobConfig, *, where: s
   the context for the held-out evaluation's longest prompt + its max_new_tokens + the probe's suffix and answer."""
   if not isinstance(ecfg, SPAEJobConfig):
     raise ConfigError(f"RL job: expected an SPAEJobConfig for the evaluation, got {type(ecfg).__name__}")
-  check_run(lm, cfg, pcfg, mesh=default_mesh(), where=f"{where}.rl" if where else "")
+  check_run(lm, cfg, pcfg, mesh=default_mesh(lm), where=f"{where}.rl" if where else "")
   problems = [p for d in ecfg.run_domains for p in spae.problems_of(ecfg, d)]
   texts = [prompt_text(lm, p, "thinking", ecfg.few_shot) for p in problems]
   check_thinking_template(texts[0], "thinking", where=f"{where}.eval" if where else "SPAEJobConfig")

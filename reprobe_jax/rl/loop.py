@@ -34,10 +34,10 @@ from reprobe_jax.features.extraction import model_fingerprint
 from reprobe_jax.fields import check_seed, field_name
 from reprobe_jax.models import make_mesh
 from reprobe_jax.rl import advantages as adv_lib
-from reprobe_jax.rl import loss as loss_lib
+from reprobe_jax.rl import update as update_lib
 from reprobe_jax.rl.config import RLConfig, config_key, problems_fingerprint
 from reprobe_jax.rl.probing import probe_kept, with_potentials
-from reprobe_jax.rl.rollout import PromptSet, collect, policy_batch, rollout_fn, step_batch
+from reprobe_jax.rl.rollout import PromptSet, collect, rollout_fn, step_batch
 from reprobe_jax.spae.potential import ProbeConfig
 from reprobe_jax.spae.prober import Prober
 from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN
@@ -157,11 +157,19 @@ class RLStep:
     self.opened = [opens_thinking(tok.decode(list(p))) for p in prompts.prompt_ids]
     self._warned = False
     mb = cfg.micro_batches
-    self.update = loss_lib.make_update(lm.static_graph, tx, cfg.loss_config(), micro_batches=mb, mesh=mesh)
-    self.logprobs = loss_lib.make_logprobs(lm.static_graph, micro_batches=mb * cfg.mini_batches, mesh=mesh)
-    self.ref_params = ref_params
     if cfg.kl_coef > 0 and ref_params is None:
       raise ConfigError("RLStep: kl_coef > 0 needs the reference parameters")
+    with_ref = cfg.kl_coef > 0
+    self.step_update = update_lib.make_step_update(
+      lm.static_graph,
+      tx,
+      cfg.loss_config(),
+      mini_batches=cfg.mini_batches,
+      micro_batches=mb,
+      mesh=mesh,
+      with_ref=with_ref,
+    )
+    self.ref_params = self.step_update.put_params(ref_params) if with_ref else None  # placed once (FSDP: sharded)
 
   def __call__(self, params, opt_state, step, rng, frozen):
     del rng, frozen  # every key is derived from (seed, step) and problem ids
@@ -273,22 +281,15 @@ class RLStep:
     return THINK_OPEN in self.policy.tokenizer.decode(list(t.text_ids))
 
   def _update(self, params, opt_state, sb, advantages):
-    """Old log-probs with the rollout's parameters, then `mini_batches` updates; (params, opt_state, the
-    mini-batches' metrics on the host, mean |advantage| over response tokens)."""
-    cfg = self.cfg
+    """Old log-probs with the rollout's parameters and `mini_batches` updates in one compiled program
+    (`update.make_step_update`); (params, opt_state, each mini-batch's metrics on the host, mean |advantage| over
+    response tokens). The step's one fetch."""
     tokens, attn, resp = jnp.asarray(sb.tokens), jnp.asarray(sb.attention_mask), jnp.asarray(sb.response_mask)
-    old = self.logprobs(params, tokens, attn, resp)
-    ref = self.logprobs(self.ref_params, tokens, attn, resp) if cfg.kl_coef > 0 else None
-    pb = policy_batch(sb, advantages, old, ref)
-    per = pb.tokens.shape[0] // cfg.mini_batches
-    fetched = []
-    for m in range(cfg.mini_batches):
-      part = jax.tree.map(lambda x: x[m * per : (m + 1) * per], pb)
-      n_tok, n_seq = loss_lib.batch_counts(part)
-      params, opt_state, met = self.update(params, opt_state, part, n_tok, n_seq)
-      fetched.append(met)
-    adv_abs = jnp.sum(jnp.abs(advantages) * pb.response_mask) / jnp.maximum(jnp.sum(pb.response_mask), 1)
-    fetched, adv_abs = jax.device_get((fetched, adv_abs))
+    ref = (self.ref_params,) if self.ref_params is not None else ()
+    params, opt_state, met = self.step_update(params, opt_state, tokens, attn, resp, advantages, *ref)
+    adv_abs = jnp.sum(jnp.abs(advantages) * resp) / jnp.maximum(jnp.sum(resp), 1)
+    met, adv_abs = jax.device_get((met, adv_abs))
+    fetched = [{k: v[m] for k, v in met.items()} for m in range(self.cfg.mini_batches)]
     return params, opt_state, fetched, float(adv_abs)
 
   def _potential_stats(self, kept, pots, phi, valid) -> dict[str, float]:
@@ -336,8 +337,12 @@ def signature(lm, cfg: RLConfig, pcfg: ProbeConfig) -> dict:
   return {"rl": config_key(cfg), "probe": dataclasses.asdict(pcfg), "start_model": model_fingerprint(lm)}
 
 
-def default_mesh():
-  """A 'data' mesh over every device when there is more than one (the update's rows split over them), else None."""
+def default_mesh(lm=None):
+  """The update's mesh: the model's own (`--mesh=data,fsdp,tensor` placed it: an 'fsdp' axis above 1 shards the
+  policy's parameters and optimizer state, `update.make_step_update`), else a 'data' mesh over every device when
+  there is more than one (the rows split over them, parameters replicated), else None."""
+  if lm is not None and getattr(lm, "shard", None) is not None:
+    return lm.shard.mesh
   return make_mesh(data=jax.device_count()) if jax.device_count() > 1 else None
 
 
@@ -354,10 +359,11 @@ def check_run(lm, cfg: RLConfig, pcfg: ProbeConfig, *, mesh=None, reward=None, w
     raise ConfigError(f"train_rl: reward must be a function (problem, response text) -> number, got {reward!r}")
   if mesh is not None:
     per = cfg.prompts_per_step * cfg.group_size // (cfg.mini_batches * cfg.micro_batches)
-    if per % mesh.shape["data"]:
+    split = update_lib.Placement.of(mesh, "train_rl").devices
+    if per % split:
       raise ConfigError(
         f"{name('micro_batches')}: a micro-batch of {per} rows (prompts_per_step x group_size / (mini_batches x "
-        f"micro_batches)) does not split over the mesh's {mesh.shape['data']} 'data' devices"
+        f"micro_batches)) does not split over the mesh's {split} row devices ('data' x 'fsdp')"
       )
   if lm.tokenizer is None:
     raise ConfigError("train_rl needs the model's tokenizer (prompts, answer checks, boundaries)")
@@ -412,10 +418,10 @@ def train_rl(
   on_step: Callable[[int, dict], None] | None = None,
 ) -> RLResult:
   """Trains `lm`'s parameters with RL from `lm.params` (or resumes from `workdir`); `lm` itself is not changed.
-  mesh: the update's data-parallel mesh ('data' axis); None on one device, else `default_mesh()`'s over all.
+  mesh: the update's mesh (a 'data' axis, optionally 'fsdp'); default `default_mesh(lm)`.
   reward(problem, response text) -> a finite number (default: the task's answer check, 1.0 or 0.0)."""
   if mesh is None:
-    mesh = default_mesh()
+    mesh = default_mesh(lm)
   prompts = check_run(lm, cfg, pcfg, mesh=mesh, reward=reward)
   tx, lr = make_optimizer(cfg.optimizer, cfg.steps * cfg.mini_batches)  # one optimizer update per mini-batch
   start = jax.tree.map(jnp.array, lm.params)  # a copy: the update donates its input buffers

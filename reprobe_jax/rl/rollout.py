@@ -26,7 +26,7 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.fields import Int, check_seed
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decode_state import DecodeState
-from reprobe_jax.models.sampling import SamplingParams, bucket
+from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.rl.types import AdvantageInputs, PolicyBatch
 from reprobe_jax.spae.potential import StepPotentials
 from reprobe_jax.spae.prober import Prober
@@ -36,6 +36,8 @@ from reprobe_jax.tasks.formats import check_response
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # rewards are float32 on device: a larger one would become inf
 STEP_BUCKET = 8  # boundaries per row are padded to a multiple of this (few shapes to compile)
+PROMPT_COLUMNS = 16  # the update's prompt columns: the longest prompt rounded up to a multiple of this (a power of
+#                      two would spend up to half the update's forward and backward on padding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,7 +340,7 @@ def step_batch(
   pad_id: int,
 ) -> StepBatch:
   """Lays out `want` groups (short batches padded with copies of the first group, masked out) as fixed shapes:
-  B = want * G rows, prompts left-padded to a power of two, responses right-padded to `response_len`."""
+  B = want * G rows, prompts left-padded to a multiple of PROMPT_COLUMNS, responses right-padded to `response_len`."""
   if not groups:
     raise ConfigError("step_batch: no group to train on")
   trajs = [t for g in groups for t in g.trajectories]
@@ -346,7 +348,7 @@ def step_batch(
   b = want * group_size
   pad_rows = [trajs[i % n] for i in range(b - n)]
   rows = trajs + pad_rows
-  plen = bucket(max(len(prompts.prompt_ids[t.prompt]) for t in rows))
+  plen = -(-max(len(prompts.prompt_ids[t.prompt]) for t in rows) // PROMPT_COLUMNS) * PROMPT_COLUMNS
   tokens = np.full((b, plen + response_len), pad_id, np.int32)
   attn = np.zeros((b, plen + response_len), np.int32)
   resp = np.zeros((b, response_len), np.float32)
