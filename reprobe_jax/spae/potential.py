@@ -23,14 +23,19 @@ from __future__ import annotations
 import dataclasses
 
 import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Integer
+from jaxtyping import Array, Bool, Float, Integer, Key
 
 from reprobe_jax.errors import ConfigError, shape_errors
-from reprobe_jax.fields import SEED, Int, OneOf, Real, check_fields, field_name
+from reprobe_jax.fields import SEED, Int, OneOf, Real, check_fields, check_seed, check_seeds, field_name
+import reprobe_jax.models.decode_state as decode_state
+from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE
 from reprobe_jax.tasks.response import ANSWER_OPENER
 
 READINGS = ("paper", "reference_code")
+BOUNDARY_TEXT = "\n\n"  # the text a paragraph boundary ends with: what the probe suffix follows (docs/method.md §B1)
 
 EPS_SAT = Real(-1.0, 1.0, high_open=True)
 """The saturation threshold's rule: Phi is in [-1, 1] (docs/method.md §B1) and a boundary is saturated when
@@ -119,4 +124,53 @@ class StepPotentials:
     return cls(np.asarray(cuts, np.int64).reshape(-1), acc, conf, step_potential(acc, conf), eps_sat)
 
 
-# ------------------------------------------------------------------------------------------------ device parts
+# ------------------------------------------------------------------------------------------------ what is read
+
+
+def in_context(tokenizer, before: str, text: str) -> list[int] | None:
+  """The ids of `text` as the tokenizer writes it right after `before` (docs/method.md §B1): `before + text`
+  tokenised, less its first tokens, which must decode to what `before` alone decodes to. A SentencePiece-style
+  tokenizer writes '42' as ['▁', '4', '2'] alone and ['4', '2'] after '{'; a byte-level BPE may write '\n\n'
+  alone as one token and split it before a word. None when no token boundary falls at the join (a token straddles
+  it)."""
+  enc = lambda t: list(tokenizer(t, add_special_tokens=False)["input_ids"])
+  head, joint = enc(before), enc(before + text)
+  if joint[: len(head)] == head:
+    return joint[len(head) :]
+  want = tokenizer.decode(head)
+  for k in range(1, len(joint) + 1):
+    got = tokenizer.decode(joint[:k])
+    if got == want:
+      return joint[k:]
+    if len(got) > len(want):
+      return None
+  return None
+
+
+@jax.jit
+def boundary_marks(table, tokens: Integer[Array, "b n"], lengths: Integer[Array, " b"]) -> Bool[Array, "b n"]:
+  """[B, N] bool: response token j is the last token of a paragraph step (docs/method.md §A1) that a later token or the
+  boundary itself closed: the sampler's own stop automaton run over the tokens (ENDS_AFTER at j marks j,
+  ENDS_BEFORE at j marks j - 1), so these are exactly where a sampler with that stop rule pauses."""
+  b, n = tokens.shape
+
+  def step(q, j):
+    nq, ends = table.advance(q, tokens[:, j])
+    live = j < lengths
+    return jnp.where(live, nq, q), jnp.where(live, ends, 0)
+
+  _, ends = jax.lax.scan(step, jnp.zeros((b,), jnp.int32), jnp.arange(n))
+  ends = ends.T  # [B, N]
+  after = (ends & ENDS_AFTER) != 0
+  before = (ends & ENDS_BEFORE) != 0
+  before_prev = jnp.concatenate([before[:, 1:], jnp.zeros((b, 1), bool)], axis=1)  # ENDS_BEFORE at j+1 marks j
+  return after | before_prev
+
+
+def cut_keys(seed: int, trajectory_seeds, ordinals) -> Key[Array, "b c"]:
+  """[B, C] typed keys fold_in(fold_in(key(seed), trajectory_seeds[b]), ordinals[b, c])."""
+  seed = check_seed(seed, "cut_keys: seed")
+  seeds = np.asarray(check_seeds(trajectory_seeds, "cut_keys: trajectory_seeds"), np.uint32)
+  base = decode_state.prompt_keys(seed, seeds)  # [B]
+  ords = jnp.asarray(ordinals, jnp.uint32)
+  return jax.vmap(lambda k, o: jax.vmap(lambda x: jax.random.fold_in(k, x))(o))(base, ords)

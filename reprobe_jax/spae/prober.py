@@ -14,16 +14,16 @@ fold_in(fold_in(fold_in(key(seed), trajectory_seed), c), n), so a trajectory's p
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Integer, Key
+from jaxtyping import Array, Float, Integer
 
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, shape_errors
-from reprobe_jax.fields import check_seed, check_seeds
+from reprobe_jax.fields import check_seeds
 from reprobe_jax.io.readers import shown
 from reprobe_jax.models import decoding
 import reprobe_jax.models.decode_state as decode_state
@@ -31,31 +31,13 @@ from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.xla_options import decode_jit
-from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, THINK_OPEN, StepBoundary, token_ids
-from reprobe_jax.spae.potential import ProbeConfig, StepPotentials
+from reprobe_jax.steps import THINK_OPEN, StepBoundary, token_ids
+from reprobe_jax.spae.potential import BOUNDARY_TEXT, ProbeConfig, StepPotentials, boundary_marks, cut_keys, in_context
+from reprobe_jax.trajectories.prompts import opens_thinking
 
 CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of this (few shapes, little padding)
 REFERENCE_MISSING_LOGPROB = -10.0  # what the released script adds when the answer token is not in the top-20 list
-
-
-@jax.jit
-def boundary_marks(table, tokens: Integer[Array, "b n"], lengths: Integer[Array, " b"]) -> Bool[Array, "b n"]:
-  """[B, N] bool: response token j is the last token of a paragraph step (docs/method.md §A1) that a later token or the
-  boundary itself closed: the sampler's own stop automaton run over the tokens (ENDS_AFTER at j marks j,
-  ENDS_BEFORE at j marks j - 1), so these are exactly where a sampler with that stop rule pauses."""
-  b, n = tokens.shape
-
-  def step(q, j):
-    nq, ends = table.advance(q, tokens[:, j])
-    live = j < lengths
-    return jnp.where(live, nq, q), jnp.where(live, ends, 0)
-
-  _, ends = jax.lax.scan(step, jnp.zeros((b,), jnp.int32), jnp.arange(n))
-  ends = ends.T  # [B, N]
-  after = (ends & ENDS_AFTER) != 0
-  before = (ends & ENDS_BEFORE) != 0
-  before_prev = jnp.concatenate([before[:, 1:], jnp.zeros((b, 1), bool)], axis=1)  # ENDS_BEFORE at j+1 marks j
-  return after | before_prev
+THINK_TAIL = 16  # prompt tokens read for a template-opened '<think>' (it and the whitespace after it fit)
 
 
 def _probe_impl(
@@ -191,16 +173,15 @@ probe, probe_in_jit = decode_jit(
 )(_probe_impl)
 
 
-def cut_keys(seed: int, trajectory_seeds, ordinals) -> Key[Array, "b c"]:
-  """[B, C] typed keys fold_in(fold_in(key(seed), trajectory_seeds[b]), ordinals[b, c])."""
-  seed = check_seed(seed, "cut_keys: seed")
-  seeds = np.asarray(check_seeds(trajectory_seeds, "cut_keys: trajectory_seeds"), np.uint32)
-  base = decode_state.prompt_keys(seed, seeds)  # [B]
-  ords = jnp.asarray(ordinals, jnp.uint32)
-  return jax.vmap(lambda k, o: jax.vmap(lambda x: jax.random.fold_in(k, x))(o))(base, ords)
-
-
 # ------------------------------------------------------------------------------------------------ host shell
+
+
+class ProbeAnswers(NamedTuple):
+  """Answer ids as `probe` takes them: [B, A] left-padded (A a bucket), lengths [B], a probe row's buffer."""
+
+  answers: np.ndarray
+  answer_len: np.ndarray
+  buffer_len: int
 
 
 class Prober:
@@ -214,7 +195,9 @@ class Prober:
     self.lm, self.cfg = lm, cfg
     tok = lm.tokenizer
     v = lm.config.vocab_size
-    self.suffix_ids = list(tok(cfg.suffix, add_special_tokens=False)["input_ids"])
+    alone = list(tok(cfg.suffix, add_special_tokens=False)["input_ids"])
+    self.suffix_ids = in_context(tok, BOUNDARY_TEXT, cfg.suffix) or alone  # as it follows a paragraph's end
+    self._answers: dict[str, list[int]] = {}
     if cfg.reading == "reference_code" and cfg.top_logprobs > v:
       raise ConfigError(f"ProbeConfig.top_logprobs={cfg.top_logprobs} exceeds the vocabulary ({v})")
     close = np.zeros(v, bool)
@@ -231,19 +214,32 @@ class Prober:
   # -- inputs
 
   def answer_ids(self, answers: Sequence[str], where: str = "answers") -> list[list[int]]:
-    """The token ids of each ground-truth answer; ConfigError naming `<where>[i]` unless it is a string (bytes
-    would be probed as the text "b'...'"), DataFormatError when it tokenizes to nothing."""
+    """The token ids of each ground-truth answer as the model writes it after the probe suffix (`in_context`; where
+    a token straddles the suffix's end, the answer's own ids less leading whitespace-only tokens: docs/method.md
+    §B1); ConfigError naming `<where>[i]` unless it is a string (bytes would be probed as the text "b'...'"),
+    DataFormatError when it tokenizes to nothing."""
     if isinstance(answers, (str, bytes)) or not hasattr(answers, "__len__") or not hasattr(answers, "__iter__"):
       raise ConfigError(f"{where}: expected a sequence of answer strings, got {shown(answers)}")
     out = []
     for i, a in enumerate(answers):
       if not isinstance(a, str):
         raise ConfigError(f"{where}[{i}]: expected the ground-truth answer as a string, got {shown(a)}")
-      ids = list(self.lm.tokenizer(a, add_special_tokens=False)["input_ids"])
+      ids = self._answer_ids(a)
       if not ids:
         raise DataFormatError(f"SPAE probing: ground-truth answer {i} ({a!r}) tokenizes to no tokens")
       out.append(ids)
     return out
+
+  def _answer_ids(self, answer: str) -> list[int]:
+    if answer not in self._answers:
+      tok = self.lm.tokenizer
+      ids = in_context(tok, BOUNDARY_TEXT + self.cfg.suffix, answer)
+      if ids is None:
+        ids = list(tok(answer, add_special_tokens=False)["input_ids"])
+        while len(ids) > 1 and not tok.decode(ids[:1]).strip():  # SentencePiece's lone '▁' that opens a text
+          ids = ids[1:]
+      self._answers[answer] = ids
+    return self._answers[answer]
 
   def token_rows(self, rows, where: str) -> list[list[int]]:
     """Each row of `rows` as a list of token ids of this model's vocabulary; ConfigError naming `<where>[i]`."""
@@ -258,27 +254,59 @@ class Prober:
     self.lm.check_ids(out, where)
     return out
 
-  def check_thinking(self, response_ids: Sequence[Sequence[int]], names: Sequence[str] | None = None) -> None:
+  def thinks(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    """[M] bool: trajectory m thinks, i.e. its response holds `<think>` or its prompt ends with it (the chat
+    template opened the thinking: `trajectories.prompts.opens_thinking` on the prompt's last tokens)."""
+    tok = self.lm.tokenizer
+    out = np.zeros(len(response_ids), bool)
     for i, ids in enumerate(response_ids):
-      has = (self.think_id in ids) if self.think_id is not None else (THINK_OPEN in self.lm.tokenizer.decode(list(ids)))
-      if not has:
-        name = names[i] if names else f"trajectory {i}"
-        raise DataFormatError(
-          f"SPAE probing: {name} has no {THINK_OPEN} (the potential is defined on thinking trajectories only)"
-        )
+      if self.think_id is not None and self.think_id in ids:
+        out[i] = True
+      elif self.think_id is None and THINK_OPEN in tok.decode(list(ids)):
+        out[i] = True
+      elif prompt_ids is not None and len(prompt_ids[i]):
+        out[i] = opens_thinking(tok.decode(list(prompt_ids[i])[-THINK_TAIL:]))
+    return out
+
+  def check_thinking(
+    self,
+    response_ids: Sequence[Sequence[int]],
+    names: Sequence[str] | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+  ) -> None:
+    """DataFormatError naming the first trajectory that does not think (`thinks`; without prompts, the response
+    must hold `<think>`)."""
+    ok = self.thinks(prompt_ids, response_ids)
+    for i in np.flatnonzero(~ok)[:1]:
+      name = names[i] if names else f"trajectory {i}"
+      raise DataFormatError(
+        f"SPAE probing: {name} has no {THINK_OPEN} in its response nor at the end of its prompt (the potential is "
+        "defined on thinking trajectories only)"
+      )
 
   def probe_room(self, answer_len: int) -> int:
     """Suffix-cache slots a probe row needs: the boundary token again, the suffix, then the answer or samples."""
     return bucket(1 + len(self.suffix_ids) + max(answer_len, self.cfg.max_tokens))
 
   def check_room(self, context_len: int, answer_len: int) -> None:
+    """CacheFullError unless a probe row at the end of a context of `context_len` tokens fits the positions: the
+    boundary token read again, the suffix, then the answer or the samples (in-context ids)."""
     need = context_len + 1 + len(self.suffix_ids) + max(answer_len, self.cfg.max_tokens)
     if need > self.lm.config.max_position_embeddings:
       raise CacheFullError(
-        f"SPAE probing: a context of {context_len} tokens + the probe suffix ({len(self.suffix_ids)} tokens) + "
-        f"{max(answer_len, self.cfg.max_tokens)} answer tokens exceeds max_position_embeddings="
-        f"{self.lm.config.max_position_embeddings}"
+        f"SPAE probing: a context of {context_len} tokens + 1 (the boundary token read again) + the probe suffix "
+        f"({len(self.suffix_ids)} tokens) + {max(answer_len, self.cfg.max_tokens)} answer tokens = {need} exceeds "
+        f"max_position_embeddings={self.lm.config.max_position_embeddings}"
       )
+
+  def check_budget(self, prompt_len: int, max_new_tokens: int, answers: Sequence[str]) -> None:
+    """Before a run's first step: CacheFullError naming the numbers unless the longest prompt (`prompt_len`) +
+    `max_new_tokens` leaves a probe row room for the longest of `answers` (in-context ids) or the samples."""
+    longest = max((len(ids) for ids in self.answer_ids(answers, "check_budget: answers")), default=0)
+    try:
+      self.check_room(prompt_len + max_new_tokens, longest)
+    except CacheFullError as e:
+      raise CacheFullError(f"a prompt of {prompt_len} tokens + max_new_tokens={max_new_tokens}: {e}") from None
 
   # -- boundaries
 
@@ -296,6 +324,15 @@ class Prober:
     return [np.flatnonzero(marks[i, : lens[i]]) for i in range(len(response_ids))]
 
   # -- the device call
+
+  def probe_answers(self, answers: list[list[int]]) -> ProbeAnswers:
+    """Answer ids, one list per row, as `probe` takes them: left-padded to a bucket, with their lengths."""
+    a = bucket(max(map(len, answers)), minimum=1)
+    ans = np.zeros((len(answers), a), np.int32)  # left-padded, as `force` takes its blocks
+    alen = np.ones(len(answers), np.int32)
+    for i, ids in enumerate(answers):
+      ans[i, a - len(ids) :], alen[i] = ids, len(ids)
+    return ProbeAnswers(ans, alen, bucket(len(self.suffix_ids) + max(a, self.cfg.max_tokens)))
 
   def probe_state(
     self,
@@ -317,29 +354,23 @@ class Prober:
         f"Prober.probe_state: {len(answers)} answers and {len(trajectory_seeds)} seeds for "
         f"{state.batch} rows; need one of each per row"
       )
-    b, c = cuts.shape
-    a = bucket(max(map(len, answers)), minimum=1)
-    ans = np.zeros((b, a), np.int32)  # left-padded, as `force` takes its blocks
-    alen = np.ones(b, np.int32)
-    for i, ids in enumerate(answers):
-      ans[i, a - len(ids) :], alen[i] = ids, len(ids)
+    a = self.probe_answers(answers)
     keys = cut_keys(self.cfg.seed, trajectory_seeds, np.maximum(ordinals, 0))
     cfg = self.cfg
-    buf = bucket(len(self.suffix_ids) + max(a, cfg.max_tokens))
     return probe(
       *self.lm.decode_view(),
       state,
       jnp.asarray(cuts, jnp.int32),
       keys,
       jnp.asarray(self.suffix_ids, jnp.int32),
-      jnp.asarray(ans),
-      jnp.asarray(alen),
+      jnp.asarray(a.answers),
+      jnp.asarray(a.answer_len),
       self.close_rule,
       self.eos,
       jnp.float32(cfg.temperature),
       n=cfg.samples,
-      suffix_size=self.probe_room(a),
-      buffer_len=buf,
+      suffix_size=self.probe_room(a.answers.shape[1]),
+      buffer_len=a.buffer_len,
       max_tokens=cfg.max_tokens,
       reading=cfg.reading,
       top_logprobs=cfg.top_logprobs,
@@ -380,7 +411,7 @@ class Prober:
       )
     if names is not None and (isinstance(names, str) or len(names) != m):
       raise ConfigError(f"potentials: names: expected one name per trajectory ({m}), got {shown(names)}")
-    self.check_thinking(response_ids, names)
+    self.check_thinking(response_ids, names, prompt_ids)
     for p, r, a in zip(prompt_ids, response_ids, ans):
       self.check_room(len(p) + len(r), len(a))
     cuts = self.boundaries(response_ids)
