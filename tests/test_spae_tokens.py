@@ -109,9 +109,11 @@ def test_bpe_ids_are_unchanged(synthetic_lm):
   """The built-in tokenizer and SmolLM2's read the same ids in context as alone: SPAE's synthetic numbers stay."""
   answers = sorted({p.answer for fam in ("arithmetic", "planning", "qa") for p in make_problems(fam, 40, 0, 2)})
   smol = get_tokenizer("smollm2")
-  from reprobe_jax.spae.potential import BOUNDARY_TEXT, in_context
+  from reprobe_jax.spae.potential import BOUNDARY_TEXT, in_context, paragraph_head
 
   for tok in (synthetic_lm.tokenizer, smol):
+    # no token holds a paragraph end and the next word: truncation closes right after the boundary token
+    assert not any(paragraph_head(t) for t in tok.batch_decode([[i] for i in range(len(tok))]))
     assert in_context(tok, BOUNDARY_TEXT, ANSWER_OPENER) == _enc(tok, ANSWER_OPENER)
     assert in_context(tok, BOUNDARY_TEXT, "</think>") == _enc(tok, "</think>")
     for a in answers:

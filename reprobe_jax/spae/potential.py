@@ -147,6 +147,17 @@ def in_context(tokenizer, before: str, text: str) -> list[int] | None:
   return None
 
 
+def paragraph_head(text: str) -> str | None:
+  """A token's text up to and including the paragraph end (BOUNDARY_TEXT) it holds, where more than whitespace
+  follows it in the same token ('\\n\\nSo' -> '\\n\\n'); None for any other token. Such a token closes its
+  paragraph step (`steps.boundary`: the token that completes '.\\n\\n' closes its step), so the probe reads it
+  whole, and truncation puts `</think>` after its head (docs/method.md §B3)."""
+  j = text.find(BOUNDARY_TEXT)
+  if j < 0 or not text[j + len(BOUNDARY_TEXT) :].strip():
+    return None
+  return text[: j + len(BOUNDARY_TEXT)]
+
+
 @jax.jit
 def boundary_marks(table, tokens: Integer[Array, "b n"], lengths: Integer[Array, " b"]) -> Bool[Array, "b n"]:
   """[B, N] bool: response token j is the last token of a paragraph step (docs/method.md §A1) that a later token or the

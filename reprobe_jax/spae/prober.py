@@ -32,7 +32,15 @@ from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.steps import THINK_OPEN, StepBoundary, token_ids
-from reprobe_jax.spae.potential import BOUNDARY_TEXT, ProbeConfig, StepPotentials, boundary_marks, cut_keys, in_context
+from reprobe_jax.spae.potential import (
+  BOUNDARY_TEXT,
+  ProbeConfig,
+  StepPotentials,
+  boundary_marks,
+  cut_keys,
+  in_context,
+  paragraph_head,
+)
 from reprobe_jax.trajectories.prompts import opens_thinking
 
 CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of this (few shapes, little padding)
@@ -201,8 +209,13 @@ class Prober:
     if cfg.reading == "reference_code" and cfg.top_logprobs > v:
       raise ConfigError(f"ProbeConfig.top_logprobs={cfg.top_logprobs} exceeds the vocabulary ({v})")
     close = np.zeros(v, bool)
+    self.merged_ends: dict[int, str] = {}  # token -> its text to the paragraph end it holds before more text
     for i in range(min(v, len(tok))):
-      close[i] = "}" in tok.decode([i])
+      text = tok.decode([i])
+      close[i] = "}" in text
+      head = paragraph_head(text)
+      if head is not None:
+        self.merged_ends[i] = head
     if not close.any():
       raise ConfigError("SPAE probing: no token of this tokenizer holds '}', so a probe answer can never close")
     self.close_rule = StopRule.from_mask(close)
