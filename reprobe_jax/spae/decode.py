@@ -38,8 +38,8 @@ from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.sampling import SamplingParams
 from reprobe_jax.models.xla_options import decode_jit
-from reprobe_jax.spae.potential import StepPotentials, step_potential
-from reprobe_jax.spae.prober import BOUNDARY_TEXT, Prober, in_context, probe_in_jit
+from reprobe_jax.spae.potential import BOUNDARY_TEXT, StepPotentials, in_context, probe_in_jit, step_potential
+from reprobe_jax.spae.prober import Prober
 from reprobe_jax.steps import THINK_CLOSE, StepBoundary
 
 

@@ -1,7 +1,7 @@
 """Every paragraph boundary of every trajectory of a batch probed in one call (SPAE's step potential,
 docs/method.md §B1; `potential` says what is read and how Phi is made of it).
 
-How it runs (`probe`, one jitted program): the trajectories' own decode state (its KV cache) is forked at every
+How it runs (`potential.probe`, one jitted program): the trajectories' own decode state (its KV cache) is forked at every
 boundary into a row that reads that cache as a shared prefix cut at the boundary (`decoding.fork`: no re-prefill
 of the question or of earlier steps, no copy); one `force` call feeds the suffix to all of them, a second the
 answer tokens (their log-probs are Acc's terms); N copies of each suffix row (its few own slots copied, the prefix
@@ -25,12 +25,9 @@ from jaxtyping import Array, Float, Integer
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, shape_errors
 from reprobe_jax.fields import check_seeds
 from reprobe_jax.io.readers import shown
-from reprobe_jax.models import decoding
-import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.steps import THINK_OPEN, StepBoundary, token_ids
 from reprobe_jax.spae.potential import (
   BOUNDARY_TEXT,
@@ -40,145 +37,12 @@ from reprobe_jax.spae.potential import (
   cut_keys,
   in_context,
   paragraph_head,
+  probe,
 )
 from reprobe_jax.trajectories.prompts import opens_thinking
 
 CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of this (few shapes, little padding)
-REFERENCE_MISSING_LOGPROB = -10.0  # what the released script adds when the answer token is not in the top-20 list
 THINK_TAIL = 16  # prompt tokens read for a template-opened '<think>' (it and the whitespace after it fit)
-
-
-def _probe_impl(
-  graphdef,
-  params,
-  state: DecodeState,
-  cuts,
-  keys,
-  suffix,
-  answers,
-  answer_len,
-  close_rule: StopRule,
-  eos_mask,
-  temperature,
-  *,
-  n: int,
-  suffix_size: int,
-  buffer_len: int,
-  max_tokens: int,
-  reading: str,
-  top_logprobs: int,
-  shard=None,
-):
-  """(acc, conf) [B, C] at the cuts [B, C] (response-token index of each boundary's last token; -1 = none: NaN)
-  of every row of `state` (a decode state without a shared prefix, each row's response in its buffers).
-
-  keys [B, C]: one typed PRNG key per cut (its samples draw from fold_in(key, n)); suffix [S] int32; answers
-  [B, A] int32 left-padded (mask 0 = padding) with lengths answer_len [B] >= 1; close_rule: tokens holding '}'.
-
-  One row per cut forks the row's cache (shared prefix cut at the boundary) and reads the suffix once; the
-  teacher-forced answer goes on from it, and n copies of it (their own few suffix slots copied, the prefix still
-  shared) sample the continuations."""
-  b, c = cuts.shape
-  capture = CaptureSpec(
-    token_stats=True,
-    top_k_probs=top_logprobs if reading == "reference_code" else 0,
-    top_k_ids=reading == "reference_code",
-  )
-  valid = cuts.reshape(-1) >= 0  # [B * C]
-  f = decoding.fork_in_jit(
-    graphdef,
-    params,
-    state,
-    jnp.maximum(cuts, 0),
-    n=1,
-    suffix_size=suffix_size,
-    capture=capture,
-    shard=shard,
-    buffer_len=buffer_len,
-  )  # [B * C] rows, (row, cut) order
-  bc, s = f.batch, suffix.shape[0]
-  f = decoding.force_in_jit(
-    graphdef,
-    params,
-    f,
-    close_rule,
-    jnp.broadcast_to(suffix[None], (bc, s)),
-    jnp.broadcast_to(valid[:, None], (bc, s)).astype(jnp.int32),
-    capture=capture,
-    shard=shard,
-  )
-  pos = jnp.arange(f.buffer_len)[None, :]
-  a_len = jnp.repeat(answer_len, c)  # [B * C]
-  acc = None
-  if reading == "paper":  # Acc: the answer teacher-forced after the suffix, at response positions [s, s + |y*|)
-    a = answers.shape[1]
-    a_mask = jnp.arange(a)[None, :] >= a - answer_len[:, None]
-    fa = decoding.force_in_jit(
-      graphdef,
-      params,
-      f,
-      close_rule,
-      jnp.repeat(answers, c, axis=0),
-      (jnp.repeat(a_mask, c, axis=0) & valid[:, None]).astype(jnp.int32),
-      capture=capture,
-      shard=shard,
-    )
-    in_ans = (pos >= s) & (pos < s + a_len[:, None])
-    acc = jnp.sum(jnp.where(in_ans, jnp.exp(fa.logprobs), 0.0), axis=1) / jnp.maximum(a_len, 1)
-  fs = decode_state.take(f, jnp.repeat(jnp.arange(bc), n))  # [B * C * n] rows, (row, cut, sample) order
-  fs = decode_state.rekey(fs, decode_state.row_keys(keys.reshape(-1), n))
-  row_valid = jnp.repeat(valid, n)
-  fs = fs.replace(done=fs.done | ~row_valid, budget=jnp.full((fs.batch,), s + max_tokens, jnp.int32))
-  fs = decoding.decode_in_jit(
-    graphdef,
-    params,
-    fs,
-    close_rule,
-    eos_mask,
-    temperature,
-    jnp.float32(1.0),
-    jnp.int32(max_tokens),
-    greedy=False,
-    top_k=0,
-    filtered=False,
-    capture=capture,
-    shard=shard,
-  )
-  sampled = (pos >= s) & (pos < fs.lengths[:, None])  # [R, Nbuf] the sampled tokens of each sample row
-  if reading == "paper":
-    ent = fs.features.token_entropy
-    count = jnp.sum(sampled, axis=1)
-    mean_ent = jnp.sum(jnp.where(sampled, ent, 0.0), axis=1) / jnp.maximum(count, 1)
-    conf = jnp.mean(jnp.where(count > 0, jnp.exp(-mean_ent), 0.0).reshape(b, c, n), axis=-1)
-    acc = acc.reshape(b, c)
-  else:  # the released script's reading, from the samples' top-K lists
-    top_p = fs.features.top_probs  # [R, Nbuf, K]
-    top_ids = fs.features.top_ids
-    a = answers.shape[1]
-    first = a - answer_len  # [B] the answer's first column in the left-padded block
-    row_first = jnp.repeat(jnp.repeat(first, c), n)
-    row_len = jnp.repeat(a_len, n)
-    row_ans = jnp.repeat(jnp.repeat(answers, c, axis=0), n, axis=0)  # [R, A]
-    k_idx = pos - s  # the answer position read at buffer position pos
-    target = jnp.take_along_axis(row_ans, jnp.clip(row_first[:, None] + k_idx, 0, a - 1), axis=1)  # [R, Nbuf]
-    read = sampled & (k_idx < row_len[:, None])
-    hit = top_ids == target[..., None]  # [R, Nbuf, K]
-    p_hit = jnp.sum(jnp.where(hit, top_p, 0.0), axis=-1)
-    lp_k = jnp.where(jnp.any(hit, axis=-1), jnp.log(jnp.maximum(p_hit, 1e-30)), REFERENCE_MISSING_LOGPROB)
-    h_k = -jnp.sum(jnp.where(top_p > 0, top_p * jnp.log(jnp.maximum(top_p, 1e-30)), 0.0), axis=-1)
-    k_n = jnp.sum(read, axis=1)
-    acc_n = jnp.where(k_n > 0, jnp.exp(jnp.sum(jnp.where(read, lp_k, 0.0), axis=1)) / jnp.maximum(k_n, 1), 0.0)
-    conf_n = jnp.where(k_n > 0, jnp.exp(-jnp.sum(jnp.where(read, h_k, 0.0), axis=1)) / jnp.maximum(k_n, 1), 0.0)
-    acc = jnp.sum(acc_n.reshape(b, c, n), axis=-1) / n
-    conf = jnp.sum(conf_n.reshape(b, c, n), axis=-1) / n
-  nan = jnp.float32(jnp.nan)
-  ok = valid.reshape(b, c)
-  return jnp.where(ok, acc, nan), jnp.where(ok, conf, nan)
-
-
-probe, probe_in_jit = decode_jit(
-  static_argnames=("graphdef", "shard", "n", "suffix_size", "buffer_len", "max_tokens", "reading", "top_logprobs")
-)(_probe_impl)
 
 
 # ------------------------------------------------------------------------------------------------ host shell
