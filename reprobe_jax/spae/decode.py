@@ -4,11 +4,11 @@ decoding (docs/method.md §B3): at a row's first saturated boundary `</think>` i
     rows = decode_thinking(lm, prober, prompt_ids, answers, seeds, sampling=..., max_new_tokens=192, truncate=True)
 
 One compiled program (`thinking_loop`, a `lax.while_loop`) runs the whole call: the rows decode together to their
-next paragraph boundary (the sampler pauses each row there); every row's newest boundary is probed in one batched
-call as a side branch of the live rows (`prober._probe_impl`: the rows that did not pause are masked out, cut -1;
-nothing is re-prefilled); with `truncate`, saturated rows get `</think>` forced in; the paused rows resume. The
-per-boundary cuts, Acc and Conf go into [B, K] device buffers (K: the response buffer, the most boundaries a row can
-pass), fetched once at the end. Rows truncate independently. Without `truncate` the same loop gives plain decoding
+next paragraph boundary (the sampler pauses each row there); the paused rows' boundaries are probed in one batched
+call as side branches of the live rows (`potential.probe`: the paused rows gathered into the smallest of four row
+buckets that holds them, one `lax.switch` branch per bucket; nothing is re-prefilled); with `truncate`, saturated
+rows get `</think>` forced in; the paused rows resume. The per-boundary cuts, Acc and Conf go into [B, K] device
+buffers (K: the response buffer, the most boundaries a row can pass), fetched once at the end. Rows truncate independently. Without `truncate` the same loop gives plain decoding
 with its potential curve, which equals `Prober.potentials` of the finished trajectory (same keys).
 
 Where the boundary's last token holds the paragraph end and the next word ('\\n\\nSo', a token that closes its step
@@ -77,6 +77,7 @@ class ThinkingPlan:
   reading: str
   top_logprobs: int
   truncate: bool
+  buckets: tuple[int, ...]  # the paused rows are probed in the smallest of these row counts that holds them
 
 
 @struct.dataclass
@@ -195,32 +196,49 @@ def _thinking_impl(graphdef, params, state: DecodeState, env: ThinkingEnv, *, pl
   def paused(s):
     return s.done & (s.finish == decode_state.FINISH_STOP) & env.real
 
+  def probe_paused(s, p, cut, keys):
+    """(acc, conf) [B] of the paused rows p [B] (NaN elsewhere): the paused rows first, gathered into the smallest
+    of `plan.buckets` rows that holds them (one branch of a `lax.switch` per bucket), probed, scattered back."""
+    order = jnp.argsort(~p, stable=True)  # paused rows first
+
+    def branch(size):
+      def run(_):
+        rows = order[:size]
+        acc, conf = probe_in_jit(
+          graphdef,
+          params,
+          decode_state.take(s, rows),
+          cut[rows][:, None],
+          keys[rows][:, None],
+          env.suffix,
+          env.answers[rows],
+          env.answer_len[rows],
+          env.close_rule,
+          env.eos,
+          env.probe_temperature,
+          n=plan.samples,
+          suffix_size=plan.suffix_size,
+          buffer_len=plan.probe_buffer,
+          max_tokens=plan.max_tokens,
+          reading=plan.reading,
+          top_logprobs=plan.top_logprobs,
+          shard=shard,
+        )
+        nan = jnp.full((b,), jnp.nan, jnp.float32)
+        return nan.at[rows].set(acc[:, 0]), nan.at[rows].set(conf[:, 0])
+
+      return run
+
+    sizes = jnp.asarray(plan.buckets, jnp.int32)
+    which = jnp.minimum(jnp.searchsorted(sizes, jnp.sum(p)), len(plan.buckets) - 1)
+    return jax.lax.switch(which, [branch(z) for z in plan.buckets], None)
+
   def body(c: ThinkingLoop) -> ThinkingLoop:
     s = c.state
     p = paused(s)
     cut = jnp.where(p, s.step_end - 1, -1).astype(jnp.int32)  # [B]
     keys = jax.vmap(jax.random.fold_in)(env.row_keys, c.ordinal.astype(jnp.uint32))  # [B]
-    acc, conf = probe_in_jit(
-      graphdef,
-      params,
-      s,
-      cut[:, None],
-      keys[:, None],
-      env.suffix,
-      env.answers,
-      env.answer_len,
-      env.close_rule,
-      env.eos,
-      env.probe_temperature,
-      n=plan.samples,
-      suffix_size=plan.suffix_size,
-      buffer_len=plan.probe_buffer,
-      max_tokens=plan.max_tokens,
-      reading=plan.reading,
-      top_logprobs=plan.top_logprobs,
-      shard=shard,
-    )
-    acc, conf = acc[:, 0], conf[:, 0]  # [B]
+    acc, conf = probe_paused(s, p, cut, keys)
     truncated_at = c.truncated_at
     if plan.truncate:
       hit = p & (step_potential(acc, conf) > env.eps_sat) & (truncated_at < 0)
@@ -332,6 +350,7 @@ def decode_thinking(
     reading=cfg.reading,
     top_logprobs=cfg.top_logprobs,
     truncate=bool(truncate),
+    buckets=tuple(sorted({max(1, b // 8), max(1, b // 4), max(1, b // 2), b})),
   )
   env = ThinkingEnv(
     stop=smp.stop,
