@@ -29,8 +29,9 @@ class _Fetches:
     monkeypatch.setattr(jax, "device_get", counted)
 
 
-def test_a_call_fetches_once(synthetic_lm, monkeypatch):
-  problems, prompts, _, answers = _thinking_set(synthetic_lm, 3)
+@pytest.mark.slow  # compiles the decoding program (about 35 s on 2 shared cores)
+def test_a_call_fetches_once_and_a_second_call_compiles_nothing(synthetic_lm, monkeypatch, compile_counter):
+  problems, prompts, _, answers = _thinking_set(synthetic_lm, 2)  # one prompt per call, two rows: two buckets
   prober = Prober(synthetic_lm, ProbeConfig(samples=2, max_tokens=4, eps_sat=-1.0))
   fetches = _Fetches(monkeypatch)
   ticks = []
@@ -38,18 +39,31 @@ def test_a_call_fetches_once(synthetic_lm, monkeypatch):
     rows = decode_thinking(
       synthetic_lm,
       prober,
-      prompts,
-      answers,
-      [1, 2, 3],
+      prompts[:1],
+      answers[:1],
+      [1],
       sampling=SamplingParams(1.0),
       max_new_tokens=24,
       samples=2,
       truncate=True,
       progress=ticks.append,
     )
-  assert fetches.count == 1 and ticks == [6]
-  assert [(r.prompt_index, r.sample) for r in rows] == [(p, s) for p in range(3) for s in range(2)]
+  assert fetches.count == 1 and ticks == [2]
+  assert [(r.prompt_index, r.sample) for r in rows] == [(0, 0), (0, 1)]
   assert all(len(r.response_ids) <= 24 + 4 for r in rows)
+  before = compile_counter.count  # other prompts and seeds in the same buckets: the same programs
+  again = decode_thinking(
+    synthetic_lm,
+    prober,
+    prompts[1:],
+    answers[1:],
+    [7],
+    sampling=SamplingParams(1.0),
+    max_new_tokens=24,
+    samples=2,
+    truncate=True,
+  )
+  assert compile_counter.count == before and len(again) == 2
 
 
 MERGED = "<think>\nsix times seven is 42.\n\nSo the answer is 42.\n\n</think>"
