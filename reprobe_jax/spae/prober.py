@@ -1,7 +1,7 @@
 """Every paragraph boundary of every trajectory of a batch probed in one call (SPAE's step potential,
 docs/method.md §B1; `potential` says what is read and how Phi is made of it).
 
-How it runs (`probe`, one jitted program): the trajectories' own decode state (its KV cache) is forked at every
+How it runs (`potential.probe`, one jitted program): the trajectories' own decode state (its KV cache) is forked at every
 boundary into a row that reads that cache as a shared prefix cut at the boundary (`decoding.fork`: no re-prefill
 of the question or of earlier steps, no copy); one `force` call feeds the suffix to all of them, a second the
 answer tokens (their log-probs are Acc's terms); N copies of each suffix row (its few own slots copied, the prefix
@@ -14,193 +14,46 @@ fold_in(fold_in(fold_in(key(seed), trajectory_seed), c), n), so a trajectory's p
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Integer, Key
+from jaxtyping import Array, Float, Integer
 
 from reprobe_jax.errors import CacheFullError, ConfigError, DataFormatError, shape_errors
-from reprobe_jax.fields import check_seed, check_seeds
+from reprobe_jax.fields import check_seeds
 from reprobe_jax.io.readers import shown
-from reprobe_jax.models import decoding
-import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.models.xla_options import decode_jit
-from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, THINK_OPEN, StepBoundary, token_ids
-from reprobe_jax.spae.potential import ProbeConfig, StepPotentials
+from reprobe_jax.steps import THINK_OPEN, StepBoundary, token_ids
+from reprobe_jax.spae.potential import (
+  BOUNDARY_TEXT,
+  ProbeConfig,
+  StepPotentials,
+  boundary_marks,
+  cut_keys,
+  in_context,
+  paragraph_head,
+  probe,
+)
+from reprobe_jax.trajectories.prompts import opens_thinking
 
 CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of this (few shapes, little padding)
-REFERENCE_MISSING_LOGPROB = -10.0  # what the released script adds when the answer token is not in the top-20 list
-
-
-@jax.jit
-def boundary_marks(table, tokens: Integer[Array, "b n"], lengths: Integer[Array, " b"]) -> Bool[Array, "b n"]:
-  """[B, N] bool: response token j is the last token of a paragraph step (docs/method.md §A1) that a later token or the
-  boundary itself closed: the sampler's own stop automaton run over the tokens (ENDS_AFTER at j marks j,
-  ENDS_BEFORE at j marks j - 1), so these are exactly where a sampler with that stop rule pauses."""
-  b, n = tokens.shape
-
-  def step(q, j):
-    nq, ends = table.advance(q, tokens[:, j])
-    live = j < lengths
-    return jnp.where(live, nq, q), jnp.where(live, ends, 0)
-
-  _, ends = jax.lax.scan(step, jnp.zeros((b,), jnp.int32), jnp.arange(n))
-  ends = ends.T  # [B, N]
-  after = (ends & ENDS_AFTER) != 0
-  before = (ends & ENDS_BEFORE) != 0
-  before_prev = jnp.concatenate([before[:, 1:], jnp.zeros((b, 1), bool)], axis=1)  # ENDS_BEFORE at j+1 marks j
-  return after | before_prev
-
-
-def _probe_impl(
-  graphdef,
-  params,
-  state: DecodeState,
-  cuts,
-  keys,
-  suffix,
-  answers,
-  answer_len,
-  close_rule: StopRule,
-  eos_mask,
-  temperature,
-  *,
-  n: int,
-  suffix_size: int,
-  buffer_len: int,
-  max_tokens: int,
-  reading: str,
-  top_logprobs: int,
-  shard=None,
-):
-  """(acc, conf) [B, C] at the cuts [B, C] (response-token index of each boundary's last token; -1 = none: NaN)
-  of every row of `state` (a decode state without a shared prefix, each row's response in its buffers).
-
-  keys [B, C]: one typed PRNG key per cut (its samples draw from fold_in(key, n)); suffix [S] int32; answers
-  [B, A] int32 left-padded (mask 0 = padding) with lengths answer_len [B] >= 1; close_rule: tokens holding '}'.
-
-  One row per cut forks the row's cache (shared prefix cut at the boundary) and reads the suffix once; the
-  teacher-forced answer goes on from it, and n copies of it (their own few suffix slots copied, the prefix still
-  shared) sample the continuations."""
-  b, c = cuts.shape
-  capture = CaptureSpec(
-    token_stats=True,
-    top_k_probs=top_logprobs if reading == "reference_code" else 0,
-    top_k_ids=reading == "reference_code",
-  )
-  valid = cuts.reshape(-1) >= 0  # [B * C]
-  f = decoding.fork_in_jit(
-    graphdef,
-    params,
-    state,
-    jnp.maximum(cuts, 0),
-    n=1,
-    suffix_size=suffix_size,
-    capture=capture,
-    shard=shard,
-    buffer_len=buffer_len,
-  )  # [B * C] rows, (row, cut) order
-  bc, s = f.batch, suffix.shape[0]
-  f = decoding.force_in_jit(
-    graphdef,
-    params,
-    f,
-    close_rule,
-    jnp.broadcast_to(suffix[None], (bc, s)),
-    jnp.broadcast_to(valid[:, None], (bc, s)).astype(jnp.int32),
-    capture=capture,
-    shard=shard,
-  )
-  pos = jnp.arange(f.buffer_len)[None, :]
-  a_len = jnp.repeat(answer_len, c)  # [B * C]
-  acc = None
-  if reading == "paper":  # Acc: the answer teacher-forced after the suffix, at response positions [s, s + |y*|)
-    a = answers.shape[1]
-    a_mask = jnp.arange(a)[None, :] >= a - answer_len[:, None]
-    fa = decoding.force_in_jit(
-      graphdef,
-      params,
-      f,
-      close_rule,
-      jnp.repeat(answers, c, axis=0),
-      (jnp.repeat(a_mask, c, axis=0) & valid[:, None]).astype(jnp.int32),
-      capture=capture,
-      shard=shard,
-    )
-    in_ans = (pos >= s) & (pos < s + a_len[:, None])
-    acc = jnp.sum(jnp.where(in_ans, jnp.exp(fa.logprobs), 0.0), axis=1) / jnp.maximum(a_len, 1)
-  fs = decode_state.take(f, jnp.repeat(jnp.arange(bc), n))  # [B * C * n] rows, (row, cut, sample) order
-  fs = decode_state.rekey(fs, decode_state.row_keys(keys.reshape(-1), n))
-  row_valid = jnp.repeat(valid, n)
-  fs = fs.replace(done=fs.done | ~row_valid, budget=jnp.full((fs.batch,), s + max_tokens, jnp.int32))
-  fs = decoding.decode_in_jit(
-    graphdef,
-    params,
-    fs,
-    close_rule,
-    eos_mask,
-    temperature,
-    jnp.float32(1.0),
-    jnp.int32(max_tokens),
-    greedy=False,
-    top_k=0,
-    filtered=False,
-    capture=capture,
-    shard=shard,
-  )
-  sampled = (pos >= s) & (pos < fs.lengths[:, None])  # [R, Nbuf] the sampled tokens of each sample row
-  if reading == "paper":
-    ent = fs.features.token_entropy
-    count = jnp.sum(sampled, axis=1)
-    mean_ent = jnp.sum(jnp.where(sampled, ent, 0.0), axis=1) / jnp.maximum(count, 1)
-    conf = jnp.mean(jnp.where(count > 0, jnp.exp(-mean_ent), 0.0).reshape(b, c, n), axis=-1)
-    acc = acc.reshape(b, c)
-  else:  # the released script's reading, from the samples' top-K lists
-    top_p = fs.features.top_probs  # [R, Nbuf, K]
-    top_ids = fs.features.top_ids
-    a = answers.shape[1]
-    first = a - answer_len  # [B] the answer's first column in the left-padded block
-    row_first = jnp.repeat(jnp.repeat(first, c), n)
-    row_len = jnp.repeat(a_len, n)
-    row_ans = jnp.repeat(jnp.repeat(answers, c, axis=0), n, axis=0)  # [R, A]
-    k_idx = pos - s  # the answer position read at buffer position pos
-    target = jnp.take_along_axis(row_ans, jnp.clip(row_first[:, None] + k_idx, 0, a - 1), axis=1)  # [R, Nbuf]
-    read = sampled & (k_idx < row_len[:, None])
-    hit = top_ids == target[..., None]  # [R, Nbuf, K]
-    p_hit = jnp.sum(jnp.where(hit, top_p, 0.0), axis=-1)
-    lp_k = jnp.where(jnp.any(hit, axis=-1), jnp.log(jnp.maximum(p_hit, 1e-30)), REFERENCE_MISSING_LOGPROB)
-    h_k = -jnp.sum(jnp.where(top_p > 0, top_p * jnp.log(jnp.maximum(top_p, 1e-30)), 0.0), axis=-1)
-    k_n = jnp.sum(read, axis=1)
-    acc_n = jnp.where(k_n > 0, jnp.exp(jnp.sum(jnp.where(read, lp_k, 0.0), axis=1)) / jnp.maximum(k_n, 1), 0.0)
-    conf_n = jnp.where(k_n > 0, jnp.exp(-jnp.sum(jnp.where(read, h_k, 0.0), axis=1)) / jnp.maximum(k_n, 1), 0.0)
-    acc = jnp.sum(acc_n.reshape(b, c, n), axis=-1) / n
-    conf = jnp.sum(conf_n.reshape(b, c, n), axis=-1) / n
-  nan = jnp.float32(jnp.nan)
-  ok = valid.reshape(b, c)
-  return jnp.where(ok, acc, nan), jnp.where(ok, conf, nan)
-
-
-probe, probe_in_jit = decode_jit(
-  static_argnames=("graphdef", "shard", "n", "suffix_size", "buffer_len", "max_tokens", "reading", "top_logprobs")
-)(_probe_impl)
-
-
-def cut_keys(seed: int, trajectory_seeds, ordinals) -> Key[Array, "b c"]:
-  """[B, C] typed keys fold_in(fold_in(key(seed), trajectory_seeds[b]), ordinals[b, c])."""
-  seed = check_seed(seed, "cut_keys: seed")
-  seeds = np.asarray(check_seeds(trajectory_seeds, "cut_keys: trajectory_seeds"), np.uint32)
-  base = decode_state.prompt_keys(seed, seeds)  # [B]
-  ords = jnp.asarray(ordinals, jnp.uint32)
-  return jax.vmap(lambda k, o: jax.vmap(lambda x: jax.random.fold_in(k, x))(o))(base, ords)
+THINK_TAIL = 16  # prompt tokens read for a template-opened '<think>' (it and the whitespace after it fit)
 
 
 # ------------------------------------------------------------------------------------------------ host shell
+
+
+class ProbeAnswers(NamedTuple):
+  """Answer ids as `probe` takes them: [B, A] left-padded (A a bucket), lengths [B], a probe row's buffer."""
+
+  answers: np.ndarray
+  answer_len: np.ndarray
+  buffer_len: int
 
 
 class Prober:
@@ -214,12 +67,19 @@ class Prober:
     self.lm, self.cfg = lm, cfg
     tok = lm.tokenizer
     v = lm.config.vocab_size
-    self.suffix_ids = list(tok(cfg.suffix, add_special_tokens=False)["input_ids"])
+    alone = list(tok(cfg.suffix, add_special_tokens=False)["input_ids"])
+    self.suffix_ids = in_context(tok, BOUNDARY_TEXT, cfg.suffix) or alone  # as it follows a paragraph's end
+    self._answers: dict[str, list[int]] = {}
     if cfg.reading == "reference_code" and cfg.top_logprobs > v:
       raise ConfigError(f"ProbeConfig.top_logprobs={cfg.top_logprobs} exceeds the vocabulary ({v})")
     close = np.zeros(v, bool)
+    self.merged_ends: dict[int, str] = {}  # token -> its text to the paragraph end it holds before more text
     for i in range(min(v, len(tok))):
-      close[i] = "}" in tok.decode([i])
+      text = tok.decode([i])
+      close[i] = "}" in text
+      head = paragraph_head(text)
+      if head is not None:
+        self.merged_ends[i] = head
     if not close.any():
       raise ConfigError("SPAE probing: no token of this tokenizer holds '}', so a probe answer can never close")
     self.close_rule = StopRule.from_mask(close)
@@ -231,19 +91,32 @@ class Prober:
   # -- inputs
 
   def answer_ids(self, answers: Sequence[str], where: str = "answers") -> list[list[int]]:
-    """The token ids of each ground-truth answer; ConfigError naming `<where>[i]` unless it is a string (bytes
-    would be probed as the text "b'...'"), DataFormatError when it tokenizes to nothing."""
+    """The token ids of each ground-truth answer as the model writes it after the probe suffix (`in_context`; where
+    a token straddles the suffix's end, the answer's own ids less leading whitespace-only tokens: docs/method.md
+    §B1); ConfigError naming `<where>[i]` unless it is a string (bytes would be probed as the text "b'...'"),
+    DataFormatError when it tokenizes to nothing."""
     if isinstance(answers, (str, bytes)) or not hasattr(answers, "__len__") or not hasattr(answers, "__iter__"):
       raise ConfigError(f"{where}: expected a sequence of answer strings, got {shown(answers)}")
     out = []
     for i, a in enumerate(answers):
       if not isinstance(a, str):
         raise ConfigError(f"{where}[{i}]: expected the ground-truth answer as a string, got {shown(a)}")
-      ids = list(self.lm.tokenizer(a, add_special_tokens=False)["input_ids"])
+      ids = self._answer_ids(a)
       if not ids:
         raise DataFormatError(f"SPAE probing: ground-truth answer {i} ({a!r}) tokenizes to no tokens")
       out.append(ids)
     return out
+
+  def _answer_ids(self, answer: str) -> list[int]:
+    if answer not in self._answers:
+      tok = self.lm.tokenizer
+      ids = in_context(tok, BOUNDARY_TEXT + self.cfg.suffix, answer)
+      if ids is None:
+        ids = list(tok(answer, add_special_tokens=False)["input_ids"])
+        while len(ids) > 1 and not tok.decode(ids[:1]).strip():  # SentencePiece's lone '▁' that opens a text
+          ids = ids[1:]
+      self._answers[answer] = ids
+    return self._answers[answer]
 
   def token_rows(self, rows, where: str) -> list[list[int]]:
     """Each row of `rows` as a list of token ids of this model's vocabulary; ConfigError naming `<where>[i]`."""
@@ -258,27 +131,59 @@ class Prober:
     self.lm.check_ids(out, where)
     return out
 
-  def check_thinking(self, response_ids: Sequence[Sequence[int]], names: Sequence[str] | None = None) -> None:
+  def thinks(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    """[M] bool: trajectory m thinks, i.e. its response holds `<think>` or its prompt ends with it (the chat
+    template opened the thinking: `trajectories.prompts.opens_thinking` on the prompt's last tokens)."""
+    tok = self.lm.tokenizer
+    out = np.zeros(len(response_ids), bool)
     for i, ids in enumerate(response_ids):
-      has = (self.think_id in ids) if self.think_id is not None else (THINK_OPEN in self.lm.tokenizer.decode(list(ids)))
-      if not has:
-        name = names[i] if names else f"trajectory {i}"
-        raise DataFormatError(
-          f"SPAE probing: {name} has no {THINK_OPEN} (the potential is defined on thinking trajectories only)"
-        )
+      if self.think_id is not None and self.think_id in ids:
+        out[i] = True
+      elif self.think_id is None and THINK_OPEN in tok.decode(list(ids)):
+        out[i] = True
+      elif prompt_ids is not None and len(prompt_ids[i]):
+        out[i] = opens_thinking(tok.decode(list(prompt_ids[i])[-THINK_TAIL:]))
+    return out
+
+  def check_thinking(
+    self,
+    response_ids: Sequence[Sequence[int]],
+    names: Sequence[str] | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+  ) -> None:
+    """DataFormatError naming the first trajectory that does not think (`thinks`; without prompts, the response
+    must hold `<think>`)."""
+    ok = self.thinks(prompt_ids, response_ids)
+    for i in np.flatnonzero(~ok)[:1]:
+      name = names[i] if names else f"trajectory {i}"
+      raise DataFormatError(
+        f"SPAE probing: {name} has no {THINK_OPEN} in its response nor at the end of its prompt (the potential is "
+        "defined on thinking trajectories only)"
+      )
 
   def probe_room(self, answer_len: int) -> int:
     """Suffix-cache slots a probe row needs: the boundary token again, the suffix, then the answer or samples."""
     return bucket(1 + len(self.suffix_ids) + max(answer_len, self.cfg.max_tokens))
 
   def check_room(self, context_len: int, answer_len: int) -> None:
+    """CacheFullError unless a probe row at the end of a context of `context_len` tokens fits the positions: the
+    boundary token read again, the suffix, then the answer or the samples (in-context ids)."""
     need = context_len + 1 + len(self.suffix_ids) + max(answer_len, self.cfg.max_tokens)
     if need > self.lm.config.max_position_embeddings:
       raise CacheFullError(
-        f"SPAE probing: a context of {context_len} tokens + the probe suffix ({len(self.suffix_ids)} tokens) + "
-        f"{max(answer_len, self.cfg.max_tokens)} answer tokens exceeds max_position_embeddings="
-        f"{self.lm.config.max_position_embeddings}"
+        f"SPAE probing: a context of {context_len} tokens + 1 (the boundary token read again) + the probe suffix "
+        f"({len(self.suffix_ids)} tokens) + {max(answer_len, self.cfg.max_tokens)} answer tokens = {need} exceeds "
+        f"max_position_embeddings={self.lm.config.max_position_embeddings}"
       )
+
+  def check_budget(self, prompt_len: int, max_new_tokens: int, answers: Sequence[str]) -> None:
+    """Before a run's first step: CacheFullError naming the numbers unless the longest prompt (`prompt_len`) +
+    `max_new_tokens` leaves a probe row room for the longest of `answers` (in-context ids) or the samples."""
+    longest = max((len(ids) for ids in self.answer_ids(answers, "check_budget: answers")), default=0)
+    try:
+      self.check_room(prompt_len + max_new_tokens, longest)
+    except CacheFullError as e:
+      raise CacheFullError(f"a prompt of {prompt_len} tokens + max_new_tokens={max_new_tokens}: {e}") from None
 
   # -- boundaries
 
@@ -296,6 +201,15 @@ class Prober:
     return [np.flatnonzero(marks[i, : lens[i]]) for i in range(len(response_ids))]
 
   # -- the device call
+
+  def probe_answers(self, answers: list[list[int]]) -> ProbeAnswers:
+    """Answer ids, one list per row, as `probe` takes them: left-padded to a bucket, with their lengths."""
+    a = bucket(max(map(len, answers)), minimum=1)
+    ans = np.zeros((len(answers), a), np.int32)  # left-padded, as `force` takes its blocks
+    alen = np.ones(len(answers), np.int32)
+    for i, ids in enumerate(answers):
+      ans[i, a - len(ids) :], alen[i] = ids, len(ids)
+    return ProbeAnswers(ans, alen, bucket(len(self.suffix_ids) + max(a, self.cfg.max_tokens)))
 
   def probe_state(
     self,
@@ -317,29 +231,23 @@ class Prober:
         f"Prober.probe_state: {len(answers)} answers and {len(trajectory_seeds)} seeds for "
         f"{state.batch} rows; need one of each per row"
       )
-    b, c = cuts.shape
-    a = bucket(max(map(len, answers)), minimum=1)
-    ans = np.zeros((b, a), np.int32)  # left-padded, as `force` takes its blocks
-    alen = np.ones(b, np.int32)
-    for i, ids in enumerate(answers):
-      ans[i, a - len(ids) :], alen[i] = ids, len(ids)
+    a = self.probe_answers(answers)
     keys = cut_keys(self.cfg.seed, trajectory_seeds, np.maximum(ordinals, 0))
     cfg = self.cfg
-    buf = bucket(len(self.suffix_ids) + max(a, cfg.max_tokens))
     return probe(
       *self.lm.decode_view(),
       state,
       jnp.asarray(cuts, jnp.int32),
       keys,
       jnp.asarray(self.suffix_ids, jnp.int32),
-      jnp.asarray(ans),
-      jnp.asarray(alen),
+      jnp.asarray(a.answers),
+      jnp.asarray(a.answer_len),
       self.close_rule,
       self.eos,
       jnp.float32(cfg.temperature),
       n=cfg.samples,
-      suffix_size=self.probe_room(a),
-      buffer_len=buf,
+      suffix_size=self.probe_room(a.answers.shape[1]),
+      buffer_len=a.buffer_len,
       max_tokens=cfg.max_tokens,
       reading=cfg.reading,
       top_logprobs=cfg.top_logprobs,
@@ -380,7 +288,7 @@ class Prober:
       )
     if names is not None and (isinstance(names, str) or len(names) != m):
       raise ConfigError(f"potentials: names: expected one name per trajectory ({m}), got {shown(names)}")
-    self.check_thinking(response_ids, names)
+    self.check_thinking(response_ids, names, prompt_ids)
     for p, r, a in zip(prompt_ids, response_ids, ans):
       self.check_room(len(p) + len(r), len(a))
     cuts = self.boundaries(response_ids)
