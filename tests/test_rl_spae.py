@@ -72,7 +72,7 @@ class ReferenceStep(loop.RLStep):
     if self.prober is None:
       return None
     groups = [Group(t.prompt, (t,)) for t in kept]
-    thinks = [self.opened[t.prompt] or (self.think_id in t.text_ids) for t in kept]
+    thinks = self.prober.thinks([self.prompts.prompt_ids[t.prompt] for t in kept], [t.text_ids for t in kept])
     pots = potentials(self.prober, [g for g, th in zip(groups, thinks) if th], self.prompts, step, self.think_id)
     it = iter(pots)
     pots = [next(it) if th else None for th in thinks]

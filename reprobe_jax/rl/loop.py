@@ -46,7 +46,7 @@ from reprobe_jax.tasks.data import PromptOrder, load_data
 from reprobe_jax.tasks.splits import SPLIT_SEEDS
 from reprobe_jax.train.optimizer import make_optimizer
 from reprobe_jax.train.trainer import Trainer, TrainerConfig
-from reprobe_jax.trajectories import check_thinking_template, opens_thinking, prompt_text
+from reprobe_jax.trajectories import check_thinking_template, prompt_text
 
 
 def train_problems(cfg: RLConfig) -> list[Problem]:
@@ -153,8 +153,6 @@ class RLStep:
     self.think_id = think if isinstance(think, int) and think != tok.unk_token_id else None
     close = tok.convert_tokens_to_ids(THINK_CLOSE)
     self.close_id = close if isinstance(close, int) and close != tok.unk_token_id else None
-    # prompts whose chat template opened the thinking: their responses think from the first token, with no <think>
-    self.opened = [opens_thinking(tok.decode(list(p))) for p in prompts.prompt_ids]
     self._warned = False
     mb = cfg.micro_batches
     if cfg.kl_coef > 0 and ref_params is None:
@@ -268,17 +266,9 @@ class RLStep:
     the estimator reads none. Waits for the device (the phase's time is measured) but fetches nothing."""
     if self.prober is None:
       return None
-    pots = probe_kept(self.prober, roll.states, kept, self.prompts, step, [self._thinks(t) for t in kept])
+    thinks = self.prober.thinks([self.prompts.prompt_ids[t.prompt] for t in kept], [t.text_ids for t in kept])
+    pots = probe_kept(self.prober, roll.states, kept, self.prompts, step, thinks)
     return jax.block_until_ready(pots)
-
-  def _thinks(self, t) -> bool:
-    """The trajectory has a thinking block: its prompt opened it (a template ending with `<think>`) or the
-    response holds `<think>` (the token, or the text where the tokenizer splits it)."""
-    if self.opened[t.prompt]:
-      return True
-    if self.think_id is not None:
-      return self.think_id in t.text_ids
-    return THINK_OPEN in self.policy.tokenizer.decode(list(t.text_ids))
 
   def _update(self, params, opt_state, sb, advantages):
     """Old log-probs with the rollout's parameters and `mini_batches` updates in one compiled program
@@ -399,12 +389,12 @@ def check_run(lm, cfg: RLConfig, pcfg: ProbeConfig, *, mesh=None, reward=None, w
 
 
 def check_probe_room(prober: Prober, prompt_ids, answers, max_new_tokens: int, field: str) -> None:
-  """ConfigError naming `field` unless every prompt + max_new_tokens leaves the probe its suffix and answer."""
-  for p, a in zip(prompt_ids, prober.answer_ids(answers)):
-    try:
-      prober.check_room(len(p) + max_new_tokens, len(a))
-    except CacheFullError as e:
-      raise ConfigError(f"{field}={max_new_tokens}: {e}") from None
+  """ConfigError naming `field` unless the longest prompt + max_new_tokens leaves the probe its suffix and the
+  longest answer (in-context ids) or its samples (`Prober.check_budget`, docs/method.md §B1)."""
+  try:
+    prober.check_budget(max(map(len, prompt_ids)), max_new_tokens, sorted(set(answers)))
+  except CacheFullError as e:
+    raise ConfigError(f"{field}: {e}") from None
 
 
 def train_rl(

@@ -445,15 +445,21 @@ def _no_room_for_the_probe(lm) -> int:
       dict(advantage="spae", max_new_tokens=None),
       _EVAL,
       "",
-      r"^RLConfig\.max_new_tokens=\d+: SPAE probing: a context of \d+ tokens \+ the probe suffix",
+      r"^RLConfig\.max_new_tokens: a prompt of \d+ tokens \+ max_new_tokens=\d+: SPAE probing: a context of \d+ tokens "
+      r"\+ 1 \(the boundary token read again\) \+ the probe suffix",
     ),
     (
       {},
       dataclasses.replace(_EVAL, max_new_tokens=5000),
       "config",
-      r"^config\.eval\.max_new_tokens=5000: SPAE probing: a context of",
+      r"^config\.eval\.max_new_tokens: a prompt of \d+ tokens \+ max_new_tokens=5000: SPAE probing: a context of",
     ),
-    ({}, dataclasses.replace(_EVAL, max_new_tokens=5000), "", r"^SPAEJobConfig\.max_new_tokens=5000: SPAE probing"),
+    (
+      {},
+      dataclasses.replace(_EVAL, max_new_tokens=5000),
+      "",
+      r"^SPAEJobConfig\.max_new_tokens: .*max_new_tokens=5000: SPAE probing",
+    ),
   ],
 )
 def test_the_rl_job_checks_its_whole_config_before_it_creates_anything(synthetic_lm, tmp_path, cfg, ecfg, where, match):
@@ -483,7 +489,7 @@ def test_a_comparison_is_checked_whole_before_any_run(synthetic_lm, tmp_path, me
 
 def test_a_comparison_with_one_run_too_long_is_refused_before_the_first(synthetic_lm, tmp_path):
   """SPAE probes: only its run lacks room for the probe; the DAPO run before it must not start either."""
-  with pytest.raises(ConfigError, match=r"^config\.rl\.max_new_tokens=\d+: SPAE probing"):
+  with pytest.raises(ConfigError, match=r"^config\.rl\.max_new_tokens: a prompt .*: SPAE probing"):
     rl_job.compare(
       synthetic_lm,
       _tiny_rl(max_new_tokens=_no_room_for_the_probe(synthetic_lm)),
