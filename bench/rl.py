@@ -43,7 +43,7 @@ PROBE_SHARE_GOAL = 0.25  # probing at most this share of the rollout's time
 SPAE_STEP_GOAL = 1.15  # an SPAE step at most this many times a DAPO step
 UPDATE_BOUND_GOAL = 3.0  # the update at most this many times its FLOP bound (FLOPs / the matmul bound)
 MAX_SKIPPED = 4  # steps that trained nothing (every group dropped) before the bench gives up
-PROGRAMS = ("logprobs", "update")  # RLStep's attributes holding the update's compiled programs (`update_cost`)
+PROGRAMS = ("step_update",)  # RLStep's attribute holding the update's compiled program (`update_cost`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +159,8 @@ def _signature(calls) -> str:
 
 
 class Recorder:
-  """Wraps RLStep's compiled update programs (`PROGRAMS`) and its prober, recording per step the argument shapes each
-  program was called with (for `update_cost`) and the boundaries probed."""
+  """Wraps RLStep's compiled update program (`PROGRAMS`) and its probing phase, recording per step the argument
+  shapes the update was called with (for `update_cost`) and the boundaries probed."""
 
   def __init__(self, step):
     self.calls: list[tuple[str, tuple]] = []
@@ -168,16 +168,14 @@ class Recorder:
     self.programs = {name: getattr(step, name) for name in PROGRAMS}  # as the step compiled them
     for name, fn in self.programs.items():
       setattr(step, name, self._wrap(name, fn))
-    prober = getattr(step, "prober", None)
-    if prober is not None and hasattr(prober, "potentials"):
-      inner = prober.potentials
+    inner = step._probe
 
-      def potentials(*args, **kwargs):
-        out = inner(*args, **kwargs)
-        self.boundaries += sum(len(p.cuts) for p in out)
-        return out
+    def probe(*args, **kwargs):
+      out = inner(*args, **kwargs)
+      self.boundaries += 0 if out is None else sum(len(c) for c in out.cuts)
+      return out
 
-      prober.potentials = potentials
+    step._probe = probe
 
   def _wrap(self, name, fn):
     def call(*args):
@@ -193,26 +191,33 @@ class Recorder:
 
 
 def update_cost(step, tx, calls, programs) -> dict:
-  """XLA's FLOP count of one RL step's update: the old log-probs (`make_logprobs`) and every mini-batch's
-  `make_update`, as the step called them (`calls`: (program, abstract arguments) from `Recorder`; `programs`: the
-  step's own compiled programs by name).
+  """XLA's FLOP count of one RL step's update: the one program `update.make_step_update` builds (old and reference
+  log-probs, every mini-batch's update), as the step called it (`calls`: (program, abstract arguments) from
+  `Recorder`; `programs`: the step's own compiled programs by name).
 
-  XLA's cost analysis counts a loop body once, not once per trip, so each call is counted on the same program built
-  with one micro-batch (m micro-batches of B / m rows do the arithmetic of one of B rows); `as_compiled` is XLA's
-  count of the programs as the step ran them. Rewrite this function with the update program."""
-  from reprobe_jax.rl import loss as loss_lib
+  XLA's cost analysis counts a loop body once, not once per trip, so the count is `update.update_flops`'s (the same
+  program with its loops unrolled); `as_compiled` is XLA's count of the program as the step ran it."""
+  from reprobe_jax.rl import update as update_lib
 
-  graph = step.policy.static_graph
-  single = {
-    "logprobs": loss_lib.make_logprobs(graph, micro_batches=1),
-    "update": loss_lib.make_update(graph, tx, step.cfg.loss_config(), micro_batches=1),
-  }
+  cfg = step.cfg
   flops = lambda c: float((c[0] if isinstance(c, (list, tuple)) else c).get("flops", 0.0))  # noqa: E731
   total, raw, per, seen = 0.0, 0.0, {}, {}
   for name, args in calls:
     key = _signature([(name, args)])
-    if key not in seen:  # mini-batches of one shape: one compilation
-      seen[key] = tuple(flops(p.lower(*args).compile().cost_analysis()) for p in (single[name], programs[name]))
+    if key not in seen:  # steps of one shape: one compilation
+      params, _, tokens, _, resp = args[:5]
+      unrolled = update_lib.update_flops(
+        step.policy.static_graph,
+        tx,
+        cfg.loss_config(),
+        params,
+        rows=tokens.shape[0],
+        prompt_len=tokens.shape[1] - resp.shape[1],
+        response_len=resp.shape[1],
+        mini_batches=cfg.mini_batches,
+        micro_batches=cfg.micro_batches,
+      )
+      seen[key] = (unrolled, flops(programs[name].lower(*args).compile().cost_analysis()))
     f, r = seen[key]
     total, raw, per[name] = total + f, raw + r, per.get(name, 0.0) + f
   return {"flops": total, "by_program": per, "as_compiled": raw, "calls": [n for n, _ in calls]}

@@ -696,8 +696,9 @@ def test_rl_goals_worked_example():
 
 
 def test_rl_update_cost_counts_every_micro_batch(synthetic_lm):
-  # XLA's cost analysis counts a loop body once: a 2-micro-batch log-prob program reports about half its work;
-  # update_cost counts the rows of every micro-batch, at least the causal forward's model FLOPs.
+  # XLA's cost analysis counts a loop body once: the step's update program (2 mini-batches of 2 micro-batches)
+  # reports a fraction of its work; update_cost counts every mini- and micro-batch: at least the old log-probs'
+  # forward plus a forward and backward (3x a forward) over every row.
   import types
 
   import jax
@@ -705,25 +706,33 @@ def test_rl_update_cost_counts_every_micro_batch(synthetic_lm):
   import optax
 
   from bench import rl, timing
-  from reprobe_jax.rl import loss as loss_lib
+  from reprobe_jax.rl import update as update_lib
   from reprobe_jax.rl.loop import RLConfig
 
-  b, p, t = 4, 16, 32
+  b, p, t = 8, 16, 32
+  cfg = RLConfig(
+    advantage="dapo", prompts_per_step=2, group_size=4, prompts_per_round=2, mini_batches=2, micro_batches=2
+  )
+  tx = optax.adam(1e-3)
+  program = update_lib.make_step_update(
+    synthetic_lm.static_graph, tx, cfg.loss_config(), mini_batches=2, micro_batches=2
+  )
   args = (
     synthetic_lm.params,
+    tx.init(synthetic_lm.params),
     jnp.ones((b, p + t), jnp.int32),
     jnp.ones((b, p + t), jnp.int32),
     jnp.ones((b, t), jnp.float32),
+    jnp.ones((b, t), jnp.float32),
   )
-  step = types.SimpleNamespace(policy=synthetic_lm, cfg=RLConfig(advantage="dapo"))
-  programs = {"logprobs": loss_lib.make_logprobs(synthetic_lm.static_graph, micro_batches=2)}
+  step = types.SimpleNamespace(policy=synthetic_lm, cfg=cfg)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
-  got = rl.update_cost(step, optax.adam(1e-3), [("logprobs", abstract)], programs)
+  got = rl.update_cost(step, tx, [("step_update", abstract)], {"step_update": program})
   model = timing.forward_flops(synthetic_lm.config, b, p + t)
-  assert model <= got["flops"] <= 3 * model, (got, model)
+  assert 3 * model <= got["flops"] <= 8 * model, (got, model)
   assert got["as_compiled"] < 0.75 * got["flops"], got
-  twice = rl.update_cost(step, optax.adam(1e-3), [("logprobs", abstract)] * 2, programs)
-  assert twice["flops"] == pytest.approx(2 * got["flops"]) and twice["calls"] == ["logprobs", "logprobs"]
+  twice = rl.update_cost(step, tx, [("step_update", abstract)] * 2, {"step_update": program})
+  assert twice["flops"] == pytest.approx(2 * got["flops"]) and twice["calls"] == ["step_update", "step_update"]
 
 
 def test_rl_cli_refuses_bad_arguments_before_any_work(tmp_path, capsys):
