@@ -50,6 +50,7 @@ from reprobe_jax.models import decoding
 import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.decode_state import FINISH_LENGTH, FINISH_STOP, DecodeState
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.models.sharding import constrain_rows
 from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.scorers import (
   StepScorer,
@@ -108,7 +109,7 @@ def _score(plan: SearchPlan, env: SearchEnv, state: DecodeState, spans, p: int) 
   rows = spans.shape[0] // p
   one = lambda i, sp: checked_scores(env.scorer, env.scorer.score_newest(i, sp), (rows,), "score_newest")
   out = jax.vmap(one)(split, _per_prompt(spans, p))  # [P, rows], checked while traced
-  return out.reshape(-1).astype(jnp.float32)
+  return constrain_rows(out.reshape(-1).astype(jnp.float32), plan.shard)
 
 
 def _advance(plan: SearchPlan, env: SearchEnv, carry, state: DecodeState, spans, rows):
@@ -244,6 +245,8 @@ def _round(plan: SearchPlan, env: SearchEnv, loop: SearchLoop) -> SearchLoop:
   state = decode_state.take(state, src)
   state = decode_state.rekey(state, round_keys(env.prompt_keys, loop.round + 1, plan.rows_per_prompt))
   state = decode_state.resume(state, ~book.ended)
+  # The carry stays data-parallel: every row's cache, buffers and book entries on the device of its rows.
+  state, book = constrain_rows((state, book), plan.shard)
   return SearchLoop(state=state, book=book, carry=carry, round=loop.round + 1)
 
 
@@ -256,6 +259,7 @@ def _search_impl(env: SearchEnv, state: DecodeState, *, plan: SearchPlan) -> tup
     chex.assert_shape(env.prompts, (r_rows, None))
     chex.assert_equal_shape(env.prompts)
     chex.assert_shape(env.prompt_keys, (p,))
+  state = constrain_rows(state, plan.shard)
   book = SearchBook(
     ended=state.done,
     reason=jnp.where(state.done, FINISH_LENGTH, GOES_ON).astype(jnp.int32),
@@ -268,6 +272,7 @@ def _search_impl(env: SearchEnv, state: DecodeState, *, plan: SearchPlan) -> tup
     generated=jnp.zeros((p,), jnp.int32),
     bad=jnp.zeros((p,), jnp.int32),
   )
+  book = constrain_rows(book, plan.shard)
   carry = ()
   if env.scorer.stateful:  # room: the response buffer, one token per step slot and per lookahead step
     carry = env.scorer.init_carry(
@@ -323,7 +328,11 @@ def run_search(
   )
   rows = cfg.beams * cfg.n
   state = smp.prefill(ids, max_new_tokens=cfg.max_new_tokens, n=rows, seed=cfg.seed, prompt_seeds=seeds)
+  # The rows (decode state, prompts) start on the devices of the mesh's data axis; parameters stay as the model has
+  # them (docs/scale.md, "What runs data-parallel").
+  state = constrain_rows(state, lm.shard, put=True)
   prompt_arrays = tuple(jnp.asarray(a) for a in prompt_rows(ids, rows, state.batch, lm.pad_id()))
+  prompt_arrays = constrain_rows(prompt_arrays, lm.shard, put=True)
   padded = np.zeros(state.batch // rows, np.uint32)
   padded[: len(ids)] = seeds
   prefix = ANSWER_PREFIX[mode]
