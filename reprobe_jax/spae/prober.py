@@ -30,6 +30,7 @@ import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.models.sharding import constrain_rows
 from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.steps import ENDS_AFTER, ENDS_BEFORE, THINK_OPEN, StepBoundary, token_ids
 from reprobe_jax.spae.potential import ProbeConfig, StepPotentials
@@ -318,6 +319,7 @@ class Prober:
         f"{state.batch} rows; need one of each per row"
       )
     b, c = cuts.shape
+    state = constrain_rows(state, self.lm.shard, put=True)  # data parallel: its rows over the mesh's data axis
     a = bucket(max(map(len, answers)), minimum=1)
     ans = np.zeros((b, a), np.int32)  # left-padded, as `force` takes its blocks
     alen = np.ones(b, np.int32)
@@ -354,7 +356,8 @@ class Prober:
     longest = max(1, max(map(len, response_ids)))  # bucketed, within the room the positions leave
     longest = max(longest, min(bucket(longest), self.lm.config.max_position_embeddings - max(map(len, prompt_ids))))
     state = smp.prefill([list(p) for p in prompt_ids], max_new_tokens=longest, share=False)
-    return smp.force(state, [list(r) if len(r) else None for r in response_ids])
+    state = smp.force(state, [list(r) if len(r) else None for r in response_ids])
+    return constrain_rows(state, self.lm.shard, put=True)  # its rows (cache, buffers) over the mesh's data axis
 
   def potentials(
     self,
