@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 _SCRIPT = textwrap.dedent(r"""
-    import dataclasses, os, sys, tempfile
+    import os, re, sys, tempfile
     import jax
     import numpy as np
     from flax import nnx
@@ -106,7 +106,7 @@ _SCRIPT = textwrap.dedent(r"""
       fn = getattr(module, name)
       def wrapped(*a, **k):
         out = fn(*a, **k)
-        store.append((a, out))
+        store.append((a, out, *k.values()))
         return out
       setattr(module, name, wrapped)
       return fn
@@ -120,7 +120,7 @@ _SCRIPT = textwrap.dedent(r"""
     decoded.clear(), feats.clear(), scored.clear()
     b = best_of_n_mod.best_of_n(sharded, probe, prompts, bcfg)
     same_results(a, b, "best_of_n")
-    (args, state), = decoded
+    (args, state, *_), = decoded
     rows(args[2].cache.k + args[2].cache.v + (args[2].tokens, args[2].features), "best_of_n decode state (in)")
     c = state.cache
     rows((c.k, c.v, c.valid, c.index, state.tokens, state.logprobs, state.features, state.lengths, state.finish),
@@ -130,21 +130,28 @@ _SCRIPT = textwrap.dedent(r"""
     print("best_of_n OK")
 
     runs = []
-    spy(search_mod, "_search", runs)
+    search_fn = spy(search_mod, "_search", runs)  # the jitted program itself, for its compiled text
     for strategy, run in (("beam", beam_search), ("dvts", dvts)):
       scfg = SearchConfig(strategy, n=2, beams=2, max_steps=4, max_new_tokens=24, seed=1)
       a = run(plain, probe, prompts, scfg)
       runs.clear()
       b = run(sharded, probe, prompts, scfg)
       same_results(a, b, strategy)
-      (args, (state, book)), = runs
+      (args, (state, book), _), = runs
       env, start = args
       rows(start.cache.k + start.cache.v + (start.tokens, start.features, start.lengths, start.rng), f"{strategy} in")
       rows(env.prompts, f"{strategy} scorer prompts")
-      whole(env.params, f"{strategy} target params")
+      whole((env.params, env.scorer), f"{strategy} target and scorer params")
       c = state.cache
       rows((c.k, c.v, c.valid, state.tokens, state.features, state.lengths, state.done, state.rng), f"{strategy} out")
       rows((book.ended, book.scores, book.spans, book.n_steps, book.last), f"{strategy} book (the scores)")
+      if strategy == "dvts":  # groups of W x N = 2 rows, each on one device: the survivors' take stays local
+        placed = lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else None  # uncommitted: left free
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed(x)), args)
+        hlo = search_fn.lower(*abstract, plan=runs[0][2]).compile().as_text()
+        gathered = set(re.findall(r"= \w+\[([\d,]*)\]\S* all-gather", hlo))  # the dims of each all-gather
+        buffers = start.cache.k + tuple(x for x in jax.tree.leaves(start.features) if x.ndim > 2)  # [R, N, ...]
+        assert not gathered & {",".join(map(str, x.shape)) for x in buffers}, f"{strategy}: KV cache all-gathered"
       print(strategy, "OK")
 
     # ---- the SPAE Prober on a sharded target (8 thinking trajectories: one per device)

@@ -41,6 +41,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float, Int
 
 from reprobe_jax.errors import ConfigError, shape_errors
@@ -183,6 +184,20 @@ def _duplicates(state, key, live, rows_per_group: int):
   return jnp.any(same & before, axis=-1).reshape(-1)
 
 
+def _take_by_group(state: DecodeState, local, rows_per_group: int) -> DecodeState:
+  """`decode_state.take` of each group's survivors local [G, rows_per_group] (indices within the group), as one
+  gather inside each group's block of rows (vmapped over groups; the shared prefix is not gathered). Sharded over
+  the data axis, a group whose rows one device holds gathers on that device; a take over all rows would all-gather
+  every row's KV cache onto every device each round."""
+  prefix = state.cache.prefix
+  own = state.replace(cache=state.cache.replace(prefix=None))
+  blocks = jax.vmap(decode_state.take)(
+    jax.tree.map(lambda x: x.reshape((-1, rows_per_group) + x.shape[1:]), own), local
+  )
+  out = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), blocks)
+  return out.replace(cache=out.cache.replace(prefix=prefix))
+
+
 def _round(plan: SearchPlan, env: SearchEnv, loop: SearchLoop) -> SearchLoop:
   """One search round over all R = P * B * N rows: decode, lookahead, score, select, take, re-key, resume."""
   state, book, carry = loop.state, loop.book, loop.carry
@@ -242,7 +257,7 @@ def _round(plan: SearchPlan, env: SearchEnv, loop: SearchLoop) -> SearchLoop:
     primary=rows % plan.n == 0,
   )
   carry = take_carry(carry, src)
-  state = decode_state.take(state, src)
+  state = _take_by_group(state, jnp.repeat(kept, plan.n, axis=1), rows_per_group)  # = decode_state.take(state, src)
   state = decode_state.rekey(state, round_keys(env.prompt_keys, loop.round + 1, plan.rows_per_prompt))
   state = decode_state.resume(state, ~book.ended)
   # The carry stays data-parallel: every row's cache, buffers and book entries on the device of its rows.
@@ -331,6 +346,10 @@ def run_search(
   # The rows (decode state, prompts) start on the devices of the mesh's data axis; parameters stay as the model has
   # them (docs/scale.md, "What runs data-parallel").
   state = constrain_rows(state, lm.shard, put=True)
+  if lm.shard is not None:  # the scorer's arrays whole on every device, once (those already on a mesh stay there)
+    whole = NamedSharding(lm.shard.mesh, PartitionSpec())
+    on_mesh = lambda x: isinstance(getattr(x, "sharding", None), NamedSharding)
+    scorer = jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, whole), scorer)
   prompt_arrays = tuple(jnp.asarray(a) for a in prompt_rows(ids, rows, state.batch, lm.pad_id()))
   prompt_arrays = constrain_rows(prompt_arrays, lm.shard, put=True)
   padded = np.zeros(state.batch // rows, np.uint32)
