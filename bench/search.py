@@ -421,8 +421,10 @@ def run_all(
   )
   sharded_row = None
   if devices:
-    log(f"  probe-guided beam search on {devices} CPU devices against one (each in its own process)")
-    sharded_row = sharded.run(lm, prompts, cfg, repeats, devices=devices, log=log)
+    # One problem per device, so each problem's rows (and the survivors' gathers) stay on one device.
+    _, spread, _ = target(pair, max(problems, devices))
+    log(f"  probe-guided beam search on {devices} CPU devices against one, {len(spread)} problems (own processes)")
+    sharded_row = sharded.run(lm, spread, cfg, repeats, devices=devices, log=log)
   return {
     "prompts": what,
     "problems": len(prompts),
