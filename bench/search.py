@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from bench import sharded
 from bench.pair import Pair
 from bench.timing import time_call
 from reprobe_jax.errors import ConfigError
@@ -390,9 +391,11 @@ def run_all(
   new_tokens: int,
   repeats: int,
   check_steps: int,
+  devices: int = 8,
   log=print,
 ) -> dict:
-  """Every search measurement on one target: the 'search' section of bench.run's results."""
+  """Every search measurement on one target: the 'search' section of bench.run's results. devices: the info row of
+  the probe-guided beam search on that many virtual CPU devices against one (`bench.sharded`; 0 skips it)."""
   lm, prompts, what = target(pair, problems)
   cfg = search_config(beams, n, steps, new_tokens)
   log(f"search: {len(prompts)} problems ({what}), B={beams}, N={n}, {steps} steps, {new_tokens} tokens")
@@ -416,6 +419,12 @@ def run_all(
     f"{scorers['sides']['prm']['seconds_per_problem']:.2f} s, perplexity "
     f"{scorers['sides']['perplexity']['seconds_per_problem']:.2f} s"
   )
+  sharded_row = None
+  if devices:
+    # One problem per device, so each problem's rows (and the survivors' gathers) stay on one device.
+    _, spread, _ = target(pair, max(problems, devices))
+    log(f"  probe-guided beam search on {devices} CPU devices against one, {len(spread)} problems (own processes)")
+    sharded_row = sharded.run(lm, spread, cfg, repeats, devices=devices, log=log)
   return {
     "prompts": what,
     "problems": len(prompts),
@@ -425,4 +434,5 @@ def run_all(
     "rows": [ref, bon],
     "parity": parity,
     "scorers": scorers,
+    "sharded": sharded_row,  # info, not a goal (bench/sharded.py)
   }

@@ -148,6 +148,9 @@ def test_search_rows(result):
     assert side["seconds_per_problem"] > 0 and side["steady_compiles"] == 0, (name, side)
     assert s["problems"] * c["beams"] * c["n"] <= side["sampled_steps"], (name, side["sampled_steps"])
   assert sc["per_problem_ratio"] > 0 and "Per searched problem" in (out / "results.md").read_text()
+  dp = s["sharded"]  # the info row: the probe-guided search on 8 virtual CPU devices against one, same problems
+  assert dp["info"] and dp["ratio"] > 0 and dp["same_selections"], dp
+  assert (dp["one"]["devices"], dp["sharded"]["devices"]) == (1, 8) and dp["sharded"]["steady_compiles"] == 0
 
 
 @slow

@@ -9,7 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from reprobe_jax.errors import CheckpointError
+from reprobe_jax.errors import CheckpointError, ConfigError
+from reprobe_jax.models import make_mesh
 from reprobe_jax.probe import ProbeConfig
 from reprobe_jax.probe.data import Example
 from reprobe_jax.train.tblog import read_scalars
@@ -130,3 +131,23 @@ def test_bad_trajectory_records_name_the_trajectory_and_step():
   for bad, match in cases:
     with pytest.raises(DataFormatError, match=match):
       examples([bad], store)
+
+
+def test_a_mesh_of_one_device_trains_the_same_probe_and_a_bad_mesh_is_refused(tmp_path):
+  """mesh= puts the batches' rows on the data axis and the parameters on every device (on 8 devices:
+  tests/test_sharded_dp.py); on a mesh of one device that is the same program, so the same parameters, bit for bit."""
+  import jax
+
+  train, val = _examples(16, 0), _examples(8, 1)
+  cfg = ProbeConfig(feature_dim=F, d_model=8, n_layers=1, n_heads=2, ff_dim=8)
+  tcfg = ProbeTrainConfig(batch_size=8, epochs=1)
+  _, a, _, ha = train_probe(cfg, train, val, tcfg, str(tmp_path / "a"))
+  g, b, rest, hb = train_probe(cfg, train, val, tcfg, str(tmp_path / "b"), mesh=make_mesh(data=1))
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert ha == hb
+  one = predict_examples(g, b, rest, val, 8, F)
+  for x, y in zip(one, predict_examples(g, b, rest, val, 8, F, mesh=make_mesh(data=1)), strict=True):
+    np.testing.assert_array_equal(x, y)
+  with pytest.raises(ConfigError, match="mesh: expected a jax Mesh, a ShardingCtx or None, got str"):
+    train_probe(cfg, train, val, tcfg, str(tmp_path / "c"), mesh="data")

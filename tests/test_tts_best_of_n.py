@@ -4,6 +4,7 @@ input fails before any decoding."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -188,3 +189,19 @@ def test_bad_input_fails_before_any_decoding(lm, monkeypatch):
     best_of_n(lm, ppl, PROMPTS, CFG, prompt_seeds=[1, 2])
   with pytest.raises(ConfigError, match="scorer must be a StepScorer"):
     best_of_n(lm, "probe", PROMPTS, CFG)
+
+
+def test_every_chunk_is_dispatched_before_two_fetches_in_all(lm, probe, monkeypatch):
+  """Three chunks of one prompt each: two explicit fetches in the whole call (every row's tokens, which the host
+  aligns into steps, then every chunk's scores) and no implicit one; the same results as one chunk."""
+  together = best_of_n(lm, probe, PROMPTS, CFG, prompt_seeds=[4, 5, 6])
+  fetches = []
+  real = jax.device_get
+  monkeypatch.setattr(jax, "device_get", lambda tree: fetches.append(1) or real(tree))
+  with jax.transfer_guard_device_to_host("disallow"):  # an implicit fetch (np.asarray of a device array) raises
+    chunked = best_of_n(lm, probe, PROMPTS, CFG, prompt_seeds=[4, 5, 6], batch_size=1)
+  assert len(fetches) == 2
+  for a, b in zip(together, chunked, strict=True):
+    assert [c.response_ids for c in a.candidates] == [c.response_ids for c in b.candidates]
+    for x, y in zip(a.candidates, b.candidates):
+      np.testing.assert_allclose(x.step_scores, y.step_scores, atol=1e-5)

@@ -102,6 +102,13 @@ def constrain(x, names: Sequence[str | None], ctx: ShardingCtx | None):
   return jax.lax.with_sharding_constraint(x, ctx.sharding(names, x.shape))
 
 
+def constrain_rows(tree, ctx: ShardingCtx | None, *, put: bool = False):
+  """Each array of a pytree by its rows (axis 0 'batch'); device_put when put=True (docs/scale.md, data-parallel)."""
+  rows = lambda x: ctx.sharding((("batch",) + (None,) * x.ndim)[: x.ndim], x.shape)
+  place = jax.device_put if put else jax.lax.with_sharding_constraint
+  return tree if ctx is None else jax.tree.map(lambda x: place(x, rows(x)), tree)
+
+
 # ------------------------------------------------------------------------------------------------ multi-process
 
 # The settings of a multi-process job and the environment variables they are read from when not given.

@@ -22,6 +22,7 @@ from flax import nnx
 from reprobe_jax.fields import Int, Real, check_fields, field_name
 from reprobe_jax.errors import ConfigError
 from reprobe_jax.models.forward import StaticGraph
+from reprobe_jax.models.sharding import ShardingCtx, constrain_rows
 
 if TYPE_CHECKING:
   from reprobe_jax.probe.data import PackedSteps
@@ -141,15 +142,25 @@ class Probe(nnx.Module):
     z = jax.nn.gelu(self.cls_norm(self.cls1(pooled)), approximate=False)
     return self.cls2(self.drop(z, deterministic=deterministic, rngs=rngs))[..., 0]
 
-  def packed(self, features, pack: "PackedSteps", *, deterministic: bool = True, rngs: nnx.Rngs | None = None):
+  def packed(
+    self,
+    features,
+    pack: "PackedSteps",
+    *,
+    deterministic: bool = True,
+    rngs: nnx.Rngs | None = None,
+    shard: ShardingCtx | None = None,
+  ):
     """Logits [P] of the packed steps of `pack` (`reprobe_jax.probe.data.pack_steps`): the same function as
     `__call__`, computed over each step's window [0, step end) only. Windows sit side by side in rows of L slots
     and attend within themselves (block-diagonal masks), so no compute goes to padding steps or to the tokens past
-    a step's end. features [B, T, F]; padding steps (step -1 in every slot) give arbitrary logits."""
+    a step's end. features [B, T, F]; padding steps (step -1 in every slot) give arbitrary logits. shard: data
+    parallel over a mesh (docs/scale.md): trajectories, packed rows and steps on its data axis."""
+    features, pack = constrain_rows((features, pack), shard)
     h = self.project(features, deterministic=deterministic, rngs=rngs)  # [B, T, d]
     seg = pack.segment  # [R, L] int32: the packed step whose window holds the slot, -1 = empty
     filled = seg >= 0
-    x = h[pack.row, pack.token] * filled[..., None]  # [R, L, d]
+    x = constrain_rows(h[pack.row, pack.token] * filled[..., None], shard)  # [R, L, d]
     x = x + self.marker(pack.in_step.astype(jnp.int32))
     r, l = seg.shape
     same = (seg[:, :, None] == seg[:, None, :]) & filled[:, :, None]  # [R, L, L]
@@ -160,7 +171,7 @@ class Probe(nnx.Module):
     ids = jnp.where(pack.in_step & filled, seg, p).reshape(-1)  # a slot outside every step pools into bin P
     total = jax.ops.segment_sum(x.reshape(r * l, -1), ids, num_segments=p + 1)[:p]  # [P, d]
     count = jax.ops.segment_sum(jnp.ones((r * l, 1), x.dtype), ids, num_segments=p + 1)[:p]
-    return self.classify(total / jnp.maximum(count, 1.0), deterministic=deterministic, rngs=rngs)
+    return constrain_rows(self.classify(total / jnp.maximum(count, 1.0), deterministic=deterministic, rngs=rngs), shard)
 
 
 def count_params(module: nnx.Module) -> int:
@@ -181,20 +192,22 @@ def _probabilities(graph: StaticGraph, state, features, token_mask, spans):
   return jax.nn.sigmoid(probe(features, token_mask, spans, deterministic=True))
 
 
-@functools.partial(jax.jit, static_argnames=("graph",))
-def _packed_probabilities(graph: StaticGraph, state, features, pack):
+@functools.partial(jax.jit, static_argnames=("graph", "shard"))
+def _packed_probabilities(graph: StaticGraph, state, features, pack, shard=None):
   probe = nnx.merge(graph.value, *state)
-  return jax.nn.sigmoid(probe.packed(features, pack, deterministic=True))
+  return jax.nn.sigmoid(probe.packed(features, pack, deterministic=True, shard=shard))
 
 
-def score_packed(graphdef, params, features, pack: "PackedSteps"):
+def score_packed(graphdef, params, features, pack: "PackedSteps", shard: ShardingCtx | None = None):
   """P(step incorrect) [P] of the packed steps of a batch (`reprobe_jax.probe.data.pack_steps`): the same values
   as `score_steps`, with compute only on each step's window [0, step end). Compiles once per (config, B, T, R, L,
-  P); params as for `score_steps`."""
+  P); params as for `score_steps`. shard: data parallel over its mesh (`Probe.packed`), default one device."""
   graph = graphdef if isinstance(graphdef, StaticGraph) else StaticGraph(graphdef)
   state = tuple(params) if isinstance(params, (tuple, list)) else (params,)
   state = tuple(x for x in state if jax.tree.leaves(x))
-  return _packed_probabilities(graph, state, features, pack)
+  if shard is None:
+    return _packed_probabilities(graph, state, features, pack)
+  return _packed_probabilities(graph, state, features, pack, shard=shard)
 
 
 def score_steps(graphdef, params, features, token_mask, spans):

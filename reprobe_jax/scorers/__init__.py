@@ -6,6 +6,7 @@ inside another jitted program (a search loop).
 """
 
 from reprobe_jax.scorers.base import (
+  PendingScores,
   ScoreInputs,
   StepScorer,
   bad_scores,
@@ -29,6 +30,7 @@ __all__ = [
   "BASELINES",
   "SCORERS",
   "PRMScorer",
+  "PendingScores",
   "ProbeScorer",
   "ScoreInputs",
   "StepScorer",

@@ -19,7 +19,8 @@ never test its class.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Sequence
+import dataclasses
+from typing import Any, Callable, ClassVar, Sequence
 
 import chex
 import jax
@@ -33,6 +34,19 @@ from reprobe_jax.features import FeatureSpec, with_logprobs
 from reprobe_jax.io.readers import shown
 from reprobe_jax.models.decode_state import DecodeState
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.models.sharding import ShardingCtx
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingScores:
+  """Step scores [B, S] not fetched yet: `values`, a pytree of device arrays, and `unpack`, which makes the [B, S]
+  numpy scores of their host copies (`result()` fetches and unpacks)."""
+
+  values: Any
+  unpack: Callable[[Any], np.ndarray] = np.asarray
+
+  def result(self) -> np.ndarray:
+    return self.unpack(jax.device_get(self.values))
 
 
 @struct.dataclass
@@ -172,11 +186,20 @@ class StepScorer(abc.ABC):
     must share its tokenizer. None: it reads no ids."""
     return None
 
-  def score_trajectories(self, features: Float[Array, "b n f"], spans: Sequence[np.ndarray]) -> np.ndarray:
+  def dispatch_trajectories(
+    self, features: Float[Array, "b n f"], spans: Sequence[np.ndarray], *, shard: ShardingCtx | None = None
+  ) -> "PendingScores":
+    """`score_trajectories` left on device (nothing fetched), so that a caller dispatches several batches and fetches
+    them at once; shard: the rows over the mesh's data axis. ConfigError for a scorer without the capability."""
+    raise ConfigError(f"scorer {self.name!r} does not score whole trajectories (packs_trajectories=False)")
+
+  def score_trajectories(
+    self, features: Float[Array, "b n f"], spans: Sequence[np.ndarray], *, shard: ShardingCtx | None = None
+  ) -> np.ndarray:
     """[B, S] scores of every step span [S_i, 2] of every row of features [B, N, F] (S = the most steps of a row;
     NaN past a row's steps) in one batched call of the scorer's own, where `packs_trajectories`; ConfigError for a
     scorer without that capability (callers ask `packs_trajectories` first)."""
-    raise ConfigError(f"scorer {self.name!r} does not score whole trajectories (packs_trajectories=False)")
+    return self.dispatch_trajectories(features, spans, shard=shard).result()
 
   def score_newest(self, inputs: ScoreInputs, newest_span: Int[Array, "b 2"]) -> Float[Array, " b"]:
     """Scores [B] of one step per row (the newest, in a search); newest_span [B, 2]. Equals the last column of

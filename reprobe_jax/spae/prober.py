@@ -28,6 +28,7 @@ from reprobe_jax.io.readers import shown
 from reprobe_jax.models.capture import CaptureSpec
 from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.models.sharding import constrain_rows
 from reprobe_jax.steps import THINK_OPEN, StepBoundary, token_ids
 from reprobe_jax.spae.potential import (
   BOUNDARY_TEXT,
@@ -231,6 +232,7 @@ class Prober:
         f"Prober.probe_state: {len(answers)} answers and {len(trajectory_seeds)} seeds for "
         f"{state.batch} rows; need one of each per row"
       )
+    state = constrain_rows(state, self.lm.shard, put=True)  # data parallel: its rows over the mesh's data axis
     a = self.probe_answers(answers)
     keys = cut_keys(self.cfg.seed, trajectory_seeds, np.maximum(ordinals, 0))
     cfg = self.cfg
@@ -262,7 +264,8 @@ class Prober:
     longest = max(1, max(map(len, response_ids)))  # bucketed, within the room the positions leave
     longest = max(longest, min(bucket(longest), self.lm.config.max_position_embeddings - max(map(len, prompt_ids))))
     state = smp.prefill([list(p) for p in prompt_ids], max_new_tokens=longest, share=False)
-    return smp.force(state, [list(r) if len(r) else None for r in response_ids])
+    state = smp.force(state, [list(r) if len(r) else None for r in response_ids])
+    return constrain_rows(state, self.lm.shard, put=True)  # its rows (cache, buffers) over the mesh's data axis
 
   def potentials(
     self,

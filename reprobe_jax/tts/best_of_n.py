@@ -13,6 +13,11 @@ steps). All steps of all rows are then scored in one jitted call on the captured
 A trajectory is cut after its '<Answer>' line (line mode, finish reason 'answer': where beam search ends a row)
 and after its max_steps-th step ('max_steps'); its row decodes on past a cut, which costs device time but is not
 counted in the result's budget (the budget is what the kept trajectories hold, as a stepwise decode would spend).
+
+Host round trips: every chunk of prompts (`batch_size`) is decoded before anything is fetched; then one fetch of
+every row's tokens (the steps are aligned on the host), every chunk's scoring dispatched, and one fetch of all the
+scores at the end. With a sharded target (`lm.shard`) the rows, their KV cache and buffers, the scorer's inputs and
+its scores sit on the mesh's data axis (docs/scale.md, "What runs data-parallel").
 """
 
 from __future__ import annotations
@@ -27,10 +32,20 @@ import numpy as np
 from reprobe_jax import steps as step_lib
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features import FeatureSpec, union_capture
-from reprobe_jax.models import CaptureSpec, LanguageModel
+from reprobe_jax.models import CaptureSpec, LanguageModel, decoding
 from reprobe_jax.models.decode_state import FINISH_NAMES, DecodeState
 from reprobe_jax.models.sampling import bucket
-from reprobe_jax.scorers import StepScorer, bad_scores, checked_scores, inputs_from_state, nonfinite_error, prompt_rows
+from reprobe_jax.models.sharding import ShardingCtx, constrain_rows
+from reprobe_jax.models.xla_options import decode_jit
+from reprobe_jax.scorers import (
+  PendingScores,
+  StepScorer,
+  bad_scores,
+  checked_scores,
+  inputs_from_state,
+  nonfinite_error,
+  prompt_rows,
+)
 from reprobe_jax.tasks.base import Problem
 from reprobe_jax.tasks.formats import MODES
 from reprobe_jax.tasks.response import is_answer_line
@@ -42,27 +57,62 @@ from reprobe_jax.tts.result import Candidate, PromptResult
 from reprobe_jax.tts.select import answer_checker, candidate_cost, check_aggregation
 
 
-@functools.partial(jax.jit, static_argnames=("n", "spec", "num_layers"))
+@functools.partial(jax.jit, static_argnames=("n", "spec", "num_layers", "shard"))
 def _score_steps(
-  scorer: StepScorer, state: DecodeState, spans, prompts, *, n: int, spec: FeatureSpec | None, num_layers: int
+  scorer: StepScorer,
+  state: DecodeState,
+  spans,
+  prompts,
+  *,
+  n: int,
+  spec: FeatureSpec | None,
+  num_layers: int,
+  shard: ShardingCtx | None = None,
 ):
   """Step scores [B, S] of a decode state's rows for spans [B, S, 2], from its captured values and the rows'
   prompts = (ids, mask) [B, Tp] (`scorers.prompt_rows`), on device. The scorer sees one prompt's n rows at a time
   (mapped over prompts), so a row's index in the scorer (the random baseline's key) is its index within its prompt,
   whatever the batch."""
-  inputs = inputs_from_state(state, spec, num_layers, prompts)
+  inputs = constrain_rows(inputs_from_state(constrain_rows(state, shard), spec, num_layers, prompts), shard)
   per_prompt = lambda x: x.reshape((-1, n) + x.shape[1:])  # [B, ...] -> [P, n, ...]
   # One prompt at a time (lax.map, not vmap): the n rows of a prompt are scored in one batched call, and memory
   # holds one prompt's [n * S, T] probe windows, not every prompt's (960 rows of 32 steps would need ~10 GB).
   one = lambda a: checked_scores(scorer, scorer.score(*a), a[1].shape[:2], "score")  # checked while traced
   scores = jax.lax.map(one, (jax.tree.map(per_prompt, inputs), per_prompt(spans)))  # [P, n, S]
-  return scores.reshape(spans.shape[:2]).astype(jnp.float32)
+  return constrain_rows(scores.reshape(spans.shape[:2]).astype(jnp.float32), shard)
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "num_layers"))
-def _features(state: DecodeState, *, spec: FeatureSpec, num_layers: int):
+@functools.partial(jax.jit, static_argnames=("spec", "num_layers", "shard"))
+def _features(state: DecodeState, *, spec: FeatureSpec, num_layers: int, shard: ShardingCtx | None = None):
   """[B, N, F] the features `spec` assembles for every row, on device from the captured values."""
-  return inputs_from_state(state, spec, num_layers).features
+  return constrain_rows(inputs_from_state(constrain_rows(state, shard), spec, num_layers).features, shard)
+
+
+def _decode_rows_impl(
+  graph, params, state, rule, eos_mask, temperature, top_p, *, greedy, top_k, filtered, capture, shard
+):
+  """`Sampler.decode` of every row to EOS or its budget, with the rows (KV cache, buffers) on the data axis."""
+  state = decoding.decode_in_jit(
+    graph,
+    params,
+    constrain_rows(state, shard),
+    rule,
+    eos_mask,
+    temperature,
+    top_p,
+    jnp.int32(state.buffer_len),
+    greedy=greedy,
+    top_k=top_k,
+    filtered=filtered,
+    capture=capture,
+    shard=shard,
+  )
+  return constrain_rows(state, shard)
+
+
+_decode_rows = decode_jit(
+  static_argnames=("graph", "greedy", "top_k", "filtered", "capture", "shard"), donate_argnames=("state",)
+)(_decode_rows_impl)[0]
 
 
 @STRATEGIES.register("best_of_n")
@@ -121,10 +171,18 @@ def best_of_n(
 
   capture = union_capture([spec]) if spec is not None else CaptureSpec(token_stats=True)
   sampler = lm.sampler(cfg.sampling, capture=capture)
+  chunks = [(ids[s : s + chunk], seeds[s : s + chunk]) for s in range(0, len(ids), chunk)]
+  # Every chunk is decoded before anything is fetched; a chunk keeps its buffers, not its KV cache.
+  states = [decode_trajectories(sampler, c, cfg, c_seeds).replace(cache=None) for c, c_seeds in chunks]
+  hosts = jax.device_get([{"tokens": st.tokens, "lengths": st.lengths, "finish": st.finish} for st in states])
+  rows = [_candidates(lm, host, len(c) * cfg.n, cfg, mode) for (c, _), host in zip(chunks, hosts)]
+  pending = [_dispatch_scores(lm, scorer, st, c, r[1], cfg, spec) for (c, _), st, r in zip(chunks, states, rows)]
+  batches = [st.batch for st in states]
+  del states  # their buffers can go once the scoring that reads them has run
+  fetched = jax.device_get([p.values for p in pending])  # the one fetch of every chunk's scores
   out: list[PromptResult] = []
-  for start in range(0, len(ids), chunk):
-    state = decode_trajectories(sampler, ids[start : start + chunk], cfg, seeds[start : start + chunk])
-    out += _results(lm, scorer, state, ids[start : start + chunk], cfg, mode, spec)
+  for (c, _), r, p, host, batch in zip(chunks, rows, pending, fetched, batches):
+    out += _results(scorer, r, p.unpack(host), batch, len(c), cfg)
   return out
 
 
@@ -136,7 +194,20 @@ def decode_trajectories(
   state = sampler.prefill(
     list(prompt_ids), max_new_tokens=cfg.max_new_tokens, n=cfg.n, seed=cfg.seed, prompt_seeds=list(prompt_seeds)
   )
-  return sampler.decode(state)
+  p, lm = sampler.params, sampler.lm
+  return _decode_rows(
+    *lm.decode_view(),
+    constrain_rows(state, lm.shard, put=True),
+    sampler.stop,
+    jnp.asarray(lm.eos_mask()),
+    jnp.float32(p.temperature),
+    jnp.float32(p.top_p),
+    greedy=p.greedy,
+    top_k=p.top_k,
+    filtered=p.filtered,
+    capture=sampler.capture,
+    shard=lm.shard,
+  )
 
 
 def trajectory_steps(
@@ -157,20 +228,9 @@ def trajectory_steps(
   return ids, spans, finish_reason
 
 
-def _results(
-  lm: LanguageModel,
-  scorer: StepScorer,
-  state: DecodeState,
-  prompt_ids: Sequence[Sequence[int]],
-  cfg: SearchConfig,
-  mode: str,
-  spec: FeatureSpec | None,
-) -> list[PromptResult]:
-  """The state's rows (those of prompt_ids, cfg.n each) as PromptResults: EOS dropped, steps aligned and cut
-  (`trajectory_steps`), all scored at once."""
-  n_prompts = len(prompt_ids)
-  host = jax.device_get({"tokens": state.tokens, "lengths": state.lengths, "finish": state.finish})
-  rows = n_prompts * cfg.n
+def _candidates(lm: LanguageModel, host: dict, rows: int, cfg: SearchConfig, mode: str):
+  """The first `rows` decoded rows (host copies of tokens, lengths, finish) as (response ids, step spans, finish
+  reasons): EOS dropped, steps aligned and cut (`trajectory_steps`)."""
   eos = lm.eos_mask()
   responses, spans, reasons = [], [], []
   for r in range(rows):
@@ -182,20 +242,47 @@ def _results(
     responses.append(ids)
     spans.append(steps)
     reasons.append(reason)
-  longest = max(map(len, spans)) or 1
-  padded = np.zeros((state.batch, bucket(longest, minimum=4), 2), np.int32)  # [B, S, 2]
+  return responses, spans, reasons
+
+
+def _dispatch_scores(
+  lm: LanguageModel,
+  scorer: StepScorer,
+  state: DecodeState,
+  prompt_ids: Sequence[Sequence[int]],
+  spans: list,
+  cfg: SearchConfig,
+  spec: FeatureSpec | None,
+) -> PendingScores:
+  """The step scores [B, S] of one chunk's rows for their spans (S = the most steps of a row), every step scored at
+  once on device; nothing fetched."""
+  layers, shard = lm.config.num_layers, lm.shard
+  if scorer.packs_trajectories:  # a probe: each step's window once, packed (`ProbeScorer.dispatch_trajectories`)
+    feats = _features(state, spec=spec, num_layers=layers, shard=shard)
+    return scorer.dispatch_trajectories(feats, spans, shard=shard)
+  padded = np.zeros((state.batch, bucket(max(map(len, spans)) or 1, minimum=4), 2), np.int32)  # [B, S', 2]
   for r, sp in enumerate(spans):
     if sp:
       padded[r, : len(sp)] = sp
-  if scorer.packs_trajectories:  # a probe: each step's window once, packed (`ProbeScorer.score_trajectories`)
-    out = scorer.score_trajectories(_features(state, spec=spec, num_layers=lm.config.num_layers), spans)
-    scores = np.asarray(checked_scores(scorer, out, (state.batch, longest), "score_trajectories"))  # [B, S]
-  else:
-    prompts = tuple(jnp.asarray(a) for a in prompt_rows(prompt_ids, cfg.n, state.batch, lm.pad_id()))
-    scores = np.asarray(
-      _score_steps(scorer, state, jnp.asarray(padded), prompts, n=cfg.n, spec=spec, num_layers=lm.config.num_layers)
-    )  # [B, S]
-  bad = bad_scores(scores, padded[:, : scores.shape[1]])
+  rows = prompt_rows(prompt_ids, cfg.n, state.batch, lm.pad_id())
+  prompts, padded = constrain_rows((tuple(jnp.asarray(a) for a in rows), jnp.asarray(padded)), shard, put=True)
+  scores = _score_steps(scorer, state, padded, prompts, n=cfg.n, spec=spec, num_layers=layers, shard=shard)
+  return PendingScores(scores, lambda host: host[:, : max(map(len, spans)) or 1])
+
+
+def _results(
+  scorer: StepScorer, rows: tuple, scores: np.ndarray, batch: int, n_prompts: int, cfg: SearchConfig
+) -> list[PromptResult]:
+  """One chunk's candidates (`_candidates`) and their fetched step scores [B, S] as PromptResults, cfg.n per prompt;
+  ConfigError naming the scorer for scores of another shape or non-finite scores of steps with tokens."""
+  responses, spans, reasons = rows
+  longest = max(map(len, spans)) or 1
+  scores = np.asarray(checked_scores(scorer, scores, (batch, longest), "score_trajectories"))  # [B, S]
+  padded = np.zeros((batch, longest, 2), np.int32)
+  for r, sp in enumerate(spans):
+    if sp:
+      padded[r, : len(sp)] = sp
+  bad = bad_scores(scores, padded)
   if bad.any():
     raise nonfinite_error(scorer, int(bad.sum()), f"best_of_n, in {int(bad.any(1).sum())} trajectories")
   out = []

@@ -41,6 +41,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float, Int
 
 from reprobe_jax.errors import ConfigError, shape_errors
@@ -50,6 +51,7 @@ from reprobe_jax.models import decoding
 import reprobe_jax.models.decode_state as decode_state
 from reprobe_jax.models.decode_state import FINISH_LENGTH, FINISH_STOP, DecodeState
 from reprobe_jax.models.sampling import bucket
+from reprobe_jax.models.sharding import constrain_rows
 from reprobe_jax.models.xla_options import decode_jit
 from reprobe_jax.scorers import (
   StepScorer,
@@ -108,7 +110,7 @@ def _score(plan: SearchPlan, env: SearchEnv, state: DecodeState, spans, p: int) 
   rows = spans.shape[0] // p
   one = lambda i, sp: checked_scores(env.scorer, env.scorer.score_newest(i, sp), (rows,), "score_newest")
   out = jax.vmap(one)(split, _per_prompt(spans, p))  # [P, rows], checked while traced
-  return out.reshape(-1).astype(jnp.float32)
+  return constrain_rows(out.reshape(-1).astype(jnp.float32), plan.shard)
 
 
 def _advance(plan: SearchPlan, env: SearchEnv, carry, state: DecodeState, spans, rows):
@@ -182,6 +184,20 @@ def _duplicates(state, key, live, rows_per_group: int):
   return jnp.any(same & before, axis=-1).reshape(-1)
 
 
+def _take_by_group(state: DecodeState, local, rows_per_group: int) -> DecodeState:
+  """`decode_state.take` of each group's survivors local [G, rows_per_group] (indices within the group), as one
+  gather inside each group's block of rows (vmapped over groups; the shared prefix is not gathered). Sharded over
+  the data axis, a group whose rows one device holds gathers on that device; a take over all rows would all-gather
+  every row's KV cache onto every device each round."""
+  prefix = state.cache.prefix
+  own = state.replace(cache=state.cache.replace(prefix=None))
+  blocks = jax.vmap(decode_state.take)(
+    jax.tree.map(lambda x: x.reshape((-1, rows_per_group) + x.shape[1:]), own), local
+  )
+  out = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), blocks)
+  return out.replace(cache=out.cache.replace(prefix=prefix))
+
+
 def _round(plan: SearchPlan, env: SearchEnv, loop: SearchLoop) -> SearchLoop:
   """One search round over all R = P * B * N rows: decode, lookahead, score, select, take, re-key, resume."""
   state, book, carry = loop.state, loop.book, loop.carry
@@ -241,9 +257,11 @@ def _round(plan: SearchPlan, env: SearchEnv, loop: SearchLoop) -> SearchLoop:
     primary=rows % plan.n == 0,
   )
   carry = take_carry(carry, src)
-  state = decode_state.take(state, src)
+  state = _take_by_group(state, jnp.repeat(kept, plan.n, axis=1), rows_per_group)  # = decode_state.take(state, src)
   state = decode_state.rekey(state, round_keys(env.prompt_keys, loop.round + 1, plan.rows_per_prompt))
   state = decode_state.resume(state, ~book.ended)
+  # The carry stays data-parallel: every row's cache, buffers and book entries on the device of its rows.
+  state, book = constrain_rows((state, book), plan.shard)
   return SearchLoop(state=state, book=book, carry=carry, round=loop.round + 1)
 
 
@@ -256,6 +274,7 @@ def _search_impl(env: SearchEnv, state: DecodeState, *, plan: SearchPlan) -> tup
     chex.assert_shape(env.prompts, (r_rows, None))
     chex.assert_equal_shape(env.prompts)
     chex.assert_shape(env.prompt_keys, (p,))
+  state = constrain_rows(state, plan.shard)
   book = SearchBook(
     ended=state.done,
     reason=jnp.where(state.done, FINISH_LENGTH, GOES_ON).astype(jnp.int32),
@@ -268,6 +287,7 @@ def _search_impl(env: SearchEnv, state: DecodeState, *, plan: SearchPlan) -> tup
     generated=jnp.zeros((p,), jnp.int32),
     bad=jnp.zeros((p,), jnp.int32),
   )
+  book = constrain_rows(book, plan.shard)
   carry = ()
   if env.scorer.stateful:  # room: the response buffer, one token per step slot and per lookahead step
     carry = env.scorer.init_carry(
@@ -323,7 +343,15 @@ def run_search(
   )
   rows = cfg.beams * cfg.n
   state = smp.prefill(ids, max_new_tokens=cfg.max_new_tokens, n=rows, seed=cfg.seed, prompt_seeds=seeds)
+  # The rows (decode state, prompts) start on the devices of the mesh's data axis; parameters stay as the model has
+  # them (docs/scale.md, "What runs data-parallel").
+  state = constrain_rows(state, lm.shard, put=True)
+  if lm.shard is not None:  # the scorer's arrays whole on every device, once (those already on a mesh stay there)
+    whole = NamedSharding(lm.shard.mesh, PartitionSpec())
+    on_mesh = lambda x: isinstance(getattr(x, "sharding", None), NamedSharding)
+    scorer = jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, whole), scorer)
   prompt_arrays = tuple(jnp.asarray(a) for a in prompt_rows(ids, rows, state.batch, lm.pad_id()))
+  prompt_arrays = constrain_rows(prompt_arrays, lm.shard, put=True)
   padded = np.zeros(state.batch // rows, np.uint32)
   padded[: len(ids)] = seeds
   prefix = ANSWER_PREFIX[mode]
