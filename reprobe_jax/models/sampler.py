@@ -99,6 +99,7 @@ class Sampler:
     extra_slots: int = 0,
     share: bool | None = None,
     prompt_seeds: Sequence[int] | None = None,
+    prompt_len: int = 0,
   ) -> DecodeState:
     """Prefills each prompt (text or token ids) once and opens `n` rows per prompt (prompt-major: row = prompt * n
     + sample; rows past len(prompts) * n are batch padding and start finished). max_new_tokens: each row's token
@@ -107,12 +108,16 @@ class Sampler:
 
     Randomness: without prompt_seeds the batch draws from one key, key(seed). With prompt_seeds (one integer in
     [0, 2**32) per prompt) every row has its own key: row p * n + s draws from fold_in(fold_in(key(seed),
-    prompt_seeds[p]), s), so a prompt gets the same samples in any batch (`decode_state.prompt_keys`, `row_keys`)."""
+    prompt_seeds[p]), s), so a prompt gets the same samples in any batch (`decode_state.prompt_keys`, `row_keys`).
+    prompt_len: the prompt columns are at least this many (bucketed): a caller whose batches' longest prompts
+    straddle a bucket edge (RL rounds) keeps one shape, so nothing downstream compiles twice."""
     max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
     n = _positive_int("n", n)
     if isinstance(extra_slots, bool) or not isinstance(extra_slots, (int, np.integer)) or extra_slots < 0:
       raise ConfigError(f"extra_slots must be an integer >= 0, got {extra_slots!r}")
     seed = check_seed(seed, "seed")
+    if isinstance(prompt_len, bool) or not isinstance(prompt_len, (int, np.integer)) or prompt_len < 0:
+      raise ConfigError(f"prompt_len must be an integer >= 0, got {prompt_len!r}")
     lm = self.lm
     ids = lm.encode(prompts)
     if prompt_seeds is not None:
@@ -130,7 +135,7 @@ class Sampler:
         f"prompt of {longest} tokens + max_new_tokens={max_new_tokens}{forced} exceeds "
         f"max_position_embeddings={lm.config.max_position_embeddings}"
       )
-    plen = bucket(longest)
+    plen = bucket(max(longest, int(prompt_len)))
     new_len = bucket(max_new_tokens)
     room = bucket(max_new_tokens + extra_slots)
     n_prompts = len(ids)

@@ -17,6 +17,7 @@ fold_in(fold_in(fold_in(key(probe seed), trajectory_seed), c), n) in either path
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping, Sequence
 
 import jax
@@ -31,14 +32,19 @@ from reprobe_jax.models.sampling import bucket
 from reprobe_jax.rl.rollout import STEP_BUCKET, PromptSet, StepBatch, Trajectory, token_steps, trajectory_seed
 from reprobe_jax.rl.types import AdvantageInputs
 from reprobe_jax.spae.potential import step_potential
-from reprobe_jax.spae.prober import CUT_STEP, Prober
+from reprobe_jax.spae.prober import Prober
+
+
+MIN_ROWS = 8  # a probing call's trajectories are padded to a power of two of at least this (or the batch size)
+# A call's shapes are (trajectories, boundaries) buckets: powers of two, at least MIN_ROWS x STEP_BUCKET, so a run
+# compiles the probe a handful of times (a compile costs more than probing a few padded rows).
 
 
 @dataclasses.dataclass(frozen=True)
 class KeptPotentials:
   """The step potentials of a step's kept trajectories, in their order. cuts (host): each trajectory's boundaries
   (the response-token index of each boundary's last token; empty without a thinking block). phi [n, K] float32
-  (0 where not valid) and valid [n, K] bool stay on device; K is a multiple of STEP_BUCKET."""
+  (0 where not valid) and valid [n, K] bool stay on device; K is a power of two, at least STEP_BUCKET."""
 
   cuts: tuple[np.ndarray, ...]
   phi: Float[Array, "n k"]
@@ -50,11 +56,17 @@ def _flatten(state: DecodeState) -> DecodeState:
   return decode_state.flatten(state)
 
 
-@jax.jit
-def _phi(acc, conf):
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def _place(phi_all, valid_all, acc, conf, where):
+  """Writes one call's Phi and validity ([b, c] for the step's rows `where`; -1 = a padding row, dropped) into the
+  step's [n, K] buffers."""
   phi = step_potential(acc, conf)
-  ok = jnp.isfinite(phi)
-  return jnp.where(ok, phi, 0.0).astype(jnp.float32), ok
+  ok = jnp.isfinite(phi) & (where[:, None] >= 0)
+  k = phi_all.shape[1]
+  phi = jnp.pad(jnp.where(ok, phi, 0.0).astype(jnp.float32), ((0, 0), (0, k - phi.shape[1])))
+  ok = jnp.pad(ok, ((0, 0), (0, k - ok.shape[1])))
+  rows = jnp.where(where >= 0, where, phi_all.shape[0])  # out of range: dropped
+  return phi_all.at[rows].set(phi, mode="drop"), valid_all.at[rows].set(ok, mode="drop")
 
 
 def probe_kept(
@@ -77,19 +89,19 @@ def probe_kept(
   if probed:
     for i, c in zip(probed, prober.boundaries([trajs[i].text_ids for i in probed])):
       cuts[i] = np.asarray(c, np.int64)
-  k = max(STEP_BUCKET, -(-max([len(c) for c in cuts] + [0]) // STEP_BUCKET) * STEP_BUCKET)
+  k = bucket(max([len(c) for c in cuts] + [1]), minimum=STEP_BUCKET)  # every call's boundaries fit (c <= k)
   pids = sorted({t.prompt for t in trajs})
   answers = dict(zip(pids, prober.answer_ids([prompts.problems[p].answer for p in pids])))
-  parts_phi, parts_valid, where = [], [], np.full(n, -1, np.int64)
-  row0 = 0
+  phi = jnp.zeros((n, k), jnp.float32)  # an unprobed trajectory keeps its zeros (no valid boundary)
+  valid = jnp.zeros((n, k), bool)
   for r in sorted({trajs[i].round for i in probed if len(cuts[i])}):
     flat = _flatten(states[r])
     todo = sorted((i for i in probed if trajs[i].round == r and len(cuts[i])), key=lambda i: len(cuts[i]))
     bs = prober.cfg.batch_size
     for start in range(0, len(todo), bs):
       idx = todo[start : start + bs]
-      b = bucket(len(idx), minimum=1)
-      c = -(-max(len(cuts[i]) for i in idx) // CUT_STEP) * CUT_STEP
+      b = bucket(len(idx), minimum=min(MIN_ROWS, bucket(bs)))
+      c = bucket(max(len(cuts[i]) for i in idx), minimum=STEP_BUCKET)
       pad = idx + [idx[0]] * (b - len(idx))  # batch padding repeats a real row (its results are dropped)
       cut_arr = np.full((b, c), -1, np.int32)
       for j, i in enumerate(idx):
@@ -102,16 +114,9 @@ def probe_kept(
         [answers[trajs[i].prompt] for i in pad],
         [trajectory_seed(trajs[i], prompts, step) for i in pad],
       )
-      phi, ok = _phi(acc[: len(idx)], conf[: len(idx)])
-      parts_phi.append(jnp.pad(phi, ((0, 0), (0, k - c))))
-      parts_valid.append(jnp.pad(ok, ((0, 0), (0, k - c))))
-      where[idx] = row0 + np.arange(len(idx))
-      row0 += len(idx)
-  parts_phi.append(jnp.zeros((1, k), jnp.float32))  # the row every unprobed trajectory reads
-  parts_valid.append(jnp.zeros((1, k), bool))
-  gather = jnp.asarray(np.where(where < 0, row0, where), jnp.int32)
-  phi = jnp.concatenate(parts_phi)[gather]
-  valid = jnp.concatenate(parts_valid)[gather]
+      where = np.full(b, -1, np.int32)
+      where[: len(idx)] = idx
+      phi, valid = _place(phi, valid, acc, conf, jnp.asarray(where))
   return KeptPotentials(cuts=tuple(cuts), phi=phi, valid=valid)
 
 

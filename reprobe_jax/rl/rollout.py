@@ -175,13 +175,21 @@ class Rollout:
     self.lm, self.prompts, self.smp, self.keep_states = lm, prompts, smp, keep_states
     self.group_size, self.max_new_tokens, self.seed, self.step = group_size, max_new_tokens, seed, step
     self.check, self.name = check, name
+    self.prompt_len = max(map(len, prompts.prompt_ids), default=0)
     self.states: dict[int, DecodeState] = {}
 
   def __call__(self, idx: np.ndarray, round_: int) -> list[Group]:
     prompts, smp, g = self.prompts, self.smp, self.group_size
     ids = [list(prompts.prompt_ids[i]) for i in idx]
     pseeds = [zlib.crc32(f"{prompts.problems[i].id}/{self.step}/{round_}".encode()) for i in idx]
-    state = smp.prefill(ids, max_new_tokens=self.max_new_tokens, n=g, seed=self.seed, prompt_seeds=pseeds)
+    state = smp.prefill(
+      ids,
+      max_new_tokens=self.max_new_tokens,
+      n=g,
+      seed=self.seed,
+      prompt_seeds=pseeds,
+      prompt_len=self.prompt_len,  # every round of the run in one shape: nothing downstream compiles twice
+    )
     state = smp.decode(state)
     if self.keep_states:
       self.states[round_] = state

@@ -42,6 +42,7 @@ from reprobe_jax.spae.potential import (
 )
 from reprobe_jax.trajectories.prompts import opens_thinking
 
+ANSWER_BUCKET = 4  # the fewest answer columns a probe call has (left padding is masked: it changes no value)
 CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of this (few shapes, little padding)
 THINK_TAIL = 16  # prompt tokens read for a template-opened '<think>' (it and the whitespace after it fit)
 
@@ -204,8 +205,9 @@ class Prober:
   # -- the device call
 
   def probe_answers(self, answers: list[list[int]]) -> ProbeAnswers:
-    """Answer ids, one list per row, as `probe` takes them: left-padded to a bucket, with their lengths."""
-    a = bucket(max(map(len, answers)), minimum=1)
+    """Answer ids, one list per row, as `probe` takes them: left-padded to a bucket (at least ANSWER_BUCKET
+    columns, so answers of 1 to 4 tokens share one compiled probe), with their lengths."""
+    a = bucket(max(map(len, answers)), minimum=ANSWER_BUCKET)
     ans = np.zeros((len(answers), a), np.int32)  # left-padded, as `force` takes its blocks
     alen = np.ones(len(answers), np.int32)
     for i, ids in enumerate(answers):
