@@ -1,7 +1,7 @@
 """`python -m bench.rl [--quick] [--model=auto|random|build|<model folder>] [--steps=3] [--out=bench_results/]`.
 
 The RL step's time split on the built-in config (configs/rl_synthetic.py's RLConfig and probe): DAPO against SPAE,
-same config and seeds otherwise. Each method runs `RLStep` directly: a warm-up step (it compiles), then `--steps`
+same config and seeds otherwise. Each method runs `RLStep` directly: `--warmup` steps (a run compiles its shapes in its first few), then `--steps`
 measured steps, the two methods' in turn (load on shared cores falls on both alike); per phase (RLStep's
 `time_rollout`, `time_probe`, `time_update`) and for the whole step the median over the measured steps. The update's
 FLOPs are XLA's own count of the programs the step ran (`update_cost`) against this machine's measured fp32 matmul
@@ -48,12 +48,13 @@ PROGRAMS = ("step_update",)  # RLStep's attribute holding the update's compiled 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-  steps: int = 3  # measured steps per method (after one warm-up step)
+  steps: int = 3  # measured steps per method (after the warm-up steps)
+  warmup: int = 3  # steps that train before the measured ones: the run's shapes compile in its first few steps
   matmul_n: int = 2048  # the square matmul of the roofline
   repeats: int = 5  # best-of repeats of each roofline figure
 
 
-QUICK = Sizes(steps=1, matmul_n=256, repeats=2)
+QUICK = Sizes(steps=1, warmup=1, matmul_n=256, repeats=2)
 
 
 log = functools.partial(print, file=sys.stderr, flush=True)  # progress; the table goes to stdout
@@ -228,7 +229,8 @@ class Method:
   boundaries probed and update FLOPs: the first step that trains is the warm-up, one that trained nothing (every
   group dropped) 'skipped', the rest 'measured'."""
 
-  def __init__(self, lm, cfg, pcfg, steps: int, reward):
+  def __init__(self, lm, cfg, pcfg, steps: int, reward, warmup: int = 1):
+    self.warmup = warmup
     from reprobe_jax.rl.loop import RLStep, check_run
     from reprobe_jax.train.optimizer import make_optimizer
 
@@ -256,7 +258,7 @@ class Method:
     key = _signature(calls)
     if key not in self.costs:
       self.costs[key] = {**update_cost(self.rl_step, self.tx, calls, self.rec.programs), "shapes": len(self.costs)}
-    warm = not any(r["role"] == "warm-up" for r in self.rows)
+    warm = sum(r["role"] == "warm-up" for r in self.rows) < self.warmup
     role = "skipped" if m["skipped"] else "warm-up" if warm else "measured"  # a skipped step ran no update
     r = {
       "step": i,
@@ -294,10 +296,11 @@ class Method:
 def measure(lm, cfg, pcfg, sizes: Sizes, reward) -> dict[str, dict]:
   """Every method of METHODS: each warmed up, then their measured steps in turn (DAPO's step i, SPAE's step i, ...),
   so that load from other processes on shared cores falls on both alike. {method: `Method.summary()`}."""
-  runs = [Method(lm, dataclasses.replace(cfg, advantage=name), pcfg, sizes.steps, reward) for name in METHODS]
+  total = sizes.steps + sizes.warmup - 1
+  runs = [Method(lm, dataclasses.replace(cfg, advantage=name), pcfg, total, reward, sizes.warmup) for name in METHODS]
   for m in runs:
-    log(f"{m.name}: warm-up")
-    while not m.rows or m.rows[-1]["role"] == "skipped":
+    log(f"{m.name}: {sizes.warmup} warm-up step(s)")
+    while sum(r["role"] == "warm-up" for r in m.rows) < sizes.warmup:
       m.step()
   log(f"{' and '.join(METHODS)} in turn: {sizes.steps} measured steps each")
   while any(m.measured() < sizes.steps for m in runs):
@@ -351,7 +354,7 @@ def table(result: dict) -> list[str]:
   env, roof = result["environment"], result["roofline"]
   lines += [
     "",
-    f"Medians over {result['sizes']['steps']} measured steps after a warm-up step; XLA compiles: during the measured "
+    f"Medians over {result['sizes']['steps']} measured steps after {result['sizes']['warmup']} warm-up step(s); XLA compiles: during the measured "
     f"steps. Matmul bound {peak / 1e9:.0f} GFLOP/s ({roof['peak_from']}); 1-min load {env['load_start'][0]:.2f} at "
     f"start, {env['load_end'][0]:.2f} at end.",
   ]
@@ -423,6 +426,7 @@ def parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m bench.rl", description=__doc__.split("\n\n")[1])
   p.add_argument("--model", default="auto", help="auto (default), random, build, or a model folder")
   p.add_argument("--steps", type=int, default=None, help=f"measured steps per method (default {Sizes.steps})")
+  p.add_argument("--warmup", type=int, default=None, help=f"warm-up steps per method (default {Sizes.warmup})")
   p.add_argument("--out", default="bench_results", help="writes rl.json here (default: bench_results/)")
   p.add_argument("--quick", action="store_true", help="a tiny random model and RL config: a smoke run")
   return p.parse_args(argv)
@@ -436,6 +440,10 @@ def main(argv=None) -> int:
       if args.steps < 1:
         raise ConfigError(f"--steps: expected >= 1 measured steps, got {args.steps}")
       sizes = dataclasses.replace(sizes, steps=args.steps)
+    if args.warmup is not None:
+      if args.warmup < 1:
+        raise ConfigError(f"--warmup: expected >= 1 warm-up steps, got {args.warmup}")
+      sizes = dataclasses.replace(sizes, warmup=args.warmup)
     result = run(args.model, args.out, sizes, quick=args.quick)
   except ReprobeError as e:
     print(f"error: {e}", file=sys.stderr)
