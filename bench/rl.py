@@ -1,8 +1,8 @@
-"""`python -m bench.rl [--quick] [--model=auto|random|build|<model folder>] [--steps=3] [--out=bench_results/]`.
+"""`python -m bench.rl [--quick] [--model=auto|random|build|<model folder>] [--steps=3] [--warmup=3] [--out=...]`.
 
 The RL step's time split on the built-in config (configs/rl_synthetic.py's RLConfig and probe): DAPO against SPAE,
-same config and seeds otherwise. Each method runs `RLStep` directly: `--warmup` steps (a run compiles its shapes in its first few), then `--steps`
-measured steps, the two methods' in turn (load on shared cores falls on both alike); per phase (RLStep's
+same config and seeds otherwise. Each method runs `RLStep` directly: `--warmup` steps (a run compiles its shapes in
+its first few), then `--steps` measured steps, the two methods' in turn (load on shared cores falls on both alike); per phase (RLStep's
 `time_rollout`, `time_probe`, `time_update`) and for the whole step the median over the measured steps. The update's
 FLOPs are XLA's own count of the programs the step ran (`update_cost`) against this machine's measured fp32 matmul
 bound (`bench.timing.matmul_peaks` at the run's start and end, the better of the two). Writes `<out>/rl.json`
