@@ -2,8 +2,9 @@
 
 The RL step's time split on the built-in config (configs/rl_synthetic.py's RLConfig and probe): DAPO against SPAE,
 same config and seeds otherwise. Each method runs `RLStep` directly: `--warmup` steps (a run compiles its shapes in
-its first few), then `--steps` measured steps, the two methods' in turn (load on shared cores falls on both alike); per phase (RLStep's
-`time_rollout`, `time_probe`, `time_update`) and for the whole step the median over the measured steps. The update's
+its first few), then `--steps` measured steps, the two methods' in turn (load on shared cores falls on both alike);
+per phase (RLStep's `time_rollout`, `time_probe`, `time_update`) and for the whole step the median over the measured
+steps. The update's
 FLOPs are XLA's own count of the programs the step ran (`update_cost`) against this machine's measured fp32 matmul
 bound (`bench.timing.matmul_peaks` at the run's start and end, the better of the two). Writes `<out>/rl.json`
 (atomically: the measurements, the machine, a `goals` list as `bench.run` writes one), prints a short table;
@@ -354,8 +355,9 @@ def table(result: dict) -> list[str]:
   env, roof = result["environment"], result["roofline"]
   lines += [
     "",
-    f"Medians over {result['sizes']['steps']} measured steps after {result['sizes']['warmup']} warm-up step(s); XLA compiles: during the measured "
-    f"steps. Matmul bound {peak / 1e9:.0f} GFLOP/s ({roof['peak_from']}); 1-min load {env['load_start'][0]:.2f} at "
+    f"Medians over {result['sizes']['steps']} measured steps after {result['sizes']['warmup']} warm-up step(s); "
+    "XLA compiles: during the measured steps."
+    f" Matmul bound {peak / 1e9:.0f} GFLOP/s ({roof['peak_from']}); 1-min load {env['load_start'][0]:.2f} at "
     f"start, {env['load_end'][0]:.2f} at end.",
   ]
   lines += ["", "| goal | measured | target | status |", "|---|---|---|---|"]

@@ -1,5 +1,6 @@
 """Thinking-mode decoding with the step potential computed on device at every boundary, and probe-truncated
-decoding (docs/method.md §B3): at a row's first saturated boundary `</think>` is appended and the row writes its answer.
+decoding (docs/method.md §B3): at a row's first saturated boundary `</think>` is appended and the row writes its
+answer.
 
     rows = decode_thinking(lm, prober, prompt_ids, answers, seeds, sampling=..., max_new_tokens=192, truncate=True)
 
@@ -8,8 +9,9 @@ next paragraph boundary (the sampler pauses each row there); the paused rows' bo
 call as side branches of the live rows (`potential.probe`: the paused rows gathered into the smallest of four row
 buckets that holds them, one `lax.switch` branch per bucket; nothing is re-prefilled); with `truncate`, saturated
 rows get `</think>` forced in; the paused rows resume. The per-boundary cuts, Acc and Conf go into [B, K] device
-buffers (K: the response buffer, the most boundaries a row can pass), fetched once at the end. Rows truncate independently. Without `truncate` the same loop gives plain decoding
-with its potential curve, which equals `Prober.potentials` of the finished trajectory (same keys).
+buffers (K: the response buffer, the most boundaries a row can pass), fetched once at the end. Rows truncate
+independently. Without `truncate` the same loop gives plain decoding with its potential curve, which equals
+`Prober.potentials` of the finished trajectory (same keys).
 
 Where the boundary's last token holds the paragraph end and the next word ('\\n\\nSo', a token that closes its step
 in paragraph mode), truncation rewinds the row by that token and forces in the paragraph end's own tokens and then

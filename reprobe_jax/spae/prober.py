@@ -1,8 +1,8 @@
 """Every paragraph boundary of every trajectory of a batch probed in one call (SPAE's step potential,
 docs/method.md §B1; `potential` says what is read and how Phi is made of it).
 
-How it runs (`potential.probe`, one jitted program): the trajectories' own decode state (its KV cache) is forked at every
-boundary into a row that reads that cache as a shared prefix cut at the boundary (`decoding.fork`: no re-prefill
+How it runs (`potential.probe`, one jitted program): the trajectories' own decode state (its KV cache) is forked at
+every boundary into a row that reads that cache as a shared prefix cut at the boundary (`decoding.fork`: no re-prefill
 of the question or of earlier steps, no copy); one `force` call feeds the suffix to all of them, a second the
 answer tokens (their log-probs are Acc's terms); N copies of each suffix row (its few own slots copied, the prefix
 still shared) then sample the continuations of all boundaries of all trajectories in one `decode` call, each row
