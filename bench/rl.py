@@ -283,13 +283,18 @@ class Method:
       raise ReprobeError(f"bench.rl: {self.name}: {MAX_SKIPPED + 1} steps trained nothing (every group was dropped)")
 
   def summary(self) -> dict:
-    timed = [r for r in self.rows if r["role"] == "measured"]
+    """Medians over the measured steps that compiled nothing (a step that meets a new update shape, e.g. a longer
+    batch's response columns, spends seconds compiling once in a run: not the step's cost); over every measured step
+    when each compiled something (`steady_steps` says how many were read)."""
+    measured = [r for r in self.rows if r["role"] == "measured"]
+    timed = [r for r in measured if r["xla_compiles"] == 0] or measured
     keys = PHASES + ("total", "update_flops")
     return {
+      "steady_steps": len(timed),
       "median": {k: statistics.median(r[k] for r in timed) for k in keys},
       "min": {k: min(r[k] for r in timed) for k in keys},  # the least disturbed step, a cross-check on shared cores
       "steps": self.rows,
-      "steady_compiles": sum(r["xla_compiles"] for r in timed),
+      "steady_compiles": sum(r["xla_compiles"] for r in measured),
       "boundaries_per_step": statistics.median(r["boundaries"] for r in timed),
     }
 
@@ -353,10 +358,11 @@ def table(result: dict) -> list[str]:
       f"{m['boundaries_per_step']:g} | {m['steady_compiles']} |"
     )
   env, roof = result["environment"], result["roofline"]
+  steady = ", ".join(f"{n.upper()} {result['methods'][n].get('steady_steps', '?')}" for n in METHODS)
   lines += [
     "",
-    f"Medians over {result['sizes']['steps']} measured steps after {result['sizes']['warmup']} warm-up step(s); "
-    "XLA compiles: during the measured steps."
+    f"Medians over the measured steps that compiled nothing ({steady}) of {result['sizes']['steps']}, after "
+    f"{result['sizes']['warmup']} warm-up step(s); XLA compiles: during all measured steps."
     f" Matmul bound {peak / 1e9:.0f} GFLOP/s ({roof['peak_from']}); 1-min load {env['load_start'][0]:.2f} at "
     f"start, {env['load_end'][0]:.2f} at end.",
   ]
