@@ -133,6 +133,7 @@ def test_bad_trajectory_records_name_the_trajectory_and_step():
       examples([bad], store)
 
 
+@pytest.mark.slow  # two probe trainings: over 30 s on 2 cores (the default suite must stay under 15 minutes)
 def test_a_mesh_of_one_device_trains_the_same_probe_and_a_bad_mesh_is_refused(tmp_path):
   """mesh= puts the batches' rows on the data axis and the parameters on every device (on 8 devices:
   tests/test_sharded_dp.py); on a mesh of one device that is the same program, so the same parameters, bit for bit."""

@@ -55,7 +55,18 @@ def sequence(lm, tx, cfg, mini, micro, tokens, attn, resp, adv, ref):
 
 
 # Every pair of settings (mini x micro, mini x KL, micro x KL) meets once: 4 programs instead of 8 compiles.
-@pytest.mark.parametrize("mini,micro,kl", [(1, 1, 0.0), (1, 2, 0.1), (2, 1, 0.1), (2, 2, 0.0)])
+_SLOW = pytest.mark.slow  # each combination compiles two programs: the default suite keeps one, .ci/run all four
+
+
+@pytest.mark.parametrize(
+  "mini,micro,kl",
+  [
+    pytest.param(1, 1, 0.0, marks=_SLOW),
+    pytest.param(1, 2, 0.1, marks=_SLOW),
+    (2, 1, 0.1),
+    pytest.param(2, 2, 0.0, marks=_SLOW),
+  ],
+)
 def test_step_update_equals_the_sequence(lm, mini, micro, kl):
   tokens, attn, resp, adv, ref = _inputs(lm)
   cfg = LossConfig(kl_coef=kl)
@@ -113,6 +124,7 @@ def test_arguments_are_checked_before_any_work(lm):
     step(params, tx.init(params), tokens, attn, resp)
 
 
+@pytest.mark.slow  # compiles the unrolled program: over 10 s on 2 cores (the default suite must stay under 15 minutes)
 def test_update_flops_counts_every_mini_batch(lm):
   tx = optax.sgd(0.1)
   kw = dict(rows=8, prompt_len=5, response_len=6, micro_batches=1)
