@@ -24,6 +24,7 @@ from reprobe_jax.rl.probing import KeptPotentials
 from reprobe_jax.rl.rollout import Group, policy_batch, potentials
 from reprobe_jax.spae.potential import ProbeConfig
 from reprobe_jax.train.optimizer import make_optimizer
+from reprobe_jax.trajectories import opens_thinking
 
 import rl_thinking
 from reprobe_jax.errors import ConfigError
@@ -191,7 +192,7 @@ def test_a_template_that_opens_the_thinking_is_probed(thinking_dir, tmp_path):
   )
   cfg = rl_thinking.tiny_rl(steps=1)
   prompts = loop.check_run(lm, cfg, PCFG, reward=rl_thinking.coin_reward)
-  assert loop.opens_thinking(lm.tokenizer.decode(list(prompts.prompt_ids[0])))
+  assert opens_thinking(lm.tokenizer.decode(list(prompts.prompt_ids[0])))
   res = loop.train_rl(lm, cfg, PCFG, str(tmp_path), reward=rl_thinking.coin_reward)
   assert res.metrics["probed_share"][0] > 0 and np.isfinite(res.metrics["phi_mean"][0])
   # a template that closes the thinking in the prompt is refused before any sampling
