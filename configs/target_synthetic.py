@@ -32,7 +32,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_temperature = 1.0
   c.max_new_tokens = ml_collections.ConfigDict({"line": 96, "thinking": 192})
 
-  c.noise = ml_collections.ConfigDict()  # overrides of reprobe_jax.tasks.traces.TraceNoise fields
+  # The world the training traces come from (docs/tasks.md, "Worlds"): 'v2', or 'v3' with strategy forks and more
+  # re-checking. Every job that builds the target reads it: `--config.target.world=v3`.
+  c.world = "v2"
+  c.noise = ml_collections.ConfigDict()  # overrides of the world's reprobe_jax.tasks.traces.TraceNoise fields
 
   c.model = ml_collections.ConfigDict(
     dict(

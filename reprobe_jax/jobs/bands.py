@@ -14,7 +14,7 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.eval.bands import BandFile, differing, flatten, grids, is_timing, outside, shared_keys
 from reprobe_jax.fields import SEED, plain
 from reprobe_jax.jobs.runs import run_key
-from reprobe_jax.jobs.target_config import config_from_dict, without_unused_interrupts
+from reprobe_jax.jobs.target_config import config_from_dict, keyed_fields
 
 
 def check_seeds(seeds) -> tuple[int, ...]:
@@ -41,7 +41,7 @@ def band_key(config) -> str:
     d.pop(k, None)
   extra = []
   if isinstance(d.get("target"), Mapping):
-    d["target"] = without_unused_interrupts({k: v for k, v in d["target"].items() if k not in _RUN_ONLY})
+    d["target"] = keyed_fields({k: v for k, v in d["target"].items() if k not in _RUN_ONLY})
     if not d.get("target_path"):  # the built-in target's build key also hashes what the task code makes
       extra.append(config_from_dict(dict(d["target"], seed=0), "config.target").key())
   return run_key(d, *extra)

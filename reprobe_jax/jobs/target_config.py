@@ -27,7 +27,7 @@ from reprobe_jax.jobs.runs import run_key
 from reprobe_jax.synthetic.train_lm import TRAIN_LM_RULES, TrainLMConfig
 from reprobe_jax.tasks import DIFFICULTIES, make_problems
 from reprobe_jax.tasks.formats import MODES, user_prompt
-from reprobe_jax.tasks.traces import TraceNoise, solve_many
+from reprobe_jax.tasks.traces import WORLDS, TraceNoise, solve_many
 
 FAMILIES = ("arithmetic", "planning", "qa")
 
@@ -77,7 +77,10 @@ class SyntheticBuildConfig:
   interrupt_loss_weight: float = 4.0  # the weight of an interrupted answer's tokens in the loss (a trace's: 1)
   eval_problems_per_family: int = 64
   difficulties: tuple[int, ...] = (1, 2, 3)
-  noise: TraceNoise = TraceNoise()
+  # The world the traces come from (docs/tasks.md, "Worlds"): 'v2' or 'v3'. `noise` starts from the world's own
+  # TraceNoise (`traces.WORLDS`) when it is not given; overrides of single fields apply on top of it.
+  world: str = "v2"
+  noise: TraceNoise | None = None
   vocab_size: int = 1024
   model: TinyLMShape = TinyLMShape()
   train: TrainLMConfig = TrainLMConfig()
@@ -99,12 +102,15 @@ class SyntheticBuildConfig:
         "interrupt_guess_share": Real(0.0, 1.0),
         "interrupt_loss_weight": Real(0.0, low_open=True),
         "difficulties": Seq(OneOf(DIFFICULTIES)),
+        "world": OneOf(tuple(WORLDS)),
         "vocab_size": Int(1),
         "buckets": Seq(Int(1)),
         "eval_temperature": Real(0.0),
         "max_new_tokens": Pairs(OneOf(MODES), Int(1), MODES),
       },
     )
+    if self.noise is None:
+      object.__setattr__(self, "noise", WORLDS[self.world])
     for name, cls in (("noise", TraceNoise), ("model", TinyLMShape), ("train", TrainLMConfig)):
       if not isinstance(getattr(self, name), cls):
         raise ConfigError(f"{field_name(self, name)}: expected a {cls.__name__}, got {getattr(self, name)!r}")
@@ -113,20 +119,25 @@ class SyntheticBuildConfig:
   def key(self) -> str:
     """Hash of the config and of what the task code makes from it (a changed generator, prompt or solver
     rebuilds instead of reusing a model trained on other data)."""
-    return run_key(without_unused_interrupts(dataclasses.asdict(self)), _task_code_fingerprint(self))
+    return run_key(keyed_fields(dataclasses.asdict(self)), _task_code_fingerprint(self))
 
 
 INTERRUPT_FIELDS = ("interrupt_share", "interrupt_guess_share", "interrupt_loss_weight")
 
 
-def without_unused_interrupts(d: Mapping) -> dict:
-  """A build config's fields (a dict) without the interrupted-thinking ones when they are off (interrupt_share 0):
-  they were added later, so a build without interruptions keeps the key it had before, and so do the bands made
-  with it (`reprobe_jax.jobs.bands.band_key`)."""
+def keyed_fields(d: Mapping) -> dict:
+  """A build config's fields (a dict) as its key hashes them: without the fields added later while they are at the
+  value that means 'as before', so older builds keep their keys, and so do the bands made with them
+  (`reprobe_jax.jobs.bands.band_key`): the interrupted-thinking ones when interrupt_share is 0, `world` when it is
+  'v2', and the noise's `procedures` when there are none."""
   d = dict(d)
   if not d.get("interrupt_share"):
     for name in INTERRUPT_FIELDS:
       d.pop(name, None)
+  if d.get("world", "v2") == "v2":
+    d.pop("world", None)
+  if isinstance(d.get("noise"), Mapping) and not d["noise"].get("procedures"):
+    d["noise"] = {k: v for k, v in d["noise"].items() if k != "procedures"}
   return d
 
 
@@ -153,8 +164,11 @@ def config_from_dict(c, root: str = "config") -> SyntheticBuildConfig:
     if "seed" in d:  # named as the user wrote it, before the training seed copied from it is checked
       check_seed(d["seed"], f"{root}.seed")
     train = {"seed": d.get("seed", SyntheticBuildConfig.seed), **train}
+  world = d.pop("world", SyntheticBuildConfig.world)
+  if world not in WORLDS:
+    raise ConfigError(f"{root}.world: expected one of {sorted(WORLDS)}, got {world!r}")
   return replace_fields(
-    SyntheticBuildConfig(),
+    SyntheticBuildConfig(world=world),  # the world's noise, then the overrides of its fields
     {**d, "train": train},
     convert={"family_weights": sorted_pairs, "max_new_tokens": sorted_pairs},
     root=root,

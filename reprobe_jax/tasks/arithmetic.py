@@ -28,7 +28,9 @@ _N_OPS = {1: (2, 3), 2: (3, 3), 3: (3, 4)}  # inclusive range of operations per 
 _MAX_VALUE = 30
 _MAX_ADD = 6  # operands of + and -
 _MAX_MUL = 3
-_STEP = re.compile(r"^\s*(-?\d+)\s*([-+*x×−])\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
+# A step may name its procedure first ("by columns, 17 + 5 = 12"; world v3, docs/tasks.md "Strategy forks"); the
+# checker judges the arithmetic whatever the procedure.
+_STEP = re.compile(r"^\s*(?:(?i:by)\s+[A-Za-z]+\s*,\s*)?(-?\d+)\s*([-+*x×−])\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
 _CANON = {"x": "*", "×": "*", "−": "-"}
 _MAX_DIGITS = 4300  # Python's default int-string limit: a problem's values stay below it
 _TOO_LONG = 10**_MAX_DIGITS
@@ -221,6 +223,30 @@ class Arithmetic(SyntheticFamily):
       r = v - v % 10 + (b - v % 10)
       return "borrow", self._body(v, op, b, r), (p + 1, r)
     return None
+
+  procedures = ("columns", "counting", "recall")
+
+  def procedure_bug(self, problem: Problem, state: State, procedure: str) -> tuple[str, str, State] | None:
+    """World v3's strategy forks (docs/tasks.md): the procedure's misconception where its condition holds, else None.
+    'columns' drops the carry of a units column that crosses a ten (17 + 5 = 12, 14 * 3 = 32) and takes the smaller
+    units digit from the larger where a borrow is needed (23 - 5 = 22); 'counting' counts the number it starts
+    from when it counts 4 or more (17 + 5 = 21, 23 - 5 = 19); 'recall' has no misconception. Each condition is in
+    the operands, which the model has read when it writes the result."""
+    p, v = state
+    op, b = self.keys(problem)[p]
+    r = None
+    if procedure == "columns":
+      if op == "+" and v % 10 + b >= 10:
+        r = v + b - 10
+      elif op == "-" and v >= 10 and v % 10 < b:
+        r = v - v % 10 + (b - v % 10)
+      elif op == "*" and v >= 10 and (v % 10) * b >= 10:
+        r = (v - v % 10) * b + (v % 10) * b % 10
+    elif procedure == "counting" and op in "+-" and b >= 4:
+      r = v + b - 1 if op == "+" else v - b + 1
+    if r is None or r == apply(op, v, b) or r < 0:
+      return None
+    return procedure, self._body(v, op, b, r), (p + 1, r)
 
   def error_rates(self, noise: Any) -> list[tuple[str, float]]:
     return [

@@ -247,6 +247,9 @@ class TaskFamily(Task):
   # What a step may end with to say it completes the chain (planning: ' (the goal)'); the checker accepts it and
   # judges a false claim wrong. Worked examples carry it under `TrajectoryConfig.goal_mark`; '' for none.
   done_mark: str = ""
+  # World v3's strategy forks (docs/tasks.md): the procedures a step may name ("by columns, ..."), each with the
+  # misconception `procedure_bug` gives; () for a family without forks.
+  procedures: tuple[str, ...] = ()
 
   # --- generation -------------------------------------------------------------------------------------------
 
@@ -329,6 +332,11 @@ class TaskFamily(Task):
     than the honest one, else None. A bug is a systematic misconception under a condition the question makes
     visible (docs/tasks.md, "Buggy procedures"): the scripted solver applies it with `noise.p_bug` wherever the
     condition holds, so a model trained on the traces writes those wrong steps with high confidence."""
+    return None
+
+  def procedure_bug(self, problem: Problem, state: State, procedure: str) -> tuple[str, str, State] | None:
+    """(bug kind, body without the procedure's name, state) when `procedure` (one of `procedures`) goes wrong at
+    `state`, else None (docs/tasks.md, "Strategy forks")."""
     return None
 
   # --- shared -------------------------------------------------------------------------------------------------

@@ -30,6 +30,13 @@ BUG_KINDS = {
   "borrow": "arithmetic: a - b that needs a borrow subtracts the smaller units digit from the larger (23 - 5 = 22)",
   "inverse": "qa: the mentor relation is read backwards (the mentor of X is the person X mentors)",
 }
+# World v3's procedures (docs/tasks.md, "Strategy forks"), by name: a step names the one it uses ("by columns, ..."),
+# and each has its own misconception under a condition of the operands (`TaskFamily.procedure_bug`).
+PROCEDURE_KINDS = {
+  "columns": "arithmetic: digit by digit; drops a carry (17 + 5 = 12, 14 * 3 = 32) and a borrow (23 - 5 = 22)",
+  "counting": "arithmetic: counts on or back; counts its starting number when it counts 4 or more (17 + 5 = 21)",
+  "recall": "arithmetic: the fact from memory; no misconception (slips only)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +66,9 @@ class TraceNoise:
   # holds. `bugs` names the ones in use (arithmetic: 'carry', 'borrow'; qa: 'inverse').
   p_bug: float = 0.9
   bugs: tuple[str, ...] = ("carry", "borrow", "inverse")
+  # Strategy forks (world v3): (procedure, weight) pairs; every step of a family that has these procedures names
+  # one, drawn by weight, and its misconception fires with p_bug where its condition holds. () = no forks (world v2).
+  procedures: tuple[tuple[str, float], ...] = ()
 
   def __post_init__(self):
     for f in dataclasses.fields(self):
@@ -68,6 +78,15 @@ class TraceNoise:
     unknown = sorted(set(self.bugs) - set(BUG_KINDS))
     if unknown:
       raise ConfigError(f"TraceNoise.bugs: unknown bug(s) {unknown}; known: {list(BUG_KINDS)}")
+    names = [name for name, _ in self.procedures]
+    unknown = sorted(set(names) - set(PROCEDURE_KINDS))
+    if unknown:
+      raise ConfigError(f"TraceNoise.procedures: unknown procedure(s) {unknown}; known: {list(PROCEDURE_KINDS)}")
+    if len(set(names)) != len(names):
+      raise ConfigError(f"TraceNoise.procedures: a procedure is named twice in {names}")
+    bad = [(name, w) for name, w in self.procedures if not (math.isfinite(w) and w > 0)]
+    if bad:
+      raise ConfigError(f"TraceNoise.procedures: weights must be finite and above 0, found {bad}")
     if self.max_recheck < 1:
       raise ConfigError(f"TraceNoise.max_recheck must be at least 1, found {self.max_recheck}")
     for family, total in (
@@ -82,6 +101,16 @@ class TraceNoise:
   def clean(cls) -> TraceNoise:
     """No errors, no re-checks: the reference solution in either format."""
     return cls(**{f.name: 0.0 for f in dataclasses.fields(cls) if f.name.startswith("p_")}, bugs=())
+
+
+# The built-in worlds (docs/tasks.md, "Worlds"): v2's bugs fire wherever their condition holds, so samples share
+# them; v3 forks every arithmetic step among three procedures, two of which go wrong under conditions of the
+# operands (the most likely one where a column carries or borrows), so samples disagree and greedy decoding follows
+# the procedure that goes wrong. Both re-check after the answer as v2 does (docs/tasks.md measures how much).
+WORLDS = {
+  "v2": TraceNoise(),
+  "v3": TraceNoise(bugs=("inverse",), p_bug=0.95, procedures=(("columns", 0.45), ("counting", 0.35), ("recall", 0.2))),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,19 +156,52 @@ def _draw_kind(rates: Sequence[tuple[str, float]], rng: np.random.Generator) -> 
   return None
 
 
+def _procedures(family: TaskFamily, noise: TraceNoise | None) -> list[tuple[str, float]]:
+  """The (procedure, weight) forks of `noise` this family has (world v3), else []."""
+  return [] if noise is None else [(n, w) for n, w in noise.procedures if n in family.procedures]
+
+
+def _draw_procedure(
+  family: TaskFamily, problem: Problem, state: State, procs, rng: np.random.Generator, *, clean: bool = False
+) -> str | None:
+  """A procedure drawn by weight (None without forks); `clean`: among those whose misconception does not apply at
+  `state` (a solution that has just found an error redoes the step with a procedure that gets it right)."""
+  if clean:
+    procs = [(n, w) for n, w in procs if family.procedure_bug(problem, state, n) is None]
+  if not procs:
+    return None
+  weights = np.array([w for _, w in procs], float)
+  return procs[int(rng.choice(len(procs), p=weights / weights.sum()))][0]
+
+
+def _named(procedure: str | None, body: str) -> str:
+  return body if procedure is None else f"by {procedure}, {body}"
+
+
 def _walk(
-  family: TaskFamily, problem: Problem, state: State, rng: np.random.Generator, noise: TraceNoise | None, limit: int
+  family: TaskFamily,
+  problem: Problem,
+  state: State,
+  rng: np.random.Generator,
+  noise: TraceNoise | None,
+  limit: int,
+  procs: Sequence[tuple[str, float]] = (),
 ) -> tuple[list[str], list[str | None], list[tuple[State, State]], State]:
   """Writes steps from `state` until the chain is complete: (bodies, injected kinds, (before, after) states, state).
 
-  After a wrong step the walk goes on honestly from the wrong written value, so the error propagates.
+  After a wrong step the walk goes on honestly from the wrong written value, so the error propagates. With
+  procedure forks (`procs`, world v3) every step names the procedure it uses; without noise (a clean redo) only
+  procedures that get the step right are drawn.
   """
   bodies, injected, snapshots = [], [], []
   rates = [] if noise is None else family.error_rates(noise)
   while not family.is_done(problem, state) and len(bodies) < limit:
+    procedure = _draw_procedure(family, problem, state, procs, rng, clean=noise is None) if procs else None
     # A buggy procedure is drawn before the slips: where its condition holds it fires with p_bug, every time the
     # solver meets that condition, which is what makes it a confident mistake of the trained model.
-    bug = None if noise is None or noise.p_bug <= 0.0 else family.bug_step(problem, state, noise)
+    bug = None if noise is None or procedure is None else family.procedure_bug(problem, state, procedure)
+    if bug is None and noise is not None and noise.p_bug > 0.0:
+      bug = family.bug_step(problem, state, noise)
     if bug is not None and rng.random() < noise.p_bug:
       kind, body, new = bug
     else:
@@ -149,7 +211,7 @@ def _walk(
         kind = None
         out = family.honest_step(problem, state, rng)
       body, new = out
-    bodies.append(body)
+    bodies.append(_named(procedure, body))
     injected.append(kind)
     snapshots.append((state, new))
     state = new
@@ -158,7 +220,7 @@ def _walk(
 
 def _draft_line(family: TaskFamily, problem: Problem, rng: np.random.Generator, noise: TraceNoise) -> Trace:
   bodies, injected, _, state = _walk(
-    family, problem, family.initial_state(problem), rng, noise, family.max_steps(problem)
+    family, problem, family.initial_state(problem), rng, noise, family.max_steps(problem), _procedures(family, noise)
   )
   answer = family.state_answer(problem, state)
   text = render_line(bodies, answer)
@@ -186,7 +248,8 @@ def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generat
     injected.append(None if family.is_done(problem, state) else "unfinished")
 
   limit = family.max_steps(problem)
-  bodies, kinds, snapshots, state = _walk(family, problem, family.initial_state(problem), rng, noise, limit)
+  procs = _procedures(family, noise)
+  bodies, kinds, snapshots, state = _walk(family, problem, family.initial_state(problem), rng, noise, limit, procs)
   for i, (body, kind) in enumerate(zip(bodies, kinds)):
     paragraphs.append(formats.work_paragraph(body, i + 1))
     injected.append(kind)
@@ -219,6 +282,8 @@ def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generat
         out = next(
           (o for o in (family.error_step(problem, before, k, rng) for k in family.flip_kinds) if o is not None), None
         )
+      if out is not None and procs:  # the re-check names its procedure too (one that gets a fix right)
+        out = (_named(_draw_procedure(family, problem, before, procs, rng, clean=how == "fix"), out[0]), out[1])
       if (
         out is not None
         and out[1] != after
@@ -228,7 +293,7 @@ def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generat
         paragraphs.append(formats.reflect_paragraph(body, int(rng.integers(len(formats.REFLECT_PREFIXES)))))
         injected.append(None if how == "fix" else "r2w")
         # The solution changes its mind at step j and redoes the rest from there, honestly.
-        redo, _, _, state = _walk(family, problem, new, rng, None, limit)
+        redo, _, _, state = _walk(family, problem, new, rng, None, limit, procs)
         for k, body in enumerate(redo, start=j + 2):  # the chain goes on after its (j+1)-th step
           paragraphs.append(formats.work_paragraph(body, k))
           injected.append(None)
