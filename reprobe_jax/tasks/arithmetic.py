@@ -229,21 +229,19 @@ class Arithmetic(SyntheticFamily):
   def procedure_bug(self, problem: Problem, state: State, procedure: str) -> tuple[str, str, State] | None:
     """World v3's strategy forks (docs/tasks.md): the procedure's misconception where its condition holds, else None.
     'columns' drops the carry of a units column that crosses a ten (17 + 5 = 12, 14 * 3 = 32) and takes the smaller
-    units digit from the larger where a borrow is needed (23 - 5 = 22); 'counting' counts the number it starts
-    from when it counts 4 or more (17 + 5 = 21, 23 - 5 = 19); 'recall' has no misconception. Each condition is in
-    the operands, which the model has read when it writes the result."""
+    units digit from the larger where a borrow is needed (23 - 5 = 22); 'counting' and 'recall' have none. The
+    condition is in the operands, which the model has read when it writes the result."""
+    if procedure != "columns":
+      return None
     p, v = state
     op, b = self.keys(problem)[p]
     r = None
-    if procedure == "columns":
-      if op == "+" and v % 10 + b >= 10:
-        r = v + b - 10
-      elif op == "-" and v >= 10 and v % 10 < b:
-        r = v - v % 10 + (b - v % 10)
-      elif op == "*" and v >= 10 and (v % 10) * b >= 10:
-        r = (v - v % 10) * b + (v % 10) * b % 10
-    elif procedure == "counting" and op in "+-" and b >= 4:
-      r = v + b - 1 if op == "+" else v - b + 1
+    if op == "+" and v % 10 + b >= 10:
+      r = v + b - 10
+    elif op == "-" and v >= 10 and v % 10 < b:
+      r = v - v % 10 + (b - v % 10)
+    elif op == "*" and v >= 10 and (v % 10) * b >= 10:
+      r = (v - v % 10) * b + (v % 10) * b % 10
     if r is None or r == apply(op, v, b) or r < 0:
       return None
     return procedure, self._body(v, op, b, r), (p + 1, r)

@@ -34,7 +34,7 @@ BUG_KINDS = {
 # and each has its own misconception under a condition of the operands (`TaskFamily.procedure_bug`).
 PROCEDURE_KINDS = {
   "columns": "arithmetic: digit by digit; drops a carry (17 + 5 = 12, 14 * 3 = 32) and a borrow (23 - 5 = 22)",
-  "counting": "arithmetic: counts on or back; counts its starting number when it counts 4 or more (17 + 5 = 21)",
+  "counting": "arithmetic: counts on or back; no misconception (slips only)",
   "recall": "arithmetic: the fact from memory; no misconception (slips only)",
 }
 
@@ -104,12 +104,12 @@ class TraceNoise:
 
 
 # The built-in worlds (docs/tasks.md, "Worlds"): v2's bugs fire wherever their condition holds, so samples share
-# them; v3 forks every arithmetic step among three procedures, two of which go wrong under conditions of the
-# operands (the most likely one where a column carries or borrows), so samples disagree and greedy decoding follows
+# them; v3 forks every arithmetic step among three procedures, of which the most likely goes wrong where a column
+# carries or borrows, so samples disagree, the right answer wins votes by two routes, and greedy decoding follows
 # the procedure that goes wrong. Both re-check after the answer as v2 does (docs/tasks.md measures how much).
 WORLDS = {
   "v2": TraceNoise(),
-  "v3": TraceNoise(bugs=("inverse",), p_bug=0.95, procedures=(("columns", 0.45), ("counting", 0.35), ("recall", 0.2))),
+  "v3": TraceNoise(bugs=("inverse",), p_bug=0.95, procedures=(("columns", 0.45), ("counting", 0.3), ("recall", 0.25))),
 }
 
 
