@@ -46,6 +46,7 @@ def test_procedure_bugs_worked_examples(start, op, b, procedure, written):
     (12, "+", 5, "columns"),  # 2 + 5 stays below ten
     (25, "-", 3, "columns"),  # no borrow
     (7, "*", 3, "columns"),  # one digit: no column to carry into
+    (7, "+", 5, "columns"),
     (12, "*", 2, "columns"),
     (17, "+", 5, "counting"),  # the other procedures have no misconception
     (23, "-", 5, "recall"),
@@ -58,6 +59,20 @@ def test_procedure_bugs_need_their_condition(start, op, b, procedure):
 def test_checker_reads_the_procedure_name():
   p = _problem(17, [["+", 5], ["*", 2]])
   assert ARITH.parse_step("by columns, 17 + 5 = 22") == (17, "+", 5, 22)
+  assert ARITH.parse_step("by columns, 17 + 5 = 10 + 2 = 12") == (17, "+", 5, 12)
+  assert ARITH.parse_step("17 + 5 = 10 + = 12") is None
+  # The columns procedure writes a two-digit value's tens and units column before the result.
+  for body, written in [
+    ("17 + 5 = 22", "by columns, 17 + 5 = 10 + 12 = 22"),
+    ("17 + 5 = 12", "by columns, 17 + 5 = 10 + 2 = 12"),  # the carry dropped
+    ("23 - 5 = 18", "by columns, 23 - 5 = 10 + 8 = 18"),  # the borrow
+    ("23 - 5 = 22", "by columns, 23 - 5 = 20 + 2 = 22"),
+    ("14 * 3 = 42", "by columns, 14 * 3 = 30 + 12 = 42"),
+    ("7 + 5 = 12", "by columns, 7 + 5 = 12"),  # one column
+  ]:
+    assert ARITH.with_procedure(body, "columns") == written
+    assert ARITH.parse_step(written) == ARITH.parse_step(body)
+  assert ARITH.with_procedure("17 + 5 = 22", "recall") == "by recall, 17 + 5 = 22"
   assert ARITH.parse_step("By Counting , 17 + 5 = 22") == (17, "+", 5, 22)
   assert ARITH.parse_step("by columns 17 + 5 = 22") is None  # the comma belongs to the name
   assert ARITH.parse_step("17 X 5 = 85") is None  # the name's case rule does not reach the operator

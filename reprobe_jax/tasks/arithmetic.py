@@ -28,9 +28,11 @@ _N_OPS = {1: (2, 3), 2: (3, 3), 3: (3, 4)}  # inclusive range of operations per 
 _MAX_VALUE = 30
 _MAX_ADD = 6  # operands of + and -
 _MAX_MUL = 3
-# A step may name its procedure first ("by columns, 17 + 5 = 12"; world v3, docs/tasks.md "Strategy forks"); the
-# checker judges the arithmetic whatever the procedure.
-_STEP = re.compile(r"^\s*(?:(?i:by)\s+[A-Za-z]+\s*,\s*)?(-?\d+)\s*([-+*x×−])\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
+# A step may name its procedure first and write the columns procedure's tens and units ("by columns, 17 + 5 = 10 + 2
+# = 12"; world v3, docs/tasks.md "Worlds"); the checker judges the result whatever the procedure.
+_STEP = re.compile(
+  r"^\s*(?:(?i:by)\s+[A-Za-z]+\s*,\s*)?(-?\d+)\s*([-+*x×−])\s*(\d+)\s*=\s*(?:-?\d+\s*\+\s*-?\d+\s*=\s*)?(-?\d+)\s*\.?\s*$"
+)
 _CANON = {"x": "*", "×": "*", "−": "-"}
 _MAX_DIGITS = 4300  # Python's default int-string limit: a problem's values stay below it
 _TOO_LONG = 10**_MAX_DIGITS
@@ -226,17 +228,33 @@ class Arithmetic(SyntheticFamily):
 
   procedures = ("columns", "counting", "recall")
 
+  def with_procedure(self, body: str, procedure: str) -> str:
+    """The step as `procedure` writes it: its name first, and for 'columns' on a two-digit value the tens and the
+    units column before the result ("by columns, 17 + 5 = 10 + 12 = 22"; without the carry "... = 10 + 2 = 12"), so
+    the route it took is in the tokens right before its result."""
+    parsed = self.parse_step(body)
+    if procedure == "columns" and parsed is not None and parsed[0] >= 10:
+      a, op, b, r = parsed
+      tens = a - a % 10
+      if op == "-" and r < tens:  # the borrow: one ten fewer, ten more units
+        tens -= 10
+      if op == "*":
+        tens *= b
+      body = f"{a} {op} {b} = {tens} + {r - tens} = {r}"
+    return f"by {procedure}, {body}"
+
   def procedure_bug(self, problem: Problem, state: State, procedure: str) -> tuple[str, str, State] | None:
     """World v3's strategy forks (docs/tasks.md): the procedure's misconception where its condition holds, else None.
-    'columns' drops the carry of a units column that crosses a ten (17 + 5 = 12, 14 * 3 = 32) and takes the smaller
-    units digit from the larger where a borrow is needed (23 - 5 = 22); 'counting' and 'recall' have none. The
-    condition is in the operands, which the model has read when it writes the result."""
+    'columns' on a two-digit value drops the carry of a units column that crosses a ten (17 + 5 = 10 + 2 = 12, 14 * 3
+    = 30 + 2 = 32) and takes the smaller units digit from the larger where a borrow is needed (23 - 5 = 20 + 2 =
+    22); 'counting' and 'recall' have none. The condition is in the operands, which the model has read when it
+    writes the units column."""
     if procedure != "columns":
       return None
     p, v = state
     op, b = self.keys(problem)[p]
     r = None
-    if op == "+" and v % 10 + b >= 10:
+    if op == "+" and v >= 10 and v % 10 + b >= 10:
       r = v + b - 10
     elif op == "-" and v >= 10 and v % 10 < b:
       r = v - v % 10 + (b - v % 10)

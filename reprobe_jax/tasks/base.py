@@ -334,6 +334,10 @@ class TaskFamily(Task):
     condition holds, so a model trained on the traces writes those wrong steps with high confidence."""
     return None
 
+  def with_procedure(self, body: str, procedure: str) -> str:
+    """A step body as `procedure` writes it (world v3): its name first."""
+    return f"by {procedure}, {body}"
+
   def procedure_bug(self, problem: Problem, state: State, procedure: str) -> tuple[str, str, State] | None:
     """(bug kind, body without the procedure's name, state) when `procedure` (one of `procedures`) goes wrong at
     `state`, else None (docs/tasks.md, "Strategy forks")."""

@@ -174,8 +174,8 @@ def _draw_procedure(
   return procs[int(rng.choice(len(procs), p=weights / weights.sum()))][0]
 
 
-def _named(procedure: str | None, body: str) -> str:
-  return body if procedure is None else f"by {procedure}, {body}"
+def _named(family: TaskFamily, procedure: str | None, body: str) -> str:
+  return body if procedure is None else family.with_procedure(body, procedure)
 
 
 def _walk(
@@ -211,7 +211,7 @@ def _walk(
         kind = None
         out = family.honest_step(problem, state, rng)
       body, new = out
-    bodies.append(_named(procedure, body))
+    bodies.append(_named(family, procedure, body))
     injected.append(kind)
     snapshots.append((state, new))
     state = new
@@ -283,7 +283,7 @@ def _draft_thinking(family: TaskFamily, problem: Problem, rng: np.random.Generat
           (o for o in (family.error_step(problem, before, k, rng) for k in family.flip_kinds) if o is not None), None
         )
       if out is not None and procs:  # the re-check names its procedure too (one that gets a fix right)
-        out = (_named(_draw_procedure(family, problem, before, procs, rng, clean=how == "fix"), out[0]), out[1])
+        out = (_named(family, _draw_procedure(family, problem, before, procs, rng, clean=how == "fix"), out[0]), out[1])
       if (
         out is not None
         and out[1] != after
