@@ -255,4 +255,4 @@ def test_extraction_and_the_exact_rules_stay_linear_on_hostile_text(text):
   start = time.monotonic()
   extract_answer(text)
   judge_answer(text[:100_000], "1", timeout=LIMIT_S)  # goes to math-verify when the exact rules cannot settle it
-  assert time.monotonic() - start < 5.0  # measured: 0.2-0.6 s each for the extraction on a 2-core machine
+  assert time.monotonic() - start < 20.0  # 0.2-0.6 s alone on 2 cores, 5.0 s under a full suite; quadratic: hours
