@@ -5,8 +5,9 @@ when `config.prm.enabled`; trains whatever is missing first; prints the numbers 
 config is the one they were made with), seeds (the reprobe job
 once per `config.seeds`, then every number's mean and spread over seeds: `<workdir>/seeds/summary.md` and the
 band file `<workdir>/seeds/bands.json`), tts (test-time scaling: greedy, votes, Best-of-N, beam search and DVTS
-with each step scorer at equal budgets; configs/tts_synthetic.py), tts_seeds (the tts job once per
-`config.seeds`, then mean +- sd: `<workdir>/tts_seeds/<key>/summary.md`).
+with each step scorer at equal budgets; configs/tts_synthetic.py; prints its numbers beside the shipped bands when
+the config is the one they were made with), tts_seeds (the tts job once per `config.seeds`, then mean +- sd:
+`<workdir>/tts_seeds/<key>/summary.md` and the band file `bands.json`).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def run_tts(config) -> None:
     f"Wrote {metrics['directory']}/metrics.json, table.md, accuracy.png"
     + (", cascade.png" if "cascade" in metrics else "")
   )
+  print(beside_bands(config, {"tts": metrics}, machine=metrics["machine"]))
 
 
 def run_tts_seeds(config) -> None:
@@ -138,13 +140,20 @@ def run_tts_seeds(config) -> None:
   os.makedirs(out, exist_ok=True)
   table = tts_report.table_markdown(merged)
   write_json(os.path.join(out, "per_seed.json"), per_seed)
+  bands = over_seeds([{"tts": m} for m in per_seed])
+  BandFile(job="tts", seeds=seeds, machine=str(describe()), config_key=band_key(config), bands=bands).save(
+    os.path.join(out, "bands.json")
+  )
   with atomic_open(os.path.join(out, "summary.md")) as f:
     f.write(table)
   tts_report.plot_budgets(merged, os.path.join(out, "accuracy.png"))
   if "cascade" in merged:
     tts_report.plot_cascade(merged, os.path.join(out, "cascade.png"))
   print("\n" + table)
-  print(f"Wrote {out}/summary.md, per_seed.json, accuracy.png")
+  print(
+    f"Wrote {out}/summary.md, per_seed.json, accuracy.png, bands.json (copy it to {config.get('bands')} to make it "
+    "the shipped bands)"
+  )
 
 
 def _spae_once(config) -> dict:

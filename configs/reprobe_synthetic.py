@@ -3,6 +3,7 @@
     python train.py --config=configs/reprobe_synthetic.py      # target (cached), trajectories, features, probes
     python eval.py  --config=configs/reprobe_synthetic.py      # PR-AUC table, metrics.json, pr_curves.png
     python eval.py  --config=configs/reprobe_synthetic.py --config.job=seeds   # every number over seeds 0, 1, 2
+    python eval.py  --config=configs/reprobe_synthetic.py:v2   # world v2, the control (docs/tasks.md, "Worlds")
     python train.py --config=configs/reprobe_synthetic.py --config.probe.d_model=256
     python eval.py  --config=configs/reprobe_synthetic.py --config.annotator=self      # the target judges itself
     OPENAI_API_KEY=... python eval.py --config=configs/reprobe_synthetic.py --config.annotator=judge \
@@ -16,11 +17,12 @@ import ml_collections
 from configs import judge_prompts, target_synthetic
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(world: str = target_synthetic.WORLDS[0]) -> ml_collections.ConfigDict:
+  """world: the built-in target's world, 'v3' (the default) or 'v2' (the control; docs/tasks.md, "Worlds")."""
   c = ml_collections.ConfigDict()
   c.job = "reprobe"
   c.workdir = "artifacts/reprobe_synthetic"
-  c.target = target_synthetic.get_config()  # built (or reused from its cache) first
+  c.target = target_synthetic.get_config(world)  # built (or reused from its cache) first
   c.target_path = ""  # or a HF directory / .gguf / hub id to probe another target model
   c.seed = 0  # the build seed: the built-in target's seed follows it (one override reseeds the whole chain)
   c.target.seed = c.get_ref("seed")
@@ -28,10 +30,10 @@ def get_config() -> ml_collections.ConfigDict:
   # tables of docs/results.md are made this way, and a single run prints its numbers beside `bands` (made on the
   # machine it names, for this config only).
   c.seeds = (0, 1, 2)
-  c.bands = "configs/bands/reprobe_synthetic.json"
+  c.bands = f"configs/bands/reprobe_synthetic.{world}.json"
   # Band files made on other CPU kinds (same config): a run on one of them also says how many of its numbers fall
   # outside that machine's own bands (on one CPU kind the build repeats, so none should).
-  c.machine_bands = ("configs/bands/reprobe_synthetic.amd_epyc.json",)
+  c.machine_bands = ("configs/bands/reprobe_synthetic.v2.amd_epyc.json",) if world == "v2" else ()
   c.mode = "line"
   c.train_domains = ("arithmetic",)
   c.ood_domains = ("planning", "qa")

@@ -2,6 +2,7 @@
 
     python train.py --config=configs/rl_synthetic.py --config.advantage=spae     # one method, one seed
     python train.py --config=configs/rl_synthetic.py --config.job=rl_compare     # GRPO, DAPO, RF-B, SPAE x seeds
+    python train.py --config=configs/rl_synthetic.py:v2 --config.job=rl_compare  # on world v2, the control
 
 The start policy is the SPAE target (configs/spae_synthetic.py: interrupted-thinking traces, so its step potential
 reads something); it is built once (or reused) and every method and seed starts from it. Training prompts are
@@ -12,11 +13,12 @@ domain (arithmetic) and out of domain (planning, qa), the same problems for ever
 import ml_collections
 from ml_collections import config_dict
 
-from configs import spae_synthetic
+from configs import spae_synthetic, target_synthetic
 
 
-def get_config() -> ml_collections.ConfigDict:
-  base = spae_synthetic.get_config()
+def get_config(world: str = target_synthetic.WORLDS[0]) -> ml_collections.ConfigDict:
+  """world: the built-in target's world, 'v3' (the default) or 'v2' (the control; docs/tasks.md, "Worlds")."""
+  base = spae_synthetic.get_config(world)
   c = ml_collections.ConfigDict()
   c.job = "rl"
   c.workdir = "artifacts/rl_synthetic"

@@ -1,6 +1,7 @@
 """SPAE's step potential on the built-in target's thinking mode (docs/method.md §B1, §B3):
 
     python eval.py --config=configs/spae_synthetic.py
+    python eval.py --config=configs/spae_synthetic.py:v2     # world v2, the control (docs/tasks.md, "Worlds")
 
 Potential curves, saturation against the task's oracle, and plain against probe-truncated decoding (Acc@16,
 Len@16, checking tokens, R2W), in domain (arithmetic) and out of domain (planning, qa). The target is the built-in
@@ -13,12 +14,13 @@ import ml_collections
 from configs import target_synthetic
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(world: str = target_synthetic.WORLDS[0]) -> ml_collections.ConfigDict:
+  """world: the built-in target's world, 'v3' (the default) or 'v2' (the control; docs/tasks.md, "Worlds")."""
   c = ml_collections.ConfigDict()
   c.job = "spae"
   c.workdir = "artifacts/spae_synthetic"
   c.target_path = ""  # empty: the built-in target below (built or reused); else a model folder, GGUF or hub id
-  c.target = target_synthetic.get_config()
+  c.target = target_synthetic.get_config(world)
   c.target.interrupt_share = 1.0
   # More thinking traces and a longer run than the ReProbe target: with the defaults (0.4, 1700 steps) the tiny model
   # stays unsure of its answer where the chain completes (Conf 0.64 and Acc 0.82 there in arithmetic, no boundary

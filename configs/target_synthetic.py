@@ -1,12 +1,19 @@
 """The built-in default target model: synthetic worlds + a tiny Llama trained on them.
 
 python train.py --config=configs/target_synthetic.py --config.train.steps=800 --config.workdir=/tmp/x
+python train.py --config=configs/target_synthetic.py:v2     # world v2, the negative control (docs/tasks.md, "Worlds")
 """
 
 import ml_collections
 
 
-def get_config() -> ml_collections.ConfigDict:
+WORLDS = ("v3", "v2")  # the first is the default
+
+
+def get_config(world: str = WORLDS[0]) -> ml_collections.ConfigDict:
+  """world: 'v3' (strategy forks, the default) or 'v2' (the control: the same harness on a world without them)."""
+  if world not in WORLDS:
+    raise ValueError(f"configs/target_synthetic.py:<world>: expected one of {WORLDS}, got {world!r}")
   c = ml_collections.ConfigDict()
   c.job = "target_synthetic"
   c.workdir = "artifacts/target_synthetic"
@@ -32,9 +39,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_temperature = 1.0
   c.max_new_tokens = ml_collections.ConfigDict({"line": 96, "thinking": 192})
 
-  # The world the training traces come from (docs/tasks.md, "Worlds"): 'v2', or 'v3' with strategy forks and more
-  # re-checking. Every job that builds the target reads it: `--config.target.world=v3`.
-  c.world = "v2"
+  # The world the training traces come from (docs/tasks.md, "Worlds"): 'v3', whose arithmetic steps fork among
+  # procedures (the most likely one goes confidently wrong on two-digit values), or 'v2' without the forks. Every job
+  # that builds the target reads it; the configs take it as their argument (`--config=configs/<job>.py:v2`).
+  c.world = world
   c.noise = ml_collections.ConfigDict()  # overrides of the world's reprobe_jax.tasks.traces.TraceNoise fields
 
   c.model = ml_collections.ConfigDict(

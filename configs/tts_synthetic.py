@@ -5,6 +5,7 @@ search and DVTS with the probes and the uncertainty baselines as step scorers, a
     python eval.py --config=configs/tts_synthetic.py --config.tts.problems=20 --config.tts.budgets=1,2,4
     python eval.py --config=configs/tts_synthetic.py --config.tts.lookahead=1
     python eval.py --config=configs/tts_synthetic.py:demo                # make demo's small grid (about 2 minutes)
+    python eval.py --config=configs/tts_synthetic.py:demo,v2             # the same on world v2, the control
     python eval.py --config=configs/tts_synthetic.py --config.job=tts_seeds   # docs/results.md's tables: seeds 0, 1, 2
 
 The target and the probes come from the ReProbe job's cache (configs/reprobe_synthetic.py: same workdir, same run
@@ -13,16 +14,21 @@ folder); what is missing is built first. Outputs: <run folder>/tts/<key>/{metric
 
 import ml_collections
 
-from configs import reprobe_synthetic
+from configs import reprobe_synthetic, target_synthetic
 
 
-def get_config(grid: str = "full") -> ml_collections.ConfigDict:
-  """grid: 'full' (every scorer, strategy and budget; about 30 minutes per seed on 2 CPU cores) or 'demo' (in
-  domain, the attention+logit probe, Best-of-N / votes and beam search at N = 1, 4, 16)."""
+def get_config(arg: str = "full") -> ml_collections.ConfigDict:
+  """arg: the grid, 'full' (every scorer, strategy and budget; about 30 minutes per seed on 2 CPU cores) or 'demo'
+  (in domain, the attention+logit probe, Best-of-N / votes and beam search at N = 1, 4, 16), optionally followed by
+  the built-in target's world: 'demo,v2' (default 'v3'; docs/tasks.md, "Worlds")."""
+  grid, _, world = arg.partition(",")
   if grid not in ("full", "demo"):
-    raise ValueError(f"configs/tts_synthetic.py:<grid>: expected 'full' or 'demo', got {grid!r}")
-  c = reprobe_synthetic.get_config()
+    raise ValueError(f"configs/tts_synthetic.py:<grid>[,<world>]: expected 'full' or 'demo', got {grid!r}")
+  c = reprobe_synthetic.get_config(world or target_synthetic.WORLDS[0])
   c.job = "tts"
+  # The shipped bands of the demo grid (three build seeds, `--config.job=tts_seeds`); none for the full grid.
+  c.bands = f"configs/bands/tts_synthetic.demo.{c.target.world}.json" if grid == "demo" else ""
+  c.machine_bands = ()
   c.tts = ml_collections.ConfigDict(
     dict(
       problems=60,  # per domain, spread evenly over the ReProbe test split

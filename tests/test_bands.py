@@ -128,29 +128,82 @@ def test_seeds_are_checked():
 
 
 def test_the_shipped_bands_apply_to_the_shipped_config():
-  """make demo compares its numbers with configs/bands/reprobe_synthetic.json only when the band file's key is the
-  demo config's: a field added later with its old behaviour as default (the interrupted-thinking ones, off here)
-  must not change the key, or the demo silently stops comparing."""
+  """make demo compares its numbers with configs/bands/ only when the band file's key is the demo config's: a
+  field added later with its old behaviour as default (the interrupted-thinking ones, off here) must not change the
+  key, or the demo silently stops comparing. Each world has its own band files; world v2's (the control) kept the key
+  they had when v2 was the default."""
   import json
   import os
-  from configs import reprobe_synthetic
+  from configs import reprobe_synthetic, tts_synthetic
   from reprobe_jax.jobs.bands import band_key
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  config = reprobe_synthetic.get_config()
-  assert config.machine_bands  # the other CPU kinds' bands, each for this config and made on another machine
-  machines = set()
-  for path in (config.bands,) + tuple(config.machine_bands):
+
+  def key_of(path):
     with open(os.path.join(root, path)) as f:
       d = json.load(f)
-    assert d["config_key"] == band_key(config), path
-    machines.add(d["machine"])
-  assert len(machines) == 1 + len(config.machine_bands)
+    return d["config_key"], d["machine"]
+
+  for world in ("v3", "v2"):
+    config = reprobe_synthetic.get_config(world)
+    assert config.target.world == world and world in config.bands
+    machines = set()
+    for path in (config.bands,) + tuple(config.machine_bands):
+      key, machine = key_of(path)
+      assert key == band_key(config), path
+      machines.add(machine)
+    assert len(machines) == 1 + len(config.machine_bands)
+    demo = tts_synthetic.get_config(f"demo,{world}")
+    assert key_of(demo.bands)[0] == band_key(demo), demo.bands
+  assert band_key(reprobe_synthetic.get_config("v2")) == "71cbb8b6cae0"  # the key v2's bands were made with
+  assert reprobe_synthetic.get_config().target.world == "v3" and tts_synthetic.get_config().bands == ""
+  with pytest.raises(ValueError, match="expected one of"):
+    reprobe_synthetic.get_config("v4")
   from configs import reprobe_smollm2  # SmolLM2's bands (three seeds, no PRM: its config's default)
 
   config = reprobe_smollm2.get_config()
-  with open(os.path.join(root, config.bands)) as f:
-    assert json.load(f)["config_key"] == band_key(config)
+  assert key_of(config.bands)[0] == band_key(config)
+  config.target.world = "v2"  # a pretrained target: the built-in target's section is not part of the key
+  assert key_of(config.bands)[0] == band_key(config)
+
+
+def _tts(best):
+  cells = {
+    "greedy": {"1": {"first": 0.3}},
+    "best_of_n[probe]": {
+      "1": {"first": 0.3, "best": 0.3, "majority": 0.3, "weighted": 0.3, "pass@n": 0.3},
+      "4": {"first": 0.3, "best": best, "majority": 0.5, "weighted": 0.6, "pass@n": 0.9},
+    },
+    "beam[probe]": {"4": {"best": best + 0.1}},
+  }
+  return {"tts": {"results": {"arithmetic": cells}, "config": {"budgets": [1, 4]}, "machine": "m"}}
+
+
+def test_a_tts_run_is_shown_beside_the_bands_of_its_grid_at_the_largest_budget(tmp_path):
+  import ml_collections
+  from reprobe_jax.eval.bands import grids, outside
+  from reprobe_jax.jobs.bands import band_key, beside_bands
+
+  config = ml_collections.ConfigDict({"job": "tts", "seed": 0, "target_path": "m", "bands": str(tmp_path / "b.json")})
+  runs = [_tts(x) for x in (0.6, 0.7, 0.8)]
+  BandFile("tts", (0, 1, 2), "machine A", band_key(config), over_seeds(runs)).save(config.bands)
+  table = grids(runs[0], over_seeds(runs), None)
+  assert "accuracy at N = 4" in table
+  for row in (
+    "| Greedy | 0.300 +- 0.000 |",
+    "| Majority vote | 0.500 +- 0.000 |",
+    "| Best-of-N, probe | 0.700 +- 0.100 |",
+    "| Weighted vote, probe | 0.600 +- 0.000 |",
+    "| Beam search, probe | 0.800 +- 0.100 |",
+    "| pass@N (upper bound) | 0.900 +- 0.000 |",
+  ):
+    assert row in table, table
+  mine = beside_bands(config, _tts(2.0), machine="machine B")
+  assert "| Best-of-N, probe | 2.000 ! (0.700 +- 0.100) |" in mine and "| Greedy | 0.300 (0.300 +- 0.000) |" in mine
+  assert outside(_tts(2.0), over_seeds(runs)) == (
+    ["tts.results.arithmetic.best_of_n[probe].4.best", "tts.results.arithmetic.beam[probe].4.best"],
+    6,
+  )
 
 
 def test_differing_names_the_numbers_two_machines_disagree_on():

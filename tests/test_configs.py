@@ -53,13 +53,34 @@ def _check(c):
     tts_smollm2.get_config,
     tts_synthetic.get_config,
     lambda: tts_synthetic.get_config("demo"),
+    lambda: tts_synthetic.get_config("demo,v2"),
+    lambda: reprobe_synthetic.get_config("v2"),
     spae_synthetic.get_config,
+    lambda: spae_synthetic.get_config("v2"),
     spae_smollm2.get_config,
     rl_synthetic.get_config,
+    lambda: rl_synthetic.get_config("v2"),
   ],
 )
 def test_job_configs_convert(make):
   _check(make())
+
+
+def test_the_world_is_the_configs_argument():
+  """World v3 is the default of every synthetic config; `:v2` (`:demo,v2` for the tts grid) gives the control, and
+  anything else is refused by name before a job starts."""
+  from reprobe_jax.jobs.target_config import config_from_dict as build_config
+
+  for make in (reprobe_synthetic.get_config, spae_synthetic.get_config, rl_synthetic.get_config):
+    assert make().target.world == "v3" and make("v2").target.world == "v2"
+    assert build_config(make("v2").target, "config.target").noise.procedures == ()
+    assert build_config(make().target, "config.target").noise.procedures
+  assert tts_synthetic.get_config("demo,v2").target.world == "v2" and tts_synthetic.get_config("demo").tts.problems
+  for bad, make in (("v4", reprobe_synthetic.get_config), ("demo,v4", tts_synthetic.get_config)):
+    with pytest.raises(ValueError, match="v4"):
+      make(bad)
+  with pytest.raises(ValueError, match="'fast'"):
+    tts_synthetic.get_config("fast,v2")
 
 
 @pytest.mark.parametrize("smoke", [False, True])

@@ -7,8 +7,8 @@ asks: is this build one more draw of the spread the seeds showed? (`mean +- 2 sd
 build of the same distribution falls outside it about one time in four, so a table of a hundred numbers always
 showed some.) Numbers are flattened to dotted keys
 (`methods.maxprob.arithmetic.pr_auc`, `groups.qa/line.step_error_rate`), so one file format serves the target
-report and the ReProbe metrics. Which config a band file belongs to, and a run's numbers beside it, are the jobs'
-(`reprobe_jax.jobs.bands`).
+report, the ReProbe metrics and the test-time-scaling grid. Which config a band file belongs to, and a run's
+numbers beside it, are the jobs' (`reprobe_jax.jobs.bands`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from reprobe_jax.errors import DataFormatError
+from reprobe_jax.eval.tts_rows import budget_key
+from reprobe_jax.eval.tts_rows import rows as tts_rows
 from reprobe_jax.io.atomic import write_json
 from reprobe_jax.io.readers import read_json
 
@@ -221,8 +223,8 @@ TARGET_COLUMNS = (
 
 
 def _grid_specs(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[str], Callable[[str, str], str], str]]:
-  """(title, rows, cols, key, corner) of each grid a job's result is shown in: the target report and the ReProbe
-  PR-AUC grid, rows and columns from `result` (one run's numbers)."""
+  """(title, rows, cols, key, corner) of each grid a job's result is shown in: the target report, the ReProbe
+  PR-AUC grid and the test-time-scaling grid, rows and columns from `result` (one run's numbers)."""
   specs = []
   groups = list(result.get("target", {}).get("groups", {}))
   if groups:
@@ -247,11 +249,23 @@ def _grid_specs(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[st
     specs.append(
       ("", ["incorrect share"], datasets, lambda r, c: f"reprobe.datasets.{c}.incorrect_share", "test steps")
     )
+  tts = result.get("tts", {})
+  if tts.get("results"):  # the test-time-scaling grid at its largest budget, one column per domain
+    results, top = tts["results"], max(tts["config"]["budgets"])
+    domains = list(results)
+    titled = {title: (cell, sel) for title, cell, sel in tts_rows(results[domains[0]])}
+
+    def tts_key(r, d):
+      cell, sel = titled[r]
+      return f"tts.results.{d}.{cell}.{budget_key(results[d].get(cell, {}), top)}.{sel}"
+
+    specs.append((f"Test-time scaling, accuracy at N = {top}:\n", list(titled), domains, tts_key, "method"))
   return specs
 
 
 def grids(result: Mapping[str, Any], bands: Mapping[str, Band], values: Mapping[str, float] | None) -> str:
-  """The target report grid and the ReProbe PR-AUC grid, each cell a band (or, given `values`, a value beside it)."""
+  """The target report, ReProbe PR-AUC and test-time-scaling grids, each cell a band (or, given `values`, a value
+  beside it)."""
   out = []
   for title, rows, cols, key, corner in _grid_specs(result):
     if title:

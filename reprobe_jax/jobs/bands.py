@@ -40,10 +40,12 @@ def band_key(config) -> str:
   for k in _RUN_ONLY:
     d.pop(k, None)
   extra = []
-  if isinstance(d.get("target"), Mapping):
+  if d.get("target_path"):  # a pretrained target: the built-in target's build section (its world too) is unused
+    d.pop("target", None)
+  elif isinstance(d.get("target"), Mapping):
     d["target"] = keyed_fields({k: v for k, v in d["target"].items() if k not in _RUN_ONLY})
-    if not d.get("target_path"):  # the built-in target's build key also hashes what the task code makes
-      extra.append(config_from_dict(dict(d["target"], seed=0), "config.target").key())
+    # the built-in target's build key also hashes what the task code makes
+    extra.append(config_from_dict(dict(d["target"], seed=0), "config.target").key())
   return run_key(d, *extra)
 
 

@@ -3,38 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from matplotlib.figure import Figure
 
 from reprobe_jax.eval.bands import Band, summarise
 from reprobe_jax.io.atomic import atomic_open
+from reprobe_jax.eval.tts_rows import at as _at
+from reprobe_jax.eval.tts_rows import rows as _rows
 from reprobe_jax.jobs.tts_config import MIN_SEARCH_BUDGET
-
-STRATEGY_TITLES = {"best_of_n": "Best-of-N", "beam": "Beam search", "dvts": "DVTS"}
-
-
-def _rows(per: dict) -> Iterator[tuple[str, str, str]]:
-  """(row title, cell name, selection) of every method, in the paper's table order."""
-  yield "Greedy", "greedy", "first"
-  bon = sorted(k for k in per if k.startswith("best_of_n["))
-  if bon:
-    yield "Majority vote", bon[0], "majority"
-  for cell in bon:
-    yield f"Best-of-N, {cell[len('best_of_n[') : -1]}", cell, "best"
-  for cell in bon:
-    yield f"Weighted vote, {cell[len('best_of_n[') : -1]}", cell, "weighted"
-  for strategy in ("beam", "dvts"):
-    for cell in sorted(k for k in per if k.startswith(f"{strategy}[")):
-      yield f"{STRATEGY_TITLES[strategy]}, {cell[len(strategy) + 1 : -1]}", cell, "best"
-  if bon:
-    yield "pass@N (upper bound)", bon[0], "pass@n"
-
-
-def _at(cell: dict, budget: int) -> dict | None:
-  if str(budget) in cell:
-    return cell[str(budget)]
-  return cell.get("1") if len(cell) == 1 else None  # greedy is one trajectory at every budget
 
 
 def _fmt(x, digits: int = 3) -> str:
