@@ -156,13 +156,14 @@ def _without_eos(lm: LanguageModel) -> LanguageModel:
   return lm.sharing_weights(config=dataclasses.replace(lm.config, eos_token_ids=()), tokenizer=None)
 
 
-def _hf_generate(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
+def _hf_generate(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, cache: str | None = None):
   """Times HF's greedy generate (min_new_tokens = max_new_tokens = n_new) on prompts [B, P]; returns (timing,
-  new tokens [B, n_new])."""
+  new tokens [B, n_new]). cache: HF's `cache_implementation` ('static'), None for its default dynamic cache."""
   torch = _torch()
   ids_t = torch.from_numpy(prompts).long().to(pair.device)
   pair.hf.set_attn_implementation("sdpa")
   pad = _without_eos(pair.lm).pad_id()
+  kw = {} if cache is None else {"cache_implementation": cache}
 
   def hf():
     with torch.inference_mode():
@@ -176,6 +177,7 @@ def _hf_generate(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
         temperature=None,
         top_p=None,
         top_k=None,
+        **kw,
       )
     _sync(pair)
     return out
@@ -184,13 +186,14 @@ def _hf_generate(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
   return t_hf, out[:, prompts.shape[1] :].cpu().numpy()
 
 
-def _generate_pair(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int):
-  """Times our greedy generate and HF's (min_new_tokens = max_new_tokens = n_new) on the same prompts [B, P]."""
+def _generate_pair(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, cache: str | None = None):
+  """Times our greedy generate and HF's (min_new_tokens = max_new_tokens = n_new, `cache_implementation=cache`) on
+  the same prompts [B, P]."""
   lm = _without_eos(pair.lm)
   lists = prompts.tolist()
   greedy = SamplingParams(temperature=0)
   t_ours, gen = time_call(lambda: lm.generate(lists, greedy, max_new_tokens=n_new), repeats)
-  t_hf, hf_tokens = _hf_generate(pair, prompts, n_new, repeats)
+  t_hf, hf_tokens = _hf_generate(pair, prompts, n_new, repeats, cache)
   return t_ours, gen, t_hf, hf_tokens
 
 
@@ -274,6 +277,22 @@ def decode(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int, *, step_ti
     _side(t_ours, produced),
     _side(t_hf, float(b * n_new)),
     **extra,
+  )
+
+
+def decode_static(pair: Pair, prompts: np.ndarray, n_new: int, repeats: int) -> dict:
+  """Batched greedy decoding vs HF generate with a static KV cache (`cache_implementation="static"`: preallocated to
+  the prompt plus n_new, the cache torch.compile needs; not compiled here). End to end, as `decode` times it."""
+  b, p = prompts.shape
+  t_ours, gen, t_hf, hf_tokens = _generate_pair(pair, prompts, n_new, repeats, cache="static")
+  same = [np.array_equal(gen.tokens[i, : gen.lengths[i]], hf_tokens[i, : gen.lengths[i]]) for i in range(b)]
+  return _row(
+    f"decode_b{b}_hf_static",
+    f"Greedy decode, batch {b} ({p}-token prompts, {n_new} new tokens) vs HF generate with a static cache",
+    {"batch": b, "prompt": p, "new_tokens": n_new},
+    _side(t_ours, float(gen.lengths.sum())),
+    _side(t_hf, float(b * n_new)),
+    parity={"greedy_rows_equal": float(np.mean(same))},
   )
 
 

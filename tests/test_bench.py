@@ -200,12 +200,12 @@ def test_spae_loop_gives_the_batched_potentials(tmp_path):
   import jax
 
   from bench import spae
-  from bench.pair import build_tiny
+  from bench.pair import build_random
   from reprobe_jax.models import LanguageModel, load_pretrained
   from reprobe_jax.spae.potential import ProbeConfig
   from reprobe_jax.spae.prober import Prober
 
-  base = load_pretrained(build_tiny(str(tmp_path)))  # bench.run's tiny random Llama, without a tokenizer
+  base = load_pretrained(build_random(str(tmp_path)))  # bench.run's tiny random Llama, without a tokenizer
   # weights x4: peaked next-token distributions, so Conf differs between samples (near 0.003 everywhere otherwise)
   lm = spae.with_tokenizer(LanguageModel(base.config, base.graphdef, jax.tree.map(lambda x: 4 * x, base.params), None))
   data = spae.thinking_set(lm, 2, source="random words")
@@ -264,7 +264,7 @@ def test_cli_rejects_a_missing_model(tmp_path, capsys):
 
 
 def _tiny_config():
-  # bench.pair.build_tiny's Llama: hidden 64, intermediate 128, 4 heads of 16, 2 KV heads, vocab 512, 2 layers.
+  # bench.pair.build_random's Llama: hidden 64, intermediate 128, 4 heads of 16, 2 KV heads, vocab 512, 2 layers.
   from reprobe_jax.models.config import ModelConfig
 
   return ModelConfig(
