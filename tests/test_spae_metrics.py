@@ -26,6 +26,7 @@ from reprobe_jax.spae.metrics import (
 from reprobe_jax.spae.potential import StepPotentials, step_potential
 from reprobe_jax.spae.prober import boundary_marks
 from reprobe_jax.tasks import Problem, TraceNoise, make_problems, render_thinking, solve
+from reprobe_jax.tasks.response import parse_thinking
 from reprobe_jax.tasks.formats import conclude_paragraph, reflect_paragraph, work_paragraph
 
 NAN = math.nan
@@ -344,9 +345,23 @@ def test_outcome_from_misalignment_errors():
     outcome_from(ARITH, ids, tok, potentials_for(cuts[:-1], np.ones(6), np.ones(6)))
   with pytest.raises(DataFormatError, match=r"'arith'.*7 boundaries at tokens"):
     outcome_from(ARITH, ids, tok, potentials_for(cuts + 1, np.ones(7), np.ones(7)))
-  # a paragraph that is only '.': the sampler closes a step there, the thinking parser reads no paragraph
+
+
+def test_degenerate_thinking_pairs_the_sampler_paragraphs_with_the_parser():
+  """Model output the scripted traces never hold: a paragraph that is only '.', and a second '<think>' inside the
+  thinking (a built-in v3 target wrote 'Step 1: 5 * 5 = 25\\n\\n\\n\\n\\n<think>\\n<think>\\nStep 2: ...'). The
+  thinking parser reads the step module's paragraphs, so each potential pairs with the paragraph the sampler closed
+  there: the '<think>' drops the unfinished step before it, as the stop automaton does."""
+  tok = tokenizer()
   odd = encode(tok, "<think>\nStep 1: 12 + 5 = 17.\n\n.\n\nStep 2: 17 * 3 = 51.\n\n</think>\n\n")
   cuts = sampler_cuts(tok, odd)
   assert len(cuts) == 3
-  with pytest.raises(DataFormatError, match=r"'arith'.*3 boundary-closed paragraphs.*not the first of the 2"):
-    outcome_from(ARITH, odd, tok, potentials_for(cuts, np.ones(3), np.ones(3)))
+  o = outcome_from(ARITH, odd, tok, potentials_for(cuts, np.ones(3), np.ones(3)))
+  assert o.kinds == ("step", "other", "step")
+  text = "<think>\nStep 1: 12 + 5 = 17\n\n\n\n\n<think>\n<think>\nStep 2: 17 * 3 = 51.\n\nSo the answer is 51.\n\n"
+  twice = encode(tok, text + "</think>\n\n**Final Answer**\n\\boxed{51}")
+  cuts = sampler_cuts(tok, twice)
+  assert len(cuts) == 2  # 'Step 1: 12 + 5 = 17' was never closed: the second '<think>' dropped it
+  o = outcome_from(ARITH, twice, tok, potentials_for(cuts, [0.5, 1.0], [0.5, 1.0]))
+  assert o.kinds == ("step", "other") and o.first_saturated == 1
+  assert parse_thinking(text)[0] == ["Step 2: 17 * 3 = 51.", "So the answer is 51."]

@@ -143,10 +143,10 @@ def test_trace_noise_checks_its_procedures():
 
 
 def test_build_config_world():
-  c = target_synthetic.get_config()
-  v2 = config_from_dict(c)
+  v2 = config_from_dict(target_synthetic.get_config("v2"))
   assert v2.world == "v2" and v2.noise == TraceNoise() == SyntheticBuildConfig().noise
-  c.world = "v3"
+  c = target_synthetic.get_config()  # the built-in default is v3
+  assert config_from_dict(c).noise == WORLDS["v3"]
   c.noise.p_bug = 0.8  # an override applies on top of the world's noise
   v3 = config_from_dict(c)
   assert v3.noise == dataclasses.replace(WORLDS["v3"], p_bug=0.8)

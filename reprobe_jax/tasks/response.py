@@ -14,12 +14,12 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from reprobe_jax.steps import THINK_CLOSE, THINK_OPEN, paragraph_regions
 from reprobe_jax.tasks.math_normalize import last_boxed
 
 _LINE_STEP = re.compile(r"^\s*[-*]?\s*step\s*(\d+)\s*[:.]\s*(.*?)\s*$", re.IGNORECASE)
 _LINE_ANSWER = re.compile(r"^\s*<answer>\s*:?\s*(.*?)\s*$", re.IGNORECASE)
 _HEADER = re.compile(r"^\s*(reasoning steps|solution|steps)\s*:?\s*$", re.IGNORECASE)
-_BOUNDARY = ".\n\n"
 
 
 # --- line mode ---------------------------------------------------------------------------------------------------
@@ -81,19 +81,21 @@ def render_thinking(paragraphs: Sequence[str], answer: str | None) -> str:
 def parse_thinking(text: str) -> tuple[list[str], str | None]:
   """(paragraphs, answer or None) from thinking-mode text; tolerant of model output.
 
-  Paragraphs are split at '.\\n\\n' (the SPAE boundary of docs/method.md §A1/B1) before '</think>'; each keeps its final
-  period; a trailing piece without a boundary is kept as the last paragraph. Without '<think>' the text starts at
-  the beginning; without '</think>' everything is thinking. The answer is the last \\boxed{...} after '</think>'
-  (anywhere when '</think>' is missing).
+  The paragraphs are the step module's (`steps.paragraph_regions`: each ends right after '.\\n\\n', the SPAE boundary
+  of docs/method.md §A1/B1, before '</think>'; a '<think>' drops the unfinished paragraph before it), so they are the
+  paragraphs whose ends the sampler stops at and SPAE probes, also in degenerate output such as a second '<think>'
+  inside the thinking. Each keeps its final period; the unfinished rest before '</think>' (or the end) is kept as
+  the last paragraph. Without '<think>' the text starts at the beginning; without '</think>' everything is thinking.
+  The answer is the last \\boxed{...} after '</think>' (anywhere when '</think>' is missing).
   """
   text = text or ""
-  start = text.find("<think>")
-  start = 0 if start < 0 else start + len("<think>")
-  end = text.find("</think>", start)
-  thinking = text[start:] if end < 0 else text[start:end]
-  after = text if end < 0 else text[end + len("</think>") :]
-  pieces = thinking.split(_BOUNDARY)
-  paragraphs = [(p + ".").strip() for p in pieces[:-1] if p.strip()]
-  if pieces[-1].strip():
-    paragraphs.append(pieces[-1].strip())
+  regions = paragraph_regions(text)
+  paragraphs = [r.text for r in regions]
+  end = text.find(THINK_CLOSE)
+  hi = len(text) if end < 0 else end
+  opened = text.rfind(THINK_OPEN, 0, hi)
+  lo = max(regions[-1].end if regions else 0, 0 if opened < 0 else opened + len(THINK_OPEN))
+  if text[lo:hi].strip():
+    paragraphs.append(text[lo:hi].strip())
+  after = text if end < 0 else text[end + len(THINK_CLOSE) :]
   return paragraphs, last_boxed(after)
