@@ -19,18 +19,22 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
-# ReProbe end to end on the built-in default: builds (or reuses) the tiny target, then trajectories, labels,
-# features, probes and the PR-AUC table against the uncertainty baselines; then a small grid of test-time scaling
-# with the probe as the step scorer (greedy, votes, Best-of-N, beam search; the probes reused from the first job).
+# ReProbe end to end on the built-in default (world v3): builds (or reuses) the tiny target, then trajectories,
+# labels, features, probes and the PR-AUC table against the uncertainty baselines; then a small grid of test-time
+# scaling with the probe as the step scorer (greedy, votes, Best-of-N, beam search; the probes reused from the first
+# job). Each job prints its numbers beside the shipped bands (configs/bands/).
 demo: $(STAMP)
 	$(PY) eval.py --config=configs/reprobe_synthetic.py
 	$(PY) eval.py --config=configs/tts_synthetic.py:demo
 
-# The tables of docs/results.md: the demo's jobs once per build seed (0, 1, 2), then every number's mean and spread
-# (artifacts/reprobe_synthetic/seeds/summary.md, bands.json; artifacts/reprobe_synthetic/tts_seeds/<key>/summary.md).
+# The headline tables of docs/results.md: the demo's jobs once per build seed (0, 1, 2), then every number's mean and
+# spread (artifacts/reprobe_synthetic/seeds/<key>/ and tts_seeds/<key>/: summary.md, bands.json),
+# on world v3 (the default) and on world v2 (the control). Each seeds job ends by naming the band file it remakes.
 results: $(STAMP)
 	$(PY) eval.py --config=configs/reprobe_synthetic.py --config.job=seeds
-	$(PY) eval.py --config=configs/tts_synthetic.py --config.job=tts_seeds
+	$(PY) eval.py --config=configs/tts_synthetic.py:demo --config.job=tts_seeds
+	$(PY) eval.py --config=configs/reprobe_synthetic.py:v2 --config.job=seeds
+	$(PY) eval.py --config=configs/tts_synthetic.py:demo,v2 --config.job=tts_seeds
 
 # Two worker processes, one test file each at a time (pytest-xdist): on 2 cores most tests wait on single-threaded
 # XLA compiles. The tests over about 20 s are marked slow; test-all and .ci/run run them (also two files at a time).

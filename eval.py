@@ -2,11 +2,11 @@
 
 Jobs: reprobe (PR-AUC of the probes against the uncertainty baselines, and against the PRM baseline trained here
 when `config.prm.enabled`; trains whatever is missing first; prints the numbers beside the shipped bands when the
-config is the one they were made with), seeds (the reprobe job
-once per `config.seeds`, then every number's mean and spread over seeds: `<workdir>/seeds/summary.md` and the
-band file `<workdir>/seeds/bands.json`), tts (test-time scaling: greedy, votes, Best-of-N, beam search and DVTS
-with each step scorer at equal budgets; configs/tts_synthetic.py; prints its numbers beside the shipped bands when
-the config is the one they were made with), tts_seeds (the tts job once per `config.seeds`, then mean +- sd:
+config is the one they were made with), seeds (the reprobe job once per `config.seeds`, then every number's mean
+and spread over seeds: `<workdir>/seeds/<key>/summary.md` and the band file `bands.json` beside it, the key the
+config's and the seeds'), tts (test-time scaling: greedy, votes, Best-of-N, beam search and DVTS with each step
+scorer at equal budgets; configs/tts_synthetic.py; prints its numbers beside the shipped bands when the config is
+the one they were made with), tts_seeds (the tts job once per `config.seeds`, then mean +- sd:
 `<workdir>/tts_seeds/<key>/summary.md` and the band file `bands.json`).
 """
 
@@ -90,7 +90,7 @@ def _per_seed(config, seeds):
 
 def run_seeds(config) -> None:
   seeds = check_seeds(config.get("seeds"))
-  out = os.path.join(workdir_of(config), "seeds")
+  out = os.path.join(workdir_of(config), "seeds", run_key({"config": band_key(config), "seeds": seeds}))
   results = []
   for one in _per_seed(config, seeds):
     metrics, report, _ = _evaluate(one)
@@ -136,7 +136,8 @@ def run_tts_seeds(config) -> None:
       metrics = tts.evaluate(lm, cfg, tcfg, workdir, prm=prm, progress=bars.update)
     per_seed.append({k: v for k, v in metrics.items() if k != "directory"})
   merged = tts_report.over_seeds(per_seed)
-  out = os.path.join(workdir_of(config), "tts_seeds", run_key({"tts": tcfg.__dict__, "seeds": seeds}))
+  # the whole config's key (the world and the ReProbe settings too, not only the grid): each world's seeds apart
+  out = os.path.join(workdir_of(config), "tts_seeds", run_key({"config": band_key(config), "seeds": seeds}))
   os.makedirs(out, exist_ok=True)
   table = tts_report.table_markdown(merged)
   write_json(os.path.join(out, "per_seed.json"), per_seed)
