@@ -103,7 +103,8 @@ def run_seeds(config) -> None:
   with atomic_open(os.path.join(out, "summary.md")) as f:
     f.write(summary)
   print("\n" + summary)
-  print(f"Wrote {out}/summary.md and {out}/bands.json (copy it to {config.get('bands')} to make it the shipped bands)")
+  shipped = f" (copy it to {config.bands} to make it the shipped bands)" if config.get("bands") else ""
+  print(f"Wrote {out}/summary.md and {out}/bands.json{shipped}")
 
 
 def run_tts(config) -> None:
@@ -151,10 +152,8 @@ def run_tts_seeds(config) -> None:
   if "cascade" in merged:
     tts_report.plot_cascade(merged, os.path.join(out, "cascade.png"))
   print("\n" + table)
-  print(
-    f"Wrote {out}/summary.md, per_seed.json, accuracy.png, bands.json (copy it to {config.get('bands')} to make it "
-    "the shipped bands)"
-  )
+  shipped = f" (copy it to {config.bands} to make it the shipped bands)" if config.get("bands") else ""
+  print(f"Wrote {out}/summary.md, per_seed.json, accuracy.png, bands.json{shipped}")
 
 
 def _spae_once(config) -> dict:

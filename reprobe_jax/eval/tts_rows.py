@@ -27,10 +27,11 @@ def rows(per: dict) -> Iterator[tuple[str, str, str]]:
 
 
 def budget_key(cell: dict, budget: int) -> str | None:
-  """The key of `budget` in one cell's results: greedy is one trajectory at every budget (its only key)."""
+  """The key of `budget` in one cell's results: greedy is one trajectory at every budget (its only key, '1'); a
+  search has no entry below its smallest budget."""
   if str(budget) in cell:
     return str(budget)
-  return next(iter(cell)) if len(cell) == 1 else None
+  return "1" if len(cell) == 1 and "1" in cell else None
 
 
 def at(cell: dict, budget: int) -> dict | None:

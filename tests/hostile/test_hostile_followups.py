@@ -101,7 +101,7 @@ def test_target_lm_resume_with_another_model_shape_is_refused(tmp_path):
 
 def test_the_built_in_target_keeps_its_build_key():
   """The checkpoint signature lives in the training state only, so it does not enter the build key: the README's
-  seed-0 target (world v2) is still found. A change of this key must be deliberate (it rebuilds)."""
+  seed-0 targets (worlds v3 and v2) are still found. A change of this key must be deliberate (it rebuilds)."""
   import importlib.util
 
   from reprobe_jax.jobs.target_config import config_from_dict
@@ -110,7 +110,8 @@ def test_the_built_in_target_keeps_its_build_key():
   spec = importlib.util.spec_from_file_location("target_synthetic", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  assert config_from_dict(module.get_config()).key() == "dfe89da969c8"
+  assert config_from_dict(module.get_config("v2")).key() == "dfe89da969c8"  # world v2 kept its key
+  assert config_from_dict(module.get_config()).key() == "02c98185cbdd"  # world v3, the default
 
 
 def test_out_of_vocabulary_ids_are_named_by_row_and_position():
