@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from reprobe_jax.models import load_pretrained
+from test_model_parity import VOCAB, _common
 
 pytestmark = pytest.mark.skipif(
   jax.default_backend() == "cpu" and os.environ.get("REPROBE_BF16_PARITY") != "1",
@@ -31,24 +32,10 @@ pytestmark = pytest.mark.skipif(
 ERROR_FACTOR = 2.0
 FLOOR = 2.0**-8
 TOP1_SLACK = 0.1
-VOCAB = 101
 
 
 def _config(cls, **kw):
-  base = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    initializer_range=0.25,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-  )
-  return cls(**{**base, **kw})
+  return cls(**_common(**kw))  # the float32 parity tests' tiny shapes
 
 
 # Llama, and Gemma 3 (its embedding scale rounds to the model's dtype, a local and a global layer).
