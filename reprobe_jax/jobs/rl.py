@@ -212,7 +212,12 @@ def comparison(job: CompareJob, start_eval: dict, runs: dict[str, list[dict]]) -
     job.workdir,
     "compare_"
     + run_key(
-      {"rl": config_key(job.cfg), "methods": job.methods, "seeds": job.seeds, "eval": config_key(job.ecfg)},
+      {
+        **signature(job.lm, job.cfg, job.pcfg),  # the start model too: each world's comparison in its own folder
+        "methods": job.methods,
+        "seeds": job.seeds,
+        "eval": config_key(job.ecfg),
+      },
       data_fingerprint(job.cfg),
       spae.data_fingerprint(job.ecfg),
     ),
