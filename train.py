@@ -7,11 +7,14 @@ target's thinking mode, then its held-out evaluation), rl_compare (GRPO, DAPO, R
 
 from __future__ import annotations
 
+import os
+
 from absl import app
 from ml_collections import config_flags
 
 from reprobe_jax.jobs import reprobe, rl, target, target_config
-from reprobe_jax.jobs.bands import check_seeds
+from reprobe_jax.eval.bands import BandFile, over_seeds
+from reprobe_jax.jobs.bands import band_key, check_seeds
 from reprobe_jax.jobs.cli import (
   ProgressBars,
   build_target,
@@ -94,7 +97,14 @@ def run_rl_compare(config) -> None:
       lm, rl_cfg, pcfg, ecfg, config.methods, seeds, workdir_of(config), progress=bars.update, where="config"
     )
   print("\n" + s["table"])
-  print(f"Wrote {s['directory']}/table.md, summary.json, curves.png")
+  # every number of every method's runs over the seeds, as the other seeds jobs' band files
+  per_seed = [{m: s["runs"][m][i] for m in s["methods"]} for i in range(len(seeds))]
+  band_file = BandFile(
+    job="rl_compare", seeds=seeds, machine=s["machine"], config_key=band_key(config), bands=over_seeds(per_seed)
+  )
+  band_file.save(os.path.join(s["directory"], "bands.json"))
+  shipped = f" (copy it to {config.bands} to make it the shipped bands)" if config.get("bands") else ""
+  print(f"Wrote {s['directory']}/table.md, summary.json, curves.png, bands.json{shipped}")
 
 
 def main(argv):

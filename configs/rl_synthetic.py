@@ -28,6 +28,8 @@ def get_config(world: str = target_synthetic.WORLDS[0]) -> ml_collections.Config
   c.seed = 0  # the RL seed (prompts and rollouts); the start policy is the same for every seed
   c.methods = ("grpo", "dapo", "rf_b", "spae")  # `--config.job=rl_compare`
   c.seeds = (0, 1, 2)
+  # what `--config.job=rl_compare` made over those seeds (every method's numbers; written beside its table.md)
+  c.bands = f"configs/bands/rl_synthetic.{world}.json"
   # 20 steps at 5e-4 fit the comparison (4 methods x 3 seeds) in about an hour on 2 cores; the rate was chosen
   # on training reward (DAPO and SPAE pilots at 5e-4: rollout accuracy 0.13 -> ~0.4 in 16 steps), not on test.
   # reprobe_jax.rl.loop.RLConfig; None fields take the method's default (METHODS: GRPO's loss and clip, else DAPO's)
