@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+import jax
 from absl import app
 from ml_collections import config_flags
 
@@ -78,8 +79,13 @@ def run_reprobe(config) -> None:
 
 
 def _per_seed(config, seeds):
-  """The config once per build seed (the built-in target's seed follows it), announcing each."""
-  for seed in seeds:
+  """The config once per build seed (the built-in target's seed follows it), announcing each. Between seeds the
+  compiled programs of the previous seed's model are dropped (`jax.clear_caches`): each seed builds its own model
+  and samplers, and a process that kept them all ran out of memory maps in LLVM (vm.max_map_count) in the third
+  seed of the SPAE job."""
+  for i, seed in enumerate(seeds):
+    if i:
+      jax.clear_caches()
     one = config.copy_and_resolve_references()
     one.seed = seed
     if "target" in one and not isinstance(one.target, str):  # the built-in target's build section
