@@ -103,8 +103,13 @@ def test_roofline_goals_and_reports(result):
     for side in ("ours", "hf"):
       f = roof[name][f"{side}_of_bound"]
       assert (f is None) == (roof[name][f"{side}_status"] == "harness-error") and (f is None or 0 < f <= 1)
-  # the 10 of bench.run + the long-thinking SPAE goal (sizes.spae_lengths) + no harness errors
-  assert len(res["goals"]) == 12
+  # the 13 of bench.run (the PRM's whole-text scoring and the two per-problem search costs among them) + the
+  # long-thinking SPAE goal (sizes.spae_lengths) + no harness errors
+  assert len(res["goals"]) == 15
+  goals = {g["goal"] for g in res["goals"]}
+  assert "PRM step scoring (whole text) >= 1.0x PyTorch" in goals
+  assert "probe-guided beam search >= 5x cheaper per problem than PRM-guided" in goals
+  assert "probe-guided beam search <= 1.2x Perplexity-guided per problem" in goals
   assert all(
     g["status"] in ("met", "missed", "harness-error") or g["status"].startswith("pending") for g in res["goals"]
   )
