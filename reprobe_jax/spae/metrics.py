@@ -154,7 +154,8 @@ def outcome_from(
 
   DataFormatError naming the trajectory when the potentials' boundaries are not the response's paragraph
   boundaries (another count, other tokens) or the boundary-closed paragraphs are not those `parse_thinking` reads
-  (text before '<think>', a paragraph that is only '.'): pairing them by index would misalign."""
+  (both read the step module's paragraphs, so this is a broken invariant, not bad model output): pairing them by
+  index would misalign."""
   name = f"trajectory of {problem.id!r}"
   ids = token_ids(response_ids)
   text, ends = token_end_offsets(tokenizer, ids)
