@@ -292,7 +292,7 @@ def run(model: str, out_dir: str, sizes: Sizes, *, quick: bool, log=print) -> di
       "roofline": roof,
       "compile": compiled,
       "decode_phases": report.decode_phases(by_name),
-      "goals": report.goals(by_name, roof, searched, potentials, long),
+      "goals": report.goals(by_name, roof, searched, potentials, long, layers=cfg.num_layers),
       "hf_static_cache_errors": static_errors,
     }
   finally:

@@ -437,6 +437,46 @@ def test_a_fraction_above_one_is_a_harness_error():
   assert report.bounded(1.0, 0.0, "x", "y", "u", 1.0)["status"] == "harness-error"  # no bound measured
 
 
+def test_goals_say_what_bounds_them_worked_example():
+  """gemm_ratio by hand: one layer of q/o (2 GEMMs of 2 GFLOP each) and an LM head of 4 GFLOP, at M = 1024 (the
+  M = 1 entries are not the prefill's and are left out). JAX: q/o at 100 GFLOP/s, head at 50; PyTorch: 200 and 100.
+  Times: ours 2 * 2/100 + 4/50 = 0.12 s, theirs 2 * 2/200 + 4/100 = 0.06 s: 0.5x; without the head 0.02/0.04."""
+  from bench import report
+
+  g = 1e9
+  shapes = [
+    {"name": "q_proj/o_proj", "m": 1024, "flops": 2 * g, "jax_flops_per_s": 100 * g, "torch_flops_per_s": 200 * g},
+    {"name": "lm_head", "m": 1024, "flops": 4 * g, "jax_flops_per_s": 50 * g, "torch_flops_per_s": 100 * g},
+    {"name": "q_proj/o_proj", "m": 1, "flops": 1.0, "jax_flops_per_s": 1.0, "torch_flops_per_s": 1e9},
+  ]
+  assert report.gemm_ratio({"shapes": shapes}, layers=1)["gemm_ratio"] == pytest.approx(0.5)
+  shapes[1]["torch_flops_per_s"] = 50 * g  # the head even: ours 0.12 s, theirs 0.02 + 0.08 = 0.10 s
+  assert report.gemm_ratio({"shapes": shapes}, layers=1)["gemm_ratio"] == pytest.approx(0.10 / 0.12)
+  no_head = report.gemm_ratio({"shapes": shapes}, layers=3, with_head=False)
+  assert no_head["gemm_ratio"] == pytest.approx(0.5) and "LM head left out" in no_head["gemm_ratio_from"]
+  assert report.gemm_ratio({}, layers=1) is None
+
+  rows = {name: {"ratio": 0.9} for name in ("prefill_plain", "decode_b1")}
+  rows["step_scoring"] = {"ratio": 0.9, "probe": {"steps_per_s": 1.0, "vs_best_prm": 30.0}}
+  side = lambda s: {"seconds_per_problem": s}
+  search = {
+    "rows": [{"name": "beam_vs_reference", "ratio": 3.0}, {"name": "beam_vs_best_of_n", "cost_ratio": 1.5}],
+    "scorers": {"sides": {"probe": side(2.2), "prm": side(4.0), "perplexity": side(2.0)}, "per_problem_ratio": 4 / 2.2},
+  }
+  long = lambda n: {"rows": [{"length": n, "ratio": 21.0}]}
+  got = {x["goal"]: x for x in report.goals(rows, {"matmul": {"shapes": shapes}}, search, None, long(96), layers=1)}
+  assert got["plain prefill >= 1.0x PyTorch"]["gemm_ratio"] == pytest.approx(0.10 / 0.12)
+  assert "gemm_ratio" not in got["batch-1 greedy decode >= 1.5x HF generate"]  # decode runs other kernels
+  per_problem = got["probe-guided beam search >= 5x cheaper per problem than PRM-guided"]
+  assert per_problem["ceiling"] == pytest.approx(2.0) and per_problem["status"] == "missed"
+  assert "at most 2" in report.bounded_by(per_problem) and report.bounded_by({"goal": "x"}) == ""
+  name = "batched SPAE potentials >= 20x one request per boundary on thinking of 1024+ tokens"
+  assert got[name]["status"].startswith("pending: the longest thinking measured is 96 tokens")
+  assert got[name]["measured"] is None
+  got = {x["goal"]: x for x in report.goals(rows, {}, None, None, long(2048))}
+  assert got[name]["status"] == "met" and got[name]["length"] == 2048
+
+
 def test_decode_phases_split_the_end_to_end_ratio():
   from bench import report
 
