@@ -37,7 +37,7 @@ from reprobe_jax.errors import ConfigError, ReprobeError
 from reprobe_jax.models import LanguageModel, SamplingParams
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.spae.potential import ProbeConfig, StepPotentials, step_potential
-from reprobe_jax.spae.prober import CUT_STEP, Prober
+from reprobe_jax.spae.prober import CUT_STEP, Prober, cut_columns
 
 PARITY_TOL = 1e-3  # largest |Acc| or |Conf| difference between the two sides (float32 in different batch shapes)
 DIFFICULTY = 2
@@ -315,7 +315,7 @@ def probe_slots(cuts: list[np.ndarray], response_lens: list[int], batch_size: in
   for start in range(0, len(order), batch_size):
     idx = [i for i in order[start : start + batch_size] if len(cuts[i])]
     if idx:
-      total += bucket(len(idx), minimum=1) * -(-max(len(cuts[i]) for i in idx) // CUT_STEP) * CUT_STEP
+      total += bucket(len(idx), minimum=1) * cut_columns(max(len(cuts[i]) for i in idx))
   return total
 
 

@@ -44,6 +44,15 @@ from reprobe_jax.trajectories.prompts import opens_thinking
 
 ANSWER_BUCKET = 4  # the fewest answer columns a probe call has (left padding is masked: it changes no value)
 CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of this (few shapes, little padding)
+
+
+def cut_columns(most: int) -> int:
+  """The boundary columns of a probe call whose rows hold at most `most` boundaries: `most` rounded up to a multiple
+  of CUT_STEP (at least CUT_STEP). Every row of the call pays for every column (fork, suffix, answer and N samples),
+  so the columns follow the rows' own counts; a multiple of CUT_STEP keeps the compiled shapes few."""
+  return max(CUT_STEP, -(-most // CUT_STEP) * CUT_STEP)
+
+
 THINK_TAIL = 16  # prompt tokens read for a template-opened '<think>' (it and the whitespace after it fit)
 
 
@@ -313,7 +322,7 @@ class Prober:
 
   def _chunk(self, idx, prompt_ids, response_ids, ans, seeds, cuts, out):
     b = bucket(len(idx), minimum=1)
-    c = -(-max(len(cuts[i]) for i in idx) // CUT_STEP) * CUT_STEP  # boundaries per row, padded to CUT_STEP
+    c = cut_columns(max(len(cuts[i]) for i in idx))
     pad = idx + [idx[0]] * (b - len(idx))  # batch padding repeats a real row (its results are dropped)
     state = self.teacher_forced_state([prompt_ids[i] for i in pad], [response_ids[i] for i in pad])
     cut_arr = np.full((b, c), -1, np.int32)
