@@ -136,6 +136,36 @@ def test_packed_steps_score_what_the_padded_layout_scores():
   assert not np.allclose(np.asarray(a)[: len(chosen)], got[: len(chosen)])
 
 
+def test_windows_packed_on_device_score_what_the_padded_layout_scores():
+  """`probe.windows.score_windows` (each step's window [0, end) packed on device, from spans on device, a chunk of
+  rows at a time) against the padded reference `score_steps`: steps with no tokens and padding steps score NaN, short
+  windows share a packed row, and one trajectory whose windows fill three rows takes three chunks."""
+  from reprobe_jax.probe.windows import score_windows, window_plan
+
+  _, graphdef, params, *_ = _setup()
+  rng = np.random.default_rng(4)
+  cases = []
+  for b, t, s in ((4, 64, 8), (3, 32, 4)):
+    spans, lengths = np.zeros((b, s, 2), np.int32), rng.integers(1, t + 1, b)
+    for i, n in enumerate(lengths):
+      bounds = np.r_[0, np.sort(rng.integers(0, n + 1, s - 1)), n]  # repeated bounds: steps with no tokens
+      k = int(rng.integers(1, s + 1))
+      spans[i, :k] = np.stack([bounds[:-1], bounds[1:]], 1)[:k]
+    cases.append((spans, lengths, t))
+  cases.append((np.asarray([[[0, 4], [4, 9], [9, 16], [16, 16]]], np.int32), np.asarray([16]), 16))
+  for spans, lengths, t in cases:
+    b = len(spans)
+    feats = jnp.asarray(rng.normal(size=(b, t, 12)), jnp.float32)
+    mask = jnp.asarray(np.arange(t)[None] < lengths[:, None])
+    ref = np.asarray(score_steps(graphdef, params, feats, mask, jnp.asarray(spans)))
+    got = np.asarray(score_windows(graphdef, params, feats, jnp.asarray(spans)))
+    steps = spans[..., 1] > spans[..., 0]
+    assert got.shape == spans.shape[:2] and np.isnan(got[~steps]).all()
+    np.testing.assert_allclose(got[steps], ref[steps], atol=1e-5)
+    assert int(window_plan(jnp.asarray(spans), t).rows) < steps.sum() or b == 1
+  assert int(window_plan(jnp.asarray(spans), t).rows) == 3 and b == 1  # three chunks of one row
+
+
 def test_dropout_only_in_training():
   probe, _, _, feats, mask, spans = _setup()
   a = probe(feats, mask, spans, deterministic=True)

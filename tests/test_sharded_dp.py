@@ -111,13 +111,14 @@ _SCRIPT = textwrap.dedent(r"""
       setattr(module, name, wrapped)
       return fn
 
-    decoded, feats, scored = [], [], []
+    decoded, feats, scored, cut = [], [], [], []
     spy(best_of_n_mod, "_decode_rows", decoded)
     spy(best_of_n_mod, "_features", feats)
+    spy(best_of_n_mod, "candidate_rows", cut)
     spy(ProbeScorer, "dispatch_trajectories", scored)
     bcfg = SearchConfig("best_of_n", n=4, max_steps=3, max_new_tokens=16, seed=2)
     a = best_of_n_mod.best_of_n(plain, probe, prompts, bcfg)
-    decoded.clear(), feats.clear(), scored.clear()
+    decoded.clear(), feats.clear(), scored.clear(), cut.clear()
     b = best_of_n_mod.best_of_n(sharded, probe, prompts, bcfg)
     same_results(a, b, "best_of_n")
     (args, state, *_), = decoded
@@ -126,6 +127,7 @@ _SCRIPT = textwrap.dedent(r"""
     rows((c.k, c.v, c.valid, c.index, state.tokens, state.logprobs, state.features, state.lengths, state.finish),
          "best_of_n decode state (out)")
     rows(feats[0][1], "best_of_n scorer features")
+    rows(cut[0][1], "best_of_n candidates (steps aligned and cut on device)")
     rows(scored[0][1].values, "best_of_n probe scores")
     print("best_of_n OK")
 

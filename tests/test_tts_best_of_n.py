@@ -1,18 +1,23 @@
 """Best-of-N (docs/method.md §A7): its step scores equal the one-trajectory-at-a-time path on a fresh forward, a batch
-gives each prompt its result alone, N rows read one prefill, a second call in the same buckets compiles nothing, and bad
-input fails before any decoding."""
+gives each prompt its result alone, N rows read one prefill, a second call in the same buckets compiles nothing, a
+call fetches once (its steps aligned and cut on device, as the host would align and cut them), and bad input fails
+before any decoding."""
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_boundary import tokenise_in_pieces
+from test_steps import TOKENIZERS, get_tokenizer
 
 from reprobe_jax import steps as step_lib
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features import FeatureMismatchError, FeatureSpec, token_features, union_capture
 from reprobe_jax.models import CaptureSpec, SamplingParams, load_pretrained
+from reprobe_jax.models.decode_state import FINISH_EOS, FINISH_LENGTH
 from reprobe_jax.models.sampler import Sampler
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.probe import Probe, ProbeBundle, ProbeConfig
@@ -21,6 +26,7 @@ from reprobe_jax.tasks import Problem, make_problems
 from reprobe_jax.tts import SearchConfig
 from reprobe_jax.synthetic.tokenizer import build_tokenizer
 from reprobe_jax.tts.best_of_n import best_of_n, decode_trajectories, trajectory_steps
+from reprobe_jax.tts.best_of_n_rows import FINISH_REASONS, RowRules, candidate_rows
 from reprobe_jax.trajectories import Trajectory, prompt_text
 from reprobe_jax.tts.select import select
 
@@ -191,17 +197,95 @@ def test_bad_input_fails_before_any_decoding(lm, monkeypatch):
     best_of_n(lm, "probe", PROMPTS, CFG)
 
 
-def test_every_chunk_is_dispatched_before_two_fetches_in_all(lm, probe, monkeypatch):
-  """Three chunks of one prompt each: two explicit fetches in the whole call (every row's tokens, which the host
-  aligns into steps, then every chunk's scores) and no implicit one; the same results as one chunk."""
+def test_a_call_fetches_once_however_many_chunks(lm, probe, monkeypatch):
+  """Three chunks of one prompt each: one explicit fetch in the whole call (every chunk's tokens, lengths, finish
+  reasons, spans and scores: the steps are aligned and cut on device) and no implicit one; the same results as one
+  chunk. Also with a scorer that is not packed (perplexity) in thinking mode."""
   together = best_of_n(lm, probe, PROMPTS, CFG, prompt_seeds=[4, 5, 6])
+  ppl = get_scorer("perplexity")
+  thinking = best_of_n(lm, ppl, PROMPTS, CFG, mode="thinking", prompt_seeds=[4, 5, 6], feature_spec=FeatureSpec())
   fetches = []
   real = jax.device_get
   monkeypatch.setattr(jax, "device_get", lambda tree: fetches.append(1) or real(tree))
   with jax.transfer_guard_device_to_host("disallow"):  # an implicit fetch (np.asarray of a device array) raises
     chunked = best_of_n(lm, probe, PROMPTS, CFG, prompt_seeds=[4, 5, 6], batch_size=1)
-  assert len(fetches) == 2
-  for a, b in zip(together, chunked, strict=True):
+    assert len(fetches) == 1
+    again = best_of_n(lm, ppl, PROMPTS, CFG, mode="thinking", prompt_seeds=[4, 5, 6], feature_spec=FeatureSpec())
+    assert len(fetches) == 2
+  for a, b in zip(together + thinking, chunked + again, strict=True):
     assert [c.response_ids for c in a.candidates] == [c.response_ids for c in b.candidates]
+    assert [(c.steps, c.finish_reason) for c in a.candidates] == [(c.steps, c.finish_reason) for c in b.candidates]
     for x, y in zip(a.candidates, b.candidates):
       np.testing.assert_allclose(x.step_scores, y.step_scores, atol=1e-5)
+
+
+# Texts whose steps end on every kind of token, with answer lines (at a line start after blanks, in any case, and
+# not at a line start), headers, blank lines and think tags; tokenised in random pieces, so that tokens straddle.
+PIECES = [
+  "- Step 1: 30 * 2 = 60\n",
+  "<Answer>: 72\n",
+  "<Answer>: 72",
+  "  <answer> 5\n",
+  "x <Answer>: no\n",
+  "\n",
+  "\n\n",
+  "Reasoning Steps:\n",
+  "<think>\nFirst, 30 * 2 = 60.\n\n",
+  "Next, 60 + 14 = 74.\n\n",
+  "So the answer is 74.\n\nThen",
+  "</think>\n\n**Final Answer**\n\\boxed{74}",
+]
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_candidates_cut_on_device_are_the_host_ones(name):
+  """`best_of_n_rows.candidate_rows` (the steps aligned, the answer line and the max_steps-th step cut, on device, for
+  every row at once) gives what `trajectory_steps` gives from `steps.align` on the host, row by row: the same
+  response ids, spans and finish reasons, in line and thinking mode, for rows that end at EOS or at their budget;
+  on byte-level BPE, SentencePiece-style ('\\n<Answer>:', '▁72\\n-': tokens that straddle lines) and SmolLM2's."""
+  tok = get_tokenizer(name)
+  vocab, eos, width = len(tok), 0, 96
+  eos_mask = np.zeros(vocab, bool)
+  eos_mask[eos] = True
+  rng = np.random.default_rng(len(name))
+  rows, finish = [], []
+  for r in range(48):
+    text = "".join(rng.choice(PIECES, int(rng.integers(1, 9))))
+    ids = tokenise_in_pieces(tok, text, list(rng.integers(0, 150, 3)))[: width - 1]
+    ids = [i for i in ids if i != eos]
+    ends = r % 2 == 0
+    rows.append(ids + [eos] * ends)
+    finish.append(FINISH_EOS if ends else FINISH_LENGTH)
+  tokens = np.zeros((len(rows) + 2, width), np.int32)  # two rows of batch padding
+  for i, ids in enumerate(rows):
+    tokens[i, : len(ids)] = ids
+  lengths = np.asarray([len(ids) for ids in rows] + [5, 0], np.int32)
+  seen = set()
+  for mode in ("line", "thinking"):
+    prefix = step_lib.ANSWER_PREFIX[mode]
+    for max_steps in (1, 3, 12):
+      rules = RowRules(
+        align=step_lib.align_table(step_lib.StepBoundary(step_lib.STEP_MODE[mode]), tok, vocab),
+        answer=None if prefix is None else step_lib.answer_table(tok, vocab, prefix),
+        eos_mask=jnp.asarray(eos_mask),
+        max_steps=jnp.int32(max_steps),
+        rows=jnp.int32(len(rows)),
+      )
+      out = candidate_rows(
+        rules, jnp.asarray(tokens), jnp.asarray(lengths), jnp.asarray(finish + [0, 0]), steps=bucket(max_steps, 4)
+      )
+      got = jax.device_get(out)
+      assert got.steps[len(rows) :].tolist() == [0, 0] and not got.spans[len(rows) :].any()  # padding: no steps
+      for r, ids in enumerate(rows):
+        reason = "eos" if finish[r] == FINISH_EOS else "length"
+        want = trajectory_steps(tok, ids[: len(ids) - (reason == "eos")], reason, mode=mode, max_steps=max_steps)
+        k = int(got.steps[r])
+        have = (
+          got.tokens[r, : got.lengths[r]].tolist(),
+          [tuple(x) for x in got.spans[r, :k].tolist()],
+          FINISH_REASONS[int(got.finish[r])],
+        )
+        assert have == want, (mode, max_steps, tok.convert_ids_to_tokens(ids))
+        seen.add((mode, want[2]))
+  assert {("line", "answer"), ("line", "max_steps"), ("thinking", "max_steps")} <= seen, seen
+  assert {("line", "eos"), ("thinking", "eos"), ("thinking", "length")} <= seen, seen

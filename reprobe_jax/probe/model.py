@@ -158,6 +158,20 @@ class Probe(nnx.Module):
     parallel over a mesh (docs/scale.md): trajectories, packed rows and steps on its data axis."""
     features, pack = constrain_rows((features, pack), shard)
     h = self.project(features, deterministic=deterministic, rngs=rngs)  # [B, T, d]
+    total, count = self.pooled(h, pack, deterministic=deterministic, rngs=rngs, shard=shard)
+    return constrain_rows(self.classify(total / jnp.maximum(count, 1.0), deterministic=deterministic, rngs=rngs), shard)
+
+  def pooled(
+    self,
+    h,
+    pack: "PackedSteps",
+    *,
+    deterministic: bool = True,
+    rngs: nnx.Rngs | None = None,
+    shard: ShardingCtx | None = None,
+  ):
+    """(sums [P, d], counts [P, 1]) of the encoder's outputs over each packed step's own tokens: `packed` between the
+    projection (h [B, T, d], `project`) and the classifier. A step whose window is not in `pack` sums to 0."""
     seg = pack.segment  # [R, L] int32: the packed step whose window holds the slot, -1 = empty
     filled = seg >= 0
     x = constrain_rows(h[pack.row, pack.token] * filled[..., None], shard)  # [R, L, d]
@@ -171,7 +185,7 @@ class Probe(nnx.Module):
     ids = jnp.where(pack.in_step & filled, seg, p).reshape(-1)  # a slot outside every step pools into bin P
     total = jax.ops.segment_sum(x.reshape(r * l, -1), ids, num_segments=p + 1)[:p]  # [P, d]
     count = jax.ops.segment_sum(jnp.ones((r * l, 1), x.dtype), ids, num_segments=p + 1)[:p]
-    return constrain_rows(self.classify(total / jnp.maximum(count, 1.0), deterministic=deterministic, rngs=rngs), shard)
+    return total, count
 
 
 def count_params(module: nnx.Module) -> int:

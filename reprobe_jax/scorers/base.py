@@ -187,18 +187,19 @@ class StepScorer(abc.ABC):
     return None
 
   def dispatch_trajectories(
-    self, features: Float[Array, "b n f"], spans: Sequence[np.ndarray], *, shard: ShardingCtx | None = None
+    self, features: Float[Array, "b n f"], spans: Int[Array, "b s 2"], *, shard: ShardingCtx | None = None
   ) -> "PendingScores":
-    """`score_trajectories` left on device (nothing fetched), so that a caller dispatches several batches and fetches
-    them at once; shard: the rows over the mesh's data axis. ConfigError for a scorer without the capability."""
+    """`score_trajectories` left on device (nothing fetched, spans may be device arrays), so that a caller dispatches
+    several batches and fetches them at once; shard: the rows over the mesh's data axis. ConfigError for a scorer
+    without the capability."""
     raise ConfigError(f"scorer {self.name!r} does not score whole trajectories (packs_trajectories=False)")
 
   def score_trajectories(
-    self, features: Float[Array, "b n f"], spans: Sequence[np.ndarray], *, shard: ShardingCtx | None = None
+    self, features: Float[Array, "b n f"], spans: Int[Array, "b s 2"], *, shard: ShardingCtx | None = None
   ) -> np.ndarray:
-    """[B, S] scores of every step span [S_i, 2] of every row of features [B, N, F] (S = the most steps of a row;
-    NaN past a row's steps) in one batched call of the scorer's own, where `packs_trajectories`; ConfigError for a
-    scorer without that capability (callers ask `packs_trajectories` first)."""
+    """[B, S] scores of every step span [B, S, 2] of every row of features [B, N, F] (NaN for a step without tokens:
+    padding steps are the empty span (0, 0)) in one batched call of the scorer's own, where `packs_trajectories`;
+    ConfigError for a scorer without that capability (callers ask `packs_trajectories` first)."""
     return self.dispatch_trajectories(features, spans, shard=shard).result()
 
   def score_newest(self, inputs: ScoreInputs, newest_span: Int[Array, "b 2"]) -> Float[Array, " b"]:

@@ -4,11 +4,8 @@ end)."""
 from __future__ import annotations
 
 import os
-from typing import Sequence
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 from jaxtyping import Array, Float, Int
 
@@ -16,9 +13,8 @@ from reprobe_jax.errors import ConfigError
 from reprobe_jax.features import FeatureSpec
 from reprobe_jax.io.readers import shown
 from reprobe_jax.probe.bundle import ProbeBundle, load_probe
-from reprobe_jax.probe.data import pack_spans, spans_shape
-from reprobe_jax.models.sharding import ShardingCtx, constrain_rows
-from reprobe_jax.probe.model import score_packed
+from reprobe_jax.models.sharding import ShardingCtx
+from reprobe_jax.probe.windows import score_windows
 from reprobe_jax.scorers.base import PendingScores, ScoreInputs, StepScorer, step_token_mask
 from reprobe_jax.scorers.registry import SCORERS
 
@@ -56,28 +52,14 @@ class ProbeScorer(StepScorer):
     return jnp.where(jnp.any(step_token_mask(spans, inputs.token_mask), axis=-1), p, jnp.nan)
 
   def dispatch_trajectories(
-    self, features: Float[Array, "b n f"], spans: Sequence[np.ndarray], *, shard: ShardingCtx | None = None
+    self, features: Float[Array, "b n f"], spans: Int[Array, "b s 2"], *, shard: ShardingCtx | None = None
   ) -> PendingScores:
-    """[B, S] P(incorrect) of every step (`score_trajectories`), the probe run over packed windows
-    (`probe.data.pack_spans`): each step's window [0, end) once, side by side, instead of B x S windows of the whole
-    buffer; the same values as `score` (tests). spans: one [S_i, 2] array per row (rows past them and empty steps
-    score NaN). Dispatched, not fetched; shard: trajectories, windows and steps over the mesh's data axis."""
-    batch, tokens = features.shape[:2]
-    arrays = [np.asarray(sp, np.int32).reshape(-1, 2) for sp in spans] + [np.zeros((0, 2), np.int32)] * (
-      batch - len(spans)
-    )
-    chosen = [(i, k) for i, sp in enumerate(arrays) for k in range(len(sp)) if sp[k, 1] > sp[k, 0]]
-    shape = spans_shape([a[[k for i2, k in chosen if i2 == i]] for i, a in enumerate(arrays)], batch, tokens)
-    pack = constrain_rows(jax.tree.map(jnp.asarray, pack_spans(arrays, chosen, shape)), shard, put=True)
-    steps = max([len(a) for a in arrays] + [1])
-
-    def unpack(p):  # [P] packed steps -> [B, S]
-      out = np.full((batch, steps), np.nan, np.float32)
-      for j, (i, k) in enumerate(chosen):
-        out[i, k] = p[j]
-      return out
-
-    return PendingScores(score_packed(self.bundle.graph, self.bundle.params, features, pack, shard), unpack)
+    """[B, S] P(incorrect) of every step span [B, S, 2] (`score_trajectories`; steps without tokens: NaN), the probe
+    run over windows packed on device (`probe.windows.score_windows`): each step's window [0, end) once, side by side,
+    instead of B x S windows of the whole buffer; the same values as `score` (tests). The spans may be on device:
+    dispatched, nothing fetched; shard: trajectories, windows and steps over the mesh's data axis."""
+    graph, params = self.bundle.graph, self.bundle.params
+    return PendingScores(score_windows(graph, params, features, jnp.asarray(spans, jnp.int32), shard))
 
 
 @SCORERS.register("probe")

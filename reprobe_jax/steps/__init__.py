@@ -10,6 +10,7 @@
 - `boundary`: `StepBoundary` (compiled into the sampler's `StopTable`, whose `advance` the model's decode loop
   runs as data) and `align`, exact token spans of the same automaton.
 - `answer`: the answer-line table a step-level search finishes rows with, made by the same compiler.
+- `spans`: `align`'s exact spans of many rows on device, from the same automaton (`step_spans`).
 - `labels`: the step label encoding.
 """
 
@@ -29,6 +30,7 @@ from reprobe_jax.steps.modes import (
   WHITESPACE,
   regex_literals,
 )
+from reprobe_jax.steps.spans import AlignTable, StepSpans, align_table, step_spans
 from reprobe_jax.steps.segment import Region, line_regions, paragraph_regions, regex_regions, segment, sentence_regions
 from reprobe_jax.steps.tokens import (
   TokenBytes,

@@ -10,6 +10,11 @@ and minimises the result. `run_vocabulary` runs an automaton from every state ov
 Ends codes: ENDS_AFTER (the token is the last of a step: it holds the step's final character, or in paragraph mode
 completes '.\\n\\n'), ENDS_BEFORE (the step ended just before the token: the token holds the character that showed
 it, e.g. the first letter of the next sentence, or straddles the boundary), or both.
+
+Marks (where a step's text starts, for exact spans on device, `reprobe_jax.steps.spans`): per (state, token) the
+number of CUTs the token holds, whether the first of them closes a step whose text starts in the token, and where
+the mark stands after it (MARK_CARRIED: where it stood before the token; MARK_HERE: in the token; MARK_NONE: no
+step started). They follow MARK, CUT and RESET only: a GATE's cut depends on sentence mode's count.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ CUT = 8  # a step ends after this byte
 RESET = 16  # after this byte the unfinished step is dropped ('<think>')
 SINK = 32  # after this byte nothing is a step ('</think>')
 GATE_NONE = -(2**15)  # gate_at of an unused gate slot: never opens
+MARK_CARRIED, MARK_HERE, MARK_NONE = 0, 1, 2  # where a step's text starts after a token (`VocabularyTable.mark_out`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +141,7 @@ class VocabularyTable(NamedTuple):
   """A byte automaton run over a vocabulary: from state s, token t moves to `transitions[s, t]` and ends a step
   before and/or after itself (`ends[s, t]`). S states (`num_states`: the automaton's, padded with states that stay
   put), V ids (ids past the tokenizer's stay put and end nothing). The count arrays (sentence mode's min_chars) are
-  those of `StopTable`; without a count they are empty, shape (0, 0[, 0])."""
+  those of `StopTable`; without a count they are empty, shape (0, 0[, 0]). The marks are the module docstring's."""
 
   transitions: np.ndarray  # [S, V] int32
   ends: np.ndarray  # [S, V] int8
@@ -143,6 +149,9 @@ class VocabularyTable(NamedTuple):
   count_add: np.ndarray  # [S, V] int32
   gate_at: np.ndarray  # [S, V, K] int32
   gate_count: np.ndarray  # [S, V, K] int32
+  cuts: np.ndarray  # [S, V] int8: the CUTs the token holds (at most 127 counted)
+  mark_first: np.ndarray  # [S, V] bool: the first of them closes a step whose text starts in the token
+  mark_out: np.ndarray  # [S, V] int8: MARK_CARRIED, MARK_HERE or MARK_NONE after the token
 
 
 def run_vocabulary(
@@ -180,7 +189,8 @@ def run_vocabulary(
       np.zeros((0, 0, 0), np.int32),
       np.zeros((0, 0, 0), np.int32),
     )
-  return VocabularyTable(transitions, pad(run.ends, 0), *counts)
+  marks = (pad(run.cuts, 0), pad(run.mark_first, False), pad(run.mark_out, MARK_CARRIED))
+  return VocabularyTable(transitions, pad(run.ends, 0), *counts, *marks)
 
 
 def _simulate(
@@ -205,6 +215,9 @@ def _simulate(
   keep, add = np.ones(shape, bool), np.zeros(shape, np.int32)
   gate_at, gate_count = np.full(shape + (1,), GATE_NONE, np.int32), np.zeros(shape + (1,), np.int32)
   live = np.zeros(shape + (1,), bool)  # gate slots in use
+  cuts = np.zeros((n, n_states), np.int32)
+  mark_first = np.zeros((n, n_states), bool)
+  mark_out = np.full((n, n_states), MARK_CARRIED, np.int8)
   for p in range(int(lens.max()) if n else 0):
     k = int(np.searchsorted(-lens_sorted, -p, side="left"))  # tokens longer than p come first
     flat_index = state[:k] * NSYM + flat[starts[:k] + p][:, None]  # [k, S]
@@ -213,6 +226,11 @@ def _simulate(
     cut = (ev & CUT) != 0
     last = (lens_sorted[:k] == p + 1)[:, None]
     ends[:k] |= np.where(cut & (last | closes), ENDS_AFTER, np.where(cut, ENDS_BEFORE, 0)).astype(np.int8)
+    out = mark_out[:k]  # as `StepBoundary.align` reads a byte: MARK, then CUT, then RESET
+    out[(ev & MARK) != 0] = MARK_HERE
+    mark_first[:k] |= cut & (cuts[:k] == 0) & (out == MARK_HERE)
+    cuts[:k] += cut
+    out[cut | ((ev & RESET) != 0)] = MARK_NONE
     if not counted:
       continue
     gate, counts, restart = (ev & GATE) != 0, (ev & COUNT) != 0, (ev & (CUT | RESET)) != 0
@@ -242,9 +260,10 @@ def _simulate(
     kp &= ~restart
   inverse = np.empty(n, np.int64)
   inverse[order] = np.arange(n)
+  marks = (np.minimum(cuts, 127).astype(np.int8), mark_first, mark_out)
   return VocabularyTable(
     *(
       np.moveaxis(a[inverse], 0, 1) if len(a) else a  # [S, V, ...]
-      for a in (state, ends, keep, add, gate_at, gate_count)
+      for a in (state, ends, keep, add, gate_at, gate_count, *marks)
     )
   )

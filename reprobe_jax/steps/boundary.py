@@ -36,6 +36,7 @@ from reprobe_jax.steps.automaton import (
   RESET,
   SINK,
   ByteAutomaton,
+  VocabularyTable,
   run_vocabulary,
 )
 from reprobe_jax.steps.machines import mode_automaton
@@ -151,17 +152,24 @@ class StepBoundary:
     built once per tokenizer and boundary, then cached. A sampler takes it as `stop`: `lm.sampler(...,
     stop=boundary.compile(lm.tokenizer, lm.config.vocab_size))`."""
     size = len(token_bytes(tokenizer).pieces) if vocab_size is None else int(vocab_size)
-    return compiled(tokenizer, (self, size), lambda tb: self._table(tb.pieces, size))
+    return compiled(tokenizer, (self, size), lambda tb: self._table(self.vocabulary(tokenizer, size)))
 
-  def _table(self, pieces: Sequence[bytes], size: int) -> StopTable:
-    n_states = len(self.automaton.delta)
-    padded = 1 << max(3, (n_states - 1).bit_length())
-    if padded >= 1 << (31 - COUNT_BITS):
-      raise ConfigError(f"step boundary {self} needs {n_states} automaton states; at most {1 << 15} fit")
-    m = self.min_chars if self._counted else 0
-    run = run_vocabulary(
-      self.automaton, pieces, size, num_states=padded, min_chars=m, closes=self._closes, counted=self._counted
-    )
+  def vocabulary(self, tokenizer, vocab_size: int) -> VocabularyTable:
+    """The automaton run over `tokenizer`'s ids [0, vocab_size) (numpy; states padded to a power of two): what the
+    StopTable and the alignment table of `reprobe_jax.steps.spans` are made of. Built once, then cached."""
+
+    def build(tb):
+      n_states = len(self.automaton.delta)
+      padded = 1 << max(3, (n_states - 1).bit_length())
+      if padded >= 1 << (31 - COUNT_BITS):
+        raise ConfigError(f"step boundary {self} needs {n_states} automaton states; at most {1 << 15} fit")
+      m = self.min_chars if self._counted else 0
+      counts = dict(min_chars=m, closes=self._closes, counted=self._counted)
+      return run_vocabulary(self.automaton, tb.pieces, vocab_size, num_states=padded, **counts)
+
+    return compiled(tokenizer, _Run(self, int(vocab_size)), build)
+
+  def _table(self, run: VocabularyTable) -> StopTable:
     return StopTable(
       transitions=jnp.asarray(run.transitions, jnp.int32),
       ends=jnp.asarray(run.ends, jnp.int8),
@@ -169,7 +177,7 @@ class StepBoundary:
       count_add=jnp.asarray(run.count_add, jnp.int16),
       gate_at=jnp.asarray(run.gate_at, jnp.int16),
       gate_count=jnp.asarray(run.gate_count, jnp.int16),
-      min_chars=jnp.int32(m),
+      min_chars=jnp.int32(self.min_chars if self._counted else 0),
     )
 
   def align(self, tokenizer, ids: Sequence[int], *, offset: int = 0) -> list[Step]:
@@ -239,6 +247,14 @@ class StepBoundary:
       steps.append(Step(text[cs:ce].strip(WHITESPACE), cs, ce, start + offset, j + 1 + offset))
       prev_end, prev_ce = j + 1, ce
     return steps
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """The cache key of a boundary's vocabulary run (a frozen record, so it never equals another table's key)."""
+
+  boundary: StepBoundary
+  vocab_size: int
 
 
 def align(

@@ -6,18 +6,20 @@
 
 Each prompt is prefilled once; its N rows read that prefill as a shared prefix and decode to their end (EOS or
 the token budget) in one jitted loop with no step boundary, so no row waits for another at a boundary. The steps
-are then aligned on the host with `steps.align`, the same automaton the sampler's StopTable runs (every stop it
-would make is a span end), so the spans are exactly the boundaries a stepwise decode would pause at, and they are
-the spans the probe was trained on (a stepwise decode's newest-step span would also hold the blank lines between
-steps). All steps of all rows are then scored in one jitted call on the captured features (no second forward).
-A trajectory is cut after its '<Answer>' line (line mode, finish reason 'answer': where beam search ends a row)
-and after its max_steps-th step ('max_steps'); its row decodes on past a cut, which costs device time but is not
-counted in the result's budget (the budget is what the kept trajectories hold, as a stepwise decode would spend).
+are then aligned on device (`steps.step_spans`, the spans of `steps.align`, from the same automaton the sampler's
+StopTable runs: every stop it would make is a span end), so the spans are exactly the boundaries a stepwise decode
+would pause at, and they are the spans the probe was trained on (a stepwise decode's newest-step span would also hold
+the blank lines between steps). A trajectory is cut after its '<Answer>' line (line mode, finish reason 'answer':
+where beam search ends a row, read as the search reads it) and after its max_steps-th step ('max_steps'), also on
+device (`best_of_n_rows`); its row decodes on past a cut, which costs device time but is not counted in the
+result's budget (the budget is what the kept trajectories hold, as a stepwise decode would spend). All steps of all
+rows are then scored in one jitted call on the captured features (no second forward; a probe packs each step's
+window on device, `probe.windows`).
 
-Host round trips: every chunk of prompts (`batch_size`) is decoded before anything is fetched; then one fetch of
-every row's tokens (the steps are aligned on the host), every chunk's scoring dispatched, and one fetch of all the
-scores at the end. With a sharded target (`lm.shard`) the rows, their KV cache and buffers, the scorer's inputs and
-its scores sit on the mesh's data axis (docs/scale.md, "What runs data-parallel").
+Host round trips: one. Every chunk of prompts (`batch_size`) is decoded, aligned, cut and its scoring dispatched
+without a fetch; one `jax.device_get` at the end brings every chunk's tokens, lengths, finish reasons, spans and
+scores. With a sharded target (`lm.shard`) the rows, their KV cache and buffers, their spans, the scorer's inputs
+and its scores sit on the mesh's data axis (docs/scale.md, "What runs data-parallel").
 """
 
 from __future__ import annotations
@@ -33,28 +35,21 @@ from reprobe_jax import steps as step_lib
 from reprobe_jax.errors import CacheFullError, ConfigError
 from reprobe_jax.features import FeatureSpec, union_capture
 from reprobe_jax.models import CaptureSpec, LanguageModel, decoding
-from reprobe_jax.models.decode_state import FINISH_NAMES, DecodeState
+from reprobe_jax.models.decode_state import DecodeState
 from reprobe_jax.models.sampling import bucket
 from reprobe_jax.models.sharding import ShardingCtx, constrain_rows
 from reprobe_jax.models.xla_options import decode_jit
-from reprobe_jax.scorers import (
-  PendingScores,
-  StepScorer,
-  bad_scores,
-  checked_scores,
-  inputs_from_state,
-  nonfinite_error,
-  prompt_rows,
-)
+from reprobe_jax.scorers import PendingScores, StepScorer, checked_scores, inputs_from_state, prompt_rows
+from reprobe_jax.steps import ANSWER_PREFIX, STEP_MODE, StepBoundary, align_table, answer_table
 from reprobe_jax.tasks.base import Problem
 from reprobe_jax.tasks.formats import MODES
 from reprobe_jax.tasks.response import is_answer_line
-from reprobe_jax.steps.modes import STEP_MODE
 from reprobe_jax.trajectories import prompt_text
+from reprobe_jax.tts.best_of_n_rows import RowRules, candidate_rows, results
 from reprobe_jax.tts.checks import prompt_seeds_for, scorer_spec
 from reprobe_jax.tts.config import STRATEGIES, SearchConfig
-from reprobe_jax.tts.result import Candidate, PromptResult
-from reprobe_jax.tts.select import answer_checker, candidate_cost, check_aggregation
+from reprobe_jax.tts.result import PromptResult
+from reprobe_jax.tts.select import answer_checker, check_aggregation
 
 
 @functools.partial(jax.jit, static_argnames=("n", "spec", "num_layers", "shard"))
@@ -131,7 +126,8 @@ def best_of_n(
   """N = cfg.n trajectories per prompt, each step scored (docs/method.md §A7 Best-of-N); one PromptResult per prompt.
 
   problems: Problems (prompted with `trajectories.prompt_text` in `mode`, after `few_shot` worked examples; their
-  domain must name a registered task, which reads and checks their answers) or prompts (texts or token ids). Greedy is cfg with temperature 0 and n = 1.
+  domain must name a registered task, which reads and checks their answers) or prompts (texts or token ids).
+  Greedy is cfg with temperature 0 and n = 1.
   prompt_seeds: one integer in [0, 2**32) per prompt (default `checks.prompt_seeds_for`); row s of prompt p draws
   from its own key, so a prompt gets the same result in any batch. batch_size: prompts per prefill (default all).
   A candidate ends at EOS, its token budget, its max_steps-th step ('max_steps') or, in line mode, its '<Answer>'
@@ -171,18 +167,32 @@ def best_of_n(
 
   capture = union_capture([spec]) if spec is not None else CaptureSpec(token_stats=True)
   sampler = lm.sampler(cfg.sampling, capture=capture)
+  prefix = ANSWER_PREFIX[mode]  # the answer line a step-level search finishes rows at (none in thinking mode)
+  rules = RowRules(
+    align=align_table(StepBoundary(STEP_MODE[mode]), lm.tokenizer, lm.config.vocab_size),
+    answer=None if prefix is None else answer_table(lm.tokenizer, lm.config.vocab_size, prefix),
+    eos_mask=jnp.asarray(lm.eos_mask()),
+    max_steps=jnp.int32(cfg.max_steps),
+    rows=jnp.int32(0),
+  )
   chunks = [(ids[s : s + chunk], seeds[s : s + chunk]) for s in range(0, len(ids), chunk)]
-  # Every chunk is decoded before anything is fetched; a chunk keeps its buffers, not its KV cache.
-  states = [decode_trajectories(sampler, c, cfg, c_seeds).replace(cache=None) for c, c_seeds in chunks]
-  hosts = jax.device_get([{"tokens": st.tokens, "lengths": st.lengths, "finish": st.finish} for st in states])
-  rows = [_candidates(lm, host, len(c) * cfg.n, cfg, mode) for (c, _), host in zip(chunks, hosts)]
-  pending = [_dispatch_scores(lm, scorer, st, c, r[1], cfg, spec) for (c, _), st, r in zip(chunks, states, rows)]
-  batches = [st.batch for st in states]
-  del states  # their buffers can go once the scoring that reads them has run
-  fetched = jax.device_get([p.values for p in pending])  # the one fetch of every chunk's scores
+  pending = []  # per chunk: its candidates and their scores, on device
+  for c, c_seeds in chunks:
+    state = decode_trajectories(sampler, c, cfg, c_seeds).replace(cache=None)  # the buffers are what is read
+    rows = candidate_rows(
+      rules.replace(rows=jnp.int32(len(c) * cfg.n)),
+      state.tokens,
+      state.lengths,
+      state.finish,
+      steps=bucket(cfg.max_steps, minimum=4),
+      shard=lm.shard,
+    )
+    pending.append((rows, _dispatch_scores(lm, scorer, state, c, rows.spans, cfg, spec)))
+    del state  # its buffers go once the scoring that reads them has run; the next chunk decodes meanwhile
+  fetched = jax.device_get([(rows, p.values) for rows, p in pending])  # the one fetch of the whole call
   out: list[PromptResult] = []
-  for (c, _), r, p, host, batch in zip(chunks, rows, pending, fetched, batches):
-    out += _results(scorer, r, p.unpack(host), batch, len(c), cfg)
+  for (c, _), (_, p), (rows, values) in zip(chunks, pending, fetched):
+    out += results(scorer, rows, p.unpack(values), len(c), cfg.n)
   return out
 
 
@@ -215,7 +225,8 @@ def trajectory_steps(
 ) -> tuple[list[int], list[tuple[int, int]], str]:
   """A decoded row (ids without EOS) as a candidate: (response ids, step spans [(start, end)], finish reason). Steps
   are `steps.align`'s (docs/method.md §A1); in line mode the response ends with its first '<Answer>' line ('answer'),
-  and it keeps at most max_steps steps ('max_steps'). A cut drops the tokens after the kept steps."""
+  and it keeps at most max_steps steps ('max_steps'). A cut drops the tokens after the kept steps. The host
+  reference of what `best_of_n_rows.candidate_rows` computes on device for every row at once."""
   ids = list(ids)
   steps = step_lib.align(tokenizer, ids, STEP_MODE[mode])
   answer = next((k for k, st in enumerate(steps) if mode == "line" and is_answer_line(st.text)), None)
@@ -228,76 +239,21 @@ def trajectory_steps(
   return ids, spans, finish_reason
 
 
-def _candidates(lm: LanguageModel, host: dict, rows: int, cfg: SearchConfig, mode: str):
-  """The first `rows` decoded rows (host copies of tokens, lengths, finish) as (response ids, step spans, finish
-  reasons): EOS dropped, steps aligned and cut (`trajectory_steps`)."""
-  eos = lm.eos_mask()
-  responses, spans, reasons = [], [], []
-  for r in range(rows):
-    ids = host["tokens"][r, : int(host["lengths"][r])].tolist()
-    reason = FINISH_NAMES[int(host["finish"][r])]
-    if reason == "eos" and ids and eos[ids[-1]]:
-      ids = ids[:-1]
-    ids, steps, reason = trajectory_steps(lm.tokenizer, ids, reason, mode=mode, max_steps=cfg.max_steps)
-    responses.append(ids)
-    spans.append(steps)
-    reasons.append(reason)
-  return responses, spans, reasons
-
-
 def _dispatch_scores(
   lm: LanguageModel,
   scorer: StepScorer,
   state: DecodeState,
   prompt_ids: Sequence[Sequence[int]],
-  spans: list,
+  spans: jax.Array,
   cfg: SearchConfig,
   spec: FeatureSpec | None,
 ) -> PendingScores:
-  """The step scores [B, S] of one chunk's rows for their spans (S = the most steps of a row), every step scored at
-  once on device; nothing fetched."""
+  """The step scores [B, S] of one chunk's rows for their spans [B, S, 2] (on device), every step scored at once on
+  device; nothing fetched."""
   layers, shard = lm.config.num_layers, lm.shard
   if scorer.packs_trajectories:  # a probe: each step's window once, packed (`ProbeScorer.dispatch_trajectories`)
     feats = _features(state, spec=spec, num_layers=layers, shard=shard)
     return scorer.dispatch_trajectories(feats, spans, shard=shard)
-  padded = np.zeros((state.batch, bucket(max(map(len, spans)) or 1, minimum=4), 2), np.int32)  # [B, S', 2]
-  for r, sp in enumerate(spans):
-    if sp:
-      padded[r, : len(sp)] = sp
   rows = prompt_rows(prompt_ids, cfg.n, state.batch, lm.pad_id())
-  prompts, padded = constrain_rows((tuple(jnp.asarray(a) for a in rows), jnp.asarray(padded)), shard, put=True)
-  scores = _score_steps(scorer, state, padded, prompts, n=cfg.n, spec=spec, num_layers=layers, shard=shard)
-  return PendingScores(scores, lambda host: host[:, : max(map(len, spans)) or 1])
-
-
-def _results(
-  scorer: StepScorer, rows: tuple, scores: np.ndarray, batch: int, n_prompts: int, cfg: SearchConfig
-) -> list[PromptResult]:
-  """One chunk's candidates (`_candidates`) and their fetched step scores [B, S] as PromptResults, cfg.n per prompt;
-  ConfigError naming the scorer for scores of another shape or non-finite scores of steps with tokens."""
-  responses, spans, reasons = rows
-  longest = max(map(len, spans)) or 1
-  scores = np.asarray(checked_scores(scorer, scores, (batch, longest), "score_trajectories"))  # [B, S]
-  padded = np.zeros((batch, longest, 2), np.int32)
-  for r, sp in enumerate(spans):
-    if sp:
-      padded[r, : len(sp)] = sp
-  bad = bad_scores(scores, padded)
-  if bad.any():
-    raise nonfinite_error(scorer, int(bad.sum()), f"best_of_n, in {int(bad.any(1).sum())} trajectories")
-  out = []
-  for p in range(n_prompts):
-    cands = tuple(
-      Candidate(
-        response_ids=tuple(responses[r]),
-        steps=tuple(spans[r]),
-        step_scores=tuple(float(x) for x in scores[r, : len(spans[r])]),
-        finish_reason=reasons[r],
-      )
-      for r in range(p * cfg.n, (p + 1) * cfg.n)
-    )
-    costs = [candidate_cost(c) for c in cands]
-    out.append(
-      PromptResult(candidates=cands, sampled_steps=sum(s for s, _ in costs), generated_tokens=sum(t for _, t in costs))
-    )
-  return out
+  prompts = constrain_rows(tuple(jnp.asarray(a) for a in rows), shard, put=True)
+  return PendingScores(_score_steps(scorer, state, spans, prompts, n=cfg.n, spec=spec, num_layers=layers, shard=shard))
