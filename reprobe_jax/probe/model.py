@@ -206,6 +206,15 @@ def _probabilities(graph: StaticGraph, state, features, token_mask, spans):
   return jax.nn.sigmoid(probe(features, token_mask, spans, deterministic=True))
 
 
+def jit_operands(graphdef, params) -> tuple[StaticGraph, tuple]:
+  """(graph, state) as the probe's jitted scorers take them: the graphdef hashed once (`StaticGraph`), params (one
+  state or a tuple of them, e.g. (params, rest)) as a tuple without empty parts (an empty `rest` would only split
+  the compile cache)."""
+  graph = graphdef if isinstance(graphdef, StaticGraph) else StaticGraph(graphdef)
+  state = tuple(params) if isinstance(params, (tuple, list)) else (params,)
+  return graph, tuple(x for x in state if jax.tree.leaves(x))
+
+
 @functools.partial(jax.jit, static_argnames=("graph", "shard"))
 def _packed_probabilities(graph: StaticGraph, state, features, pack, shard=None):
   probe = nnx.merge(graph.value, *state)
@@ -216,9 +225,7 @@ def score_packed(graphdef, params, features, pack: "PackedSteps", shard: Shardin
   """P(step incorrect) [P] of the packed steps of a batch (`reprobe_jax.probe.data.pack_steps`): the same values
   as `score_steps`, with compute only on each step's window [0, step end). Compiles once per (config, B, T, R, L,
   P); params as for `score_steps`. shard: data parallel over its mesh (`Probe.packed`), default one device."""
-  graph = graphdef if isinstance(graphdef, StaticGraph) else StaticGraph(graphdef)
-  state = tuple(params) if isinstance(params, (tuple, list)) else (params,)
-  state = tuple(x for x in state if jax.tree.leaves(x))
+  graph, state = jit_operands(graphdef, params)
   if shard is None:
     return _packed_probabilities(graph, state, features, pack)
   return _packed_probabilities(graph, state, features, pack, shard=shard)
@@ -233,9 +240,7 @@ def score_steps(graphdef, params, features, token_mask, spans):
   `nnx.split` gave after it, or a tuple of its states (params, rest; a probe's rest is empty). features [B, T, F],
   token_mask [B, T], spans [B, S, 2].
   """
-  graph = graphdef if isinstance(graphdef, StaticGraph) else StaticGraph(graphdef)
-  state = tuple(params) if isinstance(params, (tuple, list)) else (params,)
-  state = tuple(x for x in state if jax.tree.leaves(x))  # an empty `rest` would only split the compile cache
+  graph, state = jit_operands(graphdef, params)
   b, t = token_mask.shape
   if features.shape[:2] != (b, t) or spans.shape[0] != b or spans.shape[-1] != 2 or spans.ndim != 3:
     raise ConfigError(

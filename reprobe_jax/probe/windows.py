@@ -20,6 +20,7 @@ from jaxtyping import Array, Bool, Float, Int
 from reprobe_jax.models.forward import StaticGraph
 from reprobe_jax.models.sharding import ShardingCtx, constrain_rows
 from reprobe_jax.probe.data import PackedSteps
+from reprobe_jax.probe.model import jit_operands
 
 MIN_WINDOW = 16  # the narrowest slot class
 
@@ -121,9 +122,7 @@ def score_windows(
   """P(step incorrect) [B, S] of every step span [B, S, 2] (NaN where the step has no tokens) of trajectories with
   features [B, T, F], spans on device: the values of `score_steps` / `score_packed`, each step's window [0, end)
   encoded once. Compiles once per (config, B, T, S); params as for `score_steps`. shard: data parallel over its mesh."""
-  graph = graphdef if isinstance(graphdef, StaticGraph) else StaticGraph(graphdef)
-  state = tuple(params) if isinstance(params, (tuple, list)) else (params,)
-  state = tuple(x for x in state if jax.tree.leaves(x))
+  graph, state = jit_operands(graphdef, params)
   if shard is None:
     return _window_probabilities(graph, state, features, spans)
   return _window_probabilities(graph, state, features, spans, shard=shard)
