@@ -111,6 +111,40 @@ _SCRIPT = textwrap.dedent(r"""
       setattr(module, name, wrapped)
       return fn
 
+    # ---- the sampler's prefill never makes a KV cache whole on one device: every buffer of its rows is made inside a
+    # jitted program on the rows' sharding (an eager one would sit on the first device before the rows are split)
+    import reprobe_jax.models.decode_state as decode_state_mod
+    from reprobe_jax.models.kv_cache import KVCache
+    made, eager = [], []
+    kv_zeros, ds_share, ds_take = KVCache.zeros.__func__, decode_state_mod.share, decode_state_mod.take
+    def zeros_spy(cls, *a, **k):
+      out = kv_zeros(cls, *a, **k)
+      (made if isinstance(out.valid, jax.core.Tracer) else eager).append("KVCache.zeros")
+      return out
+    def rows_spy(fn, name):
+      def wrapped(state, *a, **k):
+        out = fn(state, *a, **k)
+        (made if isinstance(out.cache.valid, jax.core.Tracer) else eager).append(name)
+        return out
+      return wrapped
+    KVCache.zeros = classmethod(zeros_spy)
+    decode_state_mod.share = rows_spy(ds_share, "share")
+    decode_state_mod.take = rows_spy(ds_take, "take")
+    try:
+      for share in (True, False):  # 4 prompts x 4 rows: the rows' own buffers split 2 per device
+        made.clear(), eager.clear()
+        st = sharded.sampler().prefill(prompts, max_new_tokens=8, n=4, share=share)
+        assert not eager and len(made) >= 2, (share, made, eager)
+        c = st.cache
+        rows((c.k, c.v, c.valid, c.index, st.tokens, st.logprobs, st.lengths), f"prefill (share={share})")
+        made.clear(), eager.clear()
+        plain.sampler().prefill(prompts, max_new_tokens=8, n=4, share=share)  # one device: eager, as before
+        assert eager, (share, made, eager)
+    finally:
+      KVCache.zeros = classmethod(kv_zeros)
+      decode_state_mod.share, decode_state_mod.take = ds_share, ds_take
+    print("prefill OK")
+
     decoded, feats, scored, cut = [], [], [], []
     spy(best_of_n_mod, "_decode_rows", decoded)
     spy(best_of_n_mod, "_features", feats)

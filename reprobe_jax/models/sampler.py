@@ -15,6 +15,7 @@ in the same buckets compile nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Protocol, Sequence
 
 import chex
@@ -31,7 +32,7 @@ from reprobe_jax.models.config import ModelConfig
 from reprobe_jax.models.decode_state import DecodeState, StopRule
 from reprobe_jax.models.kv_cache import KVCache
 from reprobe_jax.models.sampling import SamplingParams, bucket
-from reprobe_jax.models.sharding import ShardingCtx, to_host
+from reprobe_jax.models.sharding import ShardingCtx, constrain_rows, to_host
 
 
 class DecodingModel(Protocol):
@@ -151,7 +152,7 @@ class Sampler:
     key = jax.random.key(seed)
     if share:
       # The prompt rows only hold the prefix; their own budget is 0 so they start finished.
-      cache = KVCache.zeros(lm.config, b, plen, lm.dtype)
+      cache = new_cache(lm.config, b, plen, lm.dtype, lm.shard)
       state = decoding.prefill(
         *lm.decode_view(),
         cache,
@@ -163,15 +164,15 @@ class Sampler:
         capture=self.capture,
         shard=lm.shard,
       )
-      state = decode_state.share(state, n=n, suffix_size=room)
+      state = share_rows(state, n, room, lm.shard)
       state = state.replace(budget=jnp.minimum(jnp.asarray(budget), new_len), done=jnp.asarray(budget) <= 0)
     else:
-      cache = KVCache.zeros(lm.config, b, plen + room, lm.dtype)
+      cache = new_cache(lm.config, b, plen + room, lm.dtype, lm.shard)
       state = decoding.prefill(
         *lm.decode_view(), cache, arr, mask, budget, key, buffer_len=new_len, capture=self.capture, shard=lm.shard
       )
       if n > 1:
-        state = decode_state.take(state, jnp.repeat(jnp.arange(b), n))
+        state = repeat_rows(state, n, lm.shard)
         state = state.replace(done=jnp.repeat(jnp.asarray(budget) <= 0, n), budget=jnp.repeat(jnp.asarray(budget), n))
     if prompt_seeds is not None:  # batch padding prompts take seed 0: any fixed key will do, they start finished
       seeds = np.zeros(b, np.uint32)
@@ -277,6 +278,43 @@ class Sampler:
         )
       )
     return out
+
+
+# The prefill's buffers on a mesh (docs/scale.md, "What runs data-parallel"): made inside jitted programs on the rows'
+# sharding, so that no KV cache of a sampling call is ever whole on one device (eagerly, `jnp.zeros` of all rows would
+# sit on the first device before the rows are split). Without a mesh, the same buffers made eagerly.
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "batch", "size", "dtype", "shard"))
+def _new_cache(cfg: ModelConfig, batch: int, size: int, dtype, shard: ShardingCtx) -> KVCache:
+  return constrain_rows(KVCache.zeros(cfg, batch, size, dtype), shard)
+
+
+def new_cache(cfg: ModelConfig, batch: int, size: int, dtype, shard: ShardingCtx | None) -> KVCache:
+  """An empty cache of `batch` rows and `size` slots, its rows over the mesh's data axis (`shard`)."""
+  return KVCache.zeros(cfg, batch, size, dtype) if shard is None else _new_cache(cfg, batch, size, dtype, shard)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "size", "shard"))
+def _share_rows(state: DecodeState, n: int, size: int, shard: ShardingCtx) -> DecodeState:
+  return constrain_rows(decode_state.share(state, n=n, suffix_size=size), shard)
+
+
+def share_rows(state: DecodeState, n: int, size: int, shard: ShardingCtx | None) -> DecodeState:
+  """`decode_state.share`: n rows per row reading it as a shared prefix, their own `size` slots split by rows."""
+  return decode_state.share(state, n=n, suffix_size=size) if shard is None else _share_rows(state, n, size, shard)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "shard"))
+def _repeat_rows(state: DecodeState, n: int, shard: ShardingCtx) -> DecodeState:
+  return constrain_rows(decode_state.take(state, jnp.repeat(jnp.arange(state.batch), n)), shard)
+
+
+def repeat_rows(state: DecodeState, n: int, shard: ShardingCtx | None) -> DecodeState:
+  """Each row copied n times (row p * n + s = row p), split by rows."""
+  if shard is None:
+    return decode_state.take(state, jnp.repeat(jnp.arange(state.batch), n))
+  return _repeat_rows(state, n, shard)
 
 
 def _positive_int(name: str, value) -> int:
