@@ -44,6 +44,7 @@ from reprobe_jax.trajectories.prompts import opens_thinking
 
 ANSWER_BUCKET = 4  # the fewest answer columns a probe call has (left padding is masked: it changes no value)
 CUT_STEP = 4  # a chunk's boundaries per trajectory are padded to a multiple of this (few shapes, little padding)
+THINK_TAIL = 16  # prompt tokens read for a template-opened '<think>' (it and the whitespace after it fit)
 
 
 def cut_columns(most: int) -> int:
@@ -51,9 +52,6 @@ def cut_columns(most: int) -> int:
   of CUT_STEP (at least CUT_STEP). Every row of the call pays for every column (fork, suffix, answer and N samples),
   so the columns follow the rows' own counts; a multiple of CUT_STEP keeps the compiled shapes few."""
   return max(CUT_STEP, -(-most // CUT_STEP) * CUT_STEP)
-
-
-THINK_TAIL = 16  # prompt tokens read for a template-opened '<think>' (it and the whitespace after it fit)
 
 
 # ------------------------------------------------------------------------------------------------ host shell
